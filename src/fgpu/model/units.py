@@ -1,0 +1,142 @@
+"""Integer units and their parsing.
+
+Inside fgpu every quantity is an integer: compute in **milli-GPU** (1000 = one whole GPU),
+memory in **MiB**, CPU in **milli-cores**. Strings from users are converted here, at the
+edge, and nowhere else. Every parser raises :class:`UnitError` (a ``ValueError``) whose
+message names the field and the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+MILLI_PER_GPU = 1000
+"""Compute units in one whole GPU."""
+
+_MEMORY_FACTORS_MIB: dict[str, Decimal] = {
+    "": Decimal(1),  # a bare number is MiB
+    "mib": Decimal(1),
+    "m": Decimal(1),
+    "mi": Decimal(1),
+    "gib": Decimal(1024),
+    "g": Decimal(1024),
+    "gi": Decimal(1024),
+    "tib": Decimal(1024 * 1024),
+    "t": Decimal(1024 * 1024),
+    "ti": Decimal(1024 * 1024),
+}
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
+
+
+class UnitError(ValueError):
+    """A quantity that cannot be parsed or is out of range; the message names the field."""
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}: {reason} (got {value!r})")
+
+
+def _decimal(field: str, text: str) -> Decimal:
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise UnitError(field, text, "not a number") from None
+    if not value.is_finite():
+        raise UnitError(field, text, "not a finite number")
+    return value
+
+
+def parse_gpu_fraction(text: str | float, field: str = "gpu") -> int:
+    """Parse a fraction of one GPU, ``"0.5"`` -> 500 milli-GPU.
+
+    The fraction must lie in (0, 1]; 1 means a whole GPU (1000). Values are rounded to
+    the nearest milli-GPU; one that rounds to 0 is rejected.
+
+    Raises:
+        UnitError: not a number, not in (0, 1], or below 0.001.
+    """
+    value = _decimal(field, str(text))
+    if value <= 0 or value > 1:
+        raise UnitError(field, text, "a GPU fraction must be in (0, 1]")
+    milli = int((value * MILLI_PER_GPU).to_integral_value())
+    if milli < 1:
+        raise UnitError(field, text, "a GPU fraction must be at least 0.001")
+    return milli
+
+
+def parse_gpu_request(text: str | float, field: str = "gpu") -> tuple[int, int]:
+    """Parse the ``-g`` value into ``(gpu_count, gpu_milli_per_gpu)``.
+
+    ``"0.5"`` -> ``(1, 500)`` (a fraction of one GPU); ``"1"`` -> ``(1, 1000)``;
+    ``"2"`` -> ``(2, 1000)`` (two whole GPUs). Above 1 the value must be a whole number
+    (DESIGN.md section 4: a count is a positive integer).
+
+    Raises:
+        UnitError: not a number, not positive, or a non-integer count above 1.
+    """
+    value = _decimal(field, str(text))
+    if value <= 0:
+        raise UnitError(field, text, "a GPU request must be positive")
+    if value < 1:
+        return 1, parse_gpu_fraction(text, field)
+    if value != value.to_integral_value():
+        raise UnitError(field, text, "above 1 a GPU request is a whole number of GPUs")
+    return int(value), MILLI_PER_GPU
+
+
+def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
+    """Parse a memory size into MiB: ``"5GiB"``, ``"5G"`` (= GiB), ``"5120MiB"``, ``"5120"``.
+
+    Units are binary (``G`` means GiB, as in DESIGN.md section 3). A bare number is MiB.
+    Fractional results are rounded up to the next MiB so a request is never shrunk.
+
+    Raises:
+        UnitError: malformed, unknown unit, or not positive.
+    """
+    if isinstance(text, bool):
+        raise UnitError(field, text, "not a memory size")
+    if isinstance(text, int):
+        if text <= 0:
+            raise UnitError(field, text, "memory must be positive")
+        return text
+    match = _NUMBER_UNIT.match(text)
+    if match is None:
+        raise UnitError(field, text, "expected a number with an optional unit, e.g. 5GiB")
+    number, unit = match.groups()
+    factor = _MEMORY_FACTORS_MIB.get(unit.lower())
+    if factor is None:
+        raise UnitError(field, text, f"unknown unit {unit!r}; use MiB, GiB or TiB")
+    mib = Decimal(number) * factor
+    if mib <= 0:
+        raise UnitError(field, text, "memory must be positive")
+    whole = int(mib.to_integral_value(rounding="ROUND_CEILING"))
+    return whole
+
+
+def parse_cpu_milli(text: str | float, field: str = "cpu") -> int:
+    """Parse CPU cores into milli-cores: ``"2"`` -> 2000, ``"0.5"`` -> 500, ``"250m"`` -> 250.
+
+    Raises:
+        UnitError: malformed or not positive.
+    """
+    raw = str(text).strip()
+    if raw.endswith("m"):
+        value = _decimal(field, raw[:-1])
+        milli = value
+    else:
+        milli = _decimal(field, raw) * 1000
+    if milli <= 0:
+        raise UnitError(field, text, "CPU must be positive")
+    if milli != milli.to_integral_value():
+        raise UnitError(field, text, "CPU must be a whole number of milli-cores")
+    return int(milli)
+
+
+def format_mib(mib: int) -> str:
+    """Render MiB for people: 5120 -> ``"5GiB"``, 1536 -> ``"1536MiB"``."""
+    if mib % 1024 == 0:
+        return f"{mib // 1024}GiB"
+    return f"{mib}MiB"

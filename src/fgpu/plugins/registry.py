@@ -1,0 +1,74 @@
+"""The name -> policy registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+from fgpu.sched.frag import TargetWorkload
+from fgpu.sched.policy import PlacementPolicy
+
+PUBLISHED_POLICIES: tuple[str, ...] = (
+    "random",
+    "dotprod",
+    "gpu-clustering",
+    "gpu-packing",
+    "best-fit",
+    "fgd",
+)
+"""The policies of the FGD paper's fragmentation experiment, in its table's order."""
+
+PolicyFactory = Callable[..., PlacementPolicy]
+_REGISTRY: dict[str, PolicyFactory] = {}
+P = TypeVar("P", bound=type[PlacementPolicy])
+
+
+class UnknownPolicyError(ValueError):
+    """A policy name that is not registered; the message lists the valid names."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"policy: unknown policy {name!r}; valid: {', '.join(policy_names())}")
+
+
+def register(cls: P) -> P:
+    """Class decorator: register a policy under its ``name``.
+
+    Raises:
+        ValueError: the name is taken.
+    """
+    if cls.name in _REGISTRY:
+        raise ValueError(f"policy {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def policy_names() -> list[str]:
+    """Registered policy names: the published six first, then the rest alphabetically."""
+    rest = sorted(n for n in _REGISTRY if n not in PUBLISHED_POLICIES)
+    return [n for n in PUBLISHED_POLICIES if n in _REGISTRY] + rest
+
+
+def create_policy(
+    name: str,
+    *,
+    rng: np.random.Generator | None = None,
+    target: TargetWorkload | None = None,
+) -> PlacementPolicy:
+    """Build the policy registered as ``name``.
+
+    Args:
+        name: a registered name (see :func:`policy_names`).
+        rng: random generator for policies that draw (``random``); default seeded with 0.
+        target: target workload for fragmentation-aware policies (``fgd``, ``fgd-exact``).
+
+    Raises:
+        UnknownPolicyError: ``name`` is not registered.
+        ValueError: the policy needs a target workload and none was given.
+    """
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise UnknownPolicyError(name)
+    return factory(rng=rng if rng is not None else np.random.default_rng(0), target=target)

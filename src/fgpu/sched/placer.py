@@ -1,0 +1,101 @@
+"""Placement: filter, score, select, bind (DESIGN.md section 6).
+
+:class:`Placer` is what the single-machine service, the Kubernetes adapter and the
+simulators call to put one request on the cluster. "Does not fit" is a value
+(:class:`Unschedulable` with a reason for users), not an exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.state import ClusterState, IntArray
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    """No node can take the request now; ``reason`` says why, per check."""
+
+    reason: str
+
+
+PlacementResult = Allocation | Unschedulable
+
+
+def name_order_rank(names: Sequence[str]) -> IntArray:
+    """Tie-break rank by node name: rank[i] is the position of node i in name order."""
+    order = np.argsort(np.array(names, dtype=object), kind="stable")
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[order] = np.arange(len(names))
+    return rank
+
+
+def seeded_rank(names: Sequence[str], rng: np.random.Generator) -> IntArray:
+    """Tie-break rank: a random permutation of the name-sorted nodes (fgd-protocol.md).
+
+    ``rank[i]`` is the position of node i in the permuted order; the node with the lowest
+    rank wins a tie.
+    """
+    by_name = np.argsort(np.array(names, dtype=object), kind="stable")
+    permuted = by_name[rng.permutation(len(names))]
+    rank = np.empty(len(names), dtype=np.int64)
+    rank[permuted] = np.arange(len(names))
+    return rank
+
+
+class Placer:
+    """Places requests on a :class:`ClusterState` with one policy.
+
+    Args:
+        state: the cluster state it mutates on :meth:`place` and :meth:`release`.
+        policy: the placement policy.
+        rank: int64[N] tie-break rank of the nodes (default: by name).
+
+    Raises:
+        InvalidRequestError: ``rank`` has the wrong shape.
+    """
+
+    def __init__(
+        self, state: ClusterState, policy: PlacementPolicy, rank: IntArray | None = None
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.rank = name_order_rank(state.node_names) if rank is None else rank
+        if self.rank.shape != (state.num_nodes,):
+            raise InvalidRequestError("rank", f"need {state.num_nodes} ranks")
+
+    def choose(self, request: Request) -> tuple[int, tuple[int, ...]] | Unschedulable:
+        """Decide where ``request`` would go without binding it: ``(node, gpus)``."""
+        state = self.state
+        need = state.gpu_need(request)
+        feasible, gpus = state.feasible(request, need)
+        candidates = np.flatnonzero(feasible)
+        if candidates.size == 0:
+            return Unschedulable(state.explain(request))
+        node = self.policy.select_node(state, request, need, candidates, gpus, self.rank)
+        chosen = self.policy.select_gpus(state, request, need, node, gpus)
+        return node, chosen
+
+    def place(self, request: Request) -> PlacementResult:
+        """Choose a node and GPUs for ``request`` and bind it.
+
+        Returns:
+            The :class:`Allocation`, or :class:`Unschedulable` with the reason.
+        """
+        choice = self.choose(request)
+        if isinstance(choice, Unschedulable):
+            return choice
+        node, chosen = choice
+        allocation = self.state.allocate(request, node, chosen)
+        self.policy.on_allocate(self.state, allocation)
+        return allocation
+
+    def release(self, allocation: Allocation) -> None:
+        """Give an allocation back (see :meth:`ClusterState.release`)."""
+        self.state.release(allocation)
+        self.policy.on_release(self.state, allocation)
