@@ -56,7 +56,7 @@ def sim_fill(
     ] = None,
     pods: Annotated[
         Path | None,
-        typer.Option(help="Pod CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]).")
+        typer.Option(help="Pod CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])."),
     ] = None,
     policy: Annotated[
         list[str] | None,
@@ -112,9 +112,7 @@ def sim_fill(
             runs = run_experiment(trace, names, seed_list, tune, workers, on_done=done)
         except ExperimentError as exc:
             raise _fail(str(exc)) from None
-    summary = write_report(
-        out_dir, runs, seed_list, tune, round(time.perf_counter() - started, 3)
-    )
+    summary = write_report(out_dir, runs, seed_list, tune, round(time.perf_counter() - started, 3))
     out.print(comparison_table(summary))
     out.print(f"wrote {out_dir}/summary.json, curves.csv, unallocated.png, fragmentation.png")
 

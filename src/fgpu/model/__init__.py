@@ -1,6 +1,12 @@
 """Pure domain types and units. Imports nothing else of fgpu."""
 
-from fgpu.model.catalog import GPU_CATALOG, GpuModel, UnknownGpuModelError, canonical_name, gpu_model
+from fgpu.model.catalog import (
+    GPU_CATALOG,
+    GpuModel,
+    UnknownGpuModelError,
+    canonical_name,
+    gpu_model,
+)
 from fgpu.model.types import Allocation, InvalidRequestError, Node, Request
 from fgpu.model.units import (
     MILLI_PER_GPU,

@@ -76,7 +76,10 @@ class UnknownGpuModelError(KeyError):
     def __init__(self, name: str) -> None:
         self.name = name
         known = ", ".join(sorted(GPU_CATALOG))
-        super().__init__(f"gpu_model: unknown GPU model {name!r}; known models: {known}")
+        aliases = ", ".join(sorted(ALIASES))
+        super().__init__(
+            f"gpu_model: unknown GPU model {name!r}; known models: {known} (aliases: {aliases})"
+        )
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -39,14 +39,18 @@ class UnitError(ValueError):
         super().__init__(f"{field}: {reason} (got {value!r})")
 
 
+_PLAIN_NUMBER = re.compile(r"^-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)$")
+
+
 def _decimal(field: str, text: str) -> Decimal:
+    """A plain decimal number (digits, one optional point, optional minus; no exponent)."""
+    raw = text.strip()
+    if not _PLAIN_NUMBER.match(raw):
+        raise UnitError(field, text, "not a plain decimal number")
     try:
-        value = Decimal(text.strip())
-    except InvalidOperation:
+        return Decimal(raw)
+    except InvalidOperation:  # pragma: no cover - the pattern admits only valid decimals
         raise UnitError(field, text, "not a number") from None
-    if not value.is_finite():
-        raise UnitError(field, text, "not a finite number")
-    return value
 
 
 def parse_gpu_fraction(text: str | float, field: str = "gpu") -> int:
@@ -64,6 +68,8 @@ def parse_gpu_fraction(text: str | float, field: str = "gpu") -> int:
     milli = int((value * MILLI_PER_GPU).to_integral_value())
     if milli < 1:
         raise UnitError(field, text, "a GPU fraction must be at least 0.001")
+    if milli == MILLI_PER_GPU and value != 1:
+        raise UnitError(field, text, "a GPU fraction below 1 must be at most 0.999")
     return milli
 
 
@@ -102,7 +108,7 @@ def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
         if text <= 0:
             raise UnitError(field, text, "memory must be positive")
         return text
-    match = _NUMBER_UNIT.match(text)
+    match = _NUMBER_UNIT.match(text) if isinstance(text, str) else None
     if match is None:
         raise UnitError(field, text, "expected a number with an optional unit, e.g. 5GiB")
     number, unit = match.groups()
@@ -136,7 +142,7 @@ def parse_cpu_milli(text: str | float, field: str = "cpu") -> int:
 
 
 def format_mib(mib: int) -> str:
-    """Render MiB for people: 5120 -> ``"5GiB"``, 1536 -> ``"1536MiB"``."""
-    if mib % 1024 == 0:
+    """Render MiB for people: 5120 -> ``"5GiB"``, 1536 -> ``"1536MiB"``, 0 -> ``"0MiB"``."""
+    if mib and mib % 1024 == 0:
         return f"{mib // 1024}GiB"
     return f"{mib}MiB"

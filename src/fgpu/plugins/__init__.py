@@ -6,6 +6,8 @@ The six policies of the FGD paper's experiment are :data:`PUBLISHED_POLICIES`.
 
 from __future__ import annotations
 
+# Importing the modules registers their policies.
+from fgpu.plugins import allocated, bestfit, clustering, dotprod, fgd, packing, random_policy  # noqa: F401
 from fgpu.plugins.registry import (
     PUBLISHED_POLICIES,
     UnknownPolicyError,
@@ -13,9 +15,6 @@ from fgpu.plugins.registry import (
     policy_names,
     register,
 )
-
-# Importing the modules registers their policies.
-from fgpu.plugins import allocated, bestfit, clustering, dotprod, fgd, packing, random_policy  # noqa: E402, F401, I001
 
 __all__ = [
     "PUBLISHED_POLICIES",

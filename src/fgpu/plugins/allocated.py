@@ -28,9 +28,7 @@ def utilization_after(
     gpu_cap = state.gpu_milli_capacity[candidates].sum(axis=1)
     has_gpu = gpu_cap > 0
     gpu_used = (
-        gpu_cap
-        - node_gpu_free(state, candidates)
-        + request_gpu_milli(request, need, candidates)
+        gpu_cap - node_gpu_free(state, candidates) + request_gpu_milli(request, need, candidates)
     ) / np.maximum(gpu_cap, 1)
     return np.where(has_gpu, (cpu_used + gpu_used) / 2.0, cpu_used)
 

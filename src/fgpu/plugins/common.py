@@ -15,14 +15,12 @@ def largest_node(state: ClusterState) -> tuple[float, float]:
     """(CPU milli-cores, GPU milli) of the largest node: the normalizers of best-fit and
     dot-product. On the Alibaba trace they are 128000 and 8000, the constants of
     fgd-protocol.md (128 vCPU, 8 GPUs)."""
-    cpu = float(max(int(state.cpu_capacity.max(initial=0)), 1))
-    gpu = float(max(int(state.gpu_milli_capacity.sum(axis=1).max(initial=0)), 1))
-    return cpu, gpu
+    return float(state.largest_node_cpu), float(state.largest_node_gpu_milli)
 
 
 def node_gpu_free(state: ClusterState, nodes: IntArray) -> IntArray:
     """int64[K]: total free milli-GPU on each of ``nodes``."""
-    return np.asarray(state.gpu_free_milli[nodes].sum(axis=1), dtype=np.int64)
+    return state.gpu_free_total[nodes]
 
 
 def request_gpu_milli(request: Request, need: GpuNeed, nodes: IntArray) -> IntArray:

@@ -38,7 +38,9 @@ class _ShapeCache:
     __slots__ = ("gpu", "score", "version")
 
     def __init__(self, n: int, exact: bool) -> None:
-        self.score: ScoreArray = np.zeros(n, dtype=np.float64 if exact else np.int64)
+        self.score: ScoreArray = (
+            np.zeros(n, dtype=np.float64) if exact else np.zeros(n, dtype=np.int64)
+        )
         self.gpu: IntArray = np.full(n, -1, dtype=np.int64)
         self.version: IntArray = np.full(n, -1, dtype=np.int64)
 

@@ -56,6 +56,8 @@ class GpuPacking(PlacementPolicy):
         score = np.where(
             empty,
             np.maximum(33 - fully, fully),
-            np.where(fully_used > 0, np.maximum(50 - fully_used, 33), np.maximum(100 - pct // 10, 50)),
+            np.where(
+                fully_used > 0, np.maximum(50 - fully_used, 33), np.maximum(100 - pct // 10, 50)
+            ),
         )
         return np.asarray(score, dtype=np.int64)

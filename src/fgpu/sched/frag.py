@@ -238,7 +238,7 @@ def reference_node_fragment(
         if t.gpu_count == 0:
             f = idle
         else:
-            allowed = not t.gpu_models or (model is not None and model in t.gpu_models.split("|"))
+            allowed = model is not None and (not t.gpu_models or model in t.gpu_models.split("|"))
             fitting = sum(1 for x in free if x >= t.gpu_milli)
             if allowed and cpu_free >= t.cpu_milli and fitting >= t.gpu_count:
                 f = sum(x for x in free if x < t.gpu_milli)

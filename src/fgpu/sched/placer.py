@@ -69,25 +69,32 @@ class Placer:
         if self.rank.shape != (state.num_nodes,):
             raise InvalidRequestError("rank", f"need {state.num_nodes} ranks")
 
-    def choose(self, request: Request) -> tuple[int, tuple[int, ...]] | Unschedulable:
-        """Decide where ``request`` would go without binding it: ``(node, gpus)``."""
+    def choose(
+        self, request: Request, explain: bool = True
+    ) -> tuple[int, tuple[int, ...]] | Unschedulable:
+        """Decide where ``request`` would go without binding it: ``(node, gpus)``.
+
+        With ``explain=False`` an unschedulable result carries an empty reason (the
+        simulators skip the per-node accounting of why nothing fits).
+        """
         state = self.state
         need = state.gpu_need(request)
         feasible, gpus = state.feasible(request, need)
         candidates = np.flatnonzero(feasible)
         if candidates.size == 0:
-            return Unschedulable(state.explain(request))
+            return Unschedulable(state.explain(request) if explain else "")
         node = self.policy.select_node(state, request, need, candidates, gpus, self.rank)
         chosen = self.policy.select_gpus(state, request, need, node, gpus)
         return node, chosen
 
-    def place(self, request: Request) -> PlacementResult:
+    def place(self, request: Request, explain: bool = True) -> PlacementResult:
         """Choose a node and GPUs for ``request`` and bind it.
 
         Returns:
-            The :class:`Allocation`, or :class:`Unschedulable` with the reason.
+            The :class:`Allocation`, or :class:`Unschedulable` with the reason (empty when
+            ``explain`` is False).
         """
-        choice = self.choose(request)
+        choice = self.choose(request, explain)
         if isinstance(choice, Unschedulable):
             return choice
         node, chosen = choice

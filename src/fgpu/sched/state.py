@@ -9,8 +9,13 @@ Array shapes, with N nodes and G the largest GPU count on any node (at least 1):
 - ``cpu_free``, ``memory_free``: int64[N] (milli-cores, MiB)
 - ``gpu_free_milli``, ``gpu_free_memory``: int64[N, G] (milli-GPU, MiB); GPUs a node does not
   have are padding with capacity 0 and free 0, so they never fit anything.
-- ``version``: int64[N], incremented whenever a node's free amounts change. Policies key
-  their per-node caches on it.
+- ``gpu_free_total``: int64[N] free milli-GPU summed over each node's GPUs (kept up to date).
+- ``version``: int64[N], set to a fresh number whenever a node's free amounts change.
+  Policies key their per-node caches on it.
+
+G is padded up to a multiple of 8 so that a row of per-GPU booleans is whole 64-bit words;
+:func:`count_per_node` then counts eligible GPUs with one multiply per node instead of a
+numpy reduction (the filter runs for every request, so this is the hot path).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from fgpu.model.units import MILLI_PER_GPU
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+_BYTE_SUM = np.uint64(0x0101010101010101)
+_TOP_BYTE = np.uint64(56)
 
 _VERSIONS = itertools.count(1)
 """Source of node versions, shared by every state and its copies, so that a version number
@@ -72,13 +80,16 @@ class ClusterState:
         self.model_names: tuple[str, ...] = tuple(models)
         """Distinct GPU models; ``node_model`` indexes this tuple (-1: no GPUs)."""
         n = len(nodes)
-        g = max([node.gpu_count for node in nodes] + [1])
+        g = -(-max([node.gpu_count for node in nodes] + [1]) // 8) * 8
         self.max_gpus = g
+        """G: GPU columns per node (the largest GPU count rounded up to a multiple of 8)."""
         self.node_model: IntArray = np.array(
             [models.index(x.gpu_model) if x.gpu_model else -1 for x in nodes], dtype=np.int64
         ).reshape(n)
         self.gpu_count: IntArray = np.array([x.gpu_count for x in nodes], dtype=np.int64).reshape(n)
-        self.cpu_capacity: IntArray = np.array([x.cpu_milli for x in nodes], dtype=np.int64).reshape(n)
+        self.cpu_capacity: IntArray = np.array(
+            [x.cpu_milli for x in nodes], dtype=np.int64
+        ).reshape(n)
         self.memory_capacity: IntArray = np.array(
             [x.memory_mib for x in nodes], dtype=np.int64
         ).reshape(n)
@@ -95,6 +106,11 @@ class ClusterState:
         self.memory_free: IntArray = self.memory_capacity.copy()
         self.gpu_free_milli: IntArray = self.gpu_milli_capacity.copy()
         self.gpu_free_memory: IntArray = self.gpu_memory_capacity.copy()
+        self.gpu_free_total: IntArray = self.gpu_free_milli.sum(axis=1)
+        self.largest_node_cpu = max(int(self.cpu_capacity.max(initial=0)), 1)
+        """CPU of the largest node in milli-cores (normalizer of best-fit and dot-product)."""
+        self.largest_node_gpu_milli = max(int(self.gpu_free_total.max(initial=0)), 1)
+        """GPU compute of the largest node in milli-GPU."""
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self._model_mask_cache: dict[frozenset[str], BoolArray] = {}
         self._need_cache: dict[tuple[int | None, int | None], GpuNeed] = {}
@@ -124,6 +140,7 @@ class ClusterState:
         other.memory_free = self.memory_free.copy()
         other.gpu_free_milli = self.gpu_free_milli.copy()
         other.gpu_free_memory = self.gpu_free_memory.copy()
+        other.gpu_free_total = self.gpu_free_total.copy()
         other.version = self.version.copy()
         return other
 
@@ -197,7 +214,10 @@ class ClusterState:
             return ok, None
         ok &= self.model_mask(request.gpu_models)
         gpus = self.eligible_gpus(request, need)
-        ok &= gpus.sum(axis=1) >= request.gpu_count
+        if request.gpu_count == 1:
+            ok &= any_per_node(gpus)
+        else:
+            ok &= count_per_node(gpus) >= request.gpu_count
         return ok, gpus
 
     def explain(self, request: Request) -> str:
@@ -276,6 +296,7 @@ class ClusterState:
         for g, m, mem in zip(gpu_list, milli, memory, strict=True):
             self.gpu_free_milli[node, g] -= m
             self.gpu_free_memory[node, g] -= mem
+        self.gpu_free_total[node] -= sum(milli)
         self.version[node] = next(_VERSIONS)
         return Allocation(
             node=node,
@@ -295,7 +316,9 @@ class ClusterState:
         """
         node = allocation.node
         if self.cpu_free[node] + allocation.cpu_milli > self.cpu_capacity[node]:
-            raise InvalidRequestError("allocation", "release exceeds CPU capacity (double release?)")
+            raise InvalidRequestError(
+                "allocation", "release exceeds CPU capacity (double release?)"
+            )
         for g, m, mem in zip(
             allocation.gpus, allocation.gpu_milli, allocation.gpu_memory_mib, strict=True
         ):
@@ -311,7 +334,29 @@ class ClusterState:
         ):
             self.gpu_free_milli[node, g] += m
             self.gpu_free_memory[node, g] += mem
+        self.gpu_free_total[node] += sum(allocation.gpu_milli)
         self.version[node] = next(_VERSIONS)
+
+
+def count_per_node(mask: BoolArray) -> IntArray:
+    """int64[N]: number of True entries in each row of a bool[N, G] mask (G % 8 == 0).
+
+    Each 8-byte group of 0/1 bytes is read as one uint64 word; multiplying it by
+    0x0101010101010101 adds all eight bytes into the top byte (at most 8, so no carry).
+    """
+    words = np.ascontiguousarray(mask).view(np.uint64)
+    counts = (words * _BYTE_SUM) >> _TOP_BYTE
+    if counts.shape[1] == 1:
+        return np.asarray(counts[:, 0], dtype=np.int64)
+    return np.asarray(counts.sum(axis=1), dtype=np.int64)
+
+
+def any_per_node(mask: BoolArray) -> BoolArray:
+    """bool[N]: whether each row of a bool[N, G] mask (G % 8 == 0) has a True entry."""
+    words = np.ascontiguousarray(mask).view(np.uint64)
+    if words.shape[1] == 1:
+        return np.asarray(words[:, 0] != 0, dtype=np.bool_)
+    return np.asarray((words != 0).any(axis=1), dtype=np.bool_)
 
 
 def check_invariants(state: ClusterState) -> None:
@@ -333,3 +378,5 @@ def check_invariants(state: ClusterState) -> None:
             raise AssertionError(f"{name} above capacity at {np.argwhere(free > cap)[0].tolist()}")
     if (state.gpu_free_milli[~state.gpu_exists] != 0).any():
         raise AssertionError("padding GPUs hold compute")
+    if (state.gpu_free_total != state.gpu_free_milli.sum(axis=1)).any():
+        raise AssertionError("gpu_free_total differs from the per-GPU free compute")

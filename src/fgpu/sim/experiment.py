@@ -187,9 +187,7 @@ def run_experiment(
         ) as pool:
             # Slow policies first, so the pool does not end on one long straggler.
             ordered = sorted(jobs, key=lambda j: j[0] not in ("fgd", "fgd-exact"))
-            pending: set[Future[RunCurve]] = {
-                pool.submit(_run_one, p, s, tune) for p, s in ordered
-            }
+            pending: set[Future[RunCurve]] = {pool.submit(_run_one, p, s, tune) for p, s in ordered}
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -198,4 +196,3 @@ def run_experiment(
                     if on_done:
                         on_done(curve)
     return [results[job] for job in jobs]
-

@@ -166,7 +166,7 @@ def run_fill(
     for step, index in enumerate(order.tolist()):
         request = requests[index]
         arrived_total += request.total_gpu_milli
-        result = placer.place(request)
+        result = placer.place(request, explain=False)
         if isinstance(result, Allocation):
             allocated_total += sum(result.gpu_milli)
             n = result.node

@@ -1,0 +1,1 @@
+"""Trace simulators, fill experiments and their reports."""

@@ -1,0 +1,88 @@
+"""Fluent builders for tests: ``node("n1").gpus(4, "A100-80GB")``, ``pod().gpu(0.5)``."""
+
+from __future__ import annotations
+
+from fgpu.model.catalog import canonical_name, gpu_model
+from fgpu.model.types import Node, Request
+from fgpu.model.units import parse_gpu_request, parse_memory_mib
+from fgpu.sched.state import ClusterState
+
+
+class NodeBuilder:
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cpu = 64_000
+        self._memory = 512 * 1024
+        self._count = 0
+        self._model: str | None = None
+
+    def gpus(self, count: int, model: str = "A100-80GB") -> NodeBuilder:
+        self._count = count
+        self._model = canonical_name(model)
+        return self
+
+    def cpu(self, cores: float) -> NodeBuilder:
+        self._cpu = int(cores * 1000)
+        return self
+
+    def memory(self, size: str) -> NodeBuilder:
+        self._memory = parse_memory_mib(size)
+        return self
+
+    def build(self) -> Node:
+        mem = gpu_model(self._model).memory_mib if self._model else 0
+        return Node(self._name, self._cpu, self._memory, self._count, self._model, mem)
+
+
+class PodBuilder:
+    def __init__(self) -> None:
+        self._cpu = 0
+        self._memory = 0
+        self._count = 0
+        self._milli: int | None = None
+        self._gpu_memory: int | None = None
+        self._models: frozenset[str] = frozenset()
+
+    def gpu(self, value: float | str) -> PodBuilder:
+        self._count, self._milli = parse_gpu_request(value)
+        return self
+
+    def gpus(self, count: int, fraction: float = 1.0) -> PodBuilder:
+        self._count = count
+        self._milli = round(fraction * 1000)
+        return self
+
+    def gpu_memory(self, size: str) -> PodBuilder:
+        self._gpu_memory = parse_memory_mib(size)
+        if self._count == 0:
+            self._count = 1
+        return self
+
+    def cpu(self, cores: float) -> PodBuilder:
+        self._cpu = int(cores * 1000)
+        return self
+
+    def memory(self, size: str) -> PodBuilder:
+        self._memory = parse_memory_mib(size)
+        return self
+
+    def models(self, *names: str) -> PodBuilder:
+        self._models = frozenset(canonical_name(n) for n in names)
+        return self
+
+    def build(self) -> Request:
+        return Request(
+            self._cpu, self._memory, self._count, self._milli, self._gpu_memory, self._models
+        )
+
+
+def node(name: str) -> NodeBuilder:
+    return NodeBuilder(name)
+
+
+def pod() -> PodBuilder:
+    return PodBuilder()
+
+
+def cluster(*nodes: NodeBuilder) -> ClusterState:
+    return ClusterState([n.build() for n in nodes])
