@@ -30,7 +30,8 @@ app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
 sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
 err = Console(stderr=True)
-out = Console()
+# Tables keep their columns readable when stdout is a file or a pipe (CI logs).
+out = Console(width=None if Console().is_terminal else 120)
 
 
 def _fail(message: str) -> typer.Exit:

@@ -91,7 +91,8 @@ def arrival_order(
         tune: target as a multiple of capacity (> 0).
 
     Returns:
-        int64[P'] indices into ``requests``.
+        int64[P'] indices into ``requests``. Without any GPU pod the shuffled originals are
+        returned as they are (inflation by GPU request would never end).
     """
     share = np.array([r.gpu_milli or 0 for r in requests], dtype=np.int64)
     amount = share * np.array([r.gpu_count for r in requests], dtype=np.int64)
@@ -106,6 +107,8 @@ def arrival_order(
             keep[victim] = False
             total -= int(amount[order[victim]])
         return order[keep]
+    if not (share > 0).any():
+        return order  # no pod asks for GPU: nothing to inflate towards the target
     extra: list[IntArray] = []
     while True:
         draws = rng.integers(len(requests), size=_DRAW_BLOCK)
