@@ -51,6 +51,6 @@ def test_fill_run_in_debug_mode(
     if originals <= 1.3 * capacity:
         assert result.arrived_milli.size >= len(pods)
         assert result.arrived_milli[-1] <= 1.3 * capacity + max(overshoot, 0)
-    else:
+    elif result.arrived_milli.size:  # trimming may leave no pod at all
         assert result.arrived_milli[-1] <= 1.3 * capacity
     assert (result.fragment_milli >= 0).all()

@@ -14,7 +14,7 @@ import numpy as np
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.policy import PlacementPolicy
-from fgpu.sched.state import ClusterState, IntArray
+from fgpu.sched.state import BoolArray, ClusterState, IntArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,31 +70,43 @@ class Placer:
             raise InvalidRequestError("rank", f"need {state.num_nodes} ranks")
 
     def choose(
-        self, request: Request, explain: bool = True
+        self, request: Request, explain: bool = True, exclude: BoolArray | None = None
     ) -> tuple[int, tuple[int, ...]] | Unschedulable:
         """Decide where ``request`` would go without binding it: ``(node, gpus)``.
 
-        With ``explain=False`` an unschedulable result carries an empty reason (the
-        simulators skip the per-node accounting of why nothing fits).
+        Args:
+            request: what to place.
+            explain: with False an unschedulable result carries an empty reason (the
+                simulators skip the per-node accounting of why nothing fits).
+            exclude: bool[N] nodes not to use (reserved for other work).
         """
         state = self.state
         need = state.gpu_need(request)
         feasible, gpus = state.feasible(request, need)
+        if exclude is not None:
+            feasible = feasible & ~exclude
         candidates = np.flatnonzero(feasible)
         if candidates.size == 0:
-            return Unschedulable(state.explain(request) if explain else "")
+            if not explain:
+                return Unschedulable("")
+            reason = state.explain(request)
+            if exclude is not None and exclude.any() and not reason.startswith("0/"):
+                reason = f"{reason}; {int(exclude.sum())} nodes are reserved for other work"
+            return Unschedulable(reason)
         node = self.policy.select_node(state, request, need, candidates, gpus, self.rank)
         chosen = self.policy.select_gpus(state, request, need, node, gpus)
         return node, chosen
 
-    def place(self, request: Request, explain: bool = True) -> PlacementResult:
+    def place(
+        self, request: Request, explain: bool = True, exclude: BoolArray | None = None
+    ) -> PlacementResult:
         """Choose a node and GPUs for ``request`` and bind it.
 
         Returns:
             The :class:`Allocation`, or :class:`Unschedulable` with the reason (empty when
             ``explain`` is False).
         """
-        choice = self.choose(request, explain)
+        choice = self.choose(request, explain, exclude)
         if isinstance(choice, Unschedulable):
             return choice
         node, chosen = choice

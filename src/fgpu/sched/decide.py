@@ -1,0 +1,647 @@
+"""Scheduling decisions: queues, fair share, ordering, placement, preemption, reclaim.
+
+:meth:`Scheduler.decide` takes a snapshot (cluster state, queue tree, every pending and
+running workload, the holds of the previous round) and returns actions; it never changes
+its inputs. The single-machine service, the Kubernetes adapter and the replay simulator
+execute the actions (DESIGN.md section 2, STYLE.md 1).
+
+Rules (DESIGN.md section 5), in the order a round applies them:
+
+1. **Holds first.** Capacity freed by preemption is held for its preemptor: while the
+   victims are still exiting the preemptor waits and nobody else may use that capacity;
+   once they are gone it is placed there before anything else. A *reservation* (rule 6)
+   keeps a whole node for one workload: others are not placed on it.
+2. **Order.** Queues furthest below their fair share go first: the key is the dominant ratio
+   ``max over resources of allocated / fair share`` (a queue with no fair share goes last),
+   then queue priority (higher first), then name. After every placement the queue's ratio is
+   updated. Inside a queue: effective priority (higher first), then submission time, then id.
+3. **Admission.** A placement must keep the queue and its ancestors within their limits, and
+   non-preemptible work (by default priority >= 100) of a queue within the queue's GPU quota,
+   counted in milli-GPU over every GPU it holds.
+4. **Preemption** (same queue): victims are running, preemptible, strictly lower-priority
+   workloads of the preemptor's queue that have run at least ``min_runtime_s``.
+5. **Reclaim** (across queues): the preemptor's queue must stay within its fair share after
+   the move (``allocated + request <= fair share`` in every resource); victims come from
+   other queues that are above their fair share, are preemptible and past
+   ``min_runtime_s``, and a victim queue never drops below its guarantee
+   ``min(quota, demand)`` (so in-quota work is not reclaimed, whatever the queue priorities).
+   Victim sets for 4 and 5: per node, release candidates lowest priority first, then most
+   recently started, until the preemptor fits on that node (the filter checks the same GPU
+   for a share and the same node for several GPUs); then put back every victim that is not
+   needed. Among nodes the set with the lowest highest-victim-priority, then the fewest
+   victims, then the least GPU freed, then the node rank wins.
+6. **Aging and reservation** (both off by default). With ``aging_interval_s`` a pending
+   workload's effective priority for ordering rises by ``aging_step`` per interval waited, up
+   to ``aging_max`` (it never gains preemption power). With ``reservation_after_s`` a
+   workload of at least ``reservation_min_gpus`` GPUs that has waited that long and still
+   does not fit reserves the node with the most free GPU compute that could hold it when
+   empty; other work is not placed there, so the node drains into it and it starts once the
+   running work there ends. Small workloads can therefore not overtake it forever.
+
+Every pending workload that is not placed gets a :class:`Wait` with a reason.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fgpu.model.types import Allocation, Request
+from fgpu.sched.fairshare import fair_share
+from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
+from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.state import ClusterState, IntArray
+from fgpu.sched.workload import (
+    Action,
+    Hold,
+    Holds,
+    Place,
+    Preempt,
+    QueueTree,
+    Resources,
+    Wait,
+    Workload,
+)
+
+Vec = list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs of the decision core (times in seconds).
+
+    Attributes:
+        min_runtime_s: a workload runs at least this long before it can be a victim.
+        aging_interval_s: None (off) or the wait after which effective priority rises.
+        aging_step: priority gained per interval.
+        aging_max: most priority aging can add.
+        reservation_after_s: None (off) or the wait after which a large workload reserves.
+        reservation_min_gpus: GPU count from which a workload counts as large.
+        reclaim_within_fair_share: True (the rule above); False is the naive rule "reclaim
+            whenever below fair share", kept only to show in tests that it thrashes.
+        max_preemptors_per_round: bound on victim searches per round (cost control).
+    """
+
+    min_runtime_s: float = 0.0
+    aging_interval_s: float | None = None
+    aging_step: int = 1
+    aging_max: int = 50
+    reservation_after_s: float | None = None
+    reservation_min_gpus: int = 2
+    reclaim_within_fair_share: bool = True
+    max_preemptors_per_round: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one round decided.
+
+    Attributes:
+        actions: Place, Preempt and Wait actions, in decision order.
+        holds: the holds to pass to the next round (workload id -> hold).
+        fair_share: queue -> fair share this round.
+        allocated: leaf queue -> resources counted as allocated (before this round's
+            placements; terminating victims count for their preemptor's hold).
+        warnings: configuration warnings.
+    """
+
+    actions: list[Action]
+    holds: dict[str, Hold]
+    fair_share: dict[str, Resources]
+    allocated: dict[str, Resources]
+    warnings: list[str] = field(default_factory=list)
+
+    def of(self, workload: str) -> list[Action]:
+        """The actions about one workload (as preemptor, victim or waiter)."""
+        out: list[Action] = []
+        for a in self.actions:
+            if isinstance(a, Preempt):
+                if workload in (a.victim, a.preemptor):
+                    out.append(a)
+            elif a.workload == workload:
+                out.append(a)
+        return out
+
+
+def request_resources(request: Request, largest_gpu_memory: int) -> Vec:
+    """[gpu_milli, cpu_milli, memory_mib] a request counts against quotas.
+
+    A share given as memory only is counted as its share of the largest GPU in the cluster
+    (the least it can take), ``ceil(memory * 1000 / largest)``.
+    """
+    if request.gpu_count and request.gpu_milli is None:
+        mem = request.gpu_memory_mib or 0
+        per_gpu = max(1, -(-mem * 1000 // max(largest_gpu_memory, 1)))
+        gpu = request.gpu_count * per_gpu
+    else:
+        gpu = request.total_gpu_milli
+    return [gpu, request.cpu_milli, request.memory_mib]
+
+
+def allocation_resources(allocation: Allocation) -> Vec:
+    """[gpu_milli, cpu_milli, memory_mib] an allocation holds."""
+    return [sum(allocation.gpu_milli), allocation.cpu_milli, allocation.memory_mib]
+
+
+def _add(a: Vec, b: Vec, sign: int = 1) -> Vec:
+    return [x + sign * y for x, y in zip(a, b, strict=True)]
+
+
+@dataclass(slots=True)
+class _Victims:
+    node: int
+    victims: list[Workload]
+    key: tuple[int, int, int, int]
+
+
+class Scheduler:
+    """The decision core.
+
+    Args:
+        policy: placement policy (see :mod:`fgpu.plugins`). Placement-tracking hooks
+            (``on_allocate``) are the shell's to call when it commits a placement.
+        config: rules' knobs.
+        rank: int64[N] tie-break rank of nodes (default: by name). Must match the states
+            given to :meth:`decide`.
+    """
+
+    def __init__(
+        self,
+        policy: PlacementPolicy,
+        config: SchedulerConfig | None = None,
+        rank: IntArray | None = None,
+    ) -> None:
+        self.policy = policy
+        self.config = config or SchedulerConfig()
+        self.rank = rank
+
+    # ------------------------------------------------------------------ helpers
+    def effective_priority(self, workload: Workload, now: float) -> int:
+        """Priority for ordering: base plus aging (if on)."""
+        cfg = self.config
+        if cfg.aging_interval_s is None or cfg.aging_interval_s <= 0:
+            return workload.priority
+        waited = max(0.0, now - workload.submitted_at)
+        bonus = min(cfg.aging_max, int(waited // cfg.aging_interval_s) * cfg.aging_step)
+        return workload.priority + bonus
+
+    # ------------------------------------------------------------------- decide
+    def decide(
+        self,
+        now: float,
+        state: ClusterState,
+        queues: QueueTree,
+        workloads: Sequence[Workload],
+        holds: Holds | None = None,
+    ) -> Decision:
+        """One scheduling round.
+
+        Args:
+            now: the current time in seconds.
+            state: the cluster with every running workload's allocation applied
+                (terminating victims included). Not modified.
+            queues: the queue tree.
+            workloads: every pending and running workload.
+            holds: the holds returned by the previous round.
+
+        Returns:
+            The :class:`Decision`.
+        """
+        cfg = self.config
+        holds = dict(holds or {})
+        self._victimized: set[str] = set()
+        work = state.copy()
+        rank = self.rank if self.rank is not None else name_order_rank(work.node_names)
+        placer = Placer(work, self.policy, rank)
+        largest_mem = int(work.gpu_memory_capacity.max(initial=0))
+        capacity = Resources(
+            int(work.gpu_milli_capacity.sum()),
+            int(work.cpu_capacity.sum()),
+            int(work.memory_capacity.sum()),
+        )
+        by_id = {w.id: w for w in workloads}
+        actions: list[Action] = []
+        decided: set[str] = set()
+
+        # ---- accounting: allocated per leaf (terminating victims count for their
+        # preemptor's queue through its hold) and pending demand.
+        allocated: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
+        nonpreempt: dict[str, int] = defaultdict(int)
+        pending_demand: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
+        pending: list[Workload] = []
+        for w in workloads:
+            if w.queue not in queues:
+                if w.allocation is None:
+                    actions.append(Wait(w.id, f"unknown queue {w.queue!r}"))
+                    decided.add(w.id)
+                continue
+            if w.allocation is not None:
+                res = allocation_resources(w.allocation)
+                if w.terminating:
+                    pending_demand[w.queue] = _add(
+                        pending_demand[w.queue], request_resources(w.request, largest_mem)
+                    )
+                    continue
+                allocated[w.queue] = _add(allocated[w.queue], res)
+                if not w.is_preemptible:
+                    nonpreempt[w.queue] += res[0]
+            else:
+                pending.append(w)
+                pending_demand[w.queue] = _add(
+                    pending_demand[w.queue], request_resources(w.request, largest_mem)
+                )
+        valid_holds: dict[str, Hold] = {}
+        for h in holds.values():
+            held = by_id.get(h.workload)
+            if held is None or held.allocation is not None or h.node not in work.node_index:
+                continue
+            w = held
+            valid_holds[h.workload] = h
+            if h.victims:  # capacity moves to the preemptor's queue
+                req = request_resources(w.request, largest_mem)
+                allocated[w.queue] = _add(allocated[w.queue], req)
+                pending_demand[w.queue] = _add(pending_demand[w.queue], req, -1)
+        fs = fair_share(
+            queues,
+            capacity,
+            {q: Resources(*vec) for q, vec in allocated.items()},
+            {q: Resources(*vec) for q, vec in pending_demand.items()},
+        )
+        fair = {q: list(r.as_tuple()) for q, r in fs.share.items()}
+        guarantee = {
+            q: [
+                min(a, b)
+                for a, b in zip(queues[q].quota.as_tuple(), fs.demand[q].as_tuple(), strict=True)
+            ]
+            for q in queues.specs
+        }
+        allocated_before = {q: Resources(*vec) for q, vec in allocated.items()}
+
+        def ancestors(q: str) -> list[str]:
+            out = [q]
+            parent = queues[q].parent
+            while parent is not None:
+                out.append(parent)
+                parent = queues[parent].parent
+            return out
+
+        subtree_alloc: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
+        for q, vec in allocated.items():
+            for a in ancestors(q):
+                subtree_alloc[a] = _add(subtree_alloc[a], vec)
+
+        def charge(q: str, res: Vec, sign: int = 1) -> None:
+            allocated[q] = _add(allocated[q], res, sign)
+            for a in ancestors(q):
+                subtree_alloc[a] = _add(subtree_alloc[a], res, sign)
+
+        def ratio(q: str) -> float:
+            best = 0.0
+            any_share = False
+            for a, f in zip(allocated[q], fair[q], strict=True):
+                if f > 0:
+                    any_share = True
+                    best = max(best, a / f)
+                elif a > 0:
+                    return math.inf
+            return best if any_share else math.inf
+
+        # ---- rule 1: holds
+        reserved = np.zeros(work.num_nodes, dtype=np.bool_)
+        reserved_for: dict[int, str] = {}
+        new_holds: dict[str, Hold] = {}
+        for h in valid_holds.values():
+            w = by_id[h.workload]
+            node = work.node_index[h.node]
+            if not h.victims:
+                reserved[node] = True
+                reserved_for[node] = w.id
+                new_holds[w.id] = h
+                continue
+            alive = [v for v in h.victims if v in by_id and by_id[v].allocation is not None]
+            for v in alive:  # their capacity is promised to the preemptor
+                alloc = by_id[v].allocation
+                assert alloc is not None
+                work.release(alloc)
+            try:
+                allocation = work.allocate(w.request, node, h.gpus)
+            except ValueError:
+                for vid in alive:  # put the victims back; the hold is void
+                    alloc = by_id[vid].allocation
+                    assert alloc is not None
+                    work.allocate(by_id[vid].request, alloc.node, alloc.gpus)
+                charge(w.queue, request_resources(w.request, largest_mem), -1)
+                continue
+            decided.add(w.id)
+            if alive:
+                new_holds[w.id] = h
+                actions.append(
+                    Wait(
+                        w.id,
+                        f"waiting for {len(alive)} preempted workload(s) to exit: "
+                        + ", ".join(alive),
+                    )
+                )
+            else:
+                actions.append(Place(w.id, allocation, "placed on capacity held for it"))
+                if not w.is_preemptible:
+                    nonpreempt[w.queue] += allocation_resources(allocation)[0]
+
+        # ---- rule 2: order
+        per_queue: dict[str, list[Workload]] = defaultdict(list)
+        for w in pending:
+            if w.id not in decided:
+                per_queue[w.queue].append(w)
+        for items in per_queue.values():
+            items.sort(key=lambda w: (-self.effective_priority(w, now), w.submitted_at, w.id))
+        cursor = dict.fromkeys(per_queue, 0)
+        heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
+        heapq.heapify(heap)
+        no_fit: dict[tuple[Request, bool], str] = {}
+        no_victims: set[tuple[Request, str, int]] = set()
+        searches = 0
+
+        def admit(w: Workload, res: Vec) -> str | None:
+            for a in ancestors(w.queue):
+                limit = queues[a].limit
+                if limit is None:
+                    continue
+                after = _add(subtree_alloc[a], res)
+                for dim, x, lim in zip(
+                    ("GPU milli", "CPU milli", "memory MiB"), after, limit.as_tuple(), strict=True
+                ):
+                    if x > lim:
+                        return f"queue {a} would exceed its limit ({dim}: {x} > {lim})"
+            if not w.is_preemptible:
+                quota = queues[w.queue].quota.gpu_milli
+                if nonpreempt[w.queue] + res[0] > quota:
+                    return (
+                        f"non-preemptible work must stay within the quota of queue {w.queue} "
+                        f"(quota {quota} milli-GPU, in use {nonpreempt[w.queue]}, "
+                        f"needs {res[0]})"
+                    )
+            return None
+
+        while heap:
+            _, neg_prio, q = heapq.heappop(heap)
+            items = per_queue[q]
+            if cursor[q] >= len(items):
+                continue
+            w = items[cursor[q]]
+            cursor[q] += 1
+            res = request_resources(w.request, largest_mem)
+            reason = admit(w, res)
+            if reason is not None:
+                actions.append(Wait(w.id, reason))
+                heapq.heappush(heap, (ratio(q), neg_prio, q))
+                continue
+            own_reservation = w.id in new_holds and new_holds[w.id].is_reservation
+            exclude = reserved.copy()
+            if own_reservation:
+                exclude[work.node_index[new_holds[w.id].node]] = False
+            key = (w.request, bool(exclude.any()))
+            result: Allocation | Unschedulable
+            if key in no_fit and not own_reservation:
+                result = Unschedulable(no_fit[key])
+            else:
+                result = placer.place(
+                    w.request, explain=True, exclude=exclude if exclude.any() else None
+                )
+            if isinstance(result, Allocation):
+                actions.append(Place(w.id, result))
+                charge(q, allocation_resources(result))
+                if not w.is_preemptible:
+                    nonpreempt[q] += allocation_resources(result)[0]
+                new_holds.pop(w.id, None)
+                if own_reservation:
+                    reserved[result.node] = False
+                heapq.heappush(heap, (ratio(q), neg_prio, q))
+                continue
+            if not own_reservation:
+                no_fit[key] = result.reason
+            # rules 4 and 5: preemption, then reclaim
+            found: tuple[_Victims, str] | None = None
+            if searches < cfg.max_preemptors_per_round:
+                for kind in ("preemption", "reclaim"):
+                    skey = (w.request, f"{w.queue}/{kind}", w.priority)
+                    if skey in no_victims:
+                        continue
+                    searches += 1
+                    victims = self._find_victims(
+                        now,
+                        work,
+                        placer,
+                        w,
+                        kind,
+                        by_id,
+                        allocated,
+                        fair,
+                        guarantee,
+                        res,
+                        rank,
+                        reserved,
+                    )
+                    if victims is None:
+                        no_victims.add(skey)
+                        continue
+                    found = (victims, kind)
+                    break
+            if found is not None:
+                chosen, kind = found
+                node = chosen.node
+                for victim in chosen.victims:
+                    self._victimized.add(victim.id)
+                    assert victim.allocation is not None
+                    work.release(victim.allocation)
+                    charge(victim.queue, allocation_resources(victim.allocation), -1)
+                    actions.append(
+                        Preempt(
+                            victim.id,
+                            w.id,
+                            kind,
+                            f"{kind} by {w.id} (queue {w.queue}, priority {w.priority}) "
+                            f"on {work.node_names[node]}",
+                        )
+                    )
+                need = work.gpu_need(w.request)
+                _, gpus_ok = work.feasible(w.request, need)
+                gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
+                work.allocate(w.request, node, gpus)
+                charge(q, res)
+                new_holds[w.id] = Hold(
+                    w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
+                )
+                actions.append(
+                    Wait(w.id, f"waiting for {len(chosen.victims)} preempted workload(s) to exit")
+                )
+                heapq.heappush(heap, (ratio(q), neg_prio, q))
+                continue
+            # rule 6: reservation against starvation
+            if (
+                cfg.reservation_after_s is not None
+                and w.request.gpu_count >= cfg.reservation_min_gpus
+                and now - w.submitted_at >= cfg.reservation_after_s
+                and w.id not in new_holds
+            ):
+                spot = self._reservation_node(work, w.request, reserved)
+                if spot is not None:
+                    reserved[spot] = True
+                    new_holds[w.id] = Hold(w.id, work.node_names[spot], (), (), now)
+                    actions.append(
+                        Wait(
+                            w.id,
+                            f"reserved node {work.node_names[spot]}; waiting for it to drain "
+                            f"({result.reason})",
+                        )
+                    )
+                    heapq.heappush(heap, (ratio(q), neg_prio, q))
+                    continue
+            if own_reservation:
+                actions.append(
+                    Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
+                )
+            else:
+                actions.append(Wait(w.id, result.reason))
+            heapq.heappush(heap, (ratio(q), neg_prio, q))
+
+        return Decision(
+            actions=actions,
+            holds=new_holds,
+            fair_share=fs.share,
+            allocated=allocated_before,
+            warnings=fs.warnings,
+        )
+
+    # ------------------------------------------------------------------ victims
+    def _find_victims(
+        self,
+        now: float,
+        work: ClusterState,
+        placer: Placer,
+        preemptor: Workload,
+        kind: str,
+        by_id: dict[str, Workload],
+        allocated: dict[str, Vec],
+        fair: dict[str, Vec],
+        guarantee: dict[str, Vec],
+        res: Vec,
+        rank: IntArray,
+        reserved: np.ndarray,
+    ) -> _Victims | None:
+        cfg = self.config
+        q = preemptor.queue
+        if kind == "reclaim":
+            if cfg.reclaim_within_fair_share:
+                after = _add(allocated[q], res)
+                if any(a > f for a, f in zip(after, fair[q], strict=True)):
+                    return None
+            elif allocated[q][0] >= fair[q][0]:
+                return None
+        taken: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
+
+        def eligible(v: Workload) -> bool:
+            if v.allocation is None or v.terminating or not v.is_preemptible:
+                return False
+            if v.id in self._victimized:
+                return False
+            if (
+                cfg.min_runtime_s > 0
+                and v.started_at is not None
+                and now - v.started_at < cfg.min_runtime_s
+            ):
+                return False
+            if kind == "preemption":
+                return v.queue == q and v.priority < preemptor.priority
+            if v.queue == q or v.queue not in fair:
+                return False
+            return allocated[v.queue][0] > fair[v.queue][0]
+
+        by_node: dict[int, list[Workload]] = defaultdict(list)
+        for v in by_id.values():
+            if eligible(v):
+                assert v.allocation is not None
+                if not reserved[v.allocation.node]:
+                    by_node[v.allocation.node].append(v)
+        best: _Victims | None = None
+        request = preemptor.request
+        for node, candidates in by_node.items():
+            candidates.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
+            released: list[Workload] = []
+            fits = False
+            for v in candidates:
+                assert v.allocation is not None
+                work.release(v.allocation)
+                released.append(v)
+                if self._fits_on(work, request, node):
+                    fits = True
+                    break
+            if fits:  # put back every victim that is not needed, most protected first
+                for v in reversed(released[:-1]):
+                    assert v.allocation is not None
+                    work.allocate(v.request, v.allocation.node, v.allocation.gpus)
+                    if self._fits_on(work, request, node):
+                        released.remove(v)
+                    else:
+                        work.release(v.allocation)
+            chosen = list(released) if fits else []
+            for v in released:  # restore the working state
+                assert v.allocation is not None
+                work.allocate(v.request, v.allocation.node, v.allocation.gpus)
+            if not fits:
+                continue
+            if kind == "reclaim":  # victim queues keep their guarantee
+                taken.clear()
+                for v in chosen:
+                    assert v.allocation is not None
+                    taken[v.queue] = _add(taken[v.queue], allocation_resources(v.allocation))
+                if any(allocated[vq][0] - t[0] < guarantee[vq][0] for vq, t in taken.items()):
+                    continue
+            freed = sum(sum(v.allocation.gpu_milli) for v in chosen if v.allocation)
+            key = (max(v.priority for v in chosen), len(chosen), freed, int(rank[node]))
+            if best is None or key < best.key:
+                best = _Victims(node, chosen, key)
+        return best
+
+    @staticmethod
+    def _fits_on(work: ClusterState, request: Request, node: int) -> bool:
+        """Whether ``request`` fits on ``node`` now (the filter, for one node)."""
+        if work.cpu_free[node] < request.cpu_milli or work.memory_free[node] < request.memory_mib:
+            return False
+        if request.gpu_count == 0:
+            return True
+        if request.gpu_models and not work.model_mask(request.gpu_models)[node]:
+            return False
+        need = work.gpu_need(request)
+        ok = (work.gpu_free_milli[node] >= need.milli[node]) & (
+            work.gpu_free_memory[node] >= need.memory[node]
+        )
+        return int(ok.sum()) >= request.gpu_count
+
+    @staticmethod
+    def _reservation_node(work: ClusterState, request: Request, reserved: np.ndarray) -> int | None:
+        """The node to reserve: could hold ``request`` when empty, most free GPU first."""
+        need = work.gpu_need(request)
+        big_enough = (
+            (work.cpu_capacity >= request.cpu_milli)
+            & (work.memory_capacity >= request.memory_mib)
+            & (
+                (
+                    (work.gpu_milli_capacity >= need.milli)
+                    & (work.gpu_memory_capacity >= need.memory)
+                ).sum(axis=1)
+                >= request.gpu_count
+            )
+            & ~reserved
+        )
+        if request.gpu_models:
+            big_enough &= work.model_mask(request.gpu_models)
+        candidates = np.flatnonzero(big_enough)
+        if candidates.size == 0:
+            return None
+        free = work.gpu_free_total[candidates]
+        return int(candidates[np.argmax(free)])

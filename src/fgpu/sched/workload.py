@@ -1,0 +1,280 @@
+"""Queues (tenants), workloads and the actions of the decision core (DESIGN.md section 5).
+
+Amounts are integer resource vectors ``[gpu_milli, cpu_milli, memory_mib]``
+(:data:`RESOURCES`). Constructors validate and raise :class:`InvalidRequestError` naming the
+field; :class:`QueueTree` checks the tree as a whole (unknown parent, cycle, duplicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from fgpu.model.types import Allocation, InvalidRequestError, Request
+
+RESOURCES = ("gpu_milli", "cpu_milli", "memory_mib")
+"""Resource dimensions of fair share, in this order."""
+
+PRIORITY_CLASSES: dict[str, int] = {
+    "very-low": 25,
+    "low": 40,
+    "normal": 50,
+    "high": 100,
+    "critical": 125,
+}
+"""Named priorities (DESIGN.md section 5); 100 and above are non-preemptible by default."""
+
+NON_PREEMPTIBLE_FROM = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """A resource vector in integer units: milli-GPU, milli-cores, MiB."""
+
+    gpu_milli: int = 0
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        """``(gpu_milli, cpu_milli, memory_mib)``."""
+        return (self.gpu_milli, self.cpu_milli, self.memory_mib)
+
+
+def parse_priority(value: int | str, field_name: str = "priority") -> int:
+    """A priority number or class name (``"high"``) -> int.
+
+    Raises:
+        InvalidRequestError: an unknown class name (the valid ones are listed) or a negative
+            number.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise InvalidRequestError(field_name, "must not be negative")
+        return value
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    if text in PRIORITY_CLASSES:
+        return PRIORITY_CLASSES[text]
+    names = ", ".join(f"{k} ({v})" for k, v in PRIORITY_CLASSES.items())
+    raise InvalidRequestError(field_name, f"unknown priority {value!r}; use a number or {names}")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """One queue (tenant).
+
+    Attributes:
+        name: unique name.
+        quota: guaranteed resources (GPU fractions allowed: 1.5 GPUs is 1500 milli).
+        limit: hard cap per resource, or None for no cap. A dimension of the limit that is
+            0 while the quota's is 0 means "no cap" for that dimension only when the whole
+            limit is None; otherwise it is a real cap.
+        over_quota_weight: share of the surplus relative to sibling queues (>= 0). Weight 0
+            queues keep their quota but get surplus only when no weighted queue wants more.
+        priority: queue priority (higher gets surplus first, then reclaim ordering).
+        parent: parent queue name, or None for a top-level queue.
+
+    Raises:
+        InvalidRequestError: negative quota or weight, a limit below the quota, an empty
+            name, or a queue that is its own parent.
+    """
+
+    name: str
+    quota: Resources = field(default_factory=Resources)
+    limit: Resources | None = None
+    over_quota_weight: float = 1.0
+    priority: int = 0
+    parent: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidRequestError("name", "a queue needs a name")
+        for dim, value in zip(RESOURCES, self.quota.as_tuple(), strict=True):
+            if value < 0:
+                raise InvalidRequestError(
+                    f"quota.{dim}", f"queue {self.name}: must not be negative"
+                )
+        if self.limit is not None:
+            for dim, lim, quota in zip(
+                RESOURCES, self.limit.as_tuple(), self.quota.as_tuple(), strict=True
+            ):
+                if lim < quota:
+                    raise InvalidRequestError(
+                        f"limit.{dim}",
+                        f"queue {self.name}: limit {lim} is below quota {quota}",
+                    )
+        if not self.over_quota_weight >= 0:  # also rejects NaN
+            raise InvalidRequestError(
+                "over_quota_weight", f"queue {self.name}: must be a number >= 0"
+            )
+        if self.parent == self.name:
+            raise InvalidRequestError("parent", f"queue {self.name} cannot be its own parent")
+
+
+class QueueTree:
+    """A validated forest of queues; work is submitted to leaves.
+
+    Args:
+        queues: the queue specs.
+
+    Raises:
+        InvalidRequestError: duplicate names, an unknown parent, a cycle, or children whose
+            quotas add up to more than their parent's quota (when the parent has one).
+    """
+
+    def __init__(self, queues: Iterable[QueueSpec]) -> None:
+        specs = list(queues)
+        by_name: dict[str, QueueSpec] = {}
+        for q in specs:
+            if q.name in by_name:
+                raise InvalidRequestError("name", f"duplicate queue name {q.name!r}")
+            by_name[q.name] = q
+        for q in specs:
+            if q.parent is not None and q.parent not in by_name:
+                raise InvalidRequestError(
+                    "parent", f"queue {q.name}: unknown parent queue {q.parent!r}"
+                )
+        for q in specs:
+            seen = [q.name]
+            parent = q.parent
+            while parent is not None:
+                if parent in seen:
+                    cycle = " -> ".join([*seen, parent])
+                    raise InvalidRequestError("parent", f"queue cycle: {cycle}")
+                seen.append(parent)
+                parent = by_name[parent].parent
+        self.specs: dict[str, QueueSpec] = by_name
+        self.children: dict[str | None, list[str]] = {}
+        for q in specs:
+            self.children.setdefault(q.parent, []).append(q.name)
+        for parent, kids in self.children.items():
+            if parent is None:
+                continue
+            pq = by_name[parent].quota.as_tuple()
+            total = [sum(by_name[k].quota.as_tuple()[i] for k in kids) for i in range(3)]
+            for dim, t, p in zip(RESOURCES, total, pq, strict=True):
+                if p and t > p:
+                    raise InvalidRequestError(
+                        f"quota.{dim}",
+                        f"children of {parent} have quotas summing to {t}, above its {p}",
+                    )
+
+    @property
+    def leaves(self) -> list[str]:
+        """Queues without children, where workloads are submitted."""
+        return [name for name in self.specs if name not in self.children]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __getitem__(self, name: str) -> QueueSpec:
+        return self.specs[name]
+
+    def with_queue(self, spec: QueueSpec) -> QueueTree:
+        """A new tree with ``spec`` added or replaced (validated as a whole)."""
+        specs = dict(self.specs)
+        specs[spec.name] = spec
+        return QueueTree(specs.values())
+
+    @classmethod
+    def single(cls, name: str = "default") -> QueueTree:
+        """One queue owning everything (the single-machine default)."""
+        return cls([QueueSpec(name)])
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A workload as the decision core sees it.
+
+    Attributes:
+        id: unique id.
+        queue: leaf queue name.
+        request: what it asks for.
+        priority: numeric priority (higher wins).
+        submitted_at: submission time in seconds (virtual or wall clock).
+        preemptible: None means the default: priority below 100.
+        allocation: where it runs (None while pending).
+        started_at: when it started, for running workloads.
+        terminating: a running workload already told to stop (a victim on its way out).
+    """
+
+    id: str
+    queue: str
+    request: Request
+    priority: int = PRIORITY_CLASSES["normal"]
+    submitted_at: float = 0.0
+    preemptible: bool | None = None
+    allocation: Allocation | None = None
+    started_at: float | None = None
+    terminating: bool = False
+
+    @property
+    def is_preemptible(self) -> bool:
+        """Whether the workload may be a victim (default: priority below 100)."""
+        if self.preemptible is not None:
+            return self.preemptible
+        return self.priority < NON_PREEMPTIBLE_FROM
+
+    @property
+    def is_running(self) -> bool:
+        """True when it holds an allocation."""
+        return self.allocation is not None
+
+
+# ------------------------------------------------------------------------- actions
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Start ``workload`` on ``allocation``."""
+
+    workload: str
+    allocation: Allocation
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Stop ``victim`` so that ``preemptor`` can run; ``kind`` is preemption or reclaim."""
+
+    victim: str
+    preemptor: str
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """``workload`` stays pending; ``reason`` says why, for users."""
+
+    workload: str
+    reason: str
+
+
+Action = Place | Preempt | Wait
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Capacity held for a workload: freed by preemption, or reserved against starvation.
+
+    Attributes:
+        workload: the pending workload it is held for.
+        node: node name (names stay valid when nodes are added or removed).
+        gpus: GPU indices on that node (empty: the whole node is reserved).
+        victims: ids of the workloads stopped for it (empty for a reservation).
+        since: when the hold was made (seconds).
+    """
+
+    workload: str
+    node: str
+    gpus: tuple[int, ...]
+    victims: tuple[str, ...] = ()
+    since: float = 0.0
+
+    @property
+    def is_reservation(self) -> bool:
+        """A reservation against starvation rather than capacity freed by preemption."""
+        return not self.victims
+
+
+Holds = Mapping[str, Hold]

@@ -1,0 +1,124 @@
+"""A minimal test shell around the decision core: it executes actions the way the service
+and the replay simulator do (Place binds; Preempt marks the victim terminating, and the
+victim exits at the start of the next round and returns to pending)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from fgpu.model.types import Request
+from fgpu.plugins import create_policy
+from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.state import ClusterState, check_invariants
+from fgpu.sched.workload import Hold, Place, Preempt, QueueTree, Wait, Workload
+
+TARGET = TargetWorkload((TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1)))
+
+
+@dataclass
+class Shell:
+    state: ClusterState
+    queues: QueueTree
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    policy: str = "best-fit"
+    workloads: dict[str, Workload] = field(default_factory=dict)
+    holds: dict[str, Hold] = field(default_factory=dict)
+    now: float = 0.0
+    log: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(
+            create_policy(self.policy, target=TARGET, rng=np.random.default_rng(0)), self.config
+        )
+
+    def submit(
+        self,
+        id_: str,
+        queue: str,
+        request: Request,
+        priority: int = 50,
+        at: float | None = None,
+        preemptible: bool | None = None,
+    ) -> None:
+        self.workloads[id_] = Workload(
+            id_, queue, request, priority, self.now if at is None else at, preemptible
+        )
+
+    def run(
+        self,
+        id_: str,
+        queue: str,
+        request: Request,
+        node: int,
+        gpus: list[int],
+        priority: int = 50,
+        started: float = 0.0,
+        preemptible: bool | None = None,
+    ) -> None:
+        """A workload already running at a given spot."""
+        allocation = self.state.allocate(request, node, gpus)
+        self.workloads[id_] = Workload(
+            id_, queue, request, priority, started, preemptible, allocation, started
+        )
+
+    def finish(self, id_: str) -> None:
+        w = self.workloads.pop(id_)
+        if w.allocation is not None:
+            self.state.release(w.allocation)
+
+    def round(self) -> Decision:
+        for w in list(self.workloads.values()):  # victims told last round exit now
+            if w.terminating and w.allocation is not None:
+                self.state.release(w.allocation)
+                self.workloads[w.id] = replace(
+                    w, allocation=None, started_at=None, terminating=False
+                )
+        decision = self.scheduler.decide(
+            self.now, self.state, self.queues, list(self.workloads.values()), self.holds
+        )
+        for action in decision.actions:
+            if isinstance(action, Place):
+                w = self.workloads[action.workload]
+                a = action.allocation
+                allocation = self.state.allocate(w.request, a.node, a.gpus)
+                assert allocation == a
+                self.workloads[w.id] = replace(w, allocation=allocation, started_at=self.now)
+            elif isinstance(action, Preempt):
+                v = self.workloads[action.victim]
+                assert v.allocation is not None
+                assert not v.terminating
+                self.workloads[v.id] = replace(v, terminating=True)
+        self.holds = dict(decision.holds)
+        check_invariants(self.state)
+        self.check_reasons(decision)
+        self.log.append(decision)
+        return decision
+
+    def check_reasons(self, decision: Decision) -> None:
+        placed = {a.workload for a in decision.actions if isinstance(a, Place)}
+        waiting = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+        for w in self.workloads.values():
+            if w.allocation is None and w.id not in placed:
+                assert waiting.get(w.id), f"pending {w.id} has no reason"
+
+    def running(self, queue: str | None = None) -> list[str]:
+        return sorted(
+            w.id
+            for w in self.workloads.values()
+            if w.allocation is not None
+            and not w.terminating
+            and (queue is None or w.queue == queue)
+        )
+
+    def gpu_milli(self, queue: str) -> int:
+        return sum(
+            sum(w.allocation.gpu_milli)
+            for w in self.workloads.values()
+            if w.allocation is not None and not w.terminating and w.queue == queue
+        )
+
+    def evictions(self) -> int:
+        return sum(isinstance(a, Preempt) for d in self.log for a in d.actions)
