@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fgpu.model.types import InvalidRequestError
 from fgpu.plugins import UnknownPolicyError
+from fgpu.sched.decide import SchedulerConfig
 from fgpu.sim.experiment import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -23,8 +26,18 @@ from fgpu.sim.experiment import (
     run_experiment,
 )
 from fgpu.sim.fill import DEFAULT_TUNE
+from fgpu.sim.replay import (
+    GpuSpecError,
+    ReplayError,
+    build_scheduler,
+    parse_gpus,
+    run_replay,
+    tenant_queues,
+)
+from fgpu.sim.replay_report import replay_table, write_replay_report
 from fgpu.sim.report import RunCurve, comparison_table, write_report
-from fgpu.sim.trace import TraceFormatError
+from fgpu.sim.trace import TraceFormatError, load_pods
+from fgpu.sim.workloads import generate, load_workloads
 
 app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
 sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
@@ -116,6 +129,201 @@ def sim_fill(
     summary = write_report(out_dir, runs, seed_list, tune, round(time.perf_counter() - started, 3))
     out.print(comparison_table(summary))
     out.print(f"wrote {out_dir}/summary.json, curves.csv, unallocated.png, fragmentation.png")
+
+
+def _check_number(option: str, value: float | None, minimum: float, strict: bool) -> None:
+    if value is None:
+        return
+    low = value <= minimum if strict else value < minimum
+    if not math.isfinite(value) or low:
+        relation = "above" if strict else "at least"
+        raise _fail(f"{option}: must be a number {relation} {minimum:g}, got {value:g}")
+
+
+@sim_app.command("replay")
+def sim_replay(
+    pods: Annotated[
+        Path | None,
+        typer.Option(help="Pod CSV whose shapes generated workloads draw from (default trace)."),
+    ] = None,
+    gpus: Annotated[
+        str, typer.Option(help="Cluster: COUNTxMODEL[,COUNTxMODEL...], 8 GPUs per node.")
+    ] = "64xA100-80GB",
+    tenants: Annotated[
+        int | None, typer.Option(help="Tenant queues with equal quotas (default 3).")
+    ] = None,
+    load: Annotated[
+        float | None, typer.Option(help="Offered GPU load, x capacity (default 0.9).")
+    ] = None,
+    hours: Annotated[float, typer.Option(help="Simulated hours.")] = 24.0,
+    seed: Annotated[int, typer.Option(help="Random seed (workloads, tie-break rank).")] = 1,
+    workloads_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--workloads",
+            help="Workload CSV (id,submit_s,duration_s,queue,priority,gpu,gpu_memory,cpu,"
+            "memory) instead of generated ones; its queues become the tenants.",
+        ),
+    ] = None,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "fgd",
+    grace: Annotated[float, typer.Option(help="Seconds a victim takes to exit.")] = 30.0,
+    min_runtime: Annotated[
+        float, typer.Option(help="Seconds a workload runs before it can be reclaimed.")
+    ] = 0.0,
+    aging_interval: Annotated[
+        float | None, typer.Option(help="Waiting seconds per priority step of aging (off).")
+    ] = None,
+    reservation_after: Annotated[
+        float | None,
+        typer.Option(help="Seconds a large workload waits before capacity is reserved (off)."),
+    ] = None,
+    tick: Annotated[
+        float, typer.Option(help="A decision round at least every S seconds while work waits.")
+    ] = 60.0,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Check invariants after every round (slower).")
+    ] = False,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Output folder for summary.json, timeline.csv, plots.")
+    ] = Path("replay-results"),
+) -> None:
+    """Dynamic simulator: arrivals and departures on a virtual clock, driving the decision
+    core with queues, fair share, preemption and reclaim; reports allocation, delays and
+    fairness."""
+    _check_number("--hours", hours, 0, strict=True)
+    _check_number("--load", load, 0, strict=True)
+    _check_number("--grace", grace, 0, strict=False)
+    _check_number("--min-runtime", min_runtime, 0, strict=False)
+    _check_number("--aging-interval", aging_interval, 0, strict=True)
+    _check_number("--reservation-after", reservation_after, 0, strict=False)
+    _check_number("--tick", tick, 0, strict=False)
+    if tenants is not None and tenants < 1:
+        raise _fail(f"--tenants: must be at least 1, got {tenants}")
+    if workloads_file is not None:
+        for option, value in (("--pods", pods), ("--tenants", tenants), ("--load", load)):
+            if value is not None:
+                raise _fail(
+                    f"{option}: not used with --workloads (the file gives the workloads "
+                    "and their queues)"
+                )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise _fail(f"--out: {out_dir} exists and is not a folder")
+    try:
+        nodes = parse_gpus(gpus)
+    except GpuSpecError as exc:
+        raise _fail(str(exc)) from None
+    capacity = sum(n.gpu_count for n in nodes) * 1000
+    workload_seed, scheduler_seed = np.random.SeedSequence(seed).spawn(2)
+    try:
+        if workloads_file is not None:
+            workloads = load_workloads(workloads_file)
+            queue_names = sorted({w.queue for w in workloads})
+            shapes = [w.request for w in workloads]
+        else:
+            pods_path = pods or _default_trace_file(DEFAULT_PODS, "--pods")
+            shapes = list(load_pods(pods_path).requests)
+            n_tenants = 3 if tenants is None else tenants
+            workloads = generate(
+                shapes,
+                capacity,
+                n_tenants,
+                0.9 if load is None else load,
+                hours,
+                np.random.default_rng(workload_seed),
+            )
+            queue_names = [f"tenant-{i + 1}" for i in range(n_tenants)]
+    except TraceFormatError as exc:
+        raise _fail(str(exc)) from None
+    except ValueError as exc:
+        raise _fail(f"{'--workloads' if workloads_file else '--pods'}: {exc}") from None
+    config = SchedulerConfig(
+        min_runtime_s=min_runtime,
+        aging_interval_s=aging_interval,
+        reservation_after_s=reservation_after,
+    )
+    try:
+        scheduler = build_scheduler(
+            policy, nodes, shapes, config, np.random.default_rng(scheduler_seed)
+        )
+    except UnknownPolicyError as exc:
+        raise _fail(f"--policy: {exc}") from None
+    except ValueError as exc:
+        raise _fail(f"--policy: {exc}") from None
+    queues = tenant_queues(queue_names, nodes)
+    err.print(
+        f"replay: {len(nodes)} nodes, {capacity // 1000} GPUs, {len(queue_names)} queues, "
+        f"{len(workloads)} workloads over {hours:g} h, policy {policy}",
+        highlight=False,
+    )
+    horizon = hours * 3600.0
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as progress:
+        task = progress.add_task("simulated time", total=horizon)
+        rounds = 0
+
+        def advance(now: float) -> None:
+            nonlocal rounds
+            rounds += 1
+            if rounds % 64 == 0:
+                progress.update(task, completed=now)
+
+        started = time.perf_counter()
+        try:
+            result = run_replay(
+                nodes,
+                queues,
+                workloads,
+                scheduler,
+                hours,
+                grace,
+                tick_s=tick or None,
+                debug=debug,
+                on_round=advance,
+            )
+        except ReplayError as exc:  # a broken contract of the decision core: a bug, not input
+            err.print(f"[bold red]replay stopped:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
+        wall = time.perf_counter() - started
+        progress.update(task, completed=horizon)
+    echo = {
+        "gpus": gpus,
+        "nodes": len(nodes),
+        "capacity_gpus": capacity // 1000,
+        "queues": queue_names,
+        "workloads": str(workloads_file) if workloads_file else None,
+        "pods": None if workloads_file else str(pods or DEFAULT_PODS),
+        "load": None if workloads_file else (0.9 if load is None else load),
+        "hours": hours,
+        "seed": seed,
+        "policy": policy,
+        "grace_s": grace,
+        "min_runtime_s": min_runtime,
+        "aging_interval_s": aging_interval,
+        "reservation_after_s": reservation_after,
+        "tick_s": tick,
+        "submitted": len(workloads),
+    }
+    try:
+        summary = write_replay_report(
+            out_dir,
+            result,
+            wall,
+            echo,
+            workloads=None if workloads_file else workloads,
+        )
+    except OSError as exc:
+        raise _fail(f"--out: cannot write {out_dir}: {exc}") from None
+    out.print(replay_table(summary))
+    files = "summary.json, timeline.csv, allocation.png, delays.png"
+    if workloads_file is None:
+        files += ", workloads.csv"
+    out.print(f"wrote {out_dir}/{{{files}}}", highlight=False)
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
-from fgpu.sched.state import ClusterState, IntArray
+from fgpu.sched.state import ClusterState, IntArray, withhold
 from fgpu.sched.workload import (
     Action,
     Hold,
@@ -150,6 +150,35 @@ def allocation_resources(allocation: Allocation) -> Vec:
 
 def _add(a: Vec, b: Vec, sign: int = 1) -> Vec:
     return [x + sign * y for x, y in zip(a, b, strict=True)]
+
+
+def _withhold_leftover(
+    work: ClusterState, victims: Sequence[Allocation], taken: Allocation
+) -> None:
+    """Victims still exiting free more than their preemptor takes; withhold the rest.
+
+    After the victims are released on the working copy and the preemptor is allocated, the
+    difference (per resource, per GPU) is not free in reality until the victims have gone,
+    so no other workload of this round may use it.
+    """
+    node = taken.node
+    g = work.max_gpus
+    cpu = sum(v.cpu_milli for v in victims) - taken.cpu_milli
+    mem = sum(v.memory_mib for v in victims) - taken.memory_mib
+    milli = np.zeros(g, dtype=np.int64)
+    memory = np.zeros(g, dtype=np.int64)
+    for a, sign in [(v, 1) for v in victims] + [(taken, -1)]:
+        for gpu, m, mm in zip(a.gpus, a.gpu_milli, a.gpu_memory_mib, strict=True):
+            milli[gpu] += sign * m
+            memory[gpu] += sign * mm
+    withhold(
+        work,
+        node,
+        max(cpu, 0),
+        max(mem, 0),
+        np.maximum(milli, 0),
+        np.maximum(memory, 0),
+    )
 
 
 @dataclass(slots=True)
@@ -339,6 +368,11 @@ class Scheduler:
                 continue
             decided.add(w.id)
             if alive:
+                _withhold_leftover(
+                    work,
+                    [va for vid in alive if (va := by_id[vid].allocation) is not None],
+                    allocation,
+                )
                 new_holds[w.id] = h
                 actions.append(
                     Wait(
@@ -351,6 +385,22 @@ class Scheduler:
                 actions.append(Place(w.id, allocation, "placed on capacity held for it"))
                 if not w.is_preemptible:
                     nonpreempt[w.queue] += allocation_resources(allocation)[0]
+
+        # victims at all: preemptible, not terminating, past min_runtime_s, per queue
+        candidates: dict[str, list[Workload]] = defaultdict(list)
+        for w in workloads:
+            if (
+                w.allocation is not None
+                and not w.terminating
+                and w.is_preemptible
+                and w.queue in queues
+                and not (
+                    cfg.min_runtime_s > 0
+                    and w.started_at is not None
+                    and now - w.started_at < cfg.min_runtime_s
+                )
+            ):
+                candidates[w.queue].append(w)
 
         # ---- rule 2: order
         per_queue: dict[str, list[Workload]] = defaultdict(list)
@@ -445,6 +495,7 @@ class Scheduler:
                         res,
                         rank,
                         reserved,
+                        candidates,
                     )
                     if victims is None:
                         no_victims.add(skey)
@@ -471,7 +522,10 @@ class Scheduler:
                 need = work.gpu_need(w.request)
                 _, gpus_ok = work.feasible(w.request, need)
                 gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
-                work.allocate(w.request, node, gpus)
+                taken = work.allocate(w.request, node, gpus)
+                _withhold_leftover(
+                    work, [v.allocation for v in chosen.victims if v.allocation], taken
+                )
                 charge(q, res)
                 new_holds[w.id] = Hold(
                     w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
@@ -532,7 +586,13 @@ class Scheduler:
         res: Vec,
         rank: IntArray,
         reserved: np.ndarray,
+        candidates: dict[str, list[Workload]],
     ) -> _Victims | None:
+        """Smallest victim set on one node that lets ``preemptor`` run there (rules 4-5).
+
+        ``candidates`` holds, per queue, the running workloads that may be victims at all
+        (preemptible, not terminating, past ``min_runtime_s``).
+        """
         cfg = self.config
         q = preemptor.queue
         if kind == "reclaim":
@@ -543,37 +603,27 @@ class Scheduler:
             elif allocated[q][0] >= fair[q][0]:
                 return None
         taken: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
-
-        def eligible(v: Workload) -> bool:
-            if v.allocation is None or v.terminating or not v.is_preemptible:
-                return False
-            if v.id in self._victimized:
-                return False
-            if (
-                cfg.min_runtime_s > 0
-                and v.started_at is not None
-                and now - v.started_at < cfg.min_runtime_s
-            ):
-                return False
-            if kind == "preemption":
-                return v.queue == q and v.priority < preemptor.priority
-            if v.queue == q or v.queue not in fair:
-                return False
-            return allocated[v.queue][0] > fair[v.queue][0]
-
+        if kind == "preemption":
+            pool = [v for v in candidates.get(q, ()) if v.priority < preemptor.priority]
+        else:
+            pool = [
+                v
+                for vq, items in candidates.items()
+                if vq != q and vq in fair and allocated[vq][0] > fair[vq][0]
+                for v in items
+            ]
         by_node: dict[int, list[Workload]] = defaultdict(list)
-        for v in by_id.values():
-            if eligible(v):
-                assert v.allocation is not None
-                if not reserved[v.allocation.node]:
-                    by_node[v.allocation.node].append(v)
+        for v in pool:
+            assert v.allocation is not None
+            if v.id not in self._victimized and not reserved[v.allocation.node]:
+                by_node[v.allocation.node].append(v)
         best: _Victims | None = None
         request = preemptor.request
-        for node, candidates in by_node.items():
-            candidates.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
+        for node, on_node in by_node.items():
+            on_node.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
             released: list[Workload] = []
             fits = False
-            for v in candidates:
+            for v in on_node:
                 assert v.allocation is not None
                 work.release(v.allocation)
                 released.append(v)

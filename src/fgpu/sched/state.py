@@ -338,6 +338,43 @@ class ClusterState:
         self.version[node] = next(_VERSIONS)
 
 
+def withhold(
+    state: ClusterState,
+    node: int,
+    cpu_milli: int,
+    memory_mib: int,
+    gpu_milli: IntArray,
+    gpu_memory_mib: IntArray,
+) -> None:
+    """Make free capacity of ``node`` unavailable in a what-if copy (no allocation owns it).
+
+    The decision core uses it for capacity that is promised but not yet real: what victims
+    still hold beyond what their preemptor will take.
+
+    Args:
+        state: a working copy (never the live state).
+        node: node index.
+        cpu_milli, memory_mib: amounts to withhold.
+        gpu_milli, gpu_memory_mib: int64[G] per-GPU amounts to withhold.
+
+    Raises:
+        InvalidRequestError: more than is free.
+    """
+    if (
+        cpu_milli > state.cpu_free[node]
+        or memory_mib > state.memory_free[node]
+        or (gpu_milli > state.gpu_free_milli[node]).any()
+        or (gpu_memory_mib > state.gpu_free_memory[node]).any()
+    ):
+        raise InvalidRequestError("withhold", f"more than is free on {state.node_names[node]}")
+    state.cpu_free[node] -= cpu_milli
+    state.memory_free[node] -= memory_mib
+    state.gpu_free_milli[node] -= gpu_milli
+    state.gpu_free_memory[node] -= gpu_memory_mib
+    state.gpu_free_total[node] -= int(gpu_milli.sum())
+    state.version[node] = next(_VERSIONS)
+
+
 def count_per_node(mask: BoolArray) -> IntArray:
     """int64[N]: number of True entries in each row of a bool[N, G] mask (G % 8 == 0).
 
