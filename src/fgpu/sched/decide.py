@@ -55,7 +55,7 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
-from fgpu.sched.state import ClusterState, IntArray, withhold
+from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
     Action,
     Hold,
@@ -179,6 +179,59 @@ def _withhold_leftover(
         np.maximum(milli, 0),
         np.maximum(memory, 0),
     )
+
+
+class _NodeView:
+    """Free resources of one node as plain numbers, to try victim sets without touching
+    the working state."""
+
+    __slots__ = (
+        "cpu",
+        "gpu_count",
+        "memory",
+        "milli",
+        "need_memory",
+        "need_milli",
+        "request",
+        "vram",
+    )
+
+    def __init__(self, work: ClusterState, node: int, request: Request, need: GpuNeed) -> None:
+        self.request = request
+        self.cpu = int(work.cpu_free[node])
+        self.memory = int(work.memory_free[node])
+        self.milli = work.gpu_free_milli[node].tolist()
+        self.vram = work.gpu_free_memory[node].tolist()
+        self.need_milli = need.milli[node].tolist()
+        self.need_memory = need.memory[node].tolist()
+        self.gpu_count = request.gpu_count
+
+    def add(self, allocation: Allocation | None, sign: int) -> None:
+        """Give back (+1) or take again (-1) what ``allocation`` holds."""
+        assert allocation is not None
+        self.cpu += sign * allocation.cpu_milli
+        self.memory += sign * allocation.memory_mib
+        for g, m, mm in zip(
+            allocation.gpus, allocation.gpu_milli, allocation.gpu_memory_mib, strict=True
+        ):
+            self.milli[g] += sign * m
+            self.vram[g] += sign * mm
+
+    def fits(self) -> bool:
+        """The filter's checks for this node (model already checked)."""
+        r = self.request
+        if self.cpu < r.cpu_milli or self.memory < r.memory_mib:
+            return False
+        if self.gpu_count == 0:
+            return True
+        ok = sum(
+            1
+            for m, mm, nm, nmm in zip(
+                self.milli, self.vram, self.need_milli, self.need_memory, strict=True
+            )
+            if m >= nm and mm >= nmm
+        )
+        return ok >= self.gpu_count
 
 
 @dataclass(slots=True)
@@ -413,6 +466,7 @@ class Scheduler:
         heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
         heapq.heapify(heap)
         no_fit: dict[tuple[Request, bool], str] = {}
+        resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int]] = set()
         searches = 0
 
@@ -444,24 +498,28 @@ class Scheduler:
                 continue
             w = items[cursor[q]]
             cursor[q] += 1
-            res = request_resources(w.request, largest_mem)
+            cached = resources_of.get(w.request)
+            if cached is None:
+                cached = resources_of[w.request] = request_resources(w.request, largest_mem)
+            res = cached
             reason = admit(w, res)
             if reason is not None:
                 actions.append(Wait(w.id, reason))
                 heapq.heappush(heap, (ratio(q), neg_prio, q))
                 continue
             own_reservation = w.id in new_holds and new_holds[w.id].is_reservation
-            exclude = reserved.copy()
+            exclude: np.ndarray | None = reserved if reserved.any() else None
             if own_reservation:
+                exclude = reserved.copy()
                 exclude[work.node_index[new_holds[w.id].node]] = False
-            key = (w.request, bool(exclude.any()))
+            # a shape that found no node in this round finds none later in it either: the
+            # working state only fills up
+            key = (w.request, exclude is not None)
             result: Allocation | Unschedulable
             if key in no_fit and not own_reservation:
                 result = Unschedulable(no_fit[key])
             else:
-                result = placer.place(
-                    w.request, explain=True, exclude=exclude if exclude.any() else None
-                )
+                result = placer.place(w.request, explain=True, exclude=exclude)
             if isinstance(result, Allocation):
                 actions.append(Place(w.id, result))
                 charge(q, allocation_resources(result))
@@ -619,31 +677,31 @@ class Scheduler:
                 by_node[v.allocation.node].append(v)
         best: _Victims | None = None
         request = preemptor.request
+        need = work.gpu_need(request)
+        model_ok = work.model_mask(request.gpu_models) if request.gpu_count else None
         for node, on_node in by_node.items():
+            if model_ok is not None and not model_ok[node]:
+                continue
+            view = _NodeView(work, node, request, need)
             on_node.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
             released: list[Workload] = []
             fits = False
             for v in on_node:
-                assert v.allocation is not None
-                work.release(v.allocation)
+                view.add(v.allocation, 1)
                 released.append(v)
-                if self._fits_on(work, request, node):
+                if view.fits():
                     fits = True
                     break
-            if fits:  # put back every victim that is not needed, most protected first
-                for v in reversed(released[:-1]):
-                    assert v.allocation is not None
-                    work.allocate(v.request, v.allocation.node, v.allocation.gpus)
-                    if self._fits_on(work, request, node):
-                        released.remove(v)
-                    else:
-                        work.release(v.allocation)
-            chosen = list(released) if fits else []
-            for v in released:  # restore the working state
-                assert v.allocation is not None
-                work.allocate(v.request, v.allocation.node, v.allocation.gpus)
             if not fits:
                 continue
+            # put back every victim that is not needed, most protected first
+            for v in reversed(released[:-1]):
+                view.add(v.allocation, -1)
+                if view.fits():
+                    released.remove(v)
+                else:
+                    view.add(v.allocation, 1)
+            chosen = released
             if kind == "reclaim":  # victim queues keep their guarantee
                 taken.clear()
                 for v in chosen:
@@ -656,21 +714,6 @@ class Scheduler:
             if best is None or key < best.key:
                 best = _Victims(node, chosen, key)
         return best
-
-    @staticmethod
-    def _fits_on(work: ClusterState, request: Request, node: int) -> bool:
-        """Whether ``request`` fits on ``node`` now (the filter, for one node)."""
-        if work.cpu_free[node] < request.cpu_milli or work.memory_free[node] < request.memory_mib:
-            return False
-        if request.gpu_count == 0:
-            return True
-        if request.gpu_models and not work.model_mask(request.gpu_models)[node]:
-            return False
-        need = work.gpu_need(request)
-        ok = (work.gpu_free_milli[node] >= need.milli[node]) & (
-            work.gpu_free_memory[node] >= need.memory[node]
-        )
-        return int(ok.sum()) >= request.gpu_count
 
     @staticmethod
     def _reservation_node(work: ClusterState, request: Request, reserved: np.ndarray) -> int | None:
