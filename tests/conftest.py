@@ -1,4 +1,9 @@
-"""Shared fixtures: where the Alibaba trace lives (beside the project, never copied in)."""
+"""Shared fixtures: where the Alibaba trace lives (beside the project, never copied in).
+
+The trace is found the way ``fgpu sim fill`` finds it (:func:`find_trace_dir`):
+``$FGPU_TRACE_DIR`` (the trace's ``csv`` folder) when set, else ``shared/traces/...`` beside
+the working folder or the source tree. Tests that need it are skipped when it is absent.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
-TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces" / "alibaba-gpu-v2023" / "csv"
+from fgpu.sim.experiment import DEFAULT_NODES, DEFAULT_PODS, find_trace_dir
 
 
 @pytest.fixture
 def trace_dir() -> Path:
-    if not (TRACE_DIR / "openb_node_list_gpu_node.csv").is_file():
-        pytest.skip(f"Alibaba trace not found at {TRACE_DIR}")
-    return TRACE_DIR
+    folder = find_trace_dir()
+    if folder is None:
+        pytest.skip("Alibaba trace not found (set FGPU_TRACE_DIR to its csv folder)")
+    for name in (DEFAULT_NODES, DEFAULT_PODS):
+        if not (folder / name).is_file():
+            pytest.skip(f"Alibaba trace not found: {folder / name} is missing")
+    return folder

@@ -19,11 +19,17 @@ from fgpu.sim.experiment import (
     DEFAULT_NODES,
     DEFAULT_PODS,
     ExperimentError,
+    OutputFolder,
     Trace,
-    find_trace_dir,
+    check_out_name,
+    check_tune,
+    default_trace_file,
     parse_seeds,
+    prepare_out_dir,
     resolve_policies,
+    resolve_workers,
     run_experiment,
+    trace_warnings,
 )
 from fgpu.sim.fill import DEFAULT_TUNE
 from fgpu.sim.replay import (
@@ -53,24 +59,24 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _default_trace_file(name: str, option: str) -> Path:
-    folder = find_trace_dir()
-    if folder is None:
-        raise _fail(
-            f"{option}: no file given and the Alibaba trace was not found "
-            "(looked for shared/traces/alibaba-gpu-v2023/csv beside this folder and its "
-            "parents; set FGPU_TRACE_DIR or pass the file)"
-        )
-    return folder / name
+    try:
+        return default_trace_file(name, option)
+    except ExperimentError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _warn(message: str) -> None:
+    err.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
 @sim_app.command("fill")
 def sim_fill(
     nodes: Annotated[
-        Path | None, typer.Option(help="Node CSV (sn,cpu_milli,memory_mib,gpu,model).")
+        Path | None, typer.Option(help="Node CSV: sn, cpu_milli, memory_mib, gpu, model.")
     ] = None,
     pods: Annotated[
         Path | None,
-        typer.Option(help="Pod CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec])."),
+        typer.Option(help="Pod CSV: name, cpu_milli, memory_mib, num_gpu, gpu_milli[, gpu_spec]."),
     ] = None,
     policy: Annotated[
         list[str] | None,
@@ -83,25 +89,64 @@ def sim_fill(
         float, typer.Option(help="Arrived GPU at the end, x capacity (protocol: 1.3).")
     ] = DEFAULT_TUNE,
     workers: Annotated[
-        int | None, typer.Option(help="Parallel processes (default: CPU count).")
+        int | None, typer.Option(help="Parallel processes (default and cap: CPU count).")
     ] = None,
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Output folder for summary.json, curves.csv, plots.")
-    ] = Path("fill-results"),
+    out_text: Annotated[
+        str, typer.Option("--out", help="Output folder for summary.json, curves.csv, plots.")
+    ] = "fill-results",
 ) -> None:
     """Fill experiment of the FGD paper: place pods until 130 % of the GPUs have arrived,
     and report unallocated GPU and fragmentation per policy (median over seeds)."""
     started = time.perf_counter()
+    # Every option is checked before a CSV is read or a folder is made.
     try:
         seed_list = parse_seeds(seeds)
         names = resolve_policies(policy or [])
-        nodes_path = nodes or _default_trace_file(DEFAULT_NODES, "--nodes")
-        pods_path = pods or _default_trace_file(DEFAULT_PODS, "--pods")
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ExperimentError(f"--out: {out_dir} exists and is not a folder")
-        trace = Trace.load(nodes_path, pods_path)
-    except (ExperimentError, TraceFormatError, InvalidRequestError, UnknownPolicyError) as exc:
+        check_tune(tune)
+        worker_count = resolve_workers(workers)
+        check_out_name(out_text)
+        nodes_path = nodes or default_trace_file(DEFAULT_NODES, "--nodes")
+        pods_path = pods or default_trace_file(DEFAULT_PODS, "--pods")
+    except ExperimentError as exc:
         raise _fail(str(exc)) from None
+    if workers is not None and worker_count < workers:
+        err.print(
+            f"note: --workers {workers} is more than the {worker_count} CPUs here; "
+            f"using {worker_count}",
+            highlight=False,
+        )
+    try:
+        folder = prepare_out_dir(out_text)
+    except ExperimentError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        _fill(folder, nodes_path, pods_path, names, seed_list, tune, worker_count, started)
+    except KeyboardInterrupt:
+        folder.discard()
+        err.print("interrupted: no report written", highlight=False)
+        raise typer.Exit(code=130) from None
+    except BaseException:
+        folder.discard()
+        raise
+
+
+def _fill(
+    folder: OutputFolder,
+    nodes_path: Path,
+    pods_path: Path,
+    names: list[str],
+    seed_list: list[int],
+    tune: float,
+    workers: int,
+    started: float,
+) -> None:
+    """The body of ``fgpu sim fill`` once the options are checked and the folder exists."""
+    try:
+        trace = Trace.load(nodes_path, pods_path)
+    except (ExperimentError, TraceFormatError, InvalidRequestError) as exc:
+        raise _fail(str(exc)) from None
+    for warning in trace_warnings(trace, tune):
+        _warn(warning)
 
     total = len(names) * len(seed_list)
     err.print(
@@ -124,9 +169,17 @@ def sim_fill(
 
         try:
             runs = run_experiment(trace, names, seed_list, tune, workers, on_done=done)
-        except ExperimentError as exc:
+        except (ExperimentError, UnknownPolicyError) as exc:
             raise _fail(str(exc)) from None
-    summary = write_report(out_dir, runs, seed_list, tune, round(time.perf_counter() - started, 3))
+    inputs = {"nodes": str(nodes_path.resolve()), "pods": str(pods_path.resolve())}
+    elapsed = round(time.perf_counter() - started, 3)
+    out_dir = folder.path
+    try:
+        summary = write_report(out_dir, runs, seed_list, tune, elapsed, inputs)
+    except OSError as exc:
+        raise _fail(
+            f"--out: cannot write the report into {out_dir}: {exc.strerror or exc}"
+        ) from None
     out.print(comparison_table(summary))
     out.print(f"wrote {out_dir}/summary.json, curves.csv, unallocated.png, fragmentation.png")
 

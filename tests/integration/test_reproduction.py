@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from fgpu.plugins import PUBLISHED_POLICIES
-from fgpu.sim.experiment import DEFAULT_NODES, DEFAULT_PODS, Trace, run_experiment
+from fgpu.sim.experiment import (
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    Trace,
+    find_trace_dir,
+    run_experiment,
+)
 from fgpu.sim.report import PUBLISHED_UNALLOCATED_AT_100, TOLERANCE, summarize
 
 pytestmark = pytest.mark.slow
@@ -15,9 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def trace() -> Trace:
-    folder = Path(__file__).resolve().parents[3] / "shared" / "traces" / "alibaba-gpu-v2023" / "csv"
-    if not (folder / DEFAULT_NODES).is_file():
-        pytest.skip(f"Alibaba trace not found at {folder}")
+    folder = find_trace_dir()
+    if folder is None or not (folder / DEFAULT_NODES).is_file():
+        pytest.skip(f"Alibaba trace not found (looked at {folder}); set FGPU_TRACE_DIR")
     return Trace.load(folder / DEFAULT_NODES, folder / DEFAULT_PODS)
 
 

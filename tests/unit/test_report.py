@@ -403,3 +403,119 @@ def test_published_values_and_tolerances_cover_the_same_policies() -> None:
     assert set(PUBLISHED_UNALLOCATED_AT_100) == set(TOLERANCE)
     assert PUBLISHED_UNALLOCATED_AT_100["fgd"] == 4.77
     assert PUBLISHED_UNALLOCATED_AT_100["random"] == 13.75
+
+
+# ----------------------------------------------------------------------------- inputs
+DEFAULT_INPUTS = {
+    "nodes": "/t/csv/openb_node_list_gpu_node.csv",
+    "pods": "/t/csv/openb_pod_list_default.csv",
+}
+OWN_INPUTS = {"nodes": "/data/nodes.csv", "pods": "/data/pods.csv"}
+
+
+def test_summary_records_the_inputs_after_the_existing_keys() -> None:
+    summary = summarize(three_fgd_seeds_and_random(), [42], 1.3, 1.0, OWN_INPUTS)
+    assert list(summary) == ["seeds", "tune", "policies", "elapsed_s", "inputs"]
+    assert summary["inputs"] == OWN_INPUTS
+
+
+@pytest.mark.parametrize(
+    ("inputs", "expected"),
+    [
+        (None, True),
+        (DEFAULT_INPUTS, True),
+        (OWN_INPUTS, False),
+        ({"nodes": DEFAULT_INPUTS["nodes"], "pods": "/t/csv/openb_pod_list_gpuspec33.csv"}, False),
+    ],
+    ids=["no-inputs-recorded", "default-files", "own-files", "other-pod-list"],
+)
+def test_compares_with_published_only_for_the_papers_files(
+    inputs: dict[str, str] | None, expected: bool
+) -> None:
+    summary = summarize([], [], 1.3, 0.0, inputs)
+    assert report.compares_with_published(summary) is expected
+
+
+def comparison_rows(inputs: dict[str, str]) -> tuple[list[str], list[tuple[str, ...]], str]:
+    summary = {
+        "seeds": [42],
+        "tune": 1.3,
+        "policies": {"fgd": policy_stats(5.07, 12.345, 2.0)},
+        "elapsed_s": 1.0,
+        "inputs": inputs,
+    }
+    table = comparison_table(summary)
+    rows = list(zip(*(list(c.cells) for c in table.columns), strict=True))
+    return [str(c.header) for c in table.columns], rows, str(table.title)
+
+
+def test_comparison_table_with_the_papers_files_compares() -> None:
+    headers, rows, title = comparison_rows(DEFAULT_INPUTS)
+    assert "published @100" in headers
+    assert rows == [("fgd", "5.07", "4.77", "+0.30", "yes", "12.35", "2")]
+    assert title == "Unallocated GPU at arrived 100 %: fgpu vs FGD paper (ATC '23)"
+
+
+def test_comparison_table_with_own_files_leaves_the_paper_out() -> None:
+    headers, rows, title = comparison_rows(OWN_INPUTS)
+    assert headers == ["policy", "fgpu unallocated % @100", "frag. rate % @100", "failed pods"]
+    assert rows == [("fgd", "5.07", "12.35", "2")]
+    assert title == (
+        "Unallocated GPU at arrived 100 % (not the paper's trace files: no published values "
+        "to compare)"
+    )
+
+
+class ScatterCalls:
+    """Records the published markers drawn on the unallocated figure."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[float], Any]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from matplotlib.axes import Axes
+
+        original = Axes.scatter
+        calls = self.calls
+
+        def scatter(ax: Any, x: Any, y: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.append((list(y), kwargs.get("color")))
+            return original(ax, x, y, *args, **kwargs)
+
+        monkeypatch.setattr(Axes, "scatter", scatter)
+
+
+def test_published_markers_take_each_policys_colour(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.axes import Axes
+
+    lines: dict[str, Any] = {}
+    original_plot = Axes.plot
+
+    def plot(ax: Any, *args: Any, **kwargs: Any) -> Any:
+        drawn = original_plot(ax, *args, **kwargs)
+        label = kwargs.get("label", "")
+        lines[label.split(" (n=")[0]] = drawn[0].get_color()
+        return drawn
+
+    monkeypatch.setattr(Axes, "plot", plot)
+    markers = ScatterCalls()
+    markers.install(monkeypatch)
+    plot_unallocated(tmp_path / "u.png", fill_like_runs())
+    assert markers.calls == [
+        ([PUBLISHED_UNALLOCATED_AT_100["fgd"]], lines["fgd"]),
+        ([PUBLISHED_UNALLOCATED_AT_100["best-fit"]], lines["best-fit"]),
+    ]
+    assert lines["fgd"] != lines["best-fit"]
+
+
+def test_own_inputs_draw_no_published_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    markers = ScatterCalls()
+    markers.install(monkeypatch)
+    summary = write_report(tmp_path, fill_like_runs(), [42, 43], 1.3, 1.0, OWN_INPUTS)
+    assert summary["inputs"] == OWN_INPUTS
+    assert markers.calls == []
+    assert json.loads((tmp_path / "summary.json").read_text())["inputs"] == OWN_INPUTS

@@ -175,6 +175,49 @@ def test_explain_counts_nodes_per_failing_check() -> None:
     )
 
 
+def test_explain_on_a_cluster_without_nodes() -> None:
+    empty = ClusterState([])
+    assert empty.explain(pod().gpu(0.5).build()) == "0/0 nodes fit: no nodes in the cluster"
+    assert empty.explain(pod().cpu(1).build()) == "0/0 nodes fit: no nodes in the cluster"
+
+
+@pytest.mark.parametrize(
+    ("request_", "reason"),
+    [
+        (
+            pod().gpu_memory("100GiB").build(),
+            "0/3 nodes fit: 1 have fewer than 1 GPUs, "
+            "2 GPU memory too small (no GPU has 102400 MiB of memory)",
+        ),
+        (
+            pod().gpu(0.5).gpu_memory("100GiB").build(),
+            "0/3 nodes fit: 1 have fewer than 1 GPUs, "
+            "2 GPU memory too small (no GPU has 102400 MiB of memory)",
+        ),
+        (
+            pod().gpu_memory("20GiB").build(),  # the A100 could, the T4 never
+            "1/3 nodes fit: 1 have fewer than 1 GPUs, "
+            "1 GPU memory too small (no GPU has 20480 MiB of memory)",
+        ),
+    ],
+    ids=["memory-only", "share-and-memory", "one-model-too-small"],
+)
+def test_explain_names_gpu_memory_no_gpu_has(request_: Request, reason: str) -> None:
+    assert small().explain(request_) == reason
+    assert "1001" not in reason
+
+
+def test_explain_memory_only_request_on_busy_gpus_names_the_share() -> None:
+    s = small()
+    s.allocate(pod().gpu(0.9).build(), 0, [0])
+    s.allocate(pod().gpu(0.9).build(), 0, [1])
+    assert s.explain(pod().gpu_memory("20GiB").build()) == (
+        "0/3 nodes fit: 1 have fewer than 1 GPUs, "
+        "1 GPU memory too small (no GPU has 20480 MiB of memory), "
+        "1 insufficient GPU (need 1 x GPU share of 250 milli and 20480 MiB free)"
+    )
+
+
 def test_invariants_catch_an_overdrawn_gpu() -> None:
     s = small()
     s.gpu_free_milli[0, 0] = -1

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from fgpu.model.catalog import GPU_CATALOG
-from fgpu.model.types import Node, Request
+from fgpu.model.types import MAX_CPU_MILLI, MAX_GPUS, MAX_MEMORY_MIB, Node, Request
+from fgpu.sim.experiment import find_trace_dir
 from fgpu.sim.trace import PodTrace, TraceFormatError, load_nodes, load_pods
 
-TRACE_DIR = Path(__file__).parents[2] / ".." / "shared" / "traces" / "alibaba-gpu-v2023" / "csv"
+TRACE_DIR = find_trace_dir() or Path("shared-traces-not-found")
 KNOWN_MODELS = (
     ", ".join(sorted(GPU_CATALOG)) + " (aliases: A100, H100, H200, V100, V100M16, V100M32)"
 )
@@ -113,6 +114,13 @@ def test_load_nodes_row(tmp_path: Path, row: str, expected: Node) -> None:
 )
 def test_load_nodes_layouts(tmp_path: Path, text: str, expected: list[Node]) -> None:
     assert load_nodes(write(tmp_path, text)) == expected
+
+
+def test_largest_supported_values_load(tmp_path: Path) -> None:
+    nodes = load_nodes(write(tmp_path, NODE_HEADER + f"n1,{10**9},{2**40},64,T4\n", "n.csv"))
+    assert nodes == [Node("n1", MAX_CPU_MILLI, MAX_MEMORY_MIB, MAX_GPUS, "T4", 16 * 1024)]
+    pods = load_pods(write(tmp_path, POD_HEADER + f"p,{10**9},{2**40},64,1000,,LS\n", "p.csv"))
+    assert pods.requests == (Request(MAX_CPU_MILLI, MAX_MEMORY_MIB, MAX_GPUS, 1000),)
 
 
 def test_load_nodes_keeps_file_order(tmp_path: Path) -> None:
@@ -339,6 +347,32 @@ BAD_NODES: list[tuple[str, str | bytes, int, str]] = [
         3,
         "not UTF-8 text (byte 0xe9)",
     ),
+    (
+        "cpu-above-bound",
+        NODE_HEADER + f"n1,{10**27},1024,1,T4\n",
+        2,
+        "column 'cpu_milli': 1000000000000000000000000000 is above the largest supported "
+        "value 1000000000",
+    ),
+    (
+        "memory-above-bound",
+        NODE_HEADER + f"n1,1000,{2**40 + 1},1,T4\n",
+        2,
+        f"column 'memory_mib': {2**40 + 1} is above the largest supported value {2**40}",
+    ),
+    (
+        "gpus-above-bound",
+        NODE_HEADER + "n1,1000,1024,100000000000,T4\n",
+        2,
+        "column 'gpu': 100000000000 is above the largest supported value 64",
+    ),
+    (
+        "number-too-long-for-int",
+        NODE_HEADER + "n1," + "9" * 5000 + ",1024,1,T4\n",
+        2,
+        "column 'cpu_milli': 999999999999... (5000 digits) is above the largest supported "
+        "value 1000000000",
+    ),
 ]
 
 
@@ -358,6 +392,24 @@ def test_load_nodes_rejects(tmp_path: Path, text: str | bytes, line: int, reason
 
 
 BAD_PODS: list[tuple[str, str, int, str]] = [
+    (
+        "cpu-above-bound",
+        POD_HEADER + f"p,{10**9 + 1},1024,1,500,,LS\n",
+        2,
+        "column 'cpu_milli': 1000000001 is above the largest supported value 1000000000",
+    ),
+    (
+        "memory-above-bound",
+        POD_HEADER + f"p,1000,{10**20},1,500,,LS\n",
+        2,
+        f"column 'memory_mib': {10**20} is above the largest supported value {2**40}",
+    ),
+    (
+        "num-gpu-above-bound",
+        POD_HEADER + "p,1000,1024,99999999999999999999,1000,,LS\n",
+        2,
+        "column 'num_gpu': 99999999999999999999 is above the largest supported value 64",
+    ),
     (
         "missing-column",
         "name,cpu_milli,memory_mib,num_gpu\np,1000,1024,1\n",
@@ -415,7 +467,7 @@ BAD_PODS: list[tuple[str, str, int, str]] = [
         "milli-above-1000",
         POD_HEADER + "p,1000,1024,1,1001,,LS\n",
         2,
-        "column 'gpu_milli': must be at most 1000 (got 1001)",
+        "column 'gpu_milli': 1001 is above the largest supported value 1000",
     ),
     (
         "zero-milli-with-gpus",
@@ -478,7 +530,7 @@ def test_missing_file(tmp_path: Path, loader: Callable[[Path], object]) -> None:
     with pytest.raises(TraceFormatError) as caught:
         loader(path)
     assert (caught.value.line, caught.value.reason) == (0, "file not found")
-    assert str(caught.value) == f"{path}:0: file not found"
+    assert str(caught.value) == f"{path}: file not found"  # the whole file: no line number
 
 
 @pytest.mark.parametrize("loader", [load_nodes, load_pods], ids=["nodes", "pods"])

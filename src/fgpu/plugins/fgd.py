@@ -30,6 +30,8 @@ from fgpu.sched.policy import PlacementPolicy, ScoreArray, best_fit_gpus
 from fgpu.sched.state import BoolArray, ClusterState, GpuNeed, IntArray
 
 ShapeKey = tuple[int, int | None, int | None, int]
+_EXP_LIMIT = 700.0
+"""|x| bound for ``exp(-x)`` in the sigmoid: exp(709.8) is the largest finite float64."""
 
 
 class _ShapeCache:
@@ -72,10 +74,16 @@ class Fgd(PlacementPolicy):
         return self._measure
 
     def _to_score(self, delta: IntArray, measure: FragmentationMeasure) -> ScoreArray:
-        """Score of a weighted fragmentation decrease ``F_before - F_after``."""
+        """Score of a weighted fragmentation decrease ``F_before - F_after``.
+
+        The sigmoid's argument is clipped to [-700, 700] before ``exp``: beyond that
+        ``exp`` overflows float64 (a RuntimeWarning), while the integer score is already
+        0 for x below -5 and 100 for x above 37 (the sigmoid rounds to 1.0), so the clip
+        changes no score.
+        """
         if self.exact:
             return delta / measure.total_weight
-        x = delta / (measure.total_weight * 1000.0)
+        x = np.clip(delta / (measure.total_weight * 1000.0), -_EXP_LIMIT, _EXP_LIMIT)
         return np.floor((1.0 / (1.0 + np.exp(-x))) * 100.0).astype(np.int64)
 
     def _cache(self, state: ClusterState, request: Request) -> _ShapeCache:

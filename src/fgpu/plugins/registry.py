@@ -66,9 +66,21 @@ def create_policy(
 
     Raises:
         UnknownPolicyError: ``name`` is not registered.
-        ValueError: the policy needs a target workload and none was given.
+        ValueError: ``target`` is neither None nor a :class:`TargetWorkload`, ``rng`` is
+            neither None nor a ``numpy.random.Generator``, or the policy needs a target
+            workload and none was given.
     """
-    factory = _REGISTRY.get(name)
+    factory = _REGISTRY.get(name) if isinstance(name, str) else None
     if factory is None:
         raise UnknownPolicyError(name)
+    if target is not None and not isinstance(target, TargetWorkload):
+        raise ValueError(
+            f"target: must be a TargetWorkload (got {type(target).__name__}); build one with "
+            "TargetWorkload.from_requests(requests)"
+        )
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise ValueError(
+            f"rng: must be a numpy.random.Generator (got {type(rng).__name__}); "
+            "use numpy.random.default_rng(seed)"
+        )
     return factory(rng=rng if rng is not None else np.random.default_rng(0), target=target)

@@ -48,6 +48,13 @@ def seeded_rank(names: Sequence[str], rng: np.random.Generator) -> IntArray:
     return rank
 
 
+def _check_request(request: object) -> None:
+    if not isinstance(request, Request):
+        raise InvalidRequestError(
+            "request", f"must be a Request (got {type(request).__name__}: {request!r})"
+        )
+
+
 class Placer:
     """Places requests on a :class:`ClusterState` with one policy.
 
@@ -57,16 +64,32 @@ class Placer:
         rank: int64[N] tie-break rank of the nodes (default: by name).
 
     Raises:
-        InvalidRequestError: ``rank`` has the wrong shape.
+        InvalidRequestError: ``state`` is not a :class:`ClusterState`, ``policy`` not a
+            :class:`PlacementPolicy` (e.g. a policy name: build the policy with
+            :func:`fgpu.plugins.create_policy`), or ``rank`` has the wrong shape.
     """
 
     def __init__(
         self, state: ClusterState, policy: PlacementPolicy, rank: IntArray | None = None
     ) -> None:
+        given: tuple[object, object] = (state, policy)  # callers outside mypy pass anything
+        if not isinstance(given[0], ClusterState):
+            raise InvalidRequestError(
+                "state", f"must be a ClusterState (got {type(given[0]).__name__})"
+            )
+        if not isinstance(given[1], PlacementPolicy):
+            hint = (
+                f"; build it with fgpu.plugins.create_policy({given[1]!r}, ...)"
+                if isinstance(given[1], str)
+                else ""
+            )
+            raise InvalidRequestError(
+                "policy", f"must be a PlacementPolicy (got {type(given[1]).__name__}){hint}"
+            )
         self.state = state
         self.policy = policy
         self.rank = name_order_rank(state.node_names) if rank is None else rank
-        if self.rank.shape != (state.num_nodes,):
+        if not isinstance(self.rank, np.ndarray) or self.rank.shape != (state.num_nodes,):
             raise InvalidRequestError("rank", f"need {state.num_nodes} ranks")
 
     def choose(
@@ -79,7 +102,11 @@ class Placer:
             explain: with False an unschedulable result carries an empty reason (the
                 simulators skip the per-node accounting of why nothing fits).
             exclude: bool[N] nodes not to use (reserved for other work).
+
+        Raises:
+            InvalidRequestError: ``request`` is not a :class:`Request`.
         """
+        _check_request(request)
         state = self.state
         need = state.gpu_need(request)
         feasible, gpus = state.feasible(request, need)
@@ -105,6 +132,9 @@ class Placer:
         Returns:
             The :class:`Allocation`, or :class:`Unschedulable` with the reason (empty when
             ``explain`` is False).
+
+        Raises:
+            InvalidRequestError: ``request`` is not a :class:`Request`.
         """
         choice = self.choose(request, explain, exclude)
         if isinstance(choice, Unschedulable):

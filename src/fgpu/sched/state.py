@@ -224,9 +224,14 @@ class ClusterState:
         """Why no node fits ``request``: counts of nodes per first failing check.
 
         The reason is meant for users as it is, e.g. ``"0/3 nodes fit: 1 GPU model not
-        allowed, 2 insufficient GPU (need 1 GPU with 500 milli and 20480 MiB free)"``.
+        allowed, 2 insufficient GPU (need 1 GPU with 500 milli and 20480 MiB free)"``. A
+        memory quota larger than every GPU of the remaining nodes reads ``"2 GPU memory too
+        small (no GPU has 102400 MiB of memory)"``; a cluster without nodes gives
+        ``"0/0 nodes fit: no nodes in the cluster"``.
         """
         n = self.num_nodes
+        if n == 0:
+            return "0/0 nodes fit: no nodes in the cluster"
         remaining = np.ones(n, dtype=np.bool_)
         parts: list[str] = []
 
@@ -246,6 +251,12 @@ class ClusterState:
             self.memory_free >= request.memory_mib,
             f"insufficient memory (need {request.memory_mib} MiB)",
         )
+        if request.gpu_count and request.gpu_memory_mib is not None:
+            # A quota above the GPUs' total memory can never fit there; saying so beats an
+            # impossible share ("1001 milli") in the next check.
+            quota = request.gpu_memory_mib
+            big = (self.gpu_memory_capacity >= quota).sum(axis=1) >= request.gpu_count
+            take(big, f"GPU memory too small (no GPU has {quota} MiB of memory)")
         if request.gpu_count:
             need = self.gpu_need(request)
             gpus = self.eligible_gpus(request, need)

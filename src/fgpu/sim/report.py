@@ -10,7 +10,8 @@ what the protocol publishes:
    per-run curves and the two figures of the paper.
 4. :func:`comparison_table`: fgpu's value at arrived 100 % next to the published one
    (:data:`PUBLISHED_UNALLOCATED_AT_100`, Weng et al., "Beware of Fragmentation:
-   Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23).
+   Scheduling GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23),
+   only when the inputs are the paper's files (:func:`compares_with_published`).
 5. :func:`write_report`: all four files into one folder, or none of them.
 """
 
@@ -49,6 +50,10 @@ METRIC_DECIMALS = 2
 
 SUMMARY_DECIMALS = 4
 """Medians in the JSON summary are rounded to this many decimals."""
+
+PUBLISHED_NODES_FILE = "openb_node_list_gpu_node.csv"
+PUBLISHED_PODS_FILE = "openb_pod_list_default.csv"
+"""The Alibaba trace files the published values were measured on (compared by file name)."""
 
 PUBLISHED_UNALLOCATED_AT_100: dict[str, float] = {
     "random": 13.75,
@@ -217,7 +222,11 @@ def _median_map(stack: FloatArray) -> dict[str, float | None]:
 
 # ----------------------------------------------------------------------------- summary
 def summarize(
-    runs: list[RunCurve], seeds: list[int], tune: float, elapsed_s: float
+    runs: list[RunCurve],
+    seeds: list[int],
+    tune: float,
+    elapsed_s: float,
+    inputs: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON summary of a fill experiment: per policy, the median over seeds per bucket.
 
@@ -229,7 +238,8 @@ def summarize(
                                    "fragment_gpu_pct": {...},
                                    "failed_pods": median,
                                    "elapsed_s": total over that policy's runs}},
-         "elapsed_s": elapsed_s}
+         "elapsed_s": elapsed_s,
+         "inputs": {"nodes": "<node CSV>", "pods": "<pod CSV>"}}   # only when given
 
     Unallocated GPU % = 100 - allocated % (per run and bucket, then the median). Medians use
     ``np.median`` over the policy's runs, so a bucket without data in any one seed is None;
@@ -242,6 +252,8 @@ def summarize(
         seeds: the seeds the experiment asked for (recorded as given).
         tune: the inflation factor of the pod list (1.3 in the protocol).
         elapsed_s: wall time of the whole experiment, seconds.
+        inputs: the trace files, ``{"nodes": path, "pods": path}``; recorded as given
+            (they decide whether :func:`comparison_table` compares with the paper).
 
     Raises:
         ValueError: two runs share a (policy, seed), or a run's arrays are malformed.
@@ -256,12 +268,27 @@ def summarize(
             "failed_pods": float(np.median([run.failed_pods for run in group])),
             "elapsed_s": round(sum(run.elapsed_s for run in group), 3),
         }
-    return {
+    summary: dict[str, Any] = {
         "seeds": [int(s) for s in seeds],
         "tune": float(tune),
         "policies": policies,
         "elapsed_s": round(float(elapsed_s), 3),
     }
+    if inputs is not None:
+        summary["inputs"] = {"nodes": str(inputs["nodes"]), "pods": str(inputs["pods"])}
+    return summary
+
+
+def compares_with_published(summary: Mapping[str, Any]) -> bool:
+    """Whether the summary's runs used the paper's trace files, so the published values
+    apply. A summary without ``"inputs"`` (older, or built by hand) counts as the paper's."""
+    inputs = summary.get("inputs")
+    if inputs is None:
+        return True
+    return (
+        Path(inputs["nodes"]).name == PUBLISHED_NODES_FILE
+        and Path(inputs["pods"]).name == PUBLISHED_PODS_FILE
+    )
 
 
 # ----------------------------------------------------------------------------- CSV
@@ -302,9 +329,12 @@ def _plot_bands(
     x_range: tuple[int, int],
     ylabel: str,
     title: str,
-    extra: Callable[[Axes, FloatArray], None] | None = None,
+    extra: Callable[[Axes, FloatArray, dict[str, Any]], None] | None = None,
 ) -> None:
-    """Median line and min..max seed band per policy over ``x_range`` buckets, as PNG."""
+    """Median line and min..max seed band per policy over ``x_range`` buckets, as PNG.
+
+    ``extra(ax, x, colours)`` may draw more; ``colours`` maps each policy to its line's
+    colour."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -314,15 +344,17 @@ def _plot_bands(
     sl = slice(first - BUCKETS.start, last - BUCKETS.start + 1)
     x = np.arange(first, last + 1, dtype=np.float64)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    colours: dict[str, Any] = {}  # policy -> matplotlib colour of its line
     try:
         for policy, group in _by_policy(runs).items():
             stack = _stacked(group)[metric][:, sl]
             (line,) = ax.plot(x, np.median(stack, axis=0), label=f"{policy} (n={len(group)})")
+            colours[policy] = line.get_color()
             ax.fill_between(
-                x, stack.min(axis=0), stack.max(axis=0), color=line.get_color(), alpha=0.2
+                x, stack.min(axis=0), stack.max(axis=0), color=colours[policy], alpha=0.2
             )
         if extra is not None:
-            extra(ax, x)
+            extra(ax, x, colours)
         ax.set_xlim(first, last)
         ax.set_xlabel("arrived GPU workload (% of cluster GPU capacity)")
         ax.set_ylabel(ylabel)
@@ -335,28 +367,34 @@ def _plot_bands(
         plt.close(fig)
 
 
-def plot_unallocated(path: str | os.PathLike[str], runs: Sequence[RunCurve]) -> None:
+def plot_unallocated(
+    path: str | os.PathLike[str], runs: Sequence[RunCurve], published: bool = True
+) -> None:
     """Unallocated GPU % vs arrived % (75..130) as PNG: the FGD paper's headline figure.
 
     One line per policy (median over its seeds) with a shaded min..max band across seeds,
     and the ideal line of perfect packing, where allocated = min(arrived, 100), so
-    unallocated = 100 - min(arrived, 100). Policies with a published value get a marker
-    at arrived 100 % (:data:`PUBLISHED_UNALLOCATED_AT_100`).
+    unallocated = 100 - min(arrived, 100). With ``published`` (the paper's trace), policies
+    with a published value get an x marker at arrived 100 % in their line's colour
+    (:data:`PUBLISHED_UNALLOCATED_AT_100`).
     """
 
-    def ideal_and_published(ax: Axes, x: FloatArray) -> None:
+    def ideal_and_published(ax: Axes, x: FloatArray, colours: dict[str, Any]) -> None:
         ax.plot(
             x, 100.0 - np.minimum(x, 100.0), "k--", linewidth=1, label="ideal (perfect packing)"
         )
-        published = [p for p in _by_policy(runs) if p in PUBLISHED_UNALLOCATED_AT_100]
-        if published:
+        if not published:
+            return
+        shown = [p for p in colours if p in PUBLISHED_UNALLOCATED_AT_100]
+        for i, policy in enumerate(shown):
             ax.scatter(
-                [100.0] * len(published),
-                [PUBLISHED_UNALLOCATED_AT_100[p] for p in published],
+                [100.0],
+                [PUBLISHED_UNALLOCATED_AT_100[policy]],
                 marker="x",
-                color="k",
+                s=60,
+                color=colours[policy],
                 zorder=3,
-                label="published at 100 % (ATC '23)",
+                label="published at 100 % (ATC '23), policy's colour" if i == 0 else None,
             )
 
     _plot_bands(
@@ -399,13 +437,25 @@ def comparison_table(summary: Mapping[str, Any]) -> Table:
     100 %); fragmentation rate % at 100 %; failed pods (median). One row per policy of the
     summary, in its order. The difference is rounded to 4 decimals before the tolerance
     test, so 5.07 against 4.77 counts as exactly 0.30.
+
+    When the summary's inputs are not the paper's files (:func:`compares_with_published`),
+    the three comparison columns are left out and the title says why: the published
+    values belong to another trace.
     """
-    table = Table(title="Unallocated GPU at arrived 100 %: fgpu vs FGD paper (ATC '23)")
+    compare = compares_with_published(summary)
+    if compare:
+        table = Table(title="Unallocated GPU at arrived 100 %: fgpu vs FGD paper (ATC '23)")
+    else:
+        table = Table(
+            title="Unallocated GPU at arrived 100 % (not the paper's trace files: no "
+            "published values to compare)"
+        )
     table.add_column("policy")
     table.add_column("fgpu unallocated % @100", justify="right")
-    table.add_column("published @100", justify="right")
-    table.add_column("difference", justify="right")
-    table.add_column("within tolerance", justify="center")
+    if compare:
+        table.add_column("published @100", justify="right")
+        table.add_column("difference", justify="right")
+        table.add_column("within tolerance", justify="center")
     table.add_column("frag. rate % @100", justify="right")
     table.add_column("failed pods", justify="right")
     for policy, stats in summary["policies"].items():
@@ -416,12 +466,11 @@ def comparison_table(summary: Mapping[str, Any]) -> Table:
         if diff is not None:
             verdict = "yes" if abs(diff) <= TOLERANCE[policy] else "no"
         failed = stats["failed_pods"]
+        versus = [_fmt(published), _fmt(diff, "+.2f"), verdict] if compare else []
         table.add_row(
             policy,
             _fmt(ours),
-            _fmt(published),
-            _fmt(diff, "+.2f"),
-            verdict,
+            *versus,
             _fmt(stats["fragmentation_rate_pct"].get("100")),
             str(int(failed)) if float(failed).is_integer() else f"{failed:.1f}",
         )
@@ -435,6 +484,7 @@ def write_report(
     seeds: list[int],
     tune: float,
     elapsed_s: float,
+    inputs: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write summary.json, curves.csv, unallocated.png and fragmentation.png into ``out_dir``.
 
@@ -445,7 +495,8 @@ def write_report(
 
     Args:
         out_dir: destination folder.
-        runs, seeds, tune, elapsed_s: as in :func:`summarize`.
+        runs, seeds, tune, elapsed_s, inputs: as in :func:`summarize`; the published
+            markers of unallocated.png appear only for the paper's inputs.
 
     Returns:
         The summary written to summary.json (see :func:`summarize`).
@@ -456,7 +507,8 @@ def write_report(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(runs, seeds, tune, elapsed_s)
+    summary = summarize(runs, seeds, tune, elapsed_s, inputs)
+    published = compares_with_published(summary)
 
     def write_summary(path: Path) -> None:
         with open(path, "w", encoding="utf-8") as handle:
@@ -466,7 +518,7 @@ def write_report(
     writers: list[tuple[str, Callable[[Path], None]]] = [
         (SUMMARY_FILE, write_summary),
         (CURVES_FILE, lambda p: write_curves_csv(p, runs)),
-        (UNALLOCATED_FILE, lambda p: plot_unallocated(p, runs)),
+        (UNALLOCATED_FILE, lambda p: plot_unallocated(p, runs, published)),
         (FRAGMENTATION_FILE, lambda p: plot_fragmentation(p, runs)),
     ]
     staged: list[tuple[Path, Path]] = []

@@ -24,7 +24,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fgpu.model.catalog import GPU_CATALOG, UnknownGpuModelError, canonical_name
-from fgpu.model.types import InvalidRequestError, Node, Request
+from fgpu.model.types import (
+    MAX_CPU_MILLI,
+    MAX_GPUS,
+    MAX_MEMORY_MIB,
+    MODEL_SEPARATOR,
+    InvalidRequestError,
+    Node,
+    Request,
+)
 from fgpu.model.units import MILLI_PER_GPU
 
 NODE_COLUMNS: tuple[str, ...] = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -34,7 +42,9 @@ POD_COLUMNS: tuple[str, ...] = ("name", "cpu_milli", "memory_mib", "num_gpu", "g
 """Required columns of a pod list, in the published order (``gpu_spec`` is optional)."""
 
 _POD_SPEC_COLUMN = "gpu_spec"
-_SPEC_SEPARATOR = "|"
+_SPEC_SEPARATOR = MODEL_SEPARATOR
+_LONGEST_SHOWN = 40
+"""A too-large number longer than this many characters is shown shortened in messages."""
 
 
 class TraceFormatError(ValueError):
@@ -46,14 +56,15 @@ class TraceFormatError(ValueError):
             could not be opened at all).
         reason: what is wrong, in words fit to show a user.
 
-    ``str(err)`` is ``"{path}:{line}: {reason}"``.
+    ``str(err)`` is ``"{path}:{line}: {reason}"``, or ``"{path}: {reason}"`` when the
+    problem is the whole file (line 0: missing, a folder, unreadable).
     """
 
     def __init__(self, path: str, line: int, reason: str) -> None:
         self.path = path
         self.line = line
         self.reason = reason
-        super().__init__(f"{path}:{line}: {reason}")
+        super().__init__(f"{path}:{line}: {reason}" if line > 0 else f"{path}: {reason}")
 
     def __reduce__(self) -> tuple[type[TraceFormatError], tuple[str, int, str]]:
         return (type(self), (self.path, self.line, self.reason))
@@ -192,10 +203,23 @@ def _field_count(path: str, line: int, fields: list[str], width: int) -> None:
         )
 
 
-def _integer(path: str, line: int, column: str, text: str) -> int:
-    """A non-negative decimal integer, digits only."""
+def _integer(path: str, line: int, column: str, text: str, maximum: int) -> int:
+    """A decimal integer in ``0..maximum``, digits only.
+
+    The bound keeps absurd values (``10**27`` milli-cores, a node with ``10**11`` GPUs) from
+    reaching numpy, where they would overflow or exhaust memory; the digits are counted
+    before conversion, so even a number too long for ``int()`` gets this message.
+    """
     if text.isascii() and text.isdigit():
-        return int(text)
+        digits = text.lstrip("0")
+        if len(digits) <= len(str(maximum)) and int(text) <= maximum:
+            return int(text)
+        shown = text if len(text) <= _LONGEST_SHOWN else f"{text[:12]}... ({len(text)} digits)"
+        raise TraceFormatError(
+            path,
+            line,
+            f"column {column!r}: {shown} is above the largest supported value {maximum}",
+        )
     if not text:
         raise TraceFormatError(path, line, f"column {column!r}: empty value, expected an integer")
     if text[0] == "-" and text[1:].isascii() and text[1:].isdigit():
@@ -231,9 +255,10 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
 
     Columns (extra columns are ignored):
         ``sn``: node name, unique, not empty.
-        ``cpu_milli``: allocatable CPU in milli-cores (vCPU x 1000), integer >= 0.
-        ``memory_mib``: host memory in MiB, integer >= 0.
-        ``gpu``: number of GPUs, integer >= 0.
+        ``cpu_milli``: allocatable CPU in milli-cores (vCPU x 1000), integer in
+            0..10**9 (:data:`fgpu.model.types.MAX_CPU_MILLI`).
+        ``memory_mib``: host memory in MiB, integer in 0..2**40 (``MAX_MEMORY_MIB``).
+        ``gpu``: number of GPUs, integer in 0..64 (``MAX_GPUS``).
         ``model``: GPU model, a catalog name or alias (``V100M16`` -> ``V100-16GB``);
             required when ``gpu`` > 0; with ``gpu`` == 0 it may be empty, and is ignored
             (checked against the catalog if given).
@@ -245,7 +270,8 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
     Raises:
         TraceFormatError: file missing or unreadable (line 0); empty file, header only,
             a pod list or an unknown layout, missing columns (line 1); a row with the wrong
-            number of fields, an empty, non-integer or negative number, an unknown model,
+            number of fields, an empty, non-integer, negative or too large number (above
+            the bounds listed with the columns), an unknown model,
             GPUs without a model, an empty or duplicate node name (that row's line).
     """
     where = os.fspath(path)
@@ -259,9 +285,9 @@ def load_nodes(path: str | os.PathLike[str]) -> list[Node]:
         name = fields[i_name]
         if not name:
             raise TraceFormatError(where, line, "column 'sn': empty node name")
-        cpu_milli = _integer(where, line, "cpu_milli", fields[i_cpu])
-        memory_mib = _integer(where, line, "memory_mib", fields[i_mem])
-        gpu_count = _integer(where, line, "gpu", fields[i_gpu])
+        cpu_milli = _integer(where, line, "cpu_milli", fields[i_cpu], MAX_CPU_MILLI)
+        memory_mib = _integer(where, line, "memory_mib", fields[i_mem], MAX_MEMORY_MIB)
+        gpu_count = _integer(where, line, "gpu", fields[i_gpu], MAX_GPUS)
         model_text = fields[i_model]
         model = _model(where, line, "model", model_text, models) if model_text else None
         if gpu_count > 0 and model is None:
@@ -295,9 +321,9 @@ def load_pods(path: str | os.PathLike[str]) -> PodTrace:
 
     Columns:
         ``name``: pod name, unique, not empty.
-        ``cpu_milli``: requested CPU in milli-cores, integer >= 0.
-        ``memory_mib``: requested host memory in MiB, integer >= 0.
-        ``num_gpu``: number of GPUs, integer >= 0 (0: CPU-only pod).
+        ``cpu_milli``: requested CPU in milli-cores, integer in 0..10**9.
+        ``memory_mib``: requested host memory in MiB, integer in 0..2**40.
+        ``num_gpu``: number of GPUs, integer in 0..64 (0: CPU-only pod).
         ``gpu_milli``: milli-GPU on each of those GPUs: 0 for a CPU-only pod, 1..1000
             otherwise, and exactly 1000 when ``num_gpu`` > 1 (fractions only on one GPU).
         ``gpu_spec`` (optional): allowed GPU models joined by ``|``, each a catalog name
@@ -313,10 +339,10 @@ def load_pods(path: str | os.PathLike[str]) -> PodTrace:
     Raises:
         TraceFormatError: file missing or unreadable (line 0); empty file, header only,
             a node list or an unknown layout, missing columns (line 1); a row with the
-            wrong number of fields, an empty, non-integer or negative number,
-            ``gpu_milli`` above 1000, ``gpu_milli`` inconsistent with ``num_gpu``, an
-            unknown or empty model in ``gpu_spec``, an empty or duplicate pod name
-            (that row's line).
+            wrong number of fields, an empty, non-integer, negative or too large number
+            (above the bounds listed with the columns; ``gpu_milli`` above 1000),
+            ``gpu_milli`` inconsistent with ``num_gpu``, an unknown or empty model in
+            ``gpu_spec``, an empty or duplicate pod name (that row's line).
     """
     where = os.fspath(path)
     index, width, rows = _start(where, POD_COLUMNS, "pod list", NODE_COLUMNS, "node list")
@@ -332,14 +358,10 @@ def load_pods(path: str | os.PathLike[str]) -> PodTrace:
         name = fields[i_name]
         if not name:
             raise TraceFormatError(where, line, "column 'name': empty pod name")
-        cpu_milli = _integer(where, line, "cpu_milli", fields[i_cpu])
-        memory_mib = _integer(where, line, "memory_mib", fields[i_mem])
-        num_gpu = _integer(where, line, "num_gpu", fields[i_num])
-        gpu_milli = _integer(where, line, "gpu_milli", fields[i_milli])
-        if gpu_milli > MILLI_PER_GPU:
-            raise TraceFormatError(
-                where, line, f"column 'gpu_milli': must be at most 1000 (got {gpu_milli})"
-            )
+        cpu_milli = _integer(where, line, "cpu_milli", fields[i_cpu], MAX_CPU_MILLI)
+        memory_mib = _integer(where, line, "memory_mib", fields[i_mem], MAX_MEMORY_MIB)
+        num_gpu = _integer(where, line, "num_gpu", fields[i_num], MAX_GPUS)
+        gpu_milli = _integer(where, line, "gpu_milli", fields[i_milli], MILLI_PER_GPU)
         if num_gpu == 0 and gpu_milli != 0:
             raise TraceFormatError(
                 where, line, f"gpu_milli is {gpu_milli} but num_gpu is 0 (a CPU-only pod has 0)"
