@@ -1,0 +1,18 @@
+"""Node agent: GPU backends, the process launcher and its restart-safe wrapper.
+
+Modules (import from them directly; this package imports nothing so that the launch
+wrapper :mod:`fgpu.agent.runner` starts fast):
+
+- :mod:`fgpu.agent.backend`: the :class:`~fgpu.agent.backend.GpuBackend` protocol, its
+  value types, :class:`~fgpu.agent.backend.SimulatedBackend` and
+  :func:`~fgpu.agent.backend.detect_backend`.
+- :mod:`fgpu.agent.nvml`: :class:`~fgpu.agent.nvml.NvmlBackend` (nvidia-ml-py, imported
+  lazily) and the NVML name -> catalog name rule.
+- :mod:`fgpu.agent.launcher`: :class:`~fgpu.agent.launcher.Launcher`, launch specs, process
+  handles and states.
+- :mod:`fgpu.agent.runner`: the wrapper every workload runs under; it records the exit code in
+  a file so that the code survives an agent restart.
+
+The agent imports :mod:`fgpu.model` and the standard library (plus psutil), never
+:mod:`fgpu.server`.
+"""

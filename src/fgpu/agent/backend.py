@@ -1,0 +1,334 @@
+"""GPU backends: what the node agent knows about its GPUs and the processes on them.
+
+A backend answers three questions: which GPUs are there (:meth:`GpuBackend.gpus`), how much
+device memory each process holds (:meth:`GpuBackend.process_memory`, for the memory guard)
+and how busy each GPU is (:meth:`GpuBackend.utilization`, for ``fgpu top`` and the governor's
+activity fallback). Two implementations:
+
+- :class:`SimulatedBackend`: GPUs described by a ``--simulate-gpus`` spec such as
+  ``"2xA100-40GB,1xH100-80GB"``, with figures from :mod:`fgpu.model.catalog`; tests and
+  machines without NVIDIA GPUs use it.
+- :class:`fgpu.agent.nvml.NvmlBackend`: real GPUs through NVML (nvidia-ml-py).
+
+:func:`detect_backend` is the one place that chooses between them. The backend is passed to
+the agent's components through their constructors (DESIGN.md section 2), so tests replace it
+without monkeypatching.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from fgpu.model.catalog import ALIASES, GPU_CATALOG, UnknownGpuModelError, canonical_name
+
+if TYPE_CHECKING:
+    from fgpu.agent.nvml import NvmlApi
+
+FALLBACK_SIMULATED_GPUS = "1xH100-80GB"
+"""What :func:`detect_backend` simulates when NVML is unavailable (issue 4)."""
+
+_SPEC_EXAMPLE = "2xA100-40GB,1xH100-80GB"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One physical GPU as the agent sees it.
+
+    Attributes:
+        index: position in the backend's enumeration (NVML index for real GPUs).
+        uuid: stable identifier (``GPU-...``); what ``CUDA_VISIBLE_DEVICES`` is given.
+        model: canonical catalog name (``"A100-80GB"``) when the model is known, else the raw
+            name the driver reports.
+        memory_mib: device memory in MiB (the device's own figure for real GPUs).
+        sm_count: streaming multiprocessors, or None when unknown.
+        mig_enabled: whether MIG mode is currently on.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    sm_count: int | None
+    mig_enabled: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """Device memory one process holds on one GPU.
+
+    Attributes:
+        pid: process id (as the host kernel numbers it).
+        gpu_uuid: the GPU's uuid.
+        used_mib: device memory in use, MiB.
+    """
+
+    pid: int
+    gpu_uuid: str
+    used_mib: int
+
+
+@runtime_checkable
+class GpuBackend(Protocol):
+    """What the node agent asks of a GPU backend.
+
+    Implementations must be safe to call from any one thread at a time; the agent does not
+    call one backend from several threads at once.
+    """
+
+    @property
+    def kind(self) -> str:
+        """Short name for logs and ``fgpu nodes``: ``"nvml"`` or ``"simulated"``."""
+        ...
+
+    def gpus(self) -> list[GpuDevice]:
+        """The GPUs, ordered by index."""
+        ...
+
+    def process_memory(self) -> list[GpuProcess]:
+        """Device memory held per (process, GPU); processes the backend cannot measure are
+        left out."""
+        ...
+
+    def utilization(self) -> dict[str, int]:
+        """GPU uuid -> percent of the last sample period the GPU was busy (0-100); a GPU
+        whose figure is unavailable is missing from the dict."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (NVML handle); idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedGpuGroup:
+    """One part of a ``--simulate-gpus`` spec: ``count`` GPUs of catalog ``model``."""
+
+    count: int
+    model: str
+
+
+_PART = re.compile(r"^(?:(?P<count>[+-]?\d+)\s*[xX]\s*)?(?P<model>.+)$")
+
+
+def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
+    """Parse a ``--simulate-gpus`` spec: comma-separated ``COUNTxMODEL`` parts.
+
+    ``COUNT`` is a positive integer and may be left out (``"H100-80GB"`` means one);
+    ``MODEL`` is a catalog name or alias, case-insensitive (``"1xh100"`` is one
+    ``H100-80GB``). Whitespace around parts is ignored.
+
+    Raises:
+        ValueError: the spec is empty, a part is empty, a count is not a positive integer,
+            or a model is not in the catalog. The message starts with ``--simulate-gpus:``
+            and quotes the offending part.
+    """
+    if not spec.strip():
+        raise ValueError(
+            f"--simulate-gpus: empty GPU list; expected e.g. {_SPEC_EXAMPLE!r}",
+        )
+    groups: list[SimulatedGpuGroup] = []
+    for raw_part in spec.split(","):
+        part = raw_part.strip()
+        if not part:
+            raise ValueError(
+                f"--simulate-gpus: empty part in {spec!r}; expected e.g. {_SPEC_EXAMPLE!r}",
+            )
+        match = _PART.match(part)
+        if match is None:  # pragma: no cover - the pattern matches any non-empty text
+            raise ValueError(f"--simulate-gpus: cannot read {part!r}")
+        count_text = match.group("count")
+        count = int(count_text) if count_text is not None else 1
+        if count <= 0:
+            raise ValueError(
+                f"--simulate-gpus: GPU count must be a positive integer, got {count} in {part!r}",
+            )
+        model_text = match.group("model").strip()
+        try:
+            model = canonical_name(model_text)
+        except UnknownGpuModelError:
+            known = ", ".join(sorted(GPU_CATALOG))
+            aliases = ", ".join(sorted(ALIASES))
+            raise ValueError(
+                f"--simulate-gpus: unknown GPU model {model_text!r} in {part!r}; "
+                f"known models: {known} (aliases: {aliases})",
+            ) from None
+        groups.append(SimulatedGpuGroup(count, model))
+    return groups
+
+
+def simulated_uuid(index: int, model: str) -> str:
+    """Deterministic uuid of simulated GPU ``index`` of catalog ``model``.
+
+    Shape ``GPU-00000000-sim0-MMMM-IIIIIIIIIIII``: ``MMMM`` is a CRC-32 of the model name
+    (low 16 bits, hex) and ``I...`` the index. The same spec gives the same uuids in every
+    process, so workloads can be re-adopted after a restart; a spec that puts a different
+    model at an index gives that GPU a different uuid, so a workload is never re-adopted onto
+    a GPU of another model.
+    """
+    tag = zlib.crc32(model.encode()) & 0xFFFF
+    return f"GPU-00000000-sim0-{tag:04x}-{index:012d}"
+
+
+class SimulatedBackend:
+    """GPUs that exist only on paper, described by a ``--simulate-gpus`` spec.
+
+    Figures (memory, SM count) come from the catalog; MIG is off. Nothing measures real
+    processes: per-process memory and utilization are whatever callers report through
+    :meth:`report_usage` and :meth:`report_utilization` (tests of the memory guard and the
+    governor use these).
+
+    Args:
+        spec: e.g. ``"2xA100-40GB,1xH100-80GB"``; see :func:`parse_simulate_spec`.
+
+    Raises:
+        ValueError: the spec is invalid (message names ``--simulate-gpus``).
+    """
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        devices: list[GpuDevice] = []
+        for group in parse_simulate_spec(spec):
+            entry = GPU_CATALOG[group.model]
+            for _ in range(group.count):
+                index = len(devices)
+                devices.append(
+                    GpuDevice(
+                        index=index,
+                        uuid=simulated_uuid(index, group.model),
+                        model=group.model,
+                        memory_mib=entry.memory_mib,
+                        sm_count=entry.sm_count,
+                        mig_enabled=False,
+                    ),
+                )
+        self._devices = tuple(devices)
+        self._uuids = frozenset(d.uuid for d in devices)
+        self._lock = threading.Lock()
+        self._usage: dict[tuple[int, str], int] = {}
+        self._busy: dict[str, int] = {}
+
+    @property
+    def kind(self) -> str:
+        return "simulated"
+
+    def gpus(self) -> list[GpuDevice]:
+        return list(self._devices)
+
+    def process_memory(self) -> list[GpuProcess]:
+        with self._lock:
+            items = sorted(self._usage.items())
+        return [GpuProcess(pid, uuid, mib) for (pid, uuid), mib in items]
+
+    def utilization(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._busy)
+
+    def close(self) -> None:
+        return None
+
+    def report_usage(self, pid: int, gpu_uuid: str, mib: int) -> None:
+        """Pretend process ``pid`` holds ``mib`` MiB on GPU ``gpu_uuid``; 0 forgets it.
+
+        Raises:
+            ValueError: unknown uuid or negative ``mib``.
+        """
+        self._check_uuid(gpu_uuid)
+        if mib < 0:
+            raise ValueError(f"report_usage: memory must be >= 0 MiB, got {mib}")
+        with self._lock:
+            if mib == 0:
+                self._usage.pop((pid, gpu_uuid), None)
+            else:
+                self._usage[(pid, gpu_uuid)] = mib
+
+    def forget_process(self, pid: int) -> None:
+        """Drop every usage report of ``pid`` (the process ended)."""
+        with self._lock:
+            for key in [k for k in self._usage if k[0] == pid]:
+                del self._usage[key]
+
+    def report_utilization(self, gpu_uuid: str, percent: int | None) -> None:
+        """Pretend GPU ``gpu_uuid`` is ``percent`` busy (0-100); None makes it unknown.
+
+        Raises:
+            ValueError: unknown uuid or a percentage outside 0-100.
+        """
+        self._check_uuid(gpu_uuid)
+        with self._lock:
+            if percent is None:
+                self._busy.pop(gpu_uuid, None)
+                return
+            if not 0 <= percent <= 100:
+                raise ValueError(f"report_utilization: percent must be 0-100, got {percent}")
+            self._busy[gpu_uuid] = percent
+
+    def _check_uuid(self, gpu_uuid: str) -> None:
+        if gpu_uuid not in self._uuids:
+            known = ", ".join(d.uuid for d in self._devices)
+            raise ValueError(f"unknown simulated GPU {gpu_uuid!r}; known: {known}")
+
+    def __repr__(self) -> str:
+        return f"SimulatedBackend({self.spec!r})"
+
+
+def detect_backend(
+    simulate: str | None,
+    log: logging.Logger,
+    *,
+    nvml: NvmlApi | None = None,
+) -> GpuBackend:
+    """Choose the GPU backend for this process (the composition root calls this once).
+
+    - ``simulate`` given: a :class:`SimulatedBackend` for it (errors are the spec's
+      ``ValueError``; an empty string is an error, not "no simulation").
+    - else NVML, if it initialises and reports at least one GPU;
+    - else one simulated ``H100-80GB``, after a WARNING on ``log`` that says NVML is
+      unavailable, why, and which simulated GPU is used.
+
+    Args:
+        simulate: the ``--simulate-gpus`` value, or None.
+        log: where the fallback warning and an INFO line on the choice go.
+        nvml: stand-in for the ``pynvml`` module (tests); None uses the real one.
+
+    Raises:
+        ValueError: ``simulate`` is not a valid spec.
+    """
+    if simulate is not None:
+        backend = SimulatedBackend(simulate)
+        log.info("GPU backend: simulated GPUs %s", _describe(backend.gpus()))
+        return backend
+
+    from fgpu.agent.nvml import NvmlBackend, NvmlUnavailableError
+
+    reason: str
+    try:
+        real = NvmlBackend(nvml)
+    except NvmlUnavailableError as exc:
+        reason = str(exc)
+    else:
+        devices = real.gpus()
+        if devices:
+            log.info("GPU backend: NVML, GPUs %s", _describe(devices))
+            return real
+        real.close()
+        reason = "NVML reports no GPUs"
+
+    fallback = SimulatedBackend(FALLBACK_SIMULATED_GPUS)
+    device = fallback.gpus()[0]
+    log.warning(
+        "NVML is unavailable (%s); using one simulated %s GPU (%s) instead. "
+        "Pass --simulate-gpus to choose the simulated GPUs.",
+        reason,
+        device.model,
+        device.uuid,
+    )
+    return fallback
+
+
+def _describe(devices: list[GpuDevice]) -> str:
+    return ", ".join(f"{d.index}:{d.model}({d.uuid})" for d in devices) or "none"

@@ -1,0 +1,292 @@
+"""The wrapper every workload runs under: start the command, wait, record its exit code.
+
+Usage (the launcher builds this line; it also works by hand)::
+
+    python -m fgpu.agent.runner --exit-file F [--ready-fd N] [--spec-stdin] -- CMD ARGS...
+
+Why it exists: the agent may be restarted (even with ``kill -9``) while workloads run. A
+restarted agent is not the parent of the workloads any more and cannot learn their exit
+status from the kernel. The wrapper stays the command's parent for the command's whole life
+and writes the outcome to ``F`` (atomically: temporary file, fsync, rename), so whoever asks
+later reads it from there.
+
+Process layout: the launcher starts the wrapper as the leader of a new session. The wrapper
+starts the command as the leader of its own process group inside that session, so the agent
+can signal (and the governor can freeze) the whole workload -- the command and everything it
+forks -- with the wrapper outside that group: a SIGKILL to the workload leaves the wrapper
+alive to record ``-9``. Signals sent to the wrapper itself (TERM, INT, HUP, QUIT, USR1, USR2)
+are passed on to the workload's group.
+
+Options:
+
+- ``--exit-file F``: where the outcome goes, as JSON ``{"code": int, "reason": str | null,
+  "pid": int | null}``. ``code`` is the command's exit status, or ``-N`` when signal ``N``
+  ended it (the :mod:`subprocess` convention). When the command cannot be started the code
+  follows the shell and container conventions: ``127`` command or working directory not
+  found, ``126`` found but not permitted (not executable, directory not accessible to the
+  user), ``125`` the wrapper itself failed (bad settings, could not switch user); ``reason``
+  says what happened and the same text goes to stderr (the workload's stderr log).
+- ``--ready-fd N``: after starting the command, write ``ok PID`` (or ``fail`` when it could
+  not start) and a newline to file descriptor ``N`` and close it. The launcher waits for this
+  line.
+- ``--spec-stdin``: read the command's settings from stdin as JSON: ``cwd`` (str or null),
+  ``env`` (object or null: the command's whole environment), ``uid``, ``gid`` (int or null),
+  ``groups`` (list of int or null: supplementary groups). Without it the command inherits
+  the wrapper's working directory and environment. The settings come through stdin rather
+  than the wrapper's environment or command line so that the workload's environment (which
+  may hold secrets) is neither visible in ``ps`` nor able to break the wrapper's own Python
+  (``PYTHONPATH``, ``PYTHONHOME``).
+
+The wrapper's own exit status mirrors the command's (``128 + N`` for signal ``N``).
+This module imports only the standard library, so that it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+EXIT_WRAPPER_FAILED = 125
+EXIT_CANNOT_RUN = 126
+EXIT_NOT_FOUND = 127
+
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitRecord:
+    """The outcome the wrapper recorded.
+
+    Attributes:
+        code: exit status, ``-N`` for signal ``N``, or 125/126/127 when the command could not
+            start (see the module docstring).
+        reason: why it could not start or which signal ended it; None for a plain exit.
+        pid: the command's pid, None when it never started.
+    """
+
+    code: int
+    reason: str | None = None
+    pid: int | None = None
+
+
+def write_exit_record(path: Path, record: ExitRecord) -> None:
+    """Write ``record`` to ``path`` atomically (temporary file in the same directory, fsync,
+    rename, fsync of the directory): a reader sees the whole record or none."""
+    payload = json.dumps({"code": record.code, "reason": record.reason, "pid": record.pid})
+    fd, tmp = tempfile.mkstemp(prefix=".exit-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_exit_record(path: Path) -> ExitRecord | None:
+    """The record at ``path``, or None when there is none (yet) or it is unreadable."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("code"), int):
+        return None
+    reason = data.get("reason")
+    pid = data.get("pid")
+    return ExitRecord(
+        code=data["code"],
+        reason=reason if isinstance(reason, str) else None,
+        pid=pid if isinstance(pid, int) else None,
+    )
+
+
+def _signal_reason(code: int) -> str | None:
+    if code >= 0:
+        return None
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"ended by {name}"
+
+
+def _accessible_as(path: str, uid: int, gid: int, groups: list[int]) -> bool:
+    """Whether ``uid`` (with ``gid`` and ``groups``) may enter directory ``path``; checked with
+    the effective ids switched for the test, then switched back (needs root)."""
+    saved_groups = os.getgroups()
+    saved_egid = os.getegid()
+    os.setgroups(groups)
+    os.setegid(gid)
+    os.seteuid(uid)
+    try:
+        return os.access(path, os.X_OK, effective_ids=True)
+    finally:
+        os.seteuid(0)
+        os.setegid(saved_egid)
+        os.setgroups(saved_groups)
+
+
+def _start_failure(exc: OSError, program: str, cwd: str | None, uid: int | None) -> tuple[int, str]:
+    """Exit code and reason for a failed start. :mod:`subprocess` names the program in
+    ``exc.filename`` when ``exec`` failed; any other name means a step before ``exec``
+    (entering the working directory, switching groups and user) failed."""
+    detail = exc.strerror or str(exc)
+    if exc.filename != program:
+        if isinstance(exc, FileNotFoundError) and cwd is not None:
+            return EXIT_NOT_FOUND, f"working directory not found: {cwd!r}"
+        who = f" as uid {uid}" if uid is not None else ""
+        return EXIT_WRAPPER_FAILED, f"could not prepare the process{who}: {detail}"
+    if isinstance(exc, FileNotFoundError):
+        return EXIT_NOT_FOUND, f"command not found: {program!r}"
+    if isinstance(exc, PermissionError):
+        return EXIT_CANNOT_RUN, f"permission denied: {program!r}"
+    return EXIT_CANNOT_RUN, f"cannot run {program!r}: {detail}"
+
+
+class _Wrapper:
+    def __init__(self, exit_file: Path, ready_fd: int | None) -> None:
+        self.exit_file = exit_file
+        self.ready_fd = ready_fd
+        self.child: subprocess.Popen[bytes] | None = None
+        self.pending: list[int] = []
+        self.finished = False
+
+    def forward(self, signum: int, _frame: FrameType | None) -> None:
+        if self.finished:
+            return  # the command was reaped: its pid may already name another process
+        if self.child is None:
+            self.pending.append(signum)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.child.pid, signum)
+
+    def ready(self, message: str) -> None:
+        if self.ready_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self.ready_fd, (message + "\n").encode())
+        with contextlib.suppress(OSError):
+            os.close(self.ready_fd)
+        self.ready_fd = None
+
+    def fail(self, code: int, reason: str) -> int:
+        print(f"fgpu: {reason}", file=sys.stderr, flush=True)
+        write_exit_record(self.exit_file, ExitRecord(code, reason))
+        self.ready("fail")
+        return code
+
+    def run(self, command: list[str], settings: dict[str, Any]) -> int:
+        cwd = settings.get("cwd")
+        env = settings.get("env")
+        uid = settings.get("uid")
+        gid = settings.get("gid")
+        groups = settings.get("groups")
+        if not command:
+            return self.fail(EXIT_WRAPPER_FAILED, "no command given")
+        if cwd is not None:
+            if not os.path.isdir(cwd):
+                return self.fail(EXIT_NOT_FOUND, f"working directory not found: {cwd!r}")
+            if (
+                uid is not None
+                and os.geteuid() == 0
+                and not _accessible_as(cwd, uid, gid if gid is not None else uid, groups or [])
+            ):
+                return self.fail(
+                    EXIT_CANNOT_RUN,
+                    f"working directory {cwd!r} is not accessible to uid {uid}",
+                )
+        try:
+            self.child = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                process_group=0,
+                user=uid,
+                group=gid,
+                extra_groups=groups,
+            )
+        except OSError as exc:
+            return self.fail(*_start_failure(exc, command[0], cwd, uid))
+        except (ValueError, subprocess.SubprocessError) as exc:
+            return self.fail(EXIT_WRAPPER_FAILED, f"cannot start {command[0]!r}: {exc}")
+        self.ready(f"ok {self.child.pid}")
+        for signum in self.pending:
+            self.forward(signum, None)
+        self.pending.clear()
+        code = self.child.wait()
+        self.finished = True
+        write_exit_record(self.exit_file, ExitRecord(code, _signal_reason(code), self.child.pid))
+        return code if code >= 0 else 128 - code
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m fgpu.agent.runner",
+        description="Run a command and record its exit code in a file.",
+    )
+    parser.add_argument("--exit-file", required=True, type=Path)
+    parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument("--spec-stdin", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    return args
+
+
+def _reset_realtime_policy() -> None:
+    """Children of a real-time governor inherit SCHED_FIFO (governor-notes, pitfall 2);
+    the wrapper drops back to the normal policy before starting the command."""
+    with contextlib.suppress(AttributeError, OSError):
+        if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the wrapper's exit status."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    wrapper = _Wrapper(args.exit_file, args.ready_fd)
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, wrapper.forward)
+    _reset_realtime_policy()
+    settings: dict[str, Any] = {}
+    if args.spec_stdin:
+        try:
+            loaded = json.loads(sys.stdin.buffer.read() or b"{}")
+        except ValueError as exc:
+            return wrapper.fail(EXIT_WRAPPER_FAILED, f"unreadable launch settings: {exc}")
+        if not isinstance(loaded, dict):
+            return wrapper.fail(EXIT_WRAPPER_FAILED, "launch settings are not a JSON object")
+        settings = loaded
+    return wrapper.run(list(args.command), settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

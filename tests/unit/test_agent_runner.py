@@ -1,0 +1,100 @@
+"""The launch wrapper on its own: exit records and the recorded outcome of a command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fgpu.agent.runner import ExitRecord, read_exit_record, write_exit_record
+
+
+def test_exit_record_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "exit.json"
+    write_exit_record(path, ExitRecord(-9, "ended by SIGKILL", 1234))
+    assert read_exit_record(path) == ExitRecord(-9, "ended by SIGKILL", 1234)
+    write_exit_record(path, ExitRecord(0))
+    assert read_exit_record(path) == ExitRecord(0)
+    assert [p.name for p in tmp_path.iterdir()] == ["exit.json"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", "{", "[]", '{"code": "3"}', '{"reason": "x"}'],
+    ids=["empty", "truncated", "not-object", "code-not-int", "no-code"],
+)
+def test_unreadable_exit_records_count_as_none(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "exit.json"
+    path.write_text(content)
+    assert read_exit_record(path) is None
+
+
+def test_missing_exit_record_is_none(tmp_path: Path) -> None:
+    assert read_exit_record(tmp_path / "exit.json") is None
+
+
+def run_wrapper(tmp_path: Path, *command: str, stdin: str | None = None) -> tuple[int, str]:
+    exit_file = tmp_path / "exit.json"
+    flags = ["--spec-stdin"] if stdin is not None else []
+    wrapper = [sys.executable, "-m", "fgpu.agent.runner", "--exit-file", str(exit_file)]
+    done = subprocess.run(
+        [*wrapper, *flags, "--", *command],
+        input=(stdin or "").encode(),
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode, done.stderr.decode()
+
+
+@pytest.mark.parametrize(
+    ("command", "record", "status"),
+    [
+        (["sh", "-c", "exit 0"], ExitRecord(0), 0),
+        (["sh", "-c", "exit 3"], ExitRecord(3), 3),
+        (["sh", "-c", "kill -TERM $$"], ExitRecord(-15, "ended by SIGTERM"), 128 + 15),
+        (
+            ["no-such-command-fgpu"],
+            ExitRecord(127, "command not found: 'no-such-command-fgpu'"),
+            127,
+        ),
+    ],
+    ids=["zero", "three", "sigterm", "not-found"],
+)
+def test_wrapper_records_and_mirrors_the_outcome(
+    tmp_path: Path,
+    command: list[str],
+    record: ExitRecord,
+    status: int,
+) -> None:
+    code, _ = run_wrapper(tmp_path, *command)
+    found = read_exit_record(tmp_path / "exit.json")
+    assert found is not None
+    assert (found.code, found.reason) == (record.code, record.reason)
+    assert code == status
+
+
+def test_settings_from_stdin(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    settings = {"cwd": str(tmp_path), "env": {"ONLY": "this", "PATH": "/usr/bin:/bin"}}
+    code, _ = run_wrapper(
+        tmp_path,
+        "sh",
+        "-c",
+        'echo "$ONLY $(pwd) ${HOME:-nohome}" > out.txt',
+        stdin=json.dumps(settings),
+    )
+    assert code == 0
+    assert out.read_text() == f"this {tmp_path} nohome\n"
+
+
+def test_bad_settings_are_a_wrapper_failure(tmp_path: Path) -> None:
+    code, stderr = run_wrapper(tmp_path, "true", stdin="[1]")
+    assert code == 125
+    assert "launch settings are not a JSON object" in stderr
+    assert read_exit_record(tmp_path / "exit.json") == ExitRecord(
+        125, "launch settings are not a JSON object"
+    )
