@@ -1,0 +1,164 @@
+"""The store's foundation: engine, injected clock and ids, transactions, events.
+
+:class:`StoreBase` opens the database (migrating it), hands out one session per call, and
+writes events; the repositories built on it (:mod:`fgpu.store.queues`,
+:mod:`fgpu.store.inventory`, :mod:`fgpu.store.store`) add the state changes. Writing
+transactions commit when their block ends and roll back on any error, so a change and its
+event are stored together or not at all.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from fgpu.store import convert
+from fgpu.store.engine import make_engine, upgrade, writer
+from fgpu.store.errors import StoreConflict
+from fgpu.store.records import EventRecord
+from fgpu.store.schema import EventRow
+
+Clock = Callable[[], float]
+"""Seconds since the epoch (``time.time``, or a test's or simulator's clock)."""
+
+
+def random_id() -> str:
+    """A new workload id: 8 hexadecimal digits from the operating system's random source."""
+    return secrets.token_hex(4)
+
+
+class StoreBase:
+    """Engine, clock, id source and transactions shared by the store's repositories.
+
+    Args:
+        engine: an engine whose database is already at the newest migration (use
+            :meth:`open`, which makes one and migrates it).
+        clock: returns the current time in seconds.
+        new_id: returns a candidate workload id (retried while taken).
+
+    Thread-safe: every call uses its own session. Several ``Store`` objects, in one process
+    or several, may share one database.
+    """
+
+    def __init__(
+        self, engine: Engine, *, clock: Clock = time.time, new_id: Callable[[], str] = random_id
+    ) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+        self._clock = clock
+        self._new_id = new_id
+
+    @classmethod
+    def open(
+        cls,
+        target: str | Path | URL | None = None,
+        *,
+        clock: Clock = time.time,
+        new_id: Callable[[], str] = random_id,
+        **engine_options: Any,
+    ) -> Self:
+        """Open (creating and migrating as needed) the database at ``target``.
+
+        Args:
+            target: a URL, an SQLite file path, or None for the default file
+                (:func:`fgpu.store.engine.default_db_path`).
+            clock, new_id: see the class.
+            engine_options: passed to :func:`sqlalchemy.create_engine`.
+        """
+        engine = make_engine(target, **engine_options)
+        try:
+            upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, clock=clock, new_id=new_id)
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transactions
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """A writing transaction: commits when the block ends, rolls back on any error."""
+        session = Session(self._writer, expire_on_commit=False, autoflush=True)
+        try:
+            with session.begin():
+                yield session
+        except IntegrityError as exc:
+            raise StoreConflict(f"the change conflicts with stored data: {exc.orig}") from exc
+        finally:
+            session.close()
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """A reading transaction (one consistent snapshot)."""
+        with Session(self.engine) as session, session.begin():
+            yield session
+
+    def _event(
+        self,
+        session: Session,
+        now: float,
+        workload_id: str | None,
+        kind: str,
+        reason: str,
+        message: str,
+    ) -> None:
+        session.flush()  # the change first: the event refers to the workload row
+        session.add(
+            EventRow(workload_id=workload_id, time=now, kind=kind, reason=reason, message=message)
+        )
+
+    # ------------------------------------------------------------------------ events
+    def events(
+        self,
+        workload_id: str | None = None,
+        *,
+        since: float | None = None,
+        after_id: int | None = None,
+        limit: int | None = None,
+    ) -> list[EventRecord]:
+        """Events in the order they were written.
+
+        Args:
+            workload_id: only this workload's (None: all, queue and node events included).
+            since: only those at or after this time (seconds).
+            after_id: only those with a larger id (a cursor for following; on SQLite ids
+                follow commit order, on PostgreSQL two transactions committing at once
+                may commit their ids out of order, so a follower there should re-read a
+                short overlap).
+            limit: at most this many (the oldest first).
+        """
+        query = select(EventRow).order_by(EventRow.id)
+        if workload_id is not None:
+            query = query.where(EventRow.workload_id == workload_id)
+        if since is not None:
+            query = query.where(EventRow.time >= since)
+        if after_id is not None:
+            query = query.where(EventRow.id > after_id)
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as session:
+            return [convert.event_record(r) for r in session.scalars(query)]

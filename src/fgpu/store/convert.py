@@ -1,0 +1,137 @@
+"""Rows to records and back (the only module that knows both shapes)."""
+
+from __future__ import annotations
+
+from fgpu.model.types import Request
+from fgpu.sched.workload import Hold, Resources
+from fgpu.store.records import (
+    EventRecord,
+    GpuRecord,
+    NodeRecord,
+    QueueConfig,
+    QueueLimit,
+    QueueRecord,
+    StoredAllocation,
+    WorkloadRecord,
+    models_from_text,
+)
+from fgpu.store.schema import EventRow, GpuRow, HoldRow, NodeRow, QueueRow, WorkloadRow
+
+
+def queue_record(row: QueueRow) -> QueueRecord:
+    """A queue row as a record."""
+    config = QueueConfig(
+        name=row.name,
+        parent=row.parent,
+        quota=Resources(row.quota_gpu_milli, row.quota_cpu_milli, row.quota_memory_mib),
+        limit=QueueLimit(row.limit_gpu_milli, row.limit_cpu_milli, row.limit_memory_mib),
+        over_quota_weight=row.over_quota_weight,
+        priority=row.priority,
+    )
+    return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
+
+
+def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
+    """Copy a (validated) configuration onto a queue row."""
+    row.name = config.name
+    row.parent = config.parent
+    row.quota_gpu_milli, row.quota_cpu_milli, row.quota_memory_mib = config.quota.as_tuple()
+    row.limit_gpu_milli, row.limit_cpu_milli, row.limit_memory_mib = config.limit.as_tuple()
+    row.over_quota_weight = float(config.over_quota_weight)
+    row.priority = config.priority
+
+
+def workload_record(row: WorkloadRow) -> WorkloadRecord:
+    """A workload row as a record."""
+    request = Request(
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
+        gpu_count=row.gpu_count,
+        gpu_milli=row.gpu_milli,
+        gpu_memory_mib=row.gpu_memory_mib,
+        gpu_models=models_from_text(row.gpu_models),
+    )
+    allocation = None
+    if row.node_name is not None and row.allocation is not None:
+        allocation = StoredAllocation.from_json(row.node_name, row.allocation)
+    return WorkloadRecord(
+        id=row.id,
+        name=row.name,
+        owner_uid=row.owner_uid,
+        queue=row.queue,
+        phase=row.phase,
+        priority=row.priority,
+        preemptible=row.preemptible,
+        request=request,
+        argv=tuple(row.argv),
+        shell=row.shell,
+        cwd=row.cwd,
+        env=dict(row.env),
+        grace_s=row.grace_s,
+        submitted_at=row.submitted_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        exit_code=row.exit_code,
+        reason=row.reason,
+        restarts=row.restarts,
+        stop_requested_at=row.stop_requested_at,
+        cancelled_by=row.cancelled_by,
+        pid=row.pid,
+        create_time=row.create_time,
+        stdout_path=row.stdout_path,
+        stderr_path=row.stderr_path,
+        allocation=allocation,
+    )
+
+
+def event_record(row: EventRow) -> EventRecord:
+    """An event row as a record."""
+    return EventRecord(
+        id=row.id,
+        workload_id=row.workload_id,
+        time=row.time,
+        kind=row.kind,
+        reason=row.reason,
+        message=row.message,
+    )
+
+
+def node_record(row: NodeRow, gpus: list[GpuRow]) -> NodeRecord:
+    """A node row and its GPU rows as a record (GPUs by index)."""
+    return NodeRecord(
+        name=row.name,
+        cpu_milli=row.cpu_milli,
+        memory_mib=row.memory_mib,
+        gpus=tuple(
+            GpuRecord(
+                index=g.gpu_index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                mig_enabled=g.mig_enabled,
+            )
+            for g in sorted(gpus, key=lambda g: g.gpu_index)
+        ),
+    )
+
+
+def hold_from_row(row: HoldRow) -> Hold:
+    """A hold row as the decision core's :class:`Hold`."""
+    return Hold(
+        workload=row.workload_id,
+        node=row.node_name,
+        gpus=tuple(int(g) for g in row.gpus),
+        victims=tuple(str(v) for v in row.victims),
+        since=row.since,
+    )
+
+
+def hold_row(hold: Hold) -> HoldRow:
+    """The decision core's :class:`Hold` as a row."""
+    return HoldRow(
+        workload_id=hold.workload,
+        node_name=hold.node,
+        gpus=[int(g) for g in hold.gpus],
+        victims=[str(v) for v in hold.victims],
+        since=float(hold.since),
+    )

@@ -1,0 +1,189 @@
+"""Tables of the store, as SQLAlchemy 2 typed ORM classes.
+
+The schema is created and changed only by the Alembic migrations in
+``fgpu/store/migrations`` (a test compares the migrated database with these classes). Types
+are portable between SQLite and PostgreSQL: amounts are 64-bit integers in fgpu's units
+(milli-GPU, milli-cores, MiB), times are seconds since the epoch as doubles, lists and maps
+are JSON. Constraint names follow :data:`NAMING` so that migrations can refer to them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Constraint naming convention shared by the ORM and the migrations."""
+
+PHASES = ("pending", "running", "paused", "succeeded", "failed", "cancelled")
+"""Workload phases (DESIGN.md section 8)."""
+
+NAME_LENGTH = 128
+"""Longest queue, node or workload name."""
+
+ID_LENGTH = 32
+"""Longest workload id."""
+
+# A 64-bit integer column; on SQLite an INTEGER PRIMARY KEY must be spelt INTEGER to be the
+# rowid (and so auto-increment), which BIGINT is not.
+_EVENT_ID = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    """Declarative base holding the store's metadata."""
+
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: dict[Any, Any] = {  # noqa: RUF012 (SQLAlchemy reads it as a class attribute)
+        int: BigInteger(),
+        float: Double(),
+        str: Text(),
+        bool: Boolean(),
+    }
+
+
+class QueueRow(Base):
+    """A queue (tenant). ``limit_*`` None means no cap in that dimension."""
+
+    __tablename__ = "queues"
+
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    parent: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    quota_gpu_milli: Mapped[int]
+    quota_cpu_milli: Mapped[int]
+    quota_memory_mib: Mapped[int]
+    limit_gpu_milli: Mapped[int | None]
+    limit_cpu_milli: Mapped[int | None]
+    limit_memory_mib: Mapped[int | None]
+    over_quota_weight: Mapped[float]
+    priority: Mapped[int]
+    created_at: Mapped[float]
+    updated_at: Mapped[float]
+
+
+class WorkloadRow(Base):
+    """A submitted workload: what it asks for, how to run it, where it runs, how it ended."""
+
+    __tablename__ = "workloads"
+    __table_args__ = (
+        CheckConstraint(
+            "phase IN ('pending', 'running', 'paused', 'succeeded', 'failed', 'cancelled')",
+            name="phase",
+        ),
+        Index("ix_workloads_phase", "phase"),
+        Index("ix_workloads_queue", "queue"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    owner_uid: Mapped[int]
+    queue: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    phase: Mapped[str] = mapped_column(String(16))
+    priority: Mapped[int]
+    preemptible: Mapped[bool | None]
+    # the request (fgpu.model.types.Request); gpu_models joined by "|", "" for any model
+    cpu_milli: Mapped[int]
+    memory_mib: Mapped[int]
+    gpu_count: Mapped[int]
+    gpu_milli: Mapped[int | None]
+    gpu_memory_mib: Mapped[int | None]
+    gpu_models: Mapped[str]
+    # how to run it
+    argv: Mapped[list[str]] = mapped_column(JSON)
+    shell: Mapped[bool]
+    cwd: Mapped[str]
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    grace_s: Mapped[float]
+    # lifecycle
+    submitted_at: Mapped[float]
+    started_at: Mapped[float | None]
+    finished_at: Mapped[float | None]
+    exit_code: Mapped[int | None]
+    reason: Mapped[str]
+    restarts: Mapped[int]
+    stop_requested_at: Mapped[float | None]
+    cancelled_by: Mapped[int | None]
+    # the process, while it runs
+    pid: Mapped[int | None]
+    create_time: Mapped[float | None]
+    stdout_path: Mapped[str | None]
+    stderr_path: Mapped[str | None]
+    # the allocation: node name here, the rest as JSON (see records.StoredAllocation)
+    node_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+
+class EventRow(Base):
+    """Something that happened: a workload's transition, a queue or node change."""
+
+    __tablename__ = "events"
+    __table_args__ = (
+        Index("ix_events_workload_id", "workload_id", "id"),
+        Index("ix_events_time", "time"),
+    )
+
+    id: Mapped[int] = mapped_column(_EVENT_ID, primary_key=True, autoincrement=True)
+    workload_id: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("workloads.id"))
+    time: Mapped[float]
+    kind: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str]
+    message: Mapped[str]
+
+
+class NodeRow(Base):
+    """A node of the inventory."""
+
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    cpu_milli: Mapped[int]
+    memory_mib: Mapped[int]
+    updated_at: Mapped[float]
+
+
+class GpuRow(Base):
+    """A GPU of a node in the inventory."""
+
+    __tablename__ = "gpus"
+
+    node_name: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True
+    )
+    gpu_index: Mapped[int] = mapped_column(Integer(), primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    memory_mib: Mapped[int]
+    mig_enabled: Mapped[bool]
+
+
+class HoldRow(Base):
+    """Capacity the decision core holds for a pending workload (fgpu.sched.workload.Hold)."""
+
+    __tablename__ = "holds"
+
+    workload_id: Mapped[str] = mapped_column(
+        String(ID_LENGTH), ForeignKey("workloads.id"), primary_key=True
+    )
+    node_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    gpus: Mapped[list[int]] = mapped_column(JSON)
+    victims: Mapped[list[str]] = mapped_column(JSON)
+    since: Mapped[float]

@@ -1,0 +1,497 @@
+"""The store and its workloads: every state change in one transaction, with its event.
+
+Each method that changes a workload writes the change and its event in one transaction, and
+the transaction commits before the method returns, so the caller acts only on what is
+already durable (DESIGN.md section 8). A transition from the wrong phase raises
+:class:`StoreConflict` and writes nothing. Rows are locked while a change is decided
+(``SELECT ... FOR UPDATE`` on PostgreSQL; ``BEGIN IMMEDIATE`` on SQLite), so two writers,
+in threads or processes, never overwrite each other's changes.
+
+Phases (DESIGN.md section 8)::
+
+    pending --mark_running--> running <--mark_paused / mark_resumed--> paused
+    running|paused --mark_finished--> succeeded | failed | cancelled
+    running|paused --mark_preempted--> pending   (restarts + 1)
+    running|paused --mark_lost--> failed          (after a restart, process gone)
+    running|paused --mark_stopping--> (stop requested: the core sees it terminating)
+    pending --cancel--> cancelled;  running|paused --cancel--> (stop requested)
+
+Time comes from the injected ``clock`` and ids from ``new_id``; neither is read elsewhere.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Collection, Iterable, Mapping, Sequence
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.sched.workload import PRIORITY_CLASSES, Workload, parse_priority
+from fgpu.store import convert, validate
+from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict, StoreError
+from fgpu.store.inventory import InventoryStore
+from fgpu.store.queues import QueueStore
+from fgpu.store.records import (
+    ACTIVE_PHASES,
+    CANCELLED,
+    FAILED,
+    FINAL_PHASES,
+    HOLDING_PHASES,
+    LOST_REASON,
+    PAUSED,
+    PENDING,
+    RUNNING,
+    StoredAllocation,
+    WorkloadRecord,
+    models_to_text,
+    to_core,
+)
+from fgpu.store.schema import HoldRow, QueueRow, WorkloadRow
+
+DEFAULT_GRACE_S = 30.0
+"""Seconds between SIGTERM and SIGKILL when a workload is stopped (issue 4, item 3)."""
+
+_ID_ATTEMPTS = 32
+
+
+class Store(QueueStore, InventoryStore):
+    """Repository of fgpu's durable state: workloads (here), queues
+    (:class:`~fgpu.store.queues.QueueStore`), nodes and holds
+    (:class:`~fgpu.store.inventory.InventoryStore`), events
+    (:class:`~fgpu.store.base.StoreBase`).
+
+    Args:
+        engine: an engine whose database is already at the newest migration (use
+            :meth:`open`, which makes one and migrates it).
+        clock: returns the current time in seconds.
+        new_id: returns a candidate workload id (retried while taken).
+
+    Thread-safe: every call uses its own session. Several ``Store`` objects, in one process
+    or several, may share one database.
+    """
+
+    @staticmethod
+    def _lock(session: Session, workload_id: str) -> WorkloadRow:
+        row = session.scalars(
+            select(WorkloadRow).where(WorkloadRow.id == workload_id).with_for_update()
+        ).one_or_none()
+        if row is None:
+            raise NotFound("workload", workload_id)
+        return row
+
+    @staticmethod
+    def _expect(row: WorkloadRow, phases: Collection[str], action: str) -> None:
+        if row.phase not in phases:
+            wanted = " or ".join(sorted(phases))
+            raise StoreConflict(f"workload {row.id} is {row.phase}; {action} needs it {wanted}")
+
+    def submit(
+        self,
+        *,
+        owner_uid: int,
+        queue: str,
+        request: Request,
+        argv: Sequence[str],
+        name: str = "",
+        priority: int | str = PRIORITY_CLASSES["normal"],
+        preemptible: bool | None = None,
+        shell: bool = False,
+        cwd: str = "/",
+        env: Mapping[str, str] | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+    ) -> WorkloadRecord:
+        """Store a new pending workload, with the event ``submitted``.
+
+        Args:
+            owner_uid: the submitting user's uid.
+            queue: a leaf queue.
+            request: what it asks for (already validated by :class:`Request`).
+            argv: the command, a non-empty list of strings.
+            name: display name (default: the id).
+            priority: a number or a class name (``"high"``).
+            preemptible: None for the default (priority below 100).
+            shell, cwd, env: how to run it.
+            grace_s: seconds between SIGTERM and SIGKILL when it is stopped.
+
+        Raises:
+            InvalidRequestError: a malformed field, an unknown queue, a queue with children.
+        """
+        command, environment, grace = validate.submission(
+            workload_name=name,
+            owner_uid=owner_uid,
+            request=request,
+            argv=argv,
+            cwd=cwd,
+            env=env or {},
+            grace_s=grace_s,
+            preemptible=preemptible,
+            shell=shell,
+        )
+        level = validate.integer("priority", parse_priority(priority))
+        with self._write() as session:
+            found = session.scalars(
+                select(QueueRow.name).where(QueueRow.name == queue).with_for_update(read=True)
+            ).one_or_none()
+            if found is None:
+                raise InvalidRequestError("queue", f"unknown queue {queue!r}")
+            children = session.scalars(
+                select(QueueRow.name).where(QueueRow.parent == queue).order_by(QueueRow.name)
+            ).all()
+            if children:
+                raise InvalidRequestError(
+                    "queue",
+                    f"queue {queue} has child queues ({', '.join(children)}); "
+                    "submit to one of them",
+                )
+            workload_id = self._fresh_id(session)
+            now = self._clock()
+            row = WorkloadRow(
+                id=workload_id,
+                name=name or workload_id,
+                owner_uid=owner_uid,
+                queue=queue,
+                phase=PENDING,
+                priority=level,
+                preemptible=preemptible,
+                cpu_milli=request.cpu_milli,
+                memory_mib=request.memory_mib,
+                gpu_count=request.gpu_count,
+                gpu_milli=request.gpu_milli,
+                gpu_memory_mib=request.gpu_memory_mib,
+                gpu_models=models_to_text(request.gpu_models),
+                argv=list(command),
+                shell=shell,
+                cwd=cwd,
+                env=environment,
+                grace_s=grace,
+                submitted_at=now,
+                reason="submitted",
+                restarts=0,
+            )
+            session.add(row)
+            self._event(
+                session, now, workload_id, "submitted", "submitted", f"submitted to queue {queue}"
+            )
+            return convert.workload_record(row)
+
+    def _fresh_id(self, session: Session) -> str:
+        for _ in range(_ID_ATTEMPTS):
+            candidate = validate.workload_id(self._new_id())
+            if session.get(WorkloadRow, candidate) is None:
+                return candidate
+        raise StoreError(f"no free workload id after {_ID_ATTEMPTS} attempts")
+
+    def mark_running(
+        self,
+        workload_id: str,
+        allocation: Allocation,
+        *,
+        gpu_uuids: Sequence[str] = (),
+        pid: int | None = None,
+        create_time: float | None = None,
+        stdout_path: str | None = None,
+        stderr_path: str | None = None,
+        reason: str = "placed",
+    ) -> WorkloadRecord:
+        """pending -> running on ``allocation`` (event ``started``); drops its hold.
+
+        The process may be given here or, when it is launched after this commit, by
+        :meth:`attach_process`.
+
+        Args:
+            allocation: the decision core's placement.
+            gpu_uuids: UUIDs of the allocated GPUs, in the order of ``allocation.gpus``.
+            pid, create_time: the process, if already started.
+            stdout_path, stderr_path: its log files (kept when None).
+            reason: why it starts (``placed``, ``placed after reclaim``...).
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not pending.
+            InvalidRequestError: an allocation that does not match the request.
+        """
+        uuids = tuple(gpu_uuids)
+        process_pid = None if pid is None else validate.integer("pid", pid, minimum=1)
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, {PENDING}, "mark_running")
+            validate.allocation(convert.workload_record(row).request, allocation, uuids)
+            now = self._clock()
+            stored = StoredAllocation.from_core(allocation, uuids)
+            row.phase = RUNNING
+            row.started_at = now
+            row.node_name = stored.node_name
+            row.allocation = stored.to_json()
+            row.pid = process_pid
+            row.create_time = create_time
+            row.stdout_path = stdout_path if stdout_path is not None else row.stdout_path
+            row.stderr_path = stderr_path if stderr_path is not None else row.stderr_path
+            row.reason = reason
+            session.execute(delete(HoldRow).where(HoldRow.workload_id == workload_id))
+            shares = ", ".join(
+                f"GPU {g}: {m} milli, {mib} MiB"
+                for g, m, mib in zip(
+                    stored.gpus, stored.gpu_milli, stored.gpu_memory_mib, strict=True
+                )
+            )
+            where = f"{stored.node_name}" + (f" ({shares})" if shares else "")
+            self._event(session, now, workload_id, "started", reason, f"started on {where}")
+            return convert.workload_record(row)
+
+    def attach_process(
+        self,
+        workload_id: str,
+        pid: int,
+        create_time: float,
+        *,
+        stdout_path: str | None = None,
+        stderr_path: str | None = None,
+    ) -> WorkloadRecord:
+        """Record the process of a running (or paused) workload that has none yet (event
+        ``process``).
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running or paused, a process already
+                recorded.
+        """
+        process_pid = validate.integer("pid", pid, minimum=1)
+        started = validate.seconds("create_time", create_time)
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "attach_process")
+            if row.pid is not None:
+                raise StoreConflict(f"workload {workload_id} already has process {row.pid}")
+            now = self._clock()
+            row.pid = process_pid
+            row.create_time = started
+            row.stdout_path = stdout_path if stdout_path is not None else row.stdout_path
+            row.stderr_path = stderr_path if stderr_path is not None else row.stderr_path
+            self._event(session, now, workload_id, "process", "launched", f"process {pid} started")
+            return convert.workload_record(row)
+
+    def mark_paused(self, workload_id: str, reason: str) -> WorkloadRecord:
+        """running -> paused (the governor froze it; event ``paused``).
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running.
+        """
+        return self._move(workload_id, RUNNING, PAUSED, "paused", reason)
+
+    def mark_resumed(self, workload_id: str, reason: str) -> WorkloadRecord:
+        """paused -> running (the governor thawed it; event ``resumed``).
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not paused.
+        """
+        return self._move(workload_id, PAUSED, RUNNING, "resumed", reason)
+
+    def _move(self, workload_id: str, old: str, new: str, kind: str, reason: str) -> WorkloadRecord:
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, {old}, f"mark_{kind}")
+            now = self._clock()
+            row.phase = new
+            row.reason = reason
+            self._event(session, now, workload_id, kind, reason, f"{kind}: {reason}")
+            return convert.workload_record(row)
+
+    def mark_stopping(self, workload_id: str, reason: str) -> WorkloadRecord:
+        """Record that a running or paused workload is being stopped for preemption or
+        reclaim (event ``stopping``), before the caller signals it; the decision core then
+        sees it ``terminating``.
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running or paused, already stopping.
+        """
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "mark_stopping")
+            if row.stop_requested_at is not None:
+                raise StoreConflict(f"workload {workload_id} is already stopping ({row.reason})")
+            now = self._clock()
+            row.stop_requested_at = now
+            row.reason = reason
+            self._event(session, now, workload_id, "stopping", reason, f"stopping: {reason}")
+            return convert.workload_record(row)
+
+    def mark_preempted(self, workload_id: str, reason: str) -> WorkloadRecord:
+        """running or paused -> pending: its process is gone, it waits to run again from the
+        same command (restarts + 1; allocation, process and hold cleared; event
+        ``preempted``).
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running or paused, or cancelled by a user
+                (finish it with :meth:`mark_finished` as ``cancelled`` instead).
+        """
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "mark_preempted")
+            if row.cancelled_by is not None:
+                raise StoreConflict(
+                    f"workload {workload_id} was cancelled by uid {row.cancelled_by}; "
+                    "finish it as cancelled"
+                )
+            now = self._clock()
+            row.phase = PENDING
+            row.restarts += 1
+            row.started_at = None
+            row.stop_requested_at = None
+            row.node_name = None
+            row.allocation = None
+            row.pid = None
+            row.create_time = None
+            row.reason = reason
+            self._event(
+                session,
+                now,
+                workload_id,
+                "preempted",
+                reason,
+                f"preempted ({reason}); pending again, restart {row.restarts}",
+            )
+            return convert.workload_record(row)
+
+    def mark_finished(
+        self, workload_id: str, phase: str, *, exit_code: int | None = None, reason: str = ""
+    ) -> WorkloadRecord:
+        """running or paused -> ``phase`` (succeeded, failed or cancelled; event named after
+        the phase). The allocation is kept as history; the hold, if any, is dropped.
+
+        Args:
+            phase: the final phase.
+            exit_code: the process's exit status, if known.
+            reason: why (default: the exit code).
+
+        Raises:
+            InvalidRequestError: ``phase`` is not a final phase.
+            NotFound, StoreConflict: unknown id, not running or paused.
+        """
+        if phase not in FINAL_PHASES:
+            raise InvalidRequestError("phase", f"{phase!r} is not one of {sorted(FINAL_PHASES)}")
+        code = (
+            None
+            if exit_code is None
+            else validate.integer("exit_code", exit_code, minimum=-(2**31))
+        )
+        why = reason or ("finished" if code is None else f"exit code {code}")
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "mark_finished")
+            self._finish(session, row, phase, why, code)
+            return convert.workload_record(row)
+
+    def _finish(
+        self, session: Session, row: WorkloadRow, phase: str, reason: str, code: int | None
+    ) -> None:
+        now = self._clock()
+        row.phase = phase
+        row.finished_at = now
+        row.exit_code = code
+        row.reason = reason
+        session.execute(delete(HoldRow).where(HoldRow.workload_id == row.id))
+        self._event(session, now, row.id, phase, reason, f"{phase}: {reason}")
+
+    def cancel(self, workload_id: str, by_uid: int, *, admin: bool = False) -> WorkloadRecord:
+        """Cancel a workload on behalf of ``by_uid``.
+
+        A pending workload is cancelled at once (event ``cancelled``). A running or paused one
+        is marked as cancel-requested (event ``cancel-requested``, once) and returned still
+        running: the caller stops its process, then calls
+        ``mark_finished(id, "cancelled")``.
+
+        Args:
+            by_uid: the caller's uid.
+            admin: the caller is root or a configured admin.
+
+        Raises:
+            NotFound: unknown id.
+            PermissionDenied: neither the owner nor an admin.
+            StoreConflict: already finished.
+        """
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            if not admin and row.owner_uid != by_uid:
+                raise PermissionDenied(
+                    f"workload {workload_id} belongs to uid {row.owner_uid}; uid {by_uid} may "
+                    "not cancel it"
+                )
+            self._expect(row, ACTIVE_PHASES, "cancel")
+            reason = f"cancelled by uid {by_uid}"
+            if row.phase == PENDING:
+                row.cancelled_by = by_uid
+                self._finish(session, row, CANCELLED, reason, None)
+            elif row.cancelled_by is None:
+                now = self._clock()
+                row.cancelled_by = by_uid
+                if row.stop_requested_at is None:
+                    row.stop_requested_at = now
+                row.reason = reason
+                self._event(
+                    session, now, workload_id, "cancel-requested", reason, f"stopping: {reason}"
+                )
+            return convert.workload_record(row)
+
+    def mark_lost(self, workload_id: str, reason: str = LOST_REASON) -> WorkloadRecord:
+        """A running or paused workload whose process did not survive the service's restart:
+        -> failed (cancelled if a user had cancelled it), with ``reason``.
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running or paused.
+        """
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "mark_lost")
+            phase = FAILED if row.cancelled_by is None else CANCELLED
+            self._finish(session, row, phase, reason, None)
+            return convert.workload_record(row)
+
+    def get(self, workload_id: str) -> WorkloadRecord:
+        """The workload ``workload_id``.
+
+        Raises:
+            NotFound: no such workload.
+        """
+        with self._read() as session:
+            row = session.get(WorkloadRow, workload_id)
+            if row is None:
+                raise NotFound("workload", workload_id)
+            return convert.workload_record(row)
+
+    def list_workloads(
+        self,
+        phases: Iterable[str] | None = None,
+        *,
+        queue: str | None = None,
+        owner_uid: int | None = None,
+    ) -> builtins.list[WorkloadRecord]:
+        """Workloads in submission order, optionally only those in ``phases``, in ``queue``
+        or of ``owner_uid``."""
+        query = select(WorkloadRow).order_by(WorkloadRow.submitted_at, WorkloadRow.id)
+        if phases is not None:
+            query = query.where(WorkloadRow.phase.in_(builtins.list(phases)))
+        if queue is not None:
+            query = query.where(WorkloadRow.queue == queue)
+        if owner_uid is not None:
+            query = query.where(WorkloadRow.owner_uid == owner_uid)
+        with self._read() as session:
+            return [convert.workload_record(r) for r in session.scalars(query)]
+
+    def running_records(self) -> builtins.list[WorkloadRecord]:
+        """Workloads that hold an allocation (running or paused): after a restart, re-adopt
+        each whose process lives (pid and create_time match), :meth:`mark_lost` the rest."""
+        return self.list_workloads(HOLDING_PHASES)
+
+    def core_workloads(
+        self, node_index: Mapping[str, int] | None = None
+    ) -> builtins.list[Workload]:
+        """The active (pending, running, paused) workloads as the decision core sees them."""
+        return [to_core(r, node_index) for r in self.list_workloads(ACTIVE_PHASES)]
+
+    @staticmethod
+    def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None) -> Workload:
+        """See :func:`fgpu.store.records.to_core`."""
+        return to_core(record, node_index)
+
+    # Spelt as in the issue; ``list`` would shadow the builtin in annotations above.
+    list = list_workloads
