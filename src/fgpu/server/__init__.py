@@ -1,0 +1,1 @@
+"""The single-machine service: API, use-cases and the scheduling loop."""

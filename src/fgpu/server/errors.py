@@ -1,0 +1,38 @@
+"""Errors the service raises for the API to turn into 4xx answers."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """A refusal with an HTTP status, the field concerned and the reason, for users."""
+
+    status = 400
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class BadRequest(ServiceError):
+    """Invalid input (422)."""
+
+    status = 422
+
+
+class NotFoundError(ServiceError):
+    """No such workload, queue or node (404)."""
+
+    status = 404
+
+
+class Forbidden(ServiceError):
+    """The caller may not do this (403)."""
+
+    status = 403
+
+
+class Conflict(ServiceError):
+    """The object is not in a state that allows this (409)."""
+
+    status = 409

@@ -1,0 +1,110 @@
+"""From a submission on the wire to a validated :class:`fgpu.model.types.Request`.
+
+Every refusal is a :class:`BadRequest` naming the field and the reason (DESIGN.md section 4:
+a fraction is in (0, 1), a count a positive integer, ``gpu-memory`` must fit the largest
+eligible GPU, unknown models are refused), and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fgpu.model.catalog import UnknownGpuModelError, canonical_name
+from fgpu.model.types import InvalidRequestError, Request
+from fgpu.model.units import (
+    UnitError,
+    parse_cpu_milli,
+    parse_gpu_fraction,
+    parse_gpu_request,
+    parse_memory_mib,
+)
+from fgpu.sched.workload import parse_priority
+from fgpu.server.errors import BadRequest
+from fgpu.wire import SubmitRequest
+
+MAX_GRACE_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """A checked submission."""
+
+    request: Request
+    priority: int
+    argv: list[str]
+    name: str
+
+
+def _unit(field: str, parse: object, text: str) -> int:
+    try:
+        value = parse(text, field)  # type: ignore[operator]
+    except UnitError as exc:
+        raise BadRequest(field, exc.reason) from None
+    return int(value)
+
+
+def parse_submission(body: SubmitRequest) -> Submission:
+    """Check a submission and build its request.
+
+    Raises:
+        BadRequest: naming the field and the reason.
+    """
+    if not body.command or not all(part for part in body.command):
+        raise BadRequest("command", "give a command to run (non-empty arguments)")
+    if body.mig_profile is not None:
+        if body.gpu is not None or body.gpu_memory is not None:
+            raise BadRequest(
+                "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
+            )
+        raise BadRequest("mig_profile", "MIG instances are not supported by this service yet")
+    count = 0
+    milli: int | None = None
+    if body.gpu is not None:
+        count, milli = _gpu(body.gpu)
+    if body.gpu_fraction is not None:
+        if body.gpu is None or count < 1 or milli != 1000:
+            raise BadRequest(
+                "gpu_fraction",
+                "--gpu-fraction needs a whole GPU count, e.g. -g 2 --gpu-fraction 0.3",
+            )
+        milli = _unit("gpu_fraction", parse_gpu_fraction, body.gpu_fraction)
+    memory: int | None = None
+    if body.gpu_memory is not None:
+        memory = _unit("gpu_memory", parse_memory_mib, body.gpu_memory)
+        if count == 0:
+            count = 1
+        elif milli == 1000 and body.gpu_fraction is None:
+            raise BadRequest("gpu_memory", "whole GPUs get all their memory; drop --gpu-memory")
+    models: set[str] = set()
+    for name in body.gpu_model:
+        for part in name.split(","):
+            if not part.strip():
+                continue
+            try:
+                models.add(canonical_name(part))
+            except UnknownGpuModelError as exc:
+                raise BadRequest("gpu_model", str(exc).removeprefix("gpu_model: ")) from None
+    if models and count == 0:
+        raise BadRequest("gpu_model", "--gpu-model needs a GPU request (-g or --gpu-memory)")
+    cpu = _unit("cpu", parse_cpu_milli, body.cpu) if body.cpu else 0
+    host_memory = _unit("memory", parse_memory_mib, body.memory) if body.memory else 0
+    try:
+        priority = parse_priority(body.priority)
+    except InvalidRequestError as exc:
+        raise BadRequest("priority", exc.reason) from None
+    if not math.isfinite(body.grace_s) or not 0 <= body.grace_s <= MAX_GRACE_S:
+        raise BadRequest("grace_s", f"must be between 0 and {MAX_GRACE_S:g} seconds")
+    try:
+        request = Request(cpu, host_memory, count, milli, memory, frozenset(models))
+    except InvalidRequestError as exc:
+        raise BadRequest(exc.field, exc.reason) from None
+    name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
+    return Submission(request, priority, list(body.command), name[:200])
+
+
+def _gpu(text: str) -> tuple[int, int]:
+    try:
+        return parse_gpu_request(text, "gpu")
+    except UnitError as exc:
+        raise BadRequest("gpu", exc.reason) from None

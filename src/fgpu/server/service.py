@@ -1,0 +1,628 @@
+"""The single-machine service: use-cases and the scheduling loop (issue "Single-machine GPU
+sharing service"; DESIGN.md sections 1, 2, 5, 8).
+
+:class:`Service` is what the API routes call. It validates submissions, keeps every state
+change in the store (with an event) *before* acting on it, and runs the scheduling loop:
+each round rebuilds the cluster state from the store, asks the decision core
+(:class:`fgpu.sched.decide.Scheduler`), and executes the actions through the node agent
+(:class:`fgpu.agent.launcher.Launcher`). The loop wakes on submissions, cancellations,
+queue changes and process exits (each process is watched through a Linux pidfd, so nothing
+polls), and on a slow tick for the time-based rules (``min_runtime``, aging, reservation).
+
+Stopping a workload (preemption or cancel): the store records the stop first, then the
+agent sends SIGTERM to the workload's process group, waits the grace period and sends
+SIGKILL; the exit watcher then records the outcome: back to ``pending`` for a preempted
+workload (it restarts later from the same command), ``cancelled`` for a cancelled one.
+
+Restart safety: on start, each workload the store has as running is re-adopted when its
+process still lives (pid and start time match, see :meth:`Launcher.is_same_process`);
+when its process ended while the service was down and left its exit record, the recorded
+outcome is kept; otherwise it is marked failed, "lost while the service was down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fgpu.agent.backend import GpuBackend, detect_backend
+from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
+from fgpu.agent.process import ProcessHandle, ProcessStatus
+from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.plugins import create_policy
+from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.state import ClusterState
+from fgpu.sched.workload import Place, Preempt, Resources, Wait
+from fgpu.server import views
+from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
+from fgpu.server.machine import Machine, discover
+from fgpu.server.requests import parse_submission
+from fgpu.store import Store
+from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
+from fgpu.store.records import (
+    ACTIVE_PHASES,
+    CANCELLED,
+    FAILED,
+    PENDING,
+    SUCCEEDED,
+    QueueConfig,
+    QueueLimit,
+    WorkloadRecord,
+)
+from fgpu.wire import (
+    EventView,
+    NodeView,
+    QueueBody,
+    QueueView,
+    SubmitRequest,
+    WorkloadDetail,
+    WorkloadView,
+)
+
+log = logging.getLogger("fgpu.server")
+
+DEFAULT_QUEUE = "default"
+TICK_S = 5.0
+"""Slow tick for the time-based rules; everything else wakes the loop directly."""
+TARGET_WINDOW = 1000
+"""FGD's target workload is learned from this many most recent submissions."""
+FALLBACK_TARGET = TargetWorkload(
+    (TaskType(0, 250, 1, "", 1), TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1))
+)
+"""Target workload before anything was submitted: quarter, half and whole GPUs."""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who calls: the uid from the socket's peer credentials (or the token's owner)."""
+
+    uid: int
+    admin: bool
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/fgpu`` or ``~/.local/state/fgpu`` (``/var/lib/fgpu`` as root)."""
+    if os.geteuid() == 0 and "XDG_STATE_HOME" not in os.environ:
+        return Path("/var/lib/fgpu")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fgpu"
+
+
+class Service:
+    """Use-cases of the single-machine service and its scheduling loop.
+
+    Args:
+        store: the store (state of record).
+        backend: GPU backend.
+        launcher: process launcher.
+        state_dir: folder for logs and process handles.
+        policy: placement policy name (``fgd`` learns its target from recent submissions).
+        admins: uids allowed to manage queues and other users' work (root always is).
+        config: decision-core knobs.
+        agent_socket: path given to workloads as ``FGPU_AGENT_SOCKET``.
+        clock: time source (seconds).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        backend: GpuBackend,
+        launcher: Launcher,
+        state_dir: Path,
+        *,
+        policy: str = "fgd",
+        admins: frozenset[int] = frozenset(),
+        config: SchedulerConfig | None = None,
+        agent_socket: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
+        self.store = store
+        self.backend = backend
+        self.launcher = launcher
+        self.state_dir = state_dir
+        self.log_dir = state_dir / "logs"
+        self.policy_name = policy
+        self.admins = admins
+        self.config = config or SchedulerConfig()
+        self.agent_socket = agent_socket
+        self.clock = clock
+        self.machine: Machine = discover(backend)
+        self._lock = threading.RLock()
+        self._handles: dict[str, ProcessHandle] = {}
+        self._pidfds: dict[str, int] = {}
+        self._reasons: dict[str, str] = {}
+        self._last: Decision | None = None
+        self._target_key: tuple[Request, ...] | None = None
+        self._scheduler = self._make_scheduler(FALLBACK_TARGET)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._background: set[asyncio.Task[object]] = set()
+        self._register_inventory()
+
+    # ----------------------------------------------------------------- composition
+    @classmethod
+    def create(
+        cls,
+        *,
+        db: str | None = None,
+        simulate_gpus: str | None = None,
+        policy: str = "fgd",
+        state_dir: Path | None = None,
+        admins: frozenset[int] = frozenset(),
+        agent_socket: str = "",
+        config: SchedulerConfig | None = None,
+    ) -> Service:
+        """The composition root: store, GPU backend, launcher, service.
+
+        Raises:
+            ValueError: a bad ``simulate_gpus`` spec or policy name.
+        """
+        folder = state_dir or default_state_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        store = Store.open(db if db else folder / "fgpu.db")
+        backend = detect_backend(simulate_gpus, log)
+        return cls(
+            store,
+            backend,
+            Launcher(),
+            folder,
+            policy=policy,
+            admins=admins,
+            config=config,
+            agent_socket=agent_socket,
+        )
+
+    def _register_inventory(self) -> None:
+        from fgpu.store.records import GpuRecord, NodeRecord
+
+        for node in self.machine.nodes:
+            self.store.upsert_node(
+                NodeRecord(
+                    node.name,
+                    node.cpu_milli,
+                    node.memory_mib,
+                    tuple(
+                        GpuRecord(i, d.uuid, d.model, d.memory_mib, d.mig_enabled)
+                        for i, d in enumerate(self.machine.devices[node.name])
+                    ),
+                )
+            )
+        capacity = sum(n.gpu_count for n in self.machine.nodes) * 1000
+        self.store.ensure_queue(QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity)))
+
+    def _make_scheduler(self, target: TargetWorkload) -> Scheduler:
+        policy = create_policy(self.policy_name, target=target, rng=np.random.default_rng(0))
+        return Scheduler(policy, self.config)
+
+    # ------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Recover what ran before, then start the scheduling loop (in the running loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        await asyncio.to_thread(self._recover)
+        self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
+        self.wake()
+
+    async def stop(self) -> None:
+        """Stop the loop; running workloads keep running and are re-adopted next start."""
+        self._stopping = True
+        self.wake()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._background):
+            task.cancel()
+        loop = self._loop
+        if loop is not None:
+            for handle in self._handles.values():
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
+        self.store.close()
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopping
+
+    def wake(self) -> None:
+        """Ask for a scheduling round soon (thread-safe)."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    async def _run_loop(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
+            self._wake.clear()
+            if self.stopping:
+                break
+            try:
+                await asyncio.to_thread(self.schedule_once)
+            except Exception:  # keep serving; the error is a bug to fix, not to hide
+                log.exception("scheduling round failed")
+
+    # --------------------------------------------------------------- scheduling
+    def schedule_once(self) -> Decision:
+        """One scheduling round: decide, record, act. Returns the decision."""
+        with self._lock:
+            now = self.clock()
+            workloads = self.store.core_workloads(self._node_index())
+            state = ClusterState(self.machine.nodes)
+            for w in workloads:
+                if w.allocation is not None:
+                    state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+            self._refresh_target()
+            tree = self.store.queue_tree()
+            holds = self.store.load_holds()
+            decision = self._scheduler.decide(now, state, tree, workloads, holds)
+            self.store.save_holds(decision.holds)
+            self._last = decision
+            self._reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            for action in decision.actions:
+                if isinstance(action, Place):
+                    self._start(action.workload, action.allocation)
+                elif isinstance(action, Preempt):
+                    self._stop(action.victim, action.reason)
+            return decision
+
+    def _node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.machine.nodes)}
+
+    def _refresh_target(self) -> None:
+        """FGD's target workload from recent submissions with explicit shares."""
+        if not self.policy_name.startswith("fgd"):
+            return
+        recent = self.store.list_workloads(None)[-TARGET_WINDOW:]
+        requests = tuple(r.request for r in recent if r.request.gpu_milli is not None)
+        if requests == self._target_key:
+            return
+        self._target_key = requests
+        target = TargetWorkload.from_requests(requests) if requests else FALLBACK_TARGET
+        self._scheduler = self._make_scheduler(target)
+
+    def _start(self, workload_id: str, allocation: Allocation) -> None:
+        record = self.store.get(workload_id)
+        uuids = self.machine.uuids(allocation.node_name, allocation.gpus)
+        self.store.mark_running(workload_id, allocation, gpu_uuids=uuids)
+        spec = LaunchSpec(
+            workload_id=workload_id,
+            argv=list(record.argv),
+            log_dir=self.log_dir,
+            shell=record.shell,
+            cwd=record.cwd,
+            env=dict(record.env),
+            uid=record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None,
+            gpu_uuids=uuids,
+            compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
+            memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
+            agent_socket=self.agent_socket,
+        )
+        try:
+            handle = self.launcher.launch(spec)
+        except LaunchError as exc:
+            self.store.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
+            return
+        self._save_handle(handle)
+        self.store.attach_process(
+            workload_id,
+            handle.pid,
+            handle.create_time,
+            stdout_path=str(handle.stdout_path),
+            stderr_path=str(handle.stderr_path),
+        )
+        self._watch(handle)
+
+    def _stop(self, workload_id: str, reason: str) -> None:
+        """Record the stop, then signal the process (grace period, then SIGKILL)."""
+        record = self.store.get(workload_id)
+        if record.stop_requested_at is None:
+            self.store.mark_stopping(workload_id, reason)
+        handle = self._handles.get(workload_id)
+        if handle is None or self._loop is None:
+            return
+        grace = record.grace_s
+        future = asyncio.run_coroutine_threadsafe(
+            self.launcher.terminate_async(handle, grace), self._loop
+        )
+        future.add_done_callback(lambda f: f.exception())
+
+    # ------------------------------------------------------------ process watching
+    def _watch(self, handle: ProcessHandle) -> None:
+        """Call :meth:`_exited` when the workload's wrapper process ends (pidfd)."""
+        self._handles[handle.workload_id] = handle
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            fd = os.pidfd_open(handle.pid)
+        except ProcessLookupError:
+            loop.call_soon_threadsafe(self._exited_soon, handle.workload_id)
+            return
+
+        def add() -> None:
+            self._pidfds[handle.workload_id] = fd
+            loop.add_reader(fd, self._exited_soon, handle.workload_id)
+
+        loop.call_soon_threadsafe(add)
+
+    def _exited_soon(self, workload_id: str) -> None:
+        fd = self._pidfds.pop(workload_id, None)
+        if fd is not None and self._loop is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+        task = asyncio.ensure_future(asyncio.to_thread(self._exited, workload_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _exited(self, workload_id: str) -> None:
+        """Record how a workload's process ended and wake the loop."""
+        handle = self._handles.get(workload_id)
+        if handle is None:
+            return
+        state = self.launcher.poll(handle)
+        deadline = time.monotonic() + 5.0
+        while state.status is ProcessStatus.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.05)  # the wrapper is gone; its group's last members are exiting
+            state = self.launcher.poll(handle)
+        with self._lock:
+            self._handles.pop(workload_id, None)
+            self._record_end(workload_id, state.exit_code, state.reason)
+        self.wake()
+
+    def _record_end(self, workload_id: str, code: int | None, why: str | None) -> None:
+        try:
+            record = self.store.get(workload_id)
+        except NotFound:
+            return
+        if record.phase not in ("running", "paused"):
+            return
+        if record.cancelled_by is not None:
+            self.store.mark_finished(workload_id, CANCELLED, exit_code=code, reason=record.reason)
+        elif record.stop_requested_at is not None:
+            self.store.mark_preempted(workload_id, record.reason or "preempted")
+        elif code == 0:
+            self.store.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
+        else:
+            detail = f"exit code {code}" + (f" ({why})" if why else "")
+            self.store.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
+
+    def _handle_path(self, workload_id: str) -> Path:
+        return self.log_dir / workload_id / "handle.json"
+
+    def _save_handle(self, handle: ProcessHandle) -> None:
+        path = self._handle_path(handle.workload_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(handle.to_dict()))
+        os.replace(tmp, path)
+
+    def _recover(self) -> None:
+        """Re-adopt live processes of running workloads; settle the others."""
+        with self._lock:
+            for record in self.store.running_records():
+                path = self._handle_path(record.id)
+                handle = None
+                if path.is_file():
+                    with contextlib.suppress(ValueError, KeyError, OSError):
+                        handle = ProcessHandle.from_dict(json.loads(path.read_text()))
+                if handle is not None and self.launcher.is_same_process(handle):
+                    log.info("re-adopted workload %s (pid %d)", record.id, handle.pid)
+                    self._watch(handle)
+                    if record.stop_requested_at is not None:  # finish what was started
+                        self._handles[record.id] = handle
+                        self._stop(record.id, record.reason)
+                    continue
+                exit_record = self.launcher.exit_record(handle) if handle is not None else None
+                if exit_record is not None:
+                    self._record_end(record.id, exit_record.code, exit_record.reason)
+                elif record.stop_requested_at is not None and record.cancelled_by is None:
+                    self.store.mark_preempted(record.id, record.reason or "preempted")
+                else:
+                    self.store.mark_lost(record.id)
+
+    # ------------------------------------------------------------------ use-cases
+    def _is_admin(self, caller: Caller) -> bool:
+        return caller.admin or caller.uid == 0 or caller.uid in self.admins
+
+    def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView:
+        """Validate and store a submission, then wake the loop.
+
+        Raises:
+            BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
+                never fit this machine (with the per-node reason).
+        """
+        sub = parse_submission(body)
+        tree = self.store.queue_tree()
+        if body.queue not in tree:
+            known = ", ".join(sorted(tree.specs))
+            raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
+        if body.queue not in tree.leaves:
+            raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
+        empty = ClusterState(self.machine.nodes)
+        ok, _ = empty.feasible(sub.request)
+        if not ok.any():
+            raise BadRequest("request", f"can never fit this machine: {empty.explain(sub.request)}")
+        try:
+            record = self.store.submit(
+                owner_uid=caller.uid,
+                queue=body.queue,
+                request=sub.request,
+                argv=sub.argv,
+                name=sub.name,
+                priority=sub.priority,
+                preemptible=body.preemptible,
+                shell=body.shell,
+                cwd=body.cwd,
+                env=body.env,
+                grace_s=body.grace_s,
+            )
+        except InvalidRequestError as exc:
+            raise BadRequest(exc.field, exc.reason) from None
+        self.wake()
+        return views.workload(record, self._reasons.get(record.id))
+
+    def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
+        """Active workloads (all with ``include_done``), oldest first."""
+        phases = None if include_done else ACTIVE_PHASES
+        return [
+            views.workload(r, self._reasons.get(r.id)) for r in self.store.list_workloads(phases)
+        ]
+
+    def get_workload(self, workload_id: str) -> WorkloadDetail:
+        """One workload with its events and, while pending, why it waits.
+
+        Raises:
+            NotFoundError: unknown id.
+        """
+        record = self._get(workload_id)
+        events = self.store.events(workload_id)
+        return views.detail(record, self._reasons.get(workload_id), events)
+
+    def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
+        """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL).
+
+        Raises:
+            NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
+        """
+        with self._lock:
+            try:
+                record = self.store.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
+            except NotFound:
+                raise NotFoundError("id", f"no workload {workload_id!r}") from None
+            except PermissionDenied as exc:
+                raise Forbidden("id", str(exc)) from None
+            except StoreConflict as exc:
+                raise Conflict("id", str(exc)) from None
+            if record.phase in ("running", "paused"):
+                self._stop(workload_id, record.reason)
+        self.wake()
+        return views.workload(record, None)
+
+    def log_path(self, workload_id: str, stream: str) -> Path:
+        """The workload's stdout or stderr log file.
+
+        Raises:
+            NotFoundError: unknown id; BadRequest: stream not stdout/stderr.
+        """
+        if stream not in ("stdout", "stderr"):
+            raise BadRequest("stream", "must be stdout or stderr")
+        self._get(workload_id)
+        return self.log_dir / workload_id / f"{stream}.log"
+
+    def _get(self, workload_id: str) -> WorkloadRecord:
+        try:
+            return self.store.get(workload_id)
+        except NotFound:
+            raise NotFoundError("id", f"no workload {workload_id!r}") from None
+
+    # -------------------------------------------------------------------- queues
+    def _queue_config(self, body: QueueBody, name: str | None = None) -> QueueConfig:
+        for field_name, value in (("quota", body.quota), ("limit", body.limit)):
+            if value is not None and (value != value or value < 0 or value > 1e6):
+                raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
+        limit = (
+            QueueLimit(gpu_milli=round(body.limit * 1000))
+            if body.limit is not None
+            else QueueLimit()
+        )
+        return QueueConfig(
+            name or body.name,
+            parent=body.parent,
+            quota=Resources(gpu_milli=round(body.quota * 1000)),
+            limit=limit,
+            over_quota_weight=body.over_quota_weight,
+            priority=body.priority,
+        )
+
+    def _queue_change(self, caller: Caller, change: Callable[[], object]) -> None:
+        if not self._is_admin(caller):
+            raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
+        try:
+            with self._lock:
+                change()
+        except InvalidRequestError as exc:
+            raise BadRequest(exc.field, exc.reason) from None
+        except NotFound as exc:
+            raise NotFoundError("name", str(exc)) from None
+        except StoreConflict as exc:
+            raise Conflict("name", str(exc)) from None
+        self.wake()
+
+    def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
+        """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
+        config = self._queue_config(body)
+        self._queue_change(caller, lambda: self.store.create_queue(config))
+        return self._queue_view(config.name)
+
+    def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
+        """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
+        config = self._queue_config(body, name)
+        self._queue_change(caller, lambda: self.store.update_queue(config))
+        return self._queue_view(name)
+
+    def delete_queue(self, caller: Caller, name: str) -> None:
+        """Remove an empty queue (admins). Raises NotFoundError, Conflict, Forbidden."""
+        self._queue_change(caller, lambda: self.store.delete_queue(name))
+
+    def list_queues(self) -> list[QueueView]:
+        """Every queue with its quota, fair share and use."""
+        return [self._queue_view(q.name) for q in self.store.list_queues()]
+
+    def _queue_view(self, name: str) -> QueueView:
+        try:
+            record = self.store.get_queue(name)
+        except NotFound:
+            raise NotFoundError("name", f"no queue {name!r}") from None
+        records = self.store.list_workloads(ACTIVE_PHASES, queue=name)
+        last = self._last
+        fair = last.fair_share.get(name) if last else None
+        return views.queue(record, records, fair.gpu_milli if fair else 0)
+
+    # ---------------------------------------------------------------- nodes, events
+    def nodes(self) -> list[NodeView]:
+        """Nodes and GPUs with the shares they hold and, where known, live use."""
+        running = self.store.list_workloads(("running", "paused"))
+        usage: dict[str, int] = {}
+        with contextlib.suppress(Exception):
+            for proc in self.backend.process_memory():
+                usage[proc.gpu_uuid] = usage.get(proc.gpu_uuid, 0) + proc.used_mib
+        util: dict[str, int] = {}
+        with contextlib.suppress(Exception):
+            util = self.backend.utilization()
+        return [
+            views.node(
+                node, self.machine.devices[node.name], running, usage, util, self.backend.kind
+            )
+            for node in self.machine.nodes
+        ]
+
+    def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
+        """Events after ``after_id`` (all when None), oldest first."""
+        if limit < 1 or limit > 10_000:
+            raise BadRequest("limit", "must be between 1 and 10000")
+        return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
+
+    def pending_reason(self, workload_id: str) -> str | None:
+        """Why a pending workload waits, as of the last round."""
+        return self._reasons.get(workload_id)
+
+
+__all__ = ["PENDING", "Caller", "Service"]

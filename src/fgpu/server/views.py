@@ -1,0 +1,144 @@
+"""Store records -> API wire views (no logic beyond shaping)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fgpu.agent.backend import GpuDevice
+from fgpu.model.types import Node
+from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
+from fgpu.wire import (
+    EventView,
+    GpuGrant,
+    GpuHolder,
+    GpuView,
+    NodeView,
+    QueueView,
+    ResourceRequest,
+    WorkloadDetail,
+    WorkloadView,
+)
+
+
+def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
+    """The list view; a pending workload's reason is why it waits (last round)."""
+    r = record.request
+    grants: list[GpuGrant] = []
+    a = record.allocation
+    if a is not None and record.holds_allocation:
+        uuids = a.gpu_uuids or ("",) * len(a.gpus)
+        grants = [
+            GpuGrant(node=a.node_name, index=g, uuid=u, compute_milli=m, memory_mib=mm)
+            for g, u, m, mm in zip(a.gpus, uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
+        ]
+    reason = record.reason
+    if record.phase == "pending" and wait_reason:
+        reason = wait_reason
+    preemptible = record.preemptible if record.preemptible is not None else record.priority < 100
+    return WorkloadView(
+        id=record.id,
+        name=record.name,
+        owner_uid=record.owner_uid,
+        phase=record.phase,
+        queue=record.queue,
+        priority=record.priority,
+        preemptible=preemptible,
+        request=ResourceRequest(
+            gpu_count=r.gpu_count,
+            gpu_milli=r.gpu_milli,
+            gpu_memory_mib=r.gpu_memory_mib,
+            gpu_models=sorted(r.gpu_models),
+            cpu_milli=r.cpu_milli,
+            memory_mib=r.memory_mib,
+        ),
+        gpus=grants,
+        command=list(record.argv),
+        submitted_at=record.submitted_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        exit_code=record.exit_code,
+        reason=reason,
+        restarts=record.restarts,
+    )
+
+
+def event(record: EventRecord) -> EventView:
+    """One event."""
+    return EventView(
+        id=record.id,
+        workload_id=record.workload_id,
+        time=record.time,
+        kind=record.kind,
+        reason=record.reason,
+        message=record.message,
+    )
+
+
+def detail(
+    record: WorkloadRecord, wait_reason: str | None, events: Sequence[EventRecord]
+) -> WorkloadDetail:
+    """The describe view: the workload and its events."""
+    base = workload(record, wait_reason)
+    return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
+
+
+def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int) -> QueueView:
+    """A queue with its use (from its active workloads) and last fair share."""
+    c = record.config
+    allocated = sum(
+        sum(w.allocation.gpu_milli) for w in active if w.allocation and w.holds_allocation
+    )
+    return QueueView(
+        name=c.name,
+        parent=c.parent,
+        quota_milli=c.quota.gpu_milli,
+        limit_milli=c.limit.gpu_milli,
+        over_quota_weight=c.over_quota_weight,
+        priority=c.priority,
+        allocated_milli=allocated,
+        fair_share_milli=fair_milli,
+        pending=sum(1 for w in active if w.phase == "pending"),
+        running=sum(1 for w in active if w.holds_allocation),
+    )
+
+
+def node(
+    spec: Node,
+    devices: Sequence[GpuDevice],
+    running: Sequence[WorkloadRecord],
+    used_mib: Mapping[str, int],
+    utilization: Mapping[str, int],
+    backend: str,
+) -> NodeView:
+    """A node with each GPU's holders."""
+    gpus: list[GpuView] = []
+    for index, device in enumerate(devices):
+        holders = [
+            GpuHolder(workload_id=w.id, name=w.name, compute_milli=m, memory_mib=mm)
+            for w in running
+            if w.allocation is not None and w.allocation.node_name == spec.name
+            for g, m, mm in zip(
+                w.allocation.gpus, w.allocation.gpu_milli, w.allocation.gpu_memory_mib, strict=True
+            )
+            if g == index
+        ]
+        gpus.append(
+            GpuView(
+                index=device.index,
+                uuid=device.uuid,
+                model=device.model,
+                memory_mib=device.memory_mib,
+                allocated_milli=sum(h.compute_milli for h in holders),
+                allocated_memory_mib=sum(h.memory_mib for h in holders),
+                holders=holders,
+                used_memory_mib=used_mib.get(device.uuid),
+                utilization_pct=utilization.get(device.uuid),
+            )
+        )
+    return NodeView(
+        name=spec.name,
+        backend=backend,
+        cpu_milli=spec.cpu_milli,
+        memory_mib=spec.memory_mib,
+        gpus=gpus,
+    )

@@ -1,0 +1,215 @@
+"""Wire models of the REST API (``/v1``), shared by the server and the client.
+
+Pydantic models only: no fgpu internals, so the client depends on nothing else. Units on
+the wire follow DESIGN.md section 3: compute in milli-GPU, memory in MiB, CPU in
+milli-cores, times in seconds since the epoch. Requests accept the human forms the CLI
+takes (``"0.5"``, ``"5GiB"``); the server validates them with :mod:`fgpu.model.units` and
+answers 422 with ``{"detail": {"field": ..., "reason": ...}}`` when they are wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/v1"
+
+SOCKET_ENV = "FGPU_SOCKET"
+"""Environment variable naming the server's Unix socket (client and server)."""
+
+LOG_OFFSET_HEADER = "X-Fgpu-Log-Offset"
+"""``GET /v1/workloads/{id}/logs`` answers the log bytes from ``offset``; this header holds the
+offset to ask for next (``offset`` + the bytes sent)."""
+
+SYSTEM_SOCKET = Path("/run/fgpu/fgpu.sock")
+"""The socket of a server started by root; clients fall back to it."""
+
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
+"""Phases a workload never leaves (DESIGN.md section 8)."""
+
+
+def default_socket_path(env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
+    """Where the server listens and the client connects when no socket is given.
+
+    ``/run/fgpu/fgpu.sock`` as root (a root server is the machine's shared service, and root's
+    own ``$XDG_RUNTIME_DIR`` is closed to other users), else ``$XDG_RUNTIME_DIR/fgpu/fgpu.sock``
+    when that variable is set, else ``/tmp/fgpu-$UID/fgpu.sock``. ``$FGPU_SOCKET`` is not read
+    here: the command line reads it as the ``--socket`` option's environment variable.
+
+    Args:
+        env: the environment to read (default: ``os.environ``).
+        uid: the user (default: the effective uid of this process).
+    """
+    env = os.environ if env is None else env
+    uid = os.geteuid() if uid is None else uid
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if uid == 0:
+        return SYSTEM_SOCKET
+    if runtime:
+        return Path(runtime) / "fgpu" / "fgpu.sock"
+    return Path(f"/tmp/fgpu-{uid}/fgpu.sock")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitRequest(_Strict):
+    """``POST /v1/workloads``."""
+
+    command: list[str] = Field(description="argv; with shell=true one shell command line")
+    shell: bool = False
+    name: str | None = None
+    gpu: str | None = Field(None, description="-g: a fraction '0.5' or a count '2'")
+    gpu_fraction: str | None = Field(None, description="share on each of several GPUs")
+    gpu_memory: str | None = Field(None, description="memory quota per GPU, e.g. '5GiB'")
+    gpu_model: list[str] = Field(default_factory=list)
+    mig_profile: str | None = None
+    cpu: str | None = Field(None, description="CPU cores, e.g. '2' or '500m'")
+    memory: str | None = Field(None, description="host memory, e.g. '8GiB'")
+    priority: str = "normal"
+    queue: str = "default"
+    preemptible: bool | None = None
+    grace_s: float = Field(30.0, description="SIGTERM to SIGKILL, seconds")
+    cwd: str = "/"
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class ResourceRequest(BaseModel):
+    """A workload's request in integer units."""
+
+    gpu_count: int
+    gpu_milli: int | None
+    gpu_memory_mib: int | None
+    gpu_models: list[str]
+    cpu_milli: int
+    memory_mib: int
+
+
+class GpuGrant(BaseModel):
+    """One GPU a workload holds."""
+
+    node: str
+    index: int
+    uuid: str
+    compute_milli: int
+    memory_mib: int
+
+
+class WorkloadView(BaseModel):
+    """A workload as listed (``fgpu ls --json``)."""
+
+    id: str
+    name: str
+    owner_uid: int
+    phase: str
+    queue: str
+    priority: int
+    preemptible: bool
+    request: ResourceRequest
+    gpus: list[GpuGrant]
+    command: list[str]
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    exit_code: int | None
+    reason: str
+    restarts: int
+
+
+class EventView(BaseModel):
+    """Something that happened, with its reason."""
+
+    id: int
+    workload_id: str | None
+    time: float
+    kind: str
+    reason: str
+    message: str
+
+
+class WorkloadDetail(WorkloadView):
+    """``GET /v1/workloads/{id}``: the workload plus its events."""
+
+    events: list[EventView]
+
+
+class QueueBody(_Strict):
+    """``POST /v1/queues`` and ``PUT /v1/queues/{name}``: GPU amounts in GPUs (fractions
+    allowed), like ``fgpu queue create team-a --quota 2``."""
+
+    name: str
+    parent: str | None = None
+    quota: float = 0.0
+    limit: float | None = None
+    over_quota_weight: float = 1.0
+    priority: int = 0
+
+
+class QueueView(BaseModel):
+    """A queue with its fair share and use (milli-GPU)."""
+
+    name: str
+    parent: str | None
+    quota_milli: int
+    limit_milli: int | None
+    over_quota_weight: float
+    priority: int
+    allocated_milli: int
+    fair_share_milli: int
+    pending: int
+    running: int
+
+
+class GpuHolder(BaseModel):
+    """A workload's share of one GPU."""
+
+    workload_id: str
+    name: str
+    compute_milli: int
+    memory_mib: int
+
+
+class GpuView(BaseModel):
+    """One GPU, what it holds, and live figures when the backend has them."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    allocated_milli: int
+    allocated_memory_mib: int
+    holders: list[GpuHolder]
+    used_memory_mib: int | None = None
+    utilization_pct: int | None = None
+
+
+class NodeView(BaseModel):
+    """``GET /v1/nodes``."""
+
+    name: str
+    backend: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: list[GpuView]
+
+
+class ErrorDetail(BaseModel):
+    """The body of a 4xx answer: which field and why."""
+
+    field: str
+    reason: str
+
+
+class Health(BaseModel):
+    """``GET /v1/healthz``: the server answers, and who it thinks the caller is."""
+
+    status: str = "ok"
+    version: str
+    server_uid: int
+    caller_uid: int | None = Field(
+        None, description="the caller's uid from peer credentials (Unix socket only)"
+    )
