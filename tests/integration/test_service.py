@@ -1,0 +1,274 @@
+"""The single-machine service in-process: real SQLite store, real processes, simulated GPUs.
+
+The three situations fgpu exists for (issue "Single-machine GPU sharing service"), plus
+restart recovery. The HTTP API and the CLI on top are tested in test_api*/test_cli_service*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fgpu.server.errors import BadRequest, Forbidden
+from fgpu.server.service import Caller, Service
+from fgpu.wire import QueueBody, SubmitRequest, WorkloadView
+
+ME = Caller(os.getuid(), admin=True)
+SLEEP = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))"]
+
+
+def job(seconds: float, **kw: object) -> SubmitRequest:
+    kw.setdefault("grace_s", 1.0)
+    return SubmitRequest(command=[*SLEEP, str(seconds)], **kw)  # type: ignore[arg-type]
+
+
+async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        if loop.time() > end:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def phases(svc: Service) -> dict[str, str]:
+    return {w.id: w.phase for w in svc.list_workloads(include_done=True)}
+
+
+def make(tmp_path: Path, gpus: str) -> Service:
+    return Service.create(simulate_gpus=gpus, state_dir=tmp_path, db=str(tmp_path / "fgpu.db"))
+
+
+def test_priority_preempts_batch_and_batch_runs_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            batch = svc.submit(ME, job(30, gpu="0.7", priority="low", name="batch"))
+            await until(lambda: phases(svc)[batch.id] == "running")
+            infer = svc.submit(ME, job(1.5, gpu="0.5", priority="critical", name="infer"))
+            await until(lambda: phases(svc)[infer.id] == "running")
+            b = svc.get_workload(batch.id)
+            assert b.phase == "pending"
+            assert b.restarts == 1
+            kinds = [e.kind for e in b.events]
+            assert kinds[:4] == ["submitted", "started", "process", "stopping"]
+            assert "preempted" in kinds
+            # the batch job comes back once the inference workload is done
+            await until(lambda: phases(svc)[infer.id] == "succeeded")
+            await until(lambda: phases(svc)[batch.id] == "running")
+            svc.cancel(ME, batch.id)
+            await until(lambda: phases(svc)[batch.id] == "cancelled")
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
+
+
+def test_five_3gib_workloads_share_a_16gib_gpu_and_a_sixth_waits_for_memory(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xT4")
+        await svc.start()
+        try:
+            ids = [svc.submit(ME, job(30, gpu_memory="3GiB")).id for _ in range(6)]
+            await until(lambda: sum(p == "running" for p in phases(svc).values()) == 5)
+            await asyncio.sleep(0.3)
+            listed = {w.id: w for w in svc.list_workloads()}
+            running = [w for w in listed.values() if w.phase == "running"]
+            assert len(running) == 5
+            assert all(g.memory_mib == 3072 and g.index == 0 for w in running for g in w.gpus)
+            waiting = [w for w in listed.values() if w.phase == "pending"]
+            assert len(waiting) == 1
+            assert "3072 MiB" in waiting[0].reason
+            top = svc.nodes()[0].gpus[0]
+            assert top.allocated_memory_mib == 5 * 3072
+            assert len(top.holders) == 5
+            for wid in ids:
+                if phases(svc)[wid] in ("running", "pending"):
+                    svc.cancel(ME, wid)
+            await until(lambda: all(p == "cancelled" for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
+
+
+def test_tenants_borrow_and_reclaim_without_ping_pong(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        svc = make(tmp_path, "4xA100-40GB")
+        await svc.start()
+        try:
+            for team in ("team-a", "team-b"):
+                svc.create_queue(ME, QueueBody(name=team, quota=2))
+
+            def held(queue: str) -> int:
+                return sum(
+                    g.compute_milli
+                    for w in svc.list_workloads()
+                    if w.queue == queue and w.phase == "running"
+                    for g in w.gpus
+                )
+
+            a = [svc.submit(ME, job(60, gpu="0.5", queue="team-a")).id for _ in range(10)]
+            # team-b is idle: team-a borrows all four GPUs
+            await until(lambda: held("team-a") == 4000)
+            b = [svc.submit(ME, job(60, gpu="0.5", queue="team-b")).id for _ in range(10)]
+            await until(lambda: held("team-b") == 2000 and held("team-a") == 2000)
+            await asyncio.sleep(TICK_WAIT)
+            assert held("team-a") == 2000
+            assert held("team-b") == 2000
+            # exactly the borrowed half of team-a was stopped, once each: no ping-pong
+            preempted = [w for w in svc.list_workloads() if w.queue == "team-a" and w.restarts]
+            assert len(preempted) == 4
+            assert all(w.restarts == 1 for w in preempted)
+            assert all(w.restarts == 0 for w in svc.list_workloads() if w.queue == "team-b")
+            for wid in a + b:
+                if phases(svc)[wid] in ("running", "pending"):
+                    svc.cancel(ME, wid)
+            await until(lambda: all(p == "cancelled" for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
+
+
+TICK_WAIT = 1.0
+
+
+def test_restart_readopts_live_processes_and_keeps_pending_ones(tmp_path: Path) -> None:
+    async def first() -> tuple[str, str, str]:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        run = svc.submit(ME, job(30, gpu="1"))
+        await until(lambda: svc.store.get(run.id).pid is not None)
+        short = svc.submit(ME, job(0.2, gpu="1"))
+        wait = svc.submit(ME, job(30, gpu="1"))
+        await asyncio.sleep(0.3)
+        # the service dies without cleaning up (no stop): processes keep running
+        assert svc._task is not None
+        svc._task.cancel()
+        return run.id, short.id, wait.id
+
+    run_id, short_id, wait_id = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            got = phases(svc)
+            assert sorted(got) == sorted([run_id, short_id, wait_id])  # nothing duplicated
+            assert got[run_id] == "running"
+            assert got[wait_id] == "pending"
+            svc.cancel(ME, run_id)
+            await until(lambda: phases(svc)[run_id] == "cancelled")
+            await until(lambda: phases(svc)[short_id] == "succeeded")
+            await until(lambda: phases(svc)[wait_id] == "running")
+            svc.cancel(ME, wait_id)
+            await until(lambda: phases(svc)[wait_id] == "cancelled")
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
+def test_a_process_that_died_while_down_is_marked_lost(tmp_path: Path) -> None:
+    async def first() -> tuple[str, int]:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        run = svc.submit(ME, job(30, gpu="0.5"))
+        await until(lambda: svc.store.get(run.id).pid is not None)
+        record = svc.store.get(run.id)
+        assert record.pid is not None
+        assert svc._task is not None
+        svc._task.cancel()
+        return run.id, record.pid
+
+    run_id, pid = asyncio.run(first())
+    os.kill(pid, signal.SIGKILL)  # the wrapper dies too, so no exit record is written
+    os.waitpid(pid, 0)
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            record = svc.get_workload(run_id)
+            assert record.phase == "failed"
+            assert record.reason == "lost while the service was down"
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "reason"),
+    [
+        (dict(gpu="0"), "gpu", "a GPU request must be positive"),
+        (dict(gpu="-1"), "gpu", "a GPU request must be positive"),
+        (dict(gpu="nan"), "gpu", "not a plain decimal number"),
+        (dict(gpu="1.5"), "gpu", "above 1 a GPU request is a whole number of GPUs"),
+        (dict(gpu="0.5", mig_profile="3g.20gb"), "mig_profile", "cannot be combined"),
+        (dict(gpu_memory="64GiB"), "request", "no GPU has 65536 MiB of memory"),
+        (dict(gpu="1", gpu_model=["X100"]), "gpu_model", "unknown GPU model 'X100'"),
+        (dict(gpu="1", gpu_model=["H100"]), "request", "can never fit this machine"),
+        (dict(gpu="2"), "request", "can never fit this machine"),
+        (dict(gpu="0.5", queue="nope"), "queue", "unknown queue 'nope'"),
+        (dict(gpu="0.5", priority="urgent"), "priority", "unknown priority 'urgent'"),
+        (dict(gpu="0.5", grace_s=-1.0), "grace_s", "must be between 0 and 3600 seconds"),
+    ],
+    ids=[
+        "zero",
+        "negative",
+        "nan",
+        "one-and-a-half",
+        "with-mig",
+        "memory-too-big",
+        "unknown-model",
+        "absent-model",
+        "too-many-gpus",
+        "unknown-queue",
+        "bad-priority",
+        "negative-grace",
+    ],
+)
+def test_bad_submissions_are_refused_and_nothing_is_stored(
+    tmp_path: Path, body: dict[str, object], field: str, reason: str
+) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    with pytest.raises(BadRequest) as caught:
+        svc.submit(ME, job(1, **body))
+    assert caught.value.field == field
+    assert reason in caught.value.reason
+    assert svc.list_workloads(include_done=True) == []
+    svc.store.close()
+
+
+def test_empty_command_and_other_users_cancel(tmp_path: Path) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    with pytest.raises(BadRequest, match="command: give a command"):
+        svc.submit(ME, SubmitRequest(command=[], gpu="0.5"))
+    mine = svc.submit(Caller(1000, False), job(1, gpu="0.5"))
+    with pytest.raises(Forbidden, match="uid 1001 may not cancel it"):
+        svc.cancel(Caller(1001, False), mine.id)
+    assert svc.get_workload(mine.id).phase == "pending"
+    with pytest.raises(Forbidden, match="may not manage queues"):
+        svc.create_queue(Caller(1001, False), QueueBody(name="x"))
+    svc.store.close()
+
+
+def test_views_round_trip(tmp_path: Path) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    view = svc.submit(ME, job(1, gpu="0.25", name="tiny"))
+    assert isinstance(view, WorkloadView)
+    assert view.request.gpu_milli == 250
+    assert view.name == "tiny"
+    assert view.phase == "pending"
+    svc.store.close()
