@@ -29,7 +29,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,7 @@ from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload, TaskType
 from fgpu.sched.state import ClusterState
-from fgpu.sched.workload import Place, Preempt, Resources, Wait
+from fgpu.sched.workload import Place, Preempt, Resources, Wait, Workload
 from fgpu.server import views
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
@@ -263,16 +263,7 @@ class Service:
     def schedule_once(self) -> Decision:
         """One scheduling round: decide, record, act. Returns the decision."""
         with self._lock:
-            now = self.clock()
-            workloads = self.store.core_workloads(self._node_index())
-            state = ClusterState(self.machine.nodes)
-            for w in workloads:
-                if w.allocation is not None:
-                    state.allocate(w.request, w.allocation.node, w.allocation.gpus)
-            self._refresh_target()
-            tree = self.store.queue_tree()
-            holds = self.store.load_holds()
-            decision = self._scheduler.decide(now, state, tree, workloads, holds)
+            decision = self.plan()
             self.store.save_holds(decision.holds)
             self._last = decision
             self._reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
@@ -283,15 +274,29 @@ class Service:
                     self._stop(action.victim, action.reason)
             return decision
 
+    def plan(self) -> Decision:
+        """Read the store and ask the decision core, without acting (what a round decides)."""
+        now = self.clock()
+        workloads = self.store.core_workloads(self._node_index())
+        state = ClusterState(self.machine.nodes)
+        for w in workloads:
+            if w.allocation is not None:
+                state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+        self._refresh_target(workloads)
+        tree = self.store.queue_tree()
+        holds = self.store.load_holds()
+        return self._scheduler.decide(now, state, tree, workloads, holds)
+
     def _node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.machine.nodes)}
 
-    def _refresh_target(self) -> None:
-        """FGD's target workload from recent submissions with explicit shares."""
+    def _refresh_target(self, workloads: Sequence[Workload]) -> None:
+        """FGD's target workload from the most recent active submissions with explicit
+        shares (the round has them in hand already)."""
         if not self.policy_name.startswith("fgd"):
             return
-        recent = self.store.list_workloads(None)[-TARGET_WINDOW:]
-        requests = tuple(r.request for r in recent if r.request.gpu_milli is not None)
+        recent = sorted(workloads, key=lambda w: w.submitted_at)[-TARGET_WINDOW:]
+        requests = tuple(w.request for w in recent if w.request.gpu_milli is not None)
         if requests == self._target_key:
             return
         self._target_key = requests
