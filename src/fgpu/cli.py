@@ -12,9 +12,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fgpu.client import cli_queues, cli_workloads
 from fgpu.model.types import InvalidRequestError
 from fgpu.plugins import UnknownPolicyError
 from fgpu.sched.decide import SchedulerConfig
+from fgpu.server.main import serve
 from fgpu.sim.experiment import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -48,6 +50,9 @@ from fgpu.sim.workloads import generate, load_workloads
 app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
 sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
+app.command(rich_help_panel="Service")(serve)
+cli_workloads.register(app)
+cli_queues.register(app)
 err = Console(stderr=True)
 # Tables keep their columns readable when stdout is a file or a pipe (CI logs).
 out = Console(width=None if Console().is_terminal else 120)

@@ -204,6 +204,12 @@ class ErrorDetail(BaseModel):
     reason: str
 
 
+class ErrorResponse(BaseModel):
+    """Every refusal: ``{"detail": {"field": ..., "reason": ...}}``."""
+
+    detail: ErrorDetail
+
+
 class Health(BaseModel):
     """``GET /v1/healthz``: the server answers, and who it thinks the caller is."""
 

@@ -1,0 +1,77 @@
+"""What the client commands share: connection options, consoles, errors and exit codes.
+
+Exit codes of every client command: 0 done; 1 the server refused (not allowed, not found,
+conflict) or cannot be reached; 2 bad usage or input (also the server's 422 answers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from fgpu.client.client import TOKEN_ENV, URL_ENV, Client, ClientError
+from fgpu.wire import SOCKET_ENV
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Tables keep their columns readable when stdout is a file or a pipe.
+out = Console(width=None if Console().is_terminal else 160, highlight=False)
+
+SocketOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--socket",
+        envvar=SOCKET_ENV,
+        help="The server's Unix socket (default: as `fgpu serve`).",
+        show_default=False,
+        rich_help_panel="Connection",
+    ),
+]
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        envvar=URL_ENV,
+        help=f"http://HOST:PORT of a server's TCP listener instead (token from ${TOKEN_ENV}).",
+        show_default=False,
+        rich_help_panel="Connection",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (for scripts).")]
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
+    raise typer.Exit(code)
+
+
+def exit_code(error: ClientError) -> int:
+    """2 for invalid input (400/422), else 1."""
+    return EXIT_USAGE if error.status in (400, 422) else EXIT_REFUSED
+
+
+@contextmanager
+def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
+    """A client for the command; a :class:`ClientError` inside ends the command with its
+    message and exit code."""
+    try:
+        client = (
+            Client(base_url=url, token=os.environ.get(TOKEN_ENV) or None) if url else Client(socket)
+        )
+    except ClientError as exc:
+        fail(str(exc), exit_code(exc))
+    try:
+        with client:
+            yield client
+    except ClientError as exc:
+        fail(str(exc), exit_code(exc))

@@ -1,0 +1,139 @@
+"""``fgpu queue create|ls|set|rm``: queues (tenants) with quota, limit, over-quota weight
+and priority (DESIGN.md section 5). GPU amounts are in GPUs, fractions allowed."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from fgpu.client import render
+from fgpu.client.cli_common import (
+    EXIT_REFUSED,
+    JsonOption,
+    SocketOption,
+    UrlOption,
+    connect,
+    err,
+    fail,
+    out,
+)
+from fgpu.wire import QueueBody, QueueView
+
+queue_app = typer.Typer(
+    help="Queues (tenants): quota, limit, weight, priority.", no_args_is_help=True
+)
+
+NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="Queue name.")]
+QuotaOption = Annotated[float | None, typer.Option(help="Guaranteed GPUs (fractions allowed).")]
+LimitOption = Annotated[float | None, typer.Option(help="Most GPUs it may hold (default: none).")]
+WeightOption = Annotated[
+    float | None, typer.Option(help="Share of spare GPUs beyond quota, relative to others.")
+]
+PriorityOption = Annotated[
+    int | None, typer.Option("--priority", help="Queue priority: higher gets spare GPUs first.")
+]
+ParentOption = Annotated[str | None, typer.Option(help="Parent queue.")]
+
+
+def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
+    if json_out:
+        print(render.to_json(view))
+    else:
+        err.print(escape(f"{verb} queue {view.name}"))
+        out.print(render.queues_table([view]))
+
+
+@queue_app.command("create")
+def create(
+    name: NameArgument,
+    quota: QuotaOption = None,
+    limit: LimitOption = None,
+    over_quota_weight: WeightOption = None,
+    priority: PriorityOption = None,
+    parent: ParentOption = None,
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Create a queue (root and admins)."""
+    fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
+    for key, value in (
+        ("quota", quota),
+        ("over_quota_weight", over_quota_weight),
+        ("priority", priority),
+    ):
+        if value is not None:
+            fields[key] = value
+    body = QueueBody.model_validate(fields)
+    with connect(socket, url) as client:
+        view = client.create_queue(body)
+    _print_queue(view, json_out, "created")
+
+
+@queue_app.command("ls")
+def list_queues(
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """List queues with quota, limit, fair share and use."""
+    with connect(socket, url) as client:
+        views = client.list_queues()
+    if json_out:
+        print(render.to_json(views))
+    else:
+        out.print(render.queues_table(views))
+
+
+@queue_app.command("set")
+def update(
+    name: NameArgument,
+    quota: QuotaOption = None,
+    limit: LimitOption = None,
+    no_limit: Annotated[bool, typer.Option("--no-limit", help="Remove the limit.")] = False,
+    over_quota_weight: WeightOption = None,
+    priority: PriorityOption = None,
+    parent: ParentOption = None,
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Change some of a queue's settings (root and admins); the others stay."""
+    if limit is not None and no_limit:
+        fail("--limit and --no-limit exclude each other")
+    with connect(socket, url) as client:
+        current = next((q for q in client.list_queues() if q.name == name), None)
+        if current is None:
+            fail(f"name: no queue {name!r}", EXIT_REFUSED)
+        kept_limit = None if current.limit_milli is None else current.limit_milli / 1000
+        body = QueueBody(
+            name=name,
+            parent=parent if parent is not None else current.parent,
+            quota=quota if quota is not None else current.quota_milli / 1000,
+            limit=None if no_limit else (limit if limit is not None else kept_limit),
+            over_quota_weight=(
+                over_quota_weight if over_quota_weight is not None else current.over_quota_weight
+            ),
+            priority=priority if priority is not None else current.priority,
+        )
+        view = client.update_queue(body)
+    _print_queue(view, json_out, "updated")
+
+
+@queue_app.command("rm")
+def remove(
+    name: NameArgument,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Remove a queue that holds no workloads (root and admins)."""
+    with connect(socket, url) as client:
+        client.delete_queue(name)
+    err.print(escape(f"removed queue {name}"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fgpu queue`` to the ``fgpu`` app."""
+    app.add_typer(queue_app, name="queue")

@@ -1,0 +1,255 @@
+"""Workload and machine commands: ``submit``, ``ls``, ``describe``, ``logs``, ``cancel``,
+``top``, ``nodes``. Each parses its options, calls the API once or a few times and renders;
+the server decides everything (DESIGN.md section 2: the CLI has no business logic)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from fgpu.client import render
+from fgpu.client.cli_common import (
+    JsonOption,
+    SocketOption,
+    UrlOption,
+    connect,
+    err,
+    fail,
+    out,
+)
+from fgpu.wire import TERMINAL_PHASES, SubmitRequest
+
+FOLLOW_INTERVAL_S = 0.5
+
+
+def submit(
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(help="The command and its arguments, after --.", show_default=False),
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "-g", "--gpu", help="A fraction of one GPU (0.5) or a count of whole GPUs (2)."
+        ),
+    ] = None,
+    gpu_fraction: Annotated[
+        str | None, typer.Option(help="With -g N: this share on each of N GPUs (0.3).")
+    ] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option(help="GPU memory per GPU: 5GiB, 5120MiB, 5G.")
+    ] = None,
+    gpu_model: Annotated[
+        list[str] | None,
+        typer.Option(help="Only on these GPU models (A100-80GB); repeatable or comma-separated."),
+    ] = None,
+    mig_profile: Annotated[str | None, typer.Option(help="A MIG instance (3g.40gb).")] = None,
+    cpu: Annotated[str | None, typer.Option(help="CPU cores: 2 or 500m.")] = None,
+    memory: Annotated[str | None, typer.Option(help="Host memory: 8GiB.")] = None,
+    priority: Annotated[
+        str,
+        typer.Option("-p", "--priority", help="very-low, low, normal, high, critical or a number."),
+    ] = "normal",
+    queue: Annotated[str, typer.Option("-q", "--queue", help="The queue (tenant).")] = "default",
+    name: Annotated[str | None, typer.Option(help="A name to show (default: the command).")] = None,
+    preemptible: Annotated[
+        bool | None,
+        typer.Option(
+            "--preemptible/--non-preemptible",
+            help="May it be stopped for higher-priority work (default: below priority high).",
+            show_default=False,
+        ),
+    ] = None,
+    grace: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds from SIGTERM to SIGKILL when stopped (default: 30).", show_default=False
+        ),
+    ] = None,
+    shell: Annotated[
+        bool, typer.Option("--shell", help="Run the command line through /bin/sh -c.")
+    ] = False,
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Submit a command to run on a share of a GPU, in your directory and environment.
+
+    Example: fgpu submit -g 0.5 -- python train.py --epochs 3
+    """
+    argv = list(command or [])
+    if not argv:
+        fail("give the command to run after --, e.g. fgpu submit -g 0.5 -- python train.py")
+    if shell:
+        argv = [" ".join(argv)]
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:
+        fail(f"the current directory is gone: {exc.strerror}")
+    models = [m.strip() for item in gpu_model or [] for m in item.split(",") if m.strip()]
+    fields: dict[str, object] = {
+        "command": argv,
+        "shell": shell,
+        "name": name,
+        "gpu": gpu,
+        "gpu_fraction": gpu_fraction,
+        "gpu_memory": gpu_memory,
+        "gpu_model": models,
+        "mig_profile": mig_profile,
+        "cpu": cpu,
+        "memory": memory,
+        "priority": priority,
+        "queue": queue,
+        "preemptible": preemptible,
+        "cwd": cwd,
+        "env": dict(os.environ),
+    }
+    if grace is not None:
+        fields["grace_s"] = grace
+    body = SubmitRequest.model_validate(fields)
+    with connect(socket, url) as client:
+        view = client.submit(body)
+    if json_out:
+        print(render.to_json(view))
+        return
+    print(view.id)
+    line = f"submitted {view.id} ({view.name}) to queue {view.queue}: {view.phase}"
+    if view.phase == "pending" and view.reason and view.reason != "submitted":
+        line += f" ({view.reason})"
+    err.print(escape(line))
+
+
+def ls(
+    include_done: Annotated[
+        bool, typer.Option("--all", "-a", help="Also finished workloads.")
+    ] = False,
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """List workloads (active ones; --all for finished too), oldest first."""
+    with connect(socket, url) as client:
+        views = client.list_workloads(include_done)
+    if json_out:
+        print(render.to_json(views))
+    elif not views:
+        err.print("no workloads" + ("" if include_done else " (--all shows finished ones)"))
+    else:
+        out.print(render.workloads_table(views))
+
+
+def describe(
+    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Show a workload: request, placement, events, and why it waits while pending."""
+    with connect(socket, url) as client:
+        detail = client.get_workload(workload_id)
+    if json_out:
+        print(render.to_json(detail))
+    else:
+        out.print(render.detail_view(detail))
+
+
+def logs(
+    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep printing until the workload ends.")
+    ] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="Its stderr instead of stdout.")] = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Print a workload's output (stdout, or stderr with --stderr)."""
+    stream = "stderr" if stderr else "stdout"
+    sink = sys.stdout.buffer
+    offset = 0
+    with connect(socket, url) as client:
+        try:
+            while True:
+                data, offset = client.logs(workload_id, stream, offset)
+                if data:
+                    sink.write(data)
+                    sink.flush()
+                    continue
+                if not follow:
+                    return
+                if client.get_workload(workload_id).phase in TERMINAL_PHASES:
+                    data, offset = client.logs(workload_id, stream, offset)
+                    sink.write(data)
+                    sink.flush()
+                    if not data:
+                        return
+                    continue
+                time.sleep(FOLLOW_INTERVAL_S)
+        except KeyboardInterrupt:
+            return
+        except BrokenPipeError:  # `fgpu logs ID | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return
+
+
+def cancel(
+    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Cancel a workload (yours; admins any). A running one gets SIGTERM, then SIGKILL after
+    its grace period."""
+    with connect(socket, url) as client:
+        view = client.cancel(workload_id)
+    if json_out:
+        print(render.to_json(view))
+        return
+    phase = view.phase if view.phase in TERMINAL_PHASES else "stopping"
+    line = f"{view.id}: {phase}"
+    if view.reason:
+        line += f" ({view.reason})"
+    out.print(escape(line))
+
+
+def top(
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """Each GPU with the shares it holds, by workload, and live use where known."""
+    with connect(socket, url) as client:
+        nodes = client.nodes()
+    if json_out:
+        print(render.to_json(render.top_rows(nodes)))
+    else:
+        out.print(render.top_table(nodes))
+
+
+def nodes(
+    json_out: JsonOption = False,
+    socket: SocketOption = None,
+    url: UrlOption = None,
+) -> None:
+    """The machine's nodes: CPUs, memory and GPUs."""
+    with connect(socket, url) as client:
+        views = client.nodes()
+    if json_out:
+        print(render.to_json(views))
+    else:
+        out.print(render.nodes_table(views))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the commands to the ``fgpu`` app."""
+    app.command(context_settings={"allow_interspersed_args": False})(submit)
+    app.command("ls")(ls)
+    app.command()(describe)
+    app.command()(logs)
+    app.command()(cancel)
+    app.command()(top)
+    app.command()(nodes)

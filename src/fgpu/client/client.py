@@ -1,0 +1,259 @@
+"""Typed HTTP client of the fgpu API (``/v1``), over the Unix socket or TCP with a token.
+
+Every method returns wire models (:mod:`fgpu.wire`); a refusal from the server is raised as
+:class:`ClientError` with the status, the field and the reason the server gave; a server
+that cannot be reached is :class:`ServerUnavailable`, whose message says how to start one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from fgpu.wire import (
+    API_PREFIX,
+    LOG_OFFSET_HEADER,
+    SOCKET_ENV,
+    SYSTEM_SOCKET,
+    EventView,
+    Health,
+    NodeView,
+    QueueBody,
+    QueueView,
+    SubmitRequest,
+    WorkloadDetail,
+    WorkloadView,
+    default_socket_path,
+)
+
+URL_ENV = "FGPU_URL"
+TOKEN_ENV = "FGPU_TOKEN"
+DEFAULT_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+class ClientError(Exception):
+    """The server refused a request (status 4xx/5xx), or could not be reached (status 0).
+
+    Attributes:
+        status: HTTP status, 0 when no answer came.
+        field: the request field concerned ("" when none).
+        reason: why, as the server said it.
+    """
+
+    def __init__(self, status: int, field: str, reason: str) -> None:
+        self.status = status
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}" if field else reason)
+
+
+class ServerUnavailable(ClientError):
+    """No server answers at the address."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(0, "", reason)
+
+
+def resolve_socket(
+    socket: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    uid: int | None = None,
+    system: Path = SYSTEM_SOCKET,
+) -> Path:
+    """The socket to call: ``socket`` if given, else ``$FGPU_SOCKET``, else this user's
+    default (:func:`fgpu.wire.default_socket_path` for ``uid``) when a socket is there, else
+    the system server's socket (``system``) when that one is there, else this user's
+    default."""
+    env = os.environ if env is None else env
+    if socket:
+        return Path(socket)
+    if env.get(SOCKET_ENV):
+        return Path(env[SOCKET_ENV])
+    own = default_socket_path(env, uid)
+    if not own.exists() and system.exists():
+        return system
+    return own
+
+
+class Client:
+    """The API client.
+
+    Args:
+        socket: Unix socket path (see :func:`resolve_socket` when None and no ``base_url``).
+        base_url: ``http://HOST:PORT`` of a server's TCP listener instead of the socket.
+        token: bearer token for ``base_url``.
+        timeout: seconds to wait for an answer.
+        transport: an httpx transport to use instead (tests).
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        socket: str | Path | None = None,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"user-agent": "fgpu-client"}
+        if base_url:
+            self.address = base_url.rstrip("/")
+            root = self.address
+            if token:
+                headers["authorization"] = f"Bearer {token}"
+            self._start_hint = f"no fgpu server answers at {self.address}"
+        else:
+            path = resolve_socket(socket)
+            self.address = str(path)
+            root = "http://fgpu"
+            transport = transport or httpx.HTTPTransport(uds=str(path))
+            self._start_hint = f"no fgpu server at {path}; start one with `fgpu serve`"
+            if path.exists() and not os.access(path, os.W_OK):
+                self._start_hint = f"no permission to use the fgpu socket {path}"
+        self._http = httpx.Client(
+            base_url=root + API_PREFIX, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------- plumbing
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, PermissionError):
+                raise ServerUnavailable(
+                    f"no permission to use the fgpu socket {self.address}"
+                ) from None
+            raise ServerUnavailable(self._start_hint) from None
+        except httpx.TimeoutException:
+            raise ClientError(
+                0, "", f"the fgpu server at {self.address} did not answer in time"
+            ) from None
+        except httpx.TransportError as exc:
+            raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
+        if response.status_code >= 400:
+            raise _refusal(response)
+        return response
+
+    def _json(self, method: str, path: str, kind: type[T], **kwargs: Any) -> T:
+        response = self._request(method, path, **kwargs)
+        try:
+            return TypeAdapter(kind).validate_python(response.json())
+        except (ValueError, ValidationError) as exc:
+            raise ClientError(
+                response.status_code, "", f"unexpected answer from the server: {exc}"
+            ) from None
+
+    @staticmethod
+    def _body(model: BaseModel) -> dict[str, Any]:
+        return model.model_dump(mode="json")
+
+    # ------------------------------------------------------------------ use-cases
+    def health(self) -> Health:
+        """``GET /v1/healthz``."""
+        return self._json("GET", "/healthz", Health)
+
+    def submit(self, request: SubmitRequest) -> WorkloadView:
+        """Submit a workload; raises :class:`ClientError` (422) with the field when invalid."""
+        return self._json("POST", "/workloads", WorkloadView, json=self._body(request))
+
+    def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
+        """Active workloads (all with ``include_done``), oldest first."""
+        params = {"all": "true"} if include_done else None
+        return self._json("GET", "/workloads", list[WorkloadView], params=params)
+
+    def get_workload(self, workload_id: str) -> WorkloadDetail:
+        """One workload with its events."""
+        return self._json("GET", f"/workloads/{_segment(workload_id)}", WorkloadDetail)
+
+    def cancel(self, workload_id: str) -> WorkloadView:
+        """Cancel a workload."""
+        return self._json("POST", f"/workloads/{_segment(workload_id)}/cancel", WorkloadView)
+
+    def logs(self, workload_id: str, stream: str = "stdout", offset: int = 0) -> tuple[bytes, int]:
+        """Log bytes from ``offset`` and the offset to ask for next."""
+        response = self._request(
+            "GET",
+            f"/workloads/{_segment(workload_id)}/logs",
+            params={"stream": stream, "offset": offset},
+        )
+        try:
+            following = int(response.headers.get(LOG_OFFSET_HEADER, ""))
+        except ValueError:
+            following = offset + len(response.content)
+        return response.content, following
+
+    def list_queues(self) -> list[QueueView]:
+        """Every queue."""
+        return self._json("GET", "/queues", list[QueueView])
+
+    def create_queue(self, body: QueueBody) -> QueueView:
+        """Create a queue (admins)."""
+        return self._json("POST", "/queues", QueueView, json=self._body(body))
+
+    def update_queue(self, body: QueueBody) -> QueueView:
+        """Replace a queue's settings (admins)."""
+        return self._json("PUT", f"/queues/{_segment(body.name)}", QueueView, json=self._body(body))
+
+    def delete_queue(self, name: str) -> None:
+        """Remove an empty queue (admins)."""
+        self._request("DELETE", f"/queues/{_segment(name)}")
+
+    def nodes(self) -> list[NodeView]:
+        """Nodes and their GPUs."""
+        return self._json("GET", "/nodes", list[NodeView])
+
+    def events(self, after: int | None = None, limit: int = 1000) -> list[EventView]:
+        """Events after id ``after``, oldest first."""
+        params: dict[str, int] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return self._json("GET", "/events", list[EventView], params=params)
+
+
+def _segment(text: str) -> str:
+    """A path segment, percent-encoded (an id or a name never changes the route)."""
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+def _refusal(response: httpx.Response) -> ClientError:
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, dict) and "reason" in detail:
+        return ClientError(
+            response.status_code, str(detail.get("field", "")), str(detail["reason"])
+        )
+    if isinstance(detail, str):
+        return ClientError(response.status_code, "", detail)
+    text = response.text.strip() or response.reason_phrase
+    return ClientError(response.status_code, "", f"HTTP {response.status_code}: {text[:200]}")

@@ -1,0 +1,288 @@
+"""Rich tables and text for the CLI: shaping wire models for people, nothing else.
+
+Units follow DESIGN.md section 3: compute shares print as GPUs (``0.5``), memory as GiB or
+MiB, times as ages (``3m``).
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from pydantic import BaseModel
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from fgpu.wire import (
+    EventView,
+    GpuView,
+    NodeView,
+    QueueView,
+    ResourceRequest,
+    WorkloadDetail,
+    WorkloadView,
+)
+
+PRIORITY_NAMES = {25: "very-low", 40: "low", 50: "normal", 100: "high", 125: "critical"}
+"""Priority classes of DESIGN.md section 5, by value."""
+
+PHASE_STYLES = {
+    "pending": "yellow",
+    "running": "green",
+    "paused": "cyan",
+    "succeeded": "blue",
+    "failed": "red",
+    "cancelled": "dim",
+}
+
+
+def to_json(items: BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]) -> str:
+    """Wire models (one or a list) as indented JSON."""
+    if isinstance(items, BaseModel):
+        data: object = items.model_dump(mode="json")
+    else:
+        data = [i.model_dump(mode="json") if isinstance(i, BaseModel) else i for i in items]
+    return json.dumps(data, indent=2)
+
+
+def gpus_text(milli: int) -> str:
+    """Milli-GPU as GPUs: 500 -> ``0.5``, 1000 -> ``1``, 2250 -> ``2.25``."""
+    return f"{milli / 1000:.3f}".rstrip("0").rstrip(".")
+
+
+def memory_text(mib: int | None) -> str:
+    """MiB as ``20GiB``, ``1.5GiB`` or ``512MiB``."""
+    if mib is None:
+        return "-"
+    if mib >= 1024:
+        return f"{mib / 1024:.2f}".rstrip("0").rstrip(".") + "GiB"
+    return f"{mib}MiB"
+
+
+def age_text(since: float | None, now: float | None = None) -> str:
+    """Seconds since ``since`` as ``42s``, ``5m``, ``3h``, ``2d``."""
+    if since is None:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - since)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def clock_text(at: float | None) -> str:
+    """A time as local ``YYYY-MM-DD HH:MM:SS``."""
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def priority_text(priority: int) -> str:
+    """``high (100)``, or the number when it is not a class."""
+    name = PRIORITY_NAMES.get(priority)
+    return f"{name} ({priority})" if name else str(priority)
+
+
+def user_text(uid: int) -> str:
+    """The user name of ``uid``, or the number."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def request_text(request: ResourceRequest) -> str:
+    """``0.5 GPU``, ``2 GPUs``, ``2 x 0.3 GPU``, with ``5GiB`` memory and models."""
+    if request.gpu_count == 0:
+        text = "no GPU"
+    elif request.gpu_milli is None or request.gpu_milli >= 1000:
+        text = f"{request.gpu_count} GPU" + ("s" if request.gpu_count > 1 else "")
+    elif request.gpu_count == 1:
+        text = f"{gpus_text(request.gpu_milli)} GPU"
+    else:
+        text = f"{request.gpu_count} x {gpus_text(request.gpu_milli)} GPU"
+    if request.gpu_memory_mib is not None:
+        text += (
+            f", {memory_text(request.gpu_memory_mib)} each"
+            if request.gpu_count > 1
+            else (f", {memory_text(request.gpu_memory_mib)}")
+        )
+    if request.gpu_models:
+        text += f" on {' or '.join(request.gpu_models)}"
+    return text
+
+
+def grants_text(view: WorkloadView) -> str:
+    """GPUs held: ``node/0: 0.5 (20GiB)``, one per line."""
+    return "\n".join(
+        f"{g.node}/{g.index}: {gpus_text(g.compute_milli)} ({memory_text(g.memory_mib)})"
+        for g in view.gpus
+    )
+
+
+def phase_text(phase: str) -> Text:
+    """The phase in its colour."""
+    return Text(phase, style=PHASE_STYLES.get(phase, ""))
+
+
+def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> Table:
+    """``fgpu ls``."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("ID", "NAME", "USER", "PHASE", "QUEUE", "PRIORITY", "GPUS", "AGE", "REASON"):
+        table.add_column(column, overflow="fold")
+    for v in views:
+        held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
+        reason = v.reason if v.phase not in ("running", "succeeded") else ""
+        table.add_row(
+            v.id,
+            v.name,
+            user_text(v.owner_uid),
+            phase_text(v.phase),
+            v.queue,
+            priority_text(v.priority),
+            held,
+            age_text(v.submitted_at, now),
+            reason,
+        )
+    return table
+
+
+def detail_view(detail: WorkloadDetail) -> RenderableType:
+    """``fgpu describe``: request, placement, events, and why it waits while pending."""
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column(overflow="fold")
+    r = detail.request
+    rows: list[tuple[str, str | Text]] = [
+        ("ID", detail.id),
+        ("Name", detail.name),
+        ("User", f"{user_text(detail.owner_uid)} (uid {detail.owner_uid})"),
+        ("Phase", phase_text(detail.phase)),
+        ("Queue", detail.queue),
+        ("Priority", priority_text(detail.priority)),
+        ("Preemptible", "yes" if detail.preemptible else "no"),
+        ("Request", request_text(r)),
+        ("CPU / memory", f"{r.cpu_milli / 1000:g} cores, {memory_text(r.memory_mib)}"),
+        ("Command", " ".join(detail.command)),
+        ("Submitted", clock_text(detail.submitted_at)),
+    ]
+    if detail.started_at is not None:
+        rows.append(("Started", clock_text(detail.started_at)))
+    if detail.finished_at is not None:
+        rows.append(("Finished", clock_text(detail.finished_at)))
+    if detail.exit_code is not None:
+        rows.append(("Exit code", str(detail.exit_code)))
+    if detail.restarts:
+        rows.append(("Restarts", str(detail.restarts)))
+    rows.append(("Placement", grants_text(detail) or "-"))
+    if detail.reason:
+        label = "Waiting because" if detail.phase == "pending" else "Reason"
+        rows.append((label, detail.reason))
+    for label, value in rows:
+        facts.add_row(label, value)
+    return Group(facts, Text(""), events_table(detail.events))
+
+
+def events_table(events: Iterable[EventView]) -> Table:
+    """Events, oldest first."""
+    table = Table(title="Events", title_justify="left", box=None, header_style="bold")
+    for column in ("TIME", "KIND", "REASON", "MESSAGE"):
+        table.add_column(column, overflow="fold")
+    for e in events:
+        table.add_row(clock_text(e.time), e.kind, e.reason, e.message)
+    return table
+
+
+def top_rows(nodes: Sequence[NodeView]) -> list[dict[str, object]]:
+    """``fgpu top --json``: one object per GPU, with its node and what it holds."""
+    return [{"node": n.name, **g.model_dump(mode="json")} for n in nodes for g in n.gpus]
+
+
+def _bar(milli: int, width: int = 10) -> str:
+    filled = min(width, round(milli * width / 1000))
+    return "█" * filled + "░" * (width - filled)
+
+
+def top_table(nodes: Sequence[NodeView]) -> Table:
+    """``fgpu top``: each GPU with the shares it holds, by workload, and live use."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("GPU", "MODEL", "COMPUTE", "MEMORY", "USED", "UTIL", "HOLDERS"):
+        table.add_column(column, overflow="fold")
+    for n in nodes:
+        for g in n.gpus:
+            table.add_row(
+                f"{n.name}/{g.index}",
+                g.model,
+                f"{_bar(g.allocated_milli)} {gpus_text(g.allocated_milli)}",
+                f"{memory_text(g.allocated_memory_mib)} / {memory_text(g.memory_mib)}",
+                memory_text(g.used_memory_mib),
+                "-" if g.utilization_pct is None else f"{g.utilization_pct}%",
+                _holders(g),
+            )
+    return table
+
+
+def _holders(gpu: GpuView) -> str:
+    if not gpu.holders:
+        return "-"
+    return "\n".join(
+        f"{h.workload_id} {h.name}: {gpus_text(h.compute_milli)} ({memory_text(h.memory_mib)})"
+        for h in gpu.holders
+    )
+
+
+def nodes_table(nodes: Sequence[NodeView]) -> Table:
+    """``fgpu nodes``."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in ("NODE", "BACKEND", "CPU", "MEMORY", "GPUS", "ALLOCATED"):
+        table.add_column(column, overflow="fold")
+    for n in nodes:
+        models: dict[str, int] = {}
+        for g in n.gpus:
+            models[g.model] = models.get(g.model, 0) + 1
+        allocated = sum(g.allocated_milli for g in n.gpus)
+        table.add_row(
+            n.name,
+            n.backend,
+            f"{n.cpu_milli / 1000:g}",
+            memory_text(n.memory_mib),
+            ", ".join(f"{count}x{model}" for model, count in models.items()) or "-",
+            f"{gpus_text(allocated)} / {len(n.gpus)}",
+        )
+    return table
+
+
+def queues_table(queues: Sequence[QueueView]) -> Table:
+    """``fgpu queue ls``: GPU amounts in GPUs."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in (
+        "QUEUE",
+        "PARENT",
+        "QUOTA",
+        "LIMIT",
+        "WEIGHT",
+        "PRIORITY",
+        "ALLOCATED",
+        "FAIR SHARE",
+        "RUNNING",
+        "PENDING",
+    ):
+        table.add_column(column, overflow="fold")
+    for q in queues:
+        table.add_row(
+            q.name,
+            q.parent or "-",
+            gpus_text(q.quota_milli),
+            "-" if q.limit_milli is None else gpus_text(q.limit_milli),
+            f"{q.over_quota_weight:g}",
+            str(q.priority),
+            gpus_text(q.allocated_milli),
+            gpus_text(q.fair_share_milli),
+            str(q.running),
+            str(q.pending),
+        )
+    return table

@@ -1,0 +1,314 @@
+"""The REST API (``/v1``, DESIGN.md section 9): FastAPI routes over the service use-cases.
+
+Routes are thin: they find out who calls, call one :class:`ServiceApi` method and return its
+wire model (:mod:`fgpu.wire`). The service methods are synchronous (SQLite store), so the
+routes are plain ``def`` functions that FastAPI runs in its thread pool, never on the event
+loop.
+
+Identity:
+
+- on the Unix socket, the caller's uid comes from the connection's peer credentials, which
+  :mod:`fgpu.server.uds` puts in the ASGI scope under :data:`PEER_UID`; the caller is an
+  admin when the uid is 0 or one of the service's admins;
+- without peer credentials (the TCP listener), a bearer token is required, compared in
+  constant time; the caller is then the server's own uid, as an admin. With no token
+  configured, such requests are refused.
+
+Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
+(:class:`fgpu.server.errors.ServiceError`) with their status, request validation errors
+(malformed JSON, wrong types, unknown fields) with 422, a missing or wrong token with 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fgpu import __version__
+from fgpu.server.errors import BadRequest, ServiceError
+from fgpu.server.service import Caller
+from fgpu.wire import (
+    API_PREFIX,
+    LOG_OFFSET_HEADER,
+    ErrorResponse,
+    EventView,
+    Health,
+    NodeView,
+    QueueBody,
+    QueueView,
+    SubmitRequest,
+    WorkloadDetail,
+    WorkloadView,
+)
+
+PEER_UID = "fgpu.peer_uid"
+"""ASGI scope key holding the uid of the process on the other end of a Unix socket."""
+
+LOG_CHUNK_MAX = 8 * 2**20
+"""Most log bytes one ``GET .../logs`` answers (the client asks again from the next offset)."""
+
+_LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+class ServiceApi(Protocol):
+    """What the routes need from :class:`fgpu.server.service.Service` (tests pass fakes)."""
+
+    admins: frozenset[int]
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView: ...
+    def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
+    def get_workload(self, workload_id: str) -> WorkloadDetail: ...
+    def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
+    def log_path(self, workload_id: str, stream: str) -> Path: ...
+    def list_queues(self) -> list[QueueView]: ...
+    def create_queue(self, caller: Caller, body: QueueBody) -> QueueView: ...
+    def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView: ...
+    def delete_queue(self, caller: Caller, name: str) -> None: ...
+    def nodes(self) -> list[NodeView]: ...
+    def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]: ...
+
+
+def _refusal(status: int, field: str, reason: str) -> Any:
+    return JSONResponse({"detail": {"field": field, "reason": reason}}, status_code=status)
+
+
+def field_of(location: Sequence[int | str]) -> str:
+    """Dotted field name of a pydantic error location, without FastAPI's ``body``/``query``
+    prefix: ``("body", "command", 0)`` -> ``"command.0"``; ``("body",)`` -> ``"body"``."""
+    parts = [str(p) for p in location]
+    if len(parts) > 1 and parts[0] in _LOCATIONS:
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def service_error(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, ServiceError)
+        return _refusal(exc.status, exc.field, exc.reason)
+
+    async def validation_error(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        if not errors:
+            return _refusal(422, "body", "invalid request")
+        first = errors[0]
+        field = field_of(first.get("loc", ()))
+        reason = str(first.get("msg", "invalid value"))
+        if first.get("type") == "json_invalid":
+            field = "body"
+            reason = f"malformed JSON: {first.get('ctx', {}).get('error', reason)}"
+        if len(errors) > 1:
+            reason += f" (and {len(errors) - 1} more)"
+        return _refusal(422, field, reason)
+
+    async def http_error(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, StarletteHTTPException)
+        detail: Any = exc.detail
+        if not (isinstance(detail, dict) and {"field", "reason"} <= detail.keys()):
+            detail = {"field": "path" if exc.status_code in (404, 405) else "", "reason": detail}
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    async def internal_error(request: Request, exc: Exception) -> Any:
+        # Starlette raises the exception again after this answer, and uvicorn logs it.
+        return _refusal(500, "", f"internal error ({type(exc).__name__}); see the server log")
+
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)
+
+
+def current_caller(request: Request) -> Caller:
+    """Who calls: the peer uid on the Unix socket, else the bearer token's owner.
+
+    Raises:
+        HTTPException: 401 without peer credentials and without the right token.
+    """
+    settings: _Settings = request.app.state.fgpu
+    uid = request.scope.get(PEER_UID)
+    if isinstance(uid, int):
+        return Caller(uid=uid, admin=uid == 0 or uid in settings.service.admins)
+    unauthorized = {"WWW-Authenticate": "Bearer"}
+    if settings.token is None:
+        closed = {"field": "authorization", "reason": "this server answers only on its Unix socket"}
+        raise HTTPException(401, closed, unauthorized)
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        missing = {"field": "authorization", "reason": "a bearer token is required"}
+        raise HTTPException(401, missing, unauthorized)
+    if not hmac.compare_digest(given.strip().encode(), settings.token):
+        raise HTTPException(401, {"field": "authorization", "reason": "wrong token"}, unauthorized)
+    return Caller(uid=settings.server_uid, admin=True)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+@dataclass(frozen=True)
+class _Settings:
+    service: ServiceApi
+    token: bytes | None
+    server_uid: int
+
+
+def create_app(
+    service: ServiceApi, *, token: str | None = None, server_uid: int | None = None
+) -> FastAPI:
+    """The API application over ``service``.
+
+    Args:
+        service: the use-cases; started and stopped by the application's lifespan.
+        token: bearer token for requests without peer credentials (TCP); None refuses them.
+        server_uid: the uid a token caller acts as (default: this process's effective uid).
+    """
+    own_uid = os.geteuid() if server_uid is None else server_uid
+    secret = token.encode() if token else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(
+        title="fgpu",
+        version=__version__,
+        summary="Fractional GPU sharing on one machine",
+        lifespan=lifespan,
+    )
+    app.state.fgpu = _Settings(service, secret, own_uid)
+    _install_error_handlers(app)
+
+    refusals: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422)
+    }
+    open_routes = APIRouter(prefix=API_PREFIX, tags=["health"])
+    api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(current_caller)], responses=refusals)
+
+    @open_routes.get("/healthz")
+    def healthz(request: Request) -> Health:
+        """The server answers; shows the caller's uid as the server sees it."""
+        uid = request.scope.get(PEER_UID)
+        return Health(
+            version=__version__,
+            server_uid=own_uid,
+            caller_uid=uid if isinstance(uid, int) else None,
+        )
+
+    @api.get("/workloads", tags=["workloads"])
+    def list_workloads(
+        include_done: Annotated[
+            bool, Query(alias="all", description="also finished workloads")
+        ] = False,
+    ) -> list[WorkloadView]:
+        """Workloads, oldest first; active ones unless ``all=true``."""
+        return service.list_workloads(include_done)
+
+    @api.post("/workloads", status_code=201, tags=["workloads"])
+    def submit(body: SubmitRequest, caller: CallerDep) -> WorkloadView:
+        """Submit a workload owned by the caller."""
+        return service.submit(caller, body)
+
+    @api.get("/workloads/{workload_id}", tags=["workloads"])
+    def get_workload(workload_id: str) -> WorkloadDetail:
+        """One workload: request, placement, events and, while pending, why it waits."""
+        return service.get_workload(workload_id)
+
+    @api.post("/workloads/{workload_id}/cancel", tags=["workloads"])
+    def cancel(workload_id: str, caller: CallerDep) -> WorkloadView:
+        """Cancel a workload (the caller's own, or any as an admin)."""
+        return service.cancel(caller, workload_id)
+
+    @api.get(
+        "/workloads/{workload_id}/logs",
+        tags=["workloads"],
+        response_class=Response,
+        responses={200: {"content": {"application/octet-stream": {}}}},
+    )
+    def logs(
+        workload_id: str,
+        stream: Literal["stdout", "stderr"] = "stdout",
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = LOG_CHUNK_MAX,
+    ) -> Response:
+        """Log bytes from ``offset`` (at most ``limit``); the header ``X-Fgpu-Log-Offset``
+        is the offset to ask for next. Empty while the workload has not written anything."""
+        path = service.log_path(workload_id, stream)
+        data, next_offset = read_from(path, offset, limit)
+        return Response(
+            data,
+            media_type="application/octet-stream",
+            headers={LOG_OFFSET_HEADER: str(next_offset)},
+        )
+
+    @api.get("/queues", tags=["queues"])
+    def list_queues() -> list[QueueView]:
+        """Every queue with quota, limit, fair share and use."""
+        return service.list_queues()
+
+    @api.post("/queues", status_code=201, tags=["queues"])
+    def create_queue(body: QueueBody, caller: CallerDep) -> QueueView:
+        """Create a queue (admins)."""
+        return service.create_queue(caller, body)
+
+    @api.put("/queues/{name}", tags=["queues"])
+    def update_queue(name: str, body: QueueBody, caller: CallerDep) -> QueueView:
+        """Replace a queue's settings (admins); the body's name must be the path's."""
+        if body.name != name:
+            raise BadRequest("name", f"the body names {body.name!r}, the path {name!r}")
+        return service.update_queue(caller, name, body)
+
+    @api.delete("/queues/{name}", status_code=204, tags=["queues"])
+    def delete_queue(name: str, caller: CallerDep) -> Response:
+        """Remove an empty queue (admins)."""
+        service.delete_queue(caller, name)
+        return Response(status_code=204)
+
+    @api.get("/nodes", tags=["nodes"])
+    def nodes() -> list[NodeView]:
+        """Nodes and their GPUs with the shares each holds, and live use where known."""
+        return service.nodes()
+
+    @api.get("/events", tags=["events"])
+    def events(
+        after: Annotated[int | None, Query(ge=0, description="only events after this id")] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    ) -> list[EventView]:
+        """Events, oldest first."""
+        return service.events(after, limit)
+
+    app.include_router(open_routes)
+    app.include_router(api)
+    return app
+
+
+def read_from(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+    """At most ``limit`` bytes of ``path`` from ``offset``, and the offset to read next.
+
+    A missing file reads as empty. When the file is shorter than ``offset`` (it was started
+    again), the next offset is its current size, so a follower goes on with new output.
+    """
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if offset > size:
+                return b"", size
+            handle.seek(offset)
+            data = handle.read(limit)
+    except FileNotFoundError:
+        return b"", offset
+    return data, offset + len(data)

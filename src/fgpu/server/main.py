@@ -1,0 +1,247 @@
+"""``fgpu serve``: options, startup and shutdown of the single-machine service.
+
+Order of startup: every option is checked first; then the socket is claimed (so a second
+server stops before it opens the database or touches a process); then the service is built
+(:meth:`fgpu.server.service.Service.create`: store, GPU backend, launcher) and served by
+:class:`fgpu.server.uds.ApiServer`, whose lifespan runs the service's recovery and scheduling
+loop. Logs go to stderr. SIGINT and SIGTERM stop the server cleanly; running workloads keep
+running and are re-adopted by the next start (DESIGN.md section 8).
+
+Exit codes: 0 after a clean stop, 2 for a bad option or a socket already served, 1 when the
+service cannot start (database, GPU backend), 3 when its startup fails inside the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import stat
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fgpu.wire import SOCKET_ENV, default_socket_path
+
+TOKEN_ENV = "FGPU_TOKEN"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+log = logging.getLogger("fgpu.server")
+
+
+class ServeOptionError(ValueError):
+    """A ``fgpu serve`` option is wrong; the message names it."""
+
+
+def resolve_admins(values: list[str]) -> frozenset[int]:
+    """``--admin`` values (uids or user names) -> uids.
+
+    Raises:
+        ServeOptionError: an unknown user name or a negative uid.
+    """
+    uids: set[int] = set()
+    for value in values:
+        text = value.strip()
+        if text.isdigit():
+            uids.add(int(text))
+            continue
+        try:
+            uids.add(pwd.getpwnam(text).pw_uid)
+        except KeyError:
+            raise ServeOptionError(
+                f"--admin: no user {text!r} (give a uid or a user name)"
+            ) from None
+    return frozenset(uids)
+
+
+def read_token(token_file: Path | None, env: dict[str, str]) -> str | None:
+    """The bearer token for ``--listen``: the file's first line, else ``$FGPU_TOKEN``.
+
+    Raises:
+        ServeOptionError: the file cannot be read or is empty.
+    """
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+            mode = token_file.stat().st_mode
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise ServeOptionError(f"--token-file: cannot read {token_file}: {reason}") from None
+        lines = text.strip().splitlines()
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise ServeOptionError(f"--token-file: {token_file} is empty")
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("token file %s is readable by other users; chmod 600 it", token_file)
+        return token
+    token = env.get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+def serve(
+    socket_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--socket",
+            envvar=SOCKET_ENV,
+            help="Unix socket to serve on (default: /run/fgpu/fgpu.sock as root, else "
+            "$XDG_RUNTIME_DIR/fgpu/fgpu.sock, else /tmp/fgpu-$UID/fgpu.sock).",
+            show_default=False,
+        ),
+    ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Also serve HTTP on HOST:PORT; needs --token-file or $FGPU_TOKEN.",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None, typer.Option(help="File whose first line is the bearer token for --listen.")
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            help="SQLite file or database URL (postgresql://...) (default: STATE_DIR/fgpu.db)."
+        ),
+    ] = None,
+    simulate_gpus: Annotated[
+        str | None,
+        typer.Option(help="Simulated GPUs instead of NVML, e.g. 2xA100-40GB,1xH100-80GB."),
+    ] = None,
+    policy: Annotated[str, typer.Option(help="Placement policy (see `fgpu sim fill`).")] = "fgd",
+    admin: Annotated[
+        list[str] | None,
+        typer.Option(help="A uid or user name that may manage queues and all work; repeatable."),
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for logs and process records "
+            "(default: $XDG_STATE_HOME/fgpu; /var/lib/fgpu as root).",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help=f"Log level: {', '.join(LOG_LEVELS)}.")] = "info",
+) -> None:
+    """Run the GPU sharing service on this machine (API on a Unix socket)."""
+    raise typer.Exit(
+        run_serve(
+            socket_path=socket_path,
+            listen=listen,
+            token_file=token_file,
+            db=db,
+            simulate_gpus=simulate_gpus,
+            policy=policy,
+            admins=admin or [],
+            state_dir=state_dir,
+            log_level=log_level,
+        )
+    )
+
+
+def _error(message: str) -> None:
+    print(f"fgpu serve: error: {message}", file=sys.stderr, flush=True)
+
+
+def run_serve(
+    *,
+    socket_path: Path | None,
+    listen: str | None,
+    token_file: Path | None,
+    db: str | None,
+    simulate_gpus: str | None,
+    policy: str,
+    admins: list[str],
+    state_dir: Path | None,
+    log_level: str,
+) -> int:
+    """Check the options, claim the socket, build the service and serve until stopped.
+
+    Returns the exit code (see the module docstring).
+    """
+    from fgpu.server.uds import parse_listen
+
+    level = log_level.lower()
+    try:
+        if level not in LOG_LEVELS:
+            raise ServeOptionError(
+                f"--log-level: {log_level!r} is not one of {', '.join(LOG_LEVELS)}"
+            )
+        logging.basicConfig(
+            level=level.upper(),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        address = None
+        token = None
+        if listen is not None:
+            try:
+                address = parse_listen(listen)
+            except ValueError as exc:
+                raise ServeOptionError(f"--listen: {exc}") from None
+            token = read_token(token_file, dict(os.environ))
+            if token is None:
+                raise ServeOptionError(f"--listen needs a token: --token-file or ${TOKEN_ENV}")
+        elif token_file is not None:
+            raise ServeOptionError("--token-file is only used with --listen")
+        admin_uids = resolve_admins(admins)
+        if policy.strip() == "":
+            raise ServeOptionError("--policy: give a policy name")
+    except ServeOptionError as exc:
+        _error(str(exc))
+        return 2
+    path = (socket_path or default_socket_path()).absolute()
+    return _start(path, address, token, db, simulate_gpus, policy, admin_uids, state_dir, level)
+
+
+def _start(
+    path: Path,
+    address: tuple[str, int] | None,
+    token: str | None,
+    db: str | None,
+    simulate_gpus: str | None,
+    policy: str,
+    admins: frozenset[int],
+    state_dir: Path | None,
+    level: str,
+) -> int:
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from fgpu.server.app import create_app
+    from fgpu.server.service import Service
+    from fgpu.server.uds import ApiServer, SocketInUse
+
+    server = ApiServer(path, address, log_level=level)
+    try:
+        server.bind()
+    except SocketInUse as exc:
+        _error(str(exc))
+        return 2
+    except OSError as exc:
+        _error(f"cannot listen on {path}{' or ' + str(address) if address else ''}: {exc}")
+        return 2
+    try:
+        service = Service.create(
+            db=db,
+            simulate_gpus=simulate_gpus,
+            policy=policy,
+            state_dir=state_dir,
+            admins=admins,
+        )
+    except (ValueError, ArgumentError) as exc:
+        server.release()
+        _error(str(exc))
+        return 2
+    except (OSError, SQLAlchemyError) as exc:
+        server.release()
+        _error(f"cannot start the service: {exc}")
+        return 1
+    except BaseException:
+        server.release()
+        raise
+    log.info("serving the API on %s (pid %d)", path, os.getpid())
+    server.run(create_app(service, token=token))
+    log.info("stopped")
+    return 0
