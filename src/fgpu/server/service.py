@@ -43,7 +43,7 @@ from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload, TaskType
 from fgpu.sched.state import ClusterState
-from fgpu.sched.workload import Place, Preempt, Resources, Wait, Workload
+from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Workload
 from fgpu.server import views
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
@@ -75,6 +75,9 @@ log = logging.getLogger("fgpu.server")
 DEFAULT_QUEUE = "default"
 TICK_S = 5.0
 """Slow tick for the time-based rules; everything else wakes the loop directly."""
+DEBOUNCE_S = 0.05
+"""After a wake-up the loop waits this long so that a burst of submissions or exits is
+decided in one round instead of one round each."""
 TARGET_WINDOW = 1000
 """FGD's target workload is learned from this many most recent submissions."""
 FALLBACK_TARGET = TargetWorkload(
@@ -150,6 +153,9 @@ class Service:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._round_s = 0.0
+        self._tree: QueueTree | None = None
+        self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._register_inventory()
 
@@ -171,10 +177,11 @@ class Service:
         Raises:
             ValueError: a bad ``simulate_gpus`` spec or policy name.
         """
+        create_policy(policy, target=FALLBACK_TARGET)  # bad input first: nothing created
+        backend = detect_backend(simulate_gpus, log)
         folder = state_dir or default_state_dir()
         folder.mkdir(parents=True, exist_ok=True)
         store = Store.open(db if db else folder / "fgpu.db")
-        backend = detect_backend(simulate_gpus, log)
         return cls(
             store,
             backend,
@@ -251,11 +258,16 @@ class Service:
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
+            # coalesce a burst; after a long round wait as long again, so that rounds never
+            # take more than about half of the service's time while submissions pour in
+            await asyncio.sleep(max(DEBOUNCE_S, self._round_s))
             self._wake.clear()
             if self.stopping:
                 break
             try:
+                started = time.perf_counter()
                 await asyncio.to_thread(self.schedule_once)
+                self._round_s = time.perf_counter() - started
             except Exception:  # keep serving; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
 
@@ -283,9 +295,16 @@ class Service:
             if w.allocation is not None:
                 state.allocate(w.request, w.allocation.node, w.allocation.gpus)
         self._refresh_target(workloads)
-        tree = self.store.queue_tree()
+        tree = self._queue_tree()
         holds = self.store.load_holds()
         return self._scheduler.decide(now, state, tree, workloads, holds)
+
+    def _queue_tree(self) -> QueueTree:
+        """The queue tree, read again only after a queue change through this service."""
+        tree = self._tree
+        if tree is None:
+            tree = self._tree = self.store.queue_tree()
+        return tree
 
     def _node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.machine.nodes)}
@@ -455,13 +474,13 @@ class Service:
                 never fit this machine (with the per-node reason).
         """
         sub = parse_submission(body)
-        tree = self.store.queue_tree()
+        tree = self._queue_tree()
         if body.queue not in tree:
             known = ", ".join(sorted(tree.specs))
             raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
         if body.queue not in tree.leaves:
             raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
-        empty = ClusterState(self.machine.nodes)
+        empty = self._empty  # capacities only; never allocated on
         ok, _ = empty.feasible(sub.request)
         if not ok.any():
             raise BadRequest("request", f"can never fit this machine: {empty.explain(sub.request)}")
@@ -562,7 +581,9 @@ class Service:
             raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
         try:
             with self._lock:
+                self._tree = None
                 change()
+                self._tree = None
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
         except NotFound as exc:

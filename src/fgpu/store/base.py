@@ -10,6 +10,7 @@ event are stored together or not at all.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,8 +47,11 @@ class StoreBase:
         clock: returns the current time in seconds.
         new_id: returns a candidate workload id (retried while taken).
 
-    Thread-safe: every call uses its own session. Several ``Store`` objects, in one process
-    or several, may share one database.
+    Thread-safe: every call uses its own session, and writing transactions of one ``Store``
+    take turns on a mutex (SQLite admits one writer at a time, and its busy handler waits
+    by sleeping in growing steps, which costs tens of milliseconds under contention; the
+    mutex hands over at once). Several ``Store`` objects, in one process or several, may
+    share one database; between them the database's own locking applies.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class StoreBase:
         self._writer = writer(engine)
         self._clock = clock
         self._new_id = new_id
+        self._write_turn = threading.Lock()
 
     @classmethod
     def open(
@@ -102,14 +107,15 @@ class StoreBase:
     @contextmanager
     def _write(self) -> Iterator[Session]:
         """A writing transaction: commits when the block ends, rolls back on any error."""
-        session = Session(self._writer, expire_on_commit=False, autoflush=True)
-        try:
-            with session.begin():
-                yield session
-        except IntegrityError as exc:
-            raise StoreConflict(f"the change conflicts with stored data: {exc.orig}") from exc
-        finally:
-            session.close()
+        with self._write_turn:
+            session = Session(self._writer, expire_on_commit=False, autoflush=True)
+            try:
+                with session.begin():
+                    yield session
+            except IntegrityError as exc:
+                raise StoreConflict(f"the change conflicts with stored data: {exc.orig}") from exc
+            finally:
+                session.close()
 
     @contextmanager
     def _read(self) -> Iterator[Session]:
