@@ -73,8 +73,14 @@ def with_peer_uid(app: ASGIApp, uid: int) -> ASGIApp:
     return tagged
 
 
-class PeerCredProtocol(H11Protocol):
-    """uvicorn's h11 protocol, tagging the connection's requests with the peer's uid."""
+try:  # httptools parses HTTP in C: about twice the requests per second of pure-Python h11
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpBase
+except ImportError:  # pragma: no cover - httptools is a dependency; h11 is the fallback
+    _HttpBase = H11Protocol  # type: ignore[misc, assignment]
+
+
+class PeerCredProtocol(_HttpBase):
+    """uvicorn's HTTP protocol, tagging the connection's requests with the peer's uid."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
