@@ -296,7 +296,7 @@ class Scheduler:
         """
         cfg = self.config
         holds = dict(holds or {})
-        self._victimized: set[str] = set()
+        victimized: set[str] = set()
         work = state.copy()
         rank = self.rank if self.rank is not None else name_order_rank(work.node_names)
         placer = Placer(work, self.policy, rank)
@@ -554,6 +554,7 @@ class Scheduler:
                         rank,
                         reserved,
                         candidates,
+                        victimized,
                     )
                     if victims is None:
                         no_victims.add(skey)
@@ -564,7 +565,7 @@ class Scheduler:
                 chosen, kind = found
                 node = chosen.node
                 for victim in chosen.victims:
-                    self._victimized.add(victim.id)
+                    victimized.add(victim.id)
                     assert victim.allocation is not None
                     work.release(victim.allocation)
                     charge(victim.queue, allocation_resources(victim.allocation), -1)
@@ -645,6 +646,7 @@ class Scheduler:
         rank: IntArray,
         reserved: np.ndarray,
         candidates: dict[str, list[Workload]],
+        victimized: set[str],
     ) -> _Victims | None:
         """Smallest victim set on one node that lets ``preemptor`` run there (rules 4-5).
 
@@ -673,7 +675,7 @@ class Scheduler:
         by_node: dict[int, list[Workload]] = defaultdict(list)
         for v in pool:
             assert v.allocation is not None
-            if v.id not in self._victimized and not reserved[v.allocation.node]:
+            if v.id not in victimized and not reserved[v.allocation.node]:
                 by_node[v.allocation.node].append(v)
         best: _Victims | None = None
         request = preemptor.request

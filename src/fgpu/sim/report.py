@@ -21,7 +21,6 @@ import csv
 import json
 import math
 import os
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 from rich.table import Table
+
+from fgpu.sim.output import write_files_atomically
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -521,16 +522,5 @@ def write_report(
         (UNALLOCATED_FILE, lambda p: plot_unallocated(p, runs, published)),
         (FRAGMENTATION_FILE, lambda p: plot_fragmentation(p, runs)),
     ]
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for name, write in writers:
-            # Not mkstemp: its 0600 mode would survive the rename; plain open honours umask.
-            tmp = out / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
-            staged.append((tmp, out / name))
-            write(tmp)
-        for tmp, final in staged:
-            os.replace(tmp, final)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+    write_files_atomically(out, writers)
     return summary
