@@ -41,6 +41,15 @@ def phases(svc: Service) -> dict[str, str]:
     return {w.id: w.phase for w in svc.list_workloads(include_done=True)}
 
 
+def crash(svc: Service) -> None:
+    """What a SIGKILL leaves: the loop gone, processes running, the state lock released
+    (the kernel drops a dead process's locks)."""
+    assert svc._task is not None
+    svc._task.cancel()
+    assert svc._state_lock is not None
+    svc._state_lock.close()
+
+
 def make(tmp_path: Path, gpus: str) -> Service:
     return Service.create(simulate_gpus=gpus, state_dir=tmp_path, db=str(tmp_path / "fgpu.db"))
 
@@ -153,8 +162,7 @@ def test_restart_readopts_live_processes_and_keeps_pending_ones(tmp_path: Path) 
         wait = svc.submit(ME, job(30, gpu="1"))
         await asyncio.sleep(0.3)
         # the service dies without cleaning up (no stop): processes keep running
-        assert svc._task is not None
-        svc._task.cancel()
+        crash(svc)
         return run.id, short.id, wait.id
 
     run_id, short_id, wait_id = asyncio.run(first())
@@ -187,8 +195,7 @@ def test_a_process_that_died_while_down_is_marked_lost(tmp_path: Path) -> None:
         await until(lambda: svc.store.get(run.id).pid is not None)
         record = svc.store.get(run.id)
         assert record.pid is not None
-        assert svc._task is not None
-        svc._task.cancel()
+        crash(svc)
         return run.id, record.pid
 
     run_id, pid = asyncio.run(first())
@@ -262,6 +269,70 @@ def test_empty_command_and_other_users_cancel(tmp_path: Path) -> None:
     with pytest.raises(Forbidden, match="may not manage queues"):
         svc.create_queue(Caller(1001, False), QueueBody(name="x"))
     svc.store.close()
+
+
+def test_a_second_service_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    first = make(tmp_path, "1xA100-40GB")
+    with pytest.raises(
+        ValueError, match=f"--state-dir: another fgpu serve \\(pid {os.getpid()}\\)"
+    ):
+        make(tmp_path, "1xA100-40GB")
+    asyncio.run(first.stop())
+    make(tmp_path, "1xA100-40GB").store.close()
+
+
+def test_logs_are_their_owners(tmp_path: Path) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    mine = svc.submit(Caller(1000, False), job(1, gpu="0.5"))
+    assert svc.log_path(Caller(1000, False), mine.id, "stdout").name == "stdout.log"
+    assert svc.log_path(ME, mine.id, "stderr").name == "stderr.log"
+    with pytest.raises(Forbidden, match="its logs are its owner's"):
+        svc.log_path(Caller(1001, False), mine.id, "stdout")
+    svc.store.close()
+
+
+def test_text_that_cannot_reach_a_process_is_refused(tmp_path: Path) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    for body, field in [
+        (SubmitRequest(command=["echo", "\ud800"], gpu="1"), "command"),
+        (SubmitRequest(command=["echo"], gpu="1", env={"X": "a\x00b"}), "env"),
+        (SubmitRequest(command=["echo"], gpu="1", cwd="relative/dir"), "cwd"),
+    ]:
+        with pytest.raises(BadRequest) as caught:
+            svc.submit(ME, body)
+        assert caught.value.field == field
+    assert svc.list_workloads(include_done=True) == []
+    svc.store.close()
+
+
+def test_restart_with_fewer_gpus_restarts_the_work_that_lost_its_gpu(tmp_path: Path) -> None:
+    async def first() -> tuple[str, str]:
+        svc = make(tmp_path, "2xA100-40GB")
+        await svc.start()
+        a = svc.submit(ME, job(30, gpu="1"))
+        b = svc.submit(ME, job(30, gpu="1"))
+        await until(lambda: all(svc.store.get(x.id).pid for x in (a, b)))
+        crash(svc)
+        return a.id, b.id
+
+    ids = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            # the work on the missing GPU 1 is stopped and comes back as pending
+            await until(lambda: sorted(phases(svc).values()) == ["pending", "running"])
+            top = svc.nodes()[0].gpus
+            assert len(top) == 1
+            assert top[0].allocated_milli == 1000
+            for wid in ids:
+                svc.cancel(ME, wid)
+            await until(lambda: all(p == "cancelled" for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
 
 
 def test_views_round_trip(tmp_path: Path) -> None:

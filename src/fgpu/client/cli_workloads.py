@@ -85,12 +85,19 @@ def submit(
     argv = list(command or [])
     if not argv:
         fail("give the command to run after --, e.g. fgpu submit -g 0.5 -- python train.py")
+    for position, part in enumerate(argv):
+        if not _is_text(part):
+            fail(f"command: argument {position} is not valid UTF-8 text")
+    if name is not None and not _is_text(name):
+        fail("name: not valid UTF-8 text")
     if shell:
         argv = [" ".join(argv)]
     try:
         cwd = os.getcwd()
     except OSError as exc:
         fail(f"the current directory is gone: {exc.strerror}")
+    if not _is_text(cwd):
+        fail("cwd: the current directory's name is not valid UTF-8 text")
     models = [m.strip() for item in gpu_model or [] for m in item.split(",") if m.strip()]
     fields: dict[str, object] = {
         "command": argv,
@@ -107,7 +114,8 @@ def submit(
         "queue": queue,
         "preemptible": preemptible,
         "cwd": cwd,
-        "env": dict(os.environ),
+        # variables that are not UTF-8 text cannot travel as JSON; they are left out
+        "env": {k: v for k, v in os.environ.items() if _is_text(k) and _is_text(v)},
     }
     if grace is not None:
         fields["grace_s"] = grace
@@ -253,3 +261,12 @@ def register(app: typer.Typer) -> None:
     app.command()(cancel)
     app.command()(top)
     app.command()(nodes)
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is UTF-8 text (undecodable bytes arrive as lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

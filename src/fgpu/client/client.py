@@ -7,6 +7,7 @@ that cannot be reached is :class:`ServerUnavailable`, whose message says how to 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -172,6 +173,9 @@ class Client:
 
     @staticmethod
     def _body(model: BaseModel) -> dict[str, Any]:
+        for name, value in model.model_dump().items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ClientError(422, name, f"must be a finite number (got {value})")
         return model.model_dump(mode="json")
 
     # ------------------------------------------------------------------ use-cases

@@ -25,6 +25,8 @@ PRIORITY_CLASSES: dict[str, int] = {
 """Named priorities (DESIGN.md section 5); 100 and above are non-preemptible by default."""
 
 NON_PREEMPTIBLE_FROM = 100
+MAX_WEIGHT = 1e6
+"""Largest over-quota weight (ratios beyond it add nothing and overflow floats)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +106,9 @@ class QueueSpec:
                         f"limit.{dim}",
                         f"queue {self.name}: limit {lim} is below quota {quota}",
                     )
-        if not self.over_quota_weight >= 0:  # also rejects NaN
+        if not 0 <= self.over_quota_weight <= MAX_WEIGHT:  # also rejects NaN
             raise InvalidRequestError(
-                "over_quota_weight", f"queue {self.name}: must be a number >= 0"
+                "over_quota_weight", f"queue {self.name}: must be a number in 0..{MAX_WEIGHT:g}"
             )
         if self.parent == self.name:
             raise InvalidRequestError("parent", f"queue {self.name} cannot be its own parent")

@@ -52,6 +52,12 @@ def parse_submission(body: SubmitRequest) -> Submission:
     """
     if not body.command or not all(part for part in body.command):
         raise BadRequest("command", "give a command to run (non-empty arguments)")
+    _text("command", *body.command)
+    _text("name", body.name or "")
+    _text("cwd", body.cwd)
+    _text("env", *body.env, *body.env.values())
+    if not body.cwd.startswith("/"):
+        raise BadRequest("cwd", "must be an absolute path")
     if body.mig_profile is not None:
         if body.gpu is not None or body.gpu_memory is not None:
             raise BadRequest(
@@ -101,6 +107,17 @@ def parse_submission(body: SubmitRequest) -> Submission:
         raise BadRequest(exc.field, exc.reason) from None
     name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
     return Submission(request, priority, list(body.command), name[:200])
+
+
+def _text(field: str, *values: str) -> None:
+    """Refuse text that cannot be passed to a process (lone surrogates, NUL)."""
+    for value in values:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(field, "not valid UTF-8 text") from None
+        if "\x00" in value:
+            raise BadRequest(field, "contains a NUL character")
 
 
 def _gpu(text: str) -> tuple[int, int]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -94,6 +96,29 @@ class Caller:
     admin: bool
 
 
+def claim_state_dir(folder: Path) -> IO[str]:
+    """Hold an exclusive lock on ``folder/fgpu.lock`` for the life of this process.
+
+    Two services on one state folder would both recover and launch the same work.
+
+    Raises:
+        ValueError: another process holds it (names its pid).
+    """
+    handle = open(folder / "fgpu.lock", "a+")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(f"--state-dir: another fgpu serve (pid {holder}) uses {folder}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def default_state_dir() -> Path:
     """``$XDG_STATE_HOME/fgpu`` or ``~/.local/state/fgpu`` (``/var/lib/fgpu`` as root)."""
     if os.geteuid() == 0 and "XDG_STATE_HOME" not in os.environ:
@@ -154,6 +179,7 @@ class Service:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._round_s = 0.0
+        self._state_lock: IO[str] | None = None
         self._tree: QueueTree | None = None
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
@@ -180,9 +206,11 @@ class Service:
         create_policy(policy, target=FALLBACK_TARGET)  # bad input first: nothing created
         backend = detect_backend(simulate_gpus, log)
         folder = state_dir or default_state_dir()
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # logs, environments and the database are the users' business
+        lock = claim_state_dir(folder)
         store = Store.open(db if db else folder / "fgpu.db")
-        return cls(
+        service = cls(
             store,
             backend,
             Launcher(),
@@ -192,6 +220,8 @@ class Service:
             config=config,
             agent_socket=agent_socket,
         )
+        service._state_lock = lock
+        return service
 
     def _register_inventory(self) -> None:
         from fgpu.store.records import GpuRecord, NodeRecord
@@ -241,6 +271,9 @@ class Service:
                 with contextlib.suppress(Exception):
                     loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
         self.store.close()
+        if self._state_lock is not None:
+            self._state_lock.close()
+            self._state_lock = None
 
     @property
     def stopping(self) -> bool:
@@ -293,7 +326,10 @@ class Service:
         state = ClusterState(self.machine.nodes)
         for w in workloads:
             if w.allocation is not None:
-                state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                try:
+                    state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                except InvalidRequestError:  # settled by _recover; never stop deciding
+                    log.error("workload %s holds GPUs this machine lacks; skipped", w.id)
         self._refresh_target(workloads)
         tree = self._queue_tree()
         holds = self.store.load_holds()
@@ -343,6 +379,12 @@ class Service:
             handle = self.launcher.launch(spec)
         except LaunchError as exc:
             self.store.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
+            return
+        except Exception as exc:  # never leave a placement without a process
+            log.exception("launching %s failed", workload_id)
+            self.store.mark_finished(
+                workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
+            )
             return
         self._save_handle(handle)
         self.store.attach_process(
@@ -439,9 +481,30 @@ class Service:
         os.replace(tmp, path)
 
     def _recover(self) -> None:
-        """Re-adopt live processes of running workloads; settle the others."""
+        """Re-adopt live processes of running workloads; settle the others.
+
+        A running workload whose placement no longer exists on this machine (the service
+        came back with other GPUs) is stopped and returns to pending.
+        """
         with self._lock:
+            check = ClusterState(self.machine.nodes)
+            index = self._node_index()
             for record in self.store.running_records():
+                fits = True
+                if record.allocation is not None:
+                    try:
+                        a = record.allocation
+                        if a.node_name not in index:
+                            raise InvalidRequestError("node", f"no node {a.node_name}")
+                        check.allocate(record.request, index[a.node_name], a.gpus)
+                    except InvalidRequestError as exc:
+                        fits = False
+                        log.warning("workload %s no longer fits this machine: %s", record.id, exc)
+                if not fits and record.stop_requested_at is None:
+                    self.store.mark_stopping(
+                        record.id, "its GPUs are not on this machine any more; restarting it"
+                    )
+                    record = self.store.get(record.id)
                 path = self._handle_path(record.id)
                 handle = None
                 if path.is_file():
@@ -540,15 +603,22 @@ class Service:
         self.wake()
         return views.workload(record, None)
 
-    def log_path(self, workload_id: str, stream: str) -> Path:
-        """The workload's stdout or stderr log file.
+    def log_path(self, caller: Caller, workload_id: str, stream: str) -> Path:
+        """The workload's stdout or stderr log file (its owner's and admins' to read).
 
         Raises:
-            NotFoundError: unknown id; BadRequest: stream not stdout/stderr.
+            NotFoundError: unknown id; BadRequest: stream not stdout/stderr; Forbidden:
+                another user's workload.
         """
         if stream not in ("stdout", "stderr"):
             raise BadRequest("stream", "must be stdout or stderr")
-        self._get(workload_id)
+        record = self._get(workload_id)
+        if record.owner_uid != caller.uid and not self._is_admin(caller):
+            raise Forbidden(
+                "id",
+                f"workload {workload_id} belongs to uid {record.owner_uid}; its logs are "
+                "its owner's",
+            )
         return self.log_dir / workload_id / f"{stream}.log"
 
     def _get(self, workload_id: str) -> WorkloadRecord:
