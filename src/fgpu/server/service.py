@@ -309,6 +309,9 @@ class Service:
         """One scheduling round: decide, record, act. Returns the decision."""
         with self._lock:
             decision = self.plan()
+            if self._last is None or decision.warnings != self._last.warnings:
+                for warning in decision.warnings:
+                    log.warning("queues: %s", warning)
             self.store.save_holds(decision.holds)
             self._last = decision
             self._reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
@@ -676,6 +679,8 @@ class Service:
 
     def delete_queue(self, caller: Caller, name: str) -> None:
         """Remove an empty queue (admins). Raises NotFoundError, Conflict, Forbidden."""
+        if name == DEFAULT_QUEUE:
+            raise Conflict("name", f"the {DEFAULT_QUEUE!r} queue is where plain submissions go")
         self._queue_change(caller, lambda: self.store.delete_queue(name))
 
     def list_queues(self) -> list[QueueView]:
