@@ -389,14 +389,25 @@ class Service:
                 workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
             )
             return
-        self._save_handle(handle)
-        self.store.attach_process(
-            workload_id,
-            handle.pid,
-            handle.create_time,
-            stdout_path=str(handle.stdout_path),
-            stderr_path=str(handle.stderr_path),
-        )
+        try:
+            self._save_handle(handle)
+            self.store.attach_process(
+                workload_id,
+                handle.pid,
+                handle.create_time,
+                stdout_path=str(handle.stdout_path),
+                stderr_path=str(handle.stderr_path),
+            )
+        except Exception as exc:  # an untracked process must not keep the GPU
+            log.exception("recording the process of %s failed; stopping it", workload_id)
+            with contextlib.suppress(Exception):
+                self.launcher.terminate(handle, 0.0)
+            self.store.mark_finished(
+                workload_id,
+                FAILED,
+                reason=f"could not record its process: {type(exc).__name__}: {exc}",
+            )
+            return
         self._watch(handle)
 
     def _stop(self, workload_id: str, reason: str) -> None:
