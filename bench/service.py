@@ -44,8 +44,20 @@ TARGETS = {"submissions_per_s": 300.0, "p99_ms": 50.0, "pass_s": 1.0}
 def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
     socket = folder / "fgpu.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fgpu", "serve", "--socket", str(socket), "--state-dir",
-         str(folder), "--simulate-gpus", "1xA100-40GB", "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "fgpu",
+            "serve",
+            "--socket",
+            str(socket),
+            "--state-dir",
+            str(folder),
+            "--simulate-gpus",
+            "1xA100-40GB",
+            "--log-level",
+            "warning",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -110,9 +122,7 @@ def bench_submit(socket: Path) -> dict[str, Any]:
 
 
 def bench_pass(folder: Path) -> dict[str, Any]:
-    svc = Service.create(
-        simulate_gpus="64xA100-80GB", state_dir=folder, db=str(folder / "pass.db")
-    )
+    svc = Service.create(simulate_gpus="64xA100-80GB", state_dir=folder, db=str(folder / "pass.db"))
     me = Caller(os.getuid(), True)
     shapes = ["0.25", "0.5", "1", "2"]
     for i in range(PENDING):
@@ -164,7 +174,9 @@ def main() -> None:
                 "measured": measured[name],
                 # below 1 is within target (rate: target / measured)
                 "ratio": round(
-                    target / measured[name] if name == "submissions_per_s" else measured[name] / target,
+                    target / measured[name]
+                    if name == "submissions_per_s"
+                    else measured[name] / target,
                     3,
                 ),
             }
