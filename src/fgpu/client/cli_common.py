@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 
+from fgpu.client import render
 from fgpu.client.client import TOKEN_ENV, URL_ENV, Client, ClientError
+from fgpu.client.render import JsonValue
 from fgpu.wire import SOCKET_ENV
 
 EXIT_REFUSED = 1
@@ -75,3 +77,11 @@ def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
             yield client
     except ClientError as exc:
         fail(str(exc), exit_code(exc))
+
+
+def show(value: JsonValue, table: RenderableType, json_out: bool) -> None:
+    """Print ``value`` as JSON with ``--json``, else the rendered ``table``."""
+    if json_out:
+        print(render.to_json(value))
+    else:
+        out.print(table)

@@ -18,6 +18,7 @@ from fgpu.client.cli_common import (
     err,
     fail,
     out,
+    show,
 )
 from fgpu.wire import QueueBody, QueueView
 
@@ -81,10 +82,7 @@ def list_queues(
     """List queues with quota, limit, fair share and use."""
     with connect(socket, url) as client:
         views = client.list_queues()
-    if json_out:
-        print(render.to_json(views))
-    else:
-        out.print(render.queues_table(views))
+    show(views, render.queues_table(views), json_out)
 
 
 @queue_app.command("set")

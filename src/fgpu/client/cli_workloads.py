@@ -21,6 +21,7 @@ from fgpu.client.cli_common import (
     err,
     fail,
     out,
+    show,
 )
 from fgpu.wire import TERMINAL_PHASES, SubmitRequest
 
@@ -160,10 +161,7 @@ def describe(
     """Show a workload: request, placement, events, and why it waits while pending."""
     with connect(socket, url) as client:
         detail = client.get_workload(workload_id)
-    if json_out:
-        print(render.to_json(detail))
-    else:
-        out.print(render.detail_view(detail))
+    show(detail, render.detail_view(detail), json_out)
 
 
 def logs(
@@ -232,10 +230,7 @@ def top(
     """Each GPU with the shares it holds, by workload, and live use where known."""
     with connect(socket, url) as client:
         nodes = client.nodes()
-    if json_out:
-        print(render.to_json(render.top_rows(nodes)))
-    else:
-        out.print(render.top_table(nodes))
+    show(render.top_rows(nodes), render.top_table(nodes), json_out)
 
 
 def nodes(
@@ -246,10 +241,7 @@ def nodes(
     """The machine's nodes: CPUs, memory and GPUs."""
     with connect(socket, url) as client:
         views = client.nodes()
-    if json_out:
-        print(render.to_json(views))
-    else:
-        out.print(render.nodes_table(views))
+    show(views, render.nodes_table(views), json_out)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,7 +40,11 @@ PHASE_STYLES = {
 }
 
 
-def to_json(items: BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]) -> str:
+JsonValue = BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]
+"""What :func:`to_json` prints: a wire model, a list of them, or a list of plain rows."""
+
+
+def to_json(items: JsonValue) -> str:
     """Wire models (one or a list) as indented JSON."""
     if isinstance(items, BaseModel):
         data: object = items.model_dump(mode="json")
