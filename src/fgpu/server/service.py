@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 
@@ -61,6 +61,7 @@ from fgpu.store.records import (
     QueueConfig,
     QueueLimit,
     WorkloadRecord,
+    to_core,
 )
 from fgpu.wire import (
     EventView,
@@ -86,6 +87,23 @@ FALLBACK_TARGET = TargetWorkload(
     (TaskType(0, 250, 1, "", 1), TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1))
 )
 """Target workload before anything was submitted: quarter, half and whole GPUs."""
+
+
+class _Tracked:
+    """The store's workload writes, each followed by an update of the service's mirror."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Callable[..., WorkloadRecord]:
+        method = getattr(self._service.store, name)
+
+        def write(*args: Any, **kwargs: Any) -> WorkloadRecord:
+            record: WorkloadRecord = method(*args, **kwargs)
+            self._service._sync(record)
+            return record
+
+        return write
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +197,9 @@ class Service:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._round_s = 0.0
+        self._active: dict[str, Workload] | None = None
+        self._mirror_lock = threading.Lock()
+        self._tracked = _Tracked(self)
         self._state_lock: IO[str] | None = None
         self._tree: QueueTree | None = None
         self._empty = ClusterState(self.machine.nodes)
@@ -325,7 +346,7 @@ class Service:
     def plan(self) -> Decision:
         """Read the store and ask the decision core, without acting (what a round decides)."""
         now = self.clock()
-        workloads = self.store.core_workloads(self._node_index())
+        workloads = self._workloads()
         state = ClusterState(self.machine.nodes)
         for w in workloads:
             if w.allocation is not None:
@@ -337,6 +358,38 @@ class Service:
         tree = self._queue_tree()
         holds = self.store.load_holds()
         return self._scheduler.decide(now, state, tree, workloads, holds)
+
+    def _workloads(self) -> list[Workload]:
+        """Active workloads as the decision core sees them, from the service's mirror.
+
+        The service is the only writer of its store (its state folder is locked), and every
+        write goes through :class:`_Tracked`, so the mirror is read from the store once and
+        then kept current: a round does not re-read every active workload.
+        """
+        with self._mirror_lock:
+            if self._active is None:
+                index = self._node_index()
+                self._active = {}
+                for record in self.store.list_workloads(ACTIVE_PHASES):
+                    self._mirror(record, index)
+            return list(self._active.values())
+
+    def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
+        assert self._active is not None
+        if not record.is_active:
+            self._active.pop(record.id, None)
+            return
+        try:
+            self._active[record.id] = to_core(record, index)
+        except KeyError:  # placed on a node this machine no longer has: being stopped
+            self._active.pop(record.id, None)
+            log.warning("workload %s is placed on a node that is gone", record.id)
+
+    def _sync(self, record: WorkloadRecord) -> None:
+        """Bring the mirror up to date with one written record."""
+        with self._mirror_lock:
+            if self._active is not None:
+                self._mirror(record, self._node_index())
 
     def _queue_tree(self) -> QueueTree:
         """The queue tree, read again only after a queue change through this service."""
@@ -364,7 +417,7 @@ class Service:
     def _start(self, workload_id: str, allocation: Allocation) -> None:
         record = self.store.get(workload_id)
         uuids = self.machine.uuids(allocation.node_name, allocation.gpus)
-        self.store.mark_running(workload_id, allocation, gpu_uuids=uuids)
+        self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids)
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -381,17 +434,17 @@ class Service:
         try:
             handle = self.launcher.launch(spec)
         except LaunchError as exc:
-            self.store.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
+            self._tracked.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
             return
         except Exception as exc:  # never leave a placement without a process
             log.exception("launching %s failed", workload_id)
-            self.store.mark_finished(
+            self._tracked.mark_finished(
                 workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
             )
             return
         try:
             self._save_handle(handle)
-            self.store.attach_process(
+            self._tracked.attach_process(
                 workload_id,
                 handle.pid,
                 handle.create_time,
@@ -402,7 +455,7 @@ class Service:
             log.exception("recording the process of %s failed; stopping it", workload_id)
             with contextlib.suppress(Exception):
                 self.launcher.terminate(handle, 0.0)
-            self.store.mark_finished(
+            self._tracked.mark_finished(
                 workload_id,
                 FAILED,
                 reason=f"could not record its process: {type(exc).__name__}: {exc}",
@@ -414,7 +467,7 @@ class Service:
         """Record the stop, then signal the process (grace period, then SIGKILL)."""
         record = self.store.get(workload_id)
         if record.stop_requested_at is None:
-            self.store.mark_stopping(workload_id, reason)
+            self._tracked.mark_stopping(workload_id, reason)
         handle = self._handles.get(workload_id)
         if handle is None or self._loop is None:
             return
@@ -475,14 +528,16 @@ class Service:
         if record.phase not in ("running", "paused"):
             return
         if record.cancelled_by is not None:
-            self.store.mark_finished(workload_id, CANCELLED, exit_code=code, reason=record.reason)
+            self._tracked.mark_finished(
+                workload_id, CANCELLED, exit_code=code, reason=record.reason
+            )
         elif record.stop_requested_at is not None:
-            self.store.mark_preempted(workload_id, record.reason or "preempted")
+            self._tracked.mark_preempted(workload_id, record.reason or "preempted")
         elif code == 0:
-            self.store.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
+            self._tracked.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")
-            self.store.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
+            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"
@@ -515,7 +570,7 @@ class Service:
                         fits = False
                         log.warning("workload %s no longer fits this machine: %s", record.id, exc)
                 if not fits and record.stop_requested_at is None:
-                    self.store.mark_stopping(
+                    self._tracked.mark_stopping(
                         record.id, "its GPUs are not on this machine any more; restarting it"
                     )
                     record = self.store.get(record.id)
@@ -535,9 +590,9 @@ class Service:
                 if exit_record is not None:
                     self._record_end(record.id, exit_record.code, exit_record.reason)
                 elif record.stop_requested_at is not None and record.cancelled_by is None:
-                    self.store.mark_preempted(record.id, record.reason or "preempted")
+                    self._tracked.mark_preempted(record.id, record.reason or "preempted")
                 else:
-                    self.store.mark_lost(record.id)
+                    self._tracked.mark_lost(record.id)
 
     # ------------------------------------------------------------------ use-cases
     def _is_admin(self, caller: Caller) -> bool:
@@ -562,7 +617,7 @@ class Service:
         if not ok.any():
             raise BadRequest("request", f"can never fit this machine: {empty.explain(sub.request)}")
         try:
-            record = self.store.submit(
+            record = self._tracked.submit(
                 owner_uid=caller.uid,
                 queue=body.queue,
                 request=sub.request,
@@ -605,7 +660,7 @@ class Service:
         """
         with self._lock:
             try:
-                record = self.store.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
+                record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
             except NotFound:
                 raise NotFoundError("id", f"no workload {workload_id!r}") from None
             except PermissionDenied as exc:
