@@ -116,17 +116,6 @@ class Decision:
     allocated: dict[str, Resources]
     warnings: list[str] = field(default_factory=list)
 
-    def of(self, workload: str) -> list[Action]:
-        """The actions about one workload (as preemptor, victim or waiter)."""
-        out: list[Action] = []
-        for a in self.actions:
-            if isinstance(a, Preempt):
-                if workload in (a.victim, a.preemptor):
-                    out.append(a)
-            elif a.workload == workload:
-                out.append(a)
-        return out
-
 
 def request_resources(request: Request, largest_gpu_memory: int) -> Vec:
     """[gpu_milli, cpu_milli, memory_mib] a request counts against quotas.

@@ -56,7 +56,6 @@ from fgpu.store.records import (
     ACTIVE_PHASES,
     CANCELLED,
     FAILED,
-    PENDING,
     SUCCEEDED,
     QueueConfig,
     QueueLimit,
@@ -787,9 +786,5 @@ class Service:
             raise BadRequest("limit", "must be between 1 and 10000")
         return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
 
-    def pending_reason(self, workload_id: str) -> str | None:
-        """Why a pending workload waits, as of the last round."""
-        return self._reasons.get(workload_id)
 
-
-__all__ = ["PENDING", "Caller", "Service"]
+__all__ = ["Caller", "Service"]

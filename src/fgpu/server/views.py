@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from fgpu.agent.backend import GpuDevice
 from fgpu.model.types import Node
+from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
     EventView,
@@ -34,7 +35,11 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
     reason = record.reason
     if record.phase == "pending" and wait_reason:
         reason = wait_reason
-    preemptible = record.preemptible if record.preemptible is not None else record.priority < 100
+    preemptible = (
+        record.preemptible
+        if record.preemptible is not None
+        else record.priority < NON_PREEMPTIBLE_FROM
+    )
     return WorkloadView(
         id=record.id,
         name=record.name,
