@@ -301,9 +301,13 @@ class Service:
         return self._stopping
 
     def wake(self) -> None:
-        """Ask for a scheduling round soon (thread-safe)."""
+        """Ask for a scheduling round soon (thread-safe).
+
+        A wake-up already pending is enough: the loop clears it before the round reads the
+        mirror, and the caller's write reached the mirror before this check.
+        """
         loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
+        if loop is not None and wake is not None and not wake.is_set() and not loop.is_closed():
             loop.call_soon_threadsafe(wake.set)
 
     async def _run_loop(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, bindparam, delete, insert, or_, select
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
@@ -48,12 +48,20 @@ from fgpu.store.records import (
     models_to_text,
     to_core,
 )
-from fgpu.store.schema import HoldRow, QueueRow, WorkloadRow
+from fgpu.store.schema import Base, EventRow, HoldRow, QueueRow, WorkloadRow
 
 DEFAULT_GRACE_S = 30.0
 """Seconds between SIGTERM and SIGKILL when a workload is stopped (issue 4, item 3)."""
 
 _ID_ATTEMPTS = 32
+
+# Core statements for the submission path (tables from the declarative metadata)
+_WORKLOADS = Base.metadata.tables[WorkloadRow.__tablename__]
+_QUEUES = Base.metadata.tables[QueueRow.__tablename__]
+_WORKLOAD_COLUMNS = tuple(_WORKLOADS.columns)
+_INSERT_WORKLOAD = insert(_WORKLOADS)
+_INSERT_EVENT = insert(Base.metadata.tables[EventRow.__tablename__])
+_ID_TAKEN = select(_WORKLOADS.c.id).where(_WORKLOADS.c.id == bindparam("id"))
 
 
 class Store(QueueStore, InventoryStore):
@@ -131,21 +139,26 @@ class Store(QueueStore, InventoryStore):
         )
         level = validate.integer("priority", parse_priority(priority))
         with self._write() as session:
-            found = session.scalars(
-                select(QueueRow.name).where(QueueRow.name == queue).with_for_update(read=True)
-            ).one_or_none()
-            if found is None:
-                raise InvalidRequestError("queue", f"unknown queue {queue!r}")
-            children = session.scalars(
-                select(QueueRow.name).where(QueueRow.parent == queue).order_by(QueueRow.name)
+            # Core statements on the session's connection (no ORM compilation or unit of
+            # work): this is the hot path of the service's submissions.
+            connection = session.connection()
+            queues = _QUEUES.c
+            # one query for the queue and its children: a leaf has itself and nothing else
+            names = connection.execute(
+                select(queues.name, queues.parent)
+                .where(or_(queues.name == queue, queues.parent == queue))
+                .with_for_update(read=True)
             ).all()
+            if not any(found == queue for found, _ in names):
+                raise InvalidRequestError("queue", f"unknown queue {queue!r}")
+            children = sorted(found for found, parent in names if parent == queue)
             if children:
                 raise InvalidRequestError(
                     "queue",
                     f"queue {queue} has child queues ({', '.join(children)}); "
                     "submit to one of them",
                 )
-            workload_id = self._fresh_id(session)
+            workload_id = self._fresh_id(connection)
             now = self._clock()
             row = WorkloadRow(
                 id=workload_id,
@@ -167,19 +180,43 @@ class Store(QueueStore, InventoryStore):
                 env=environment,
                 grace_s=grace,
                 submitted_at=now,
+                started_at=None,
+                finished_at=None,
+                exit_code=None,
                 reason="submitted",
                 restarts=0,
+                stop_requested_at=None,
+                cancelled_by=None,
+                pid=None,
+                create_time=None,
+                stdout_path=None,
+                stderr_path=None,
+                node_name=None,
+                allocation=None,
             )
-            session.add(row)
-            self._event(
-                session, now, workload_id, "submitted", "submitted", f"submitted to queue {queue}"
+            # the row object stays transient; it only carries the values
+            connection.execute(
+                _INSERT_WORKLOAD, [{c.key: getattr(row, c.key) for c in _WORKLOAD_COLUMNS}]
+            )
+            connection.execute(
+                _INSERT_EVENT,
+                [
+                    {
+                        "workload_id": workload_id,
+                        "time": now,
+                        "kind": "submitted",
+                        "reason": "submitted",
+                        "message": f"submitted to queue {queue}",
+                    }
+                ],
             )
             return convert.workload_record(row)
 
-    def _fresh_id(self, session: Session) -> str:
+    def _fresh_id(self, connection: Connection) -> str:
         for _ in range(_ID_ATTEMPTS):
             candidate = validate.workload_id(self._new_id())
-            if session.get(WorkloadRow, candidate) is None:
+            taken = connection.execute(_ID_TAKEN, {"id": candidate}).first()
+            if taken is None:
                 return candidate
         raise StoreError(f"no free workload id after {_ID_ATTEMPTS} attempts")
 
