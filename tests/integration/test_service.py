@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fgpu.server.errors import BadRequest, Forbidden
@@ -209,6 +211,45 @@ def test_a_process_that_died_while_down_is_marked_lost(tmp_path: Path) -> None:
             record = svc.get_workload(run_id)
             assert record.phase == "failed"
             assert record.reason == "lost while the service was down"
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
+def test_a_process_started_but_not_recorded_is_found_and_readopted(tmp_path: Path) -> None:
+    """A kill between starting the wrapper and saving its handle leaves a process that the
+    store does not name; the next start finds it by its command line, not a second copy."""
+
+    async def first() -> tuple[str, int]:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        run = svc.submit(ME, job(30, gpu="0.5"))
+        await until(lambda: svc.store.get(run.id).pid is not None)
+        pid = svc.store.get(run.id).pid
+        assert pid is not None
+        crash(svc)
+        # what the kill window leaves: no handle file and no pid in the store
+        (tmp_path / "logs" / run.id / "handle.json").unlink()
+        with sqlite3.connect(tmp_path / "fgpu.db") as db:
+            db.execute(
+                "UPDATE workloads SET pid = NULL, create_time = NULL WHERE id = ?", (run.id,)
+            )
+        return run.id, pid
+
+    run_id, pid = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            record = svc.store.get(run_id)
+            assert record.phase == "running"
+            assert record.pid == pid  # the same process, found again
+            assert (tmp_path / "logs" / run_id / "handle.json").is_file()
+            svc.cancel(ME, run_id)
+            await until(lambda: phases(svc)[run_id] == "cancelled")
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
         finally:
             await svc.stop()
 

@@ -337,6 +337,46 @@ class Launcher:
                 f"{_tail(stderr_path) or 'no output'}",
             ) from None
 
+    # -- finding ----------------------------------------------------------------------------
+
+    def find(self, workload_id: str, log_dir: Path) -> ProcessHandle | None:
+        """The live wrapper of ``workload_id`` found by its command line, or None.
+
+        For recovery when the handle was never saved: an agent killed between starting a
+        wrapper and recording it leaves a workload whose process runs unrecorded. The
+        wrapper is recognised by ``-m fgpu.agent.runner --exit-file
+        LOG_DIR/WORKLOAD_ID/exit.json`` in its command line (a scan of ``/proc``). Its
+        process group is that of its first child (the command); the wrapper's own pid when
+        the command has not started.
+        """
+        exit_path = log_dir / workload_id / "exit.json"
+        wanted = ["-m", "fgpu.agent.runner", "--exit-file", str(exit_path)]
+        for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
+            info = proc.info
+            cmdline = info.get("cmdline") or []
+            if cmdline[1 : 1 + len(wanted)] != wanted or info.get("status") in (
+                psutil.STATUS_ZOMBIE,
+                psutil.STATUS_DEAD,
+            ):
+                continue
+            pid = int(info["pid"])
+            try:
+                children = proc.children()
+            except psutil.Error:
+                continue
+            return ProcessHandle(
+                workload_id=workload_id,
+                pid=pid,
+                create_time=float(info["create_time"]),
+                pgid=min(c.pid for c in children) if children else pid,
+                stdout_path=exit_path.parent / "stdout.log",
+                stderr_path=exit_path.parent / "stderr.log",
+                exit_path=exit_path,
+                start_ticks=start_ticks(pid),
+                boot_id=boot_id(),
+            )
+        return None
+
     # -- watching ----------------------------------------------------------------------------
 
     def is_same_process(self, handle: ProcessHandle) -> bool:

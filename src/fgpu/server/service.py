@@ -582,6 +582,21 @@ class Service:
                 if path.is_file():
                     with contextlib.suppress(ValueError, KeyError, OSError):
                         handle = ProcessHandle.from_dict(json.loads(path.read_text()))
+                if handle is None or not self.launcher.is_same_process(handle):
+                    # killed between starting the wrapper and saving its handle?
+                    found = self.launcher.find(record.id, self.log_dir)
+                    if found is not None:
+                        log.info("found the unrecorded process of workload %s", record.id)
+                        handle = found
+                        self._save_handle(handle)
+                        if record.pid is None:
+                            record = self._tracked.attach_process(
+                                record.id,
+                                handle.pid,
+                                handle.create_time,
+                                stdout_path=str(handle.stdout_path),
+                                stderr_path=str(handle.stderr_path),
+                            )
                 if handle is not None and self.launcher.is_same_process(handle):
                     log.info("re-adopted workload %s (pid %d)", record.id, handle.pid)
                     self._watch(handle)
