@@ -398,7 +398,7 @@ BAD_SUBMISSIONS: dict[str, tuple[list[str], list[str], str]] = {
     "memory-above-every-gpu": (
         ["--gpu-memory", "1TiB"],
         ["true"],
-        "GPU memory too small (no GPU has 1048576 MiB of memory)",
+        "gpu_memory: 1048576 MiB is more than any GPU here has (the largest has 40960 MiB)",
     ),
     "unknown-model": (["--gpu-model", "X100"], ["true"], "gpu_model: unknown GPU model 'X100'"),
     "unknown-queue": (["-q", "nope"], ["true"], "queue: unknown queue 'nope'"),

@@ -630,10 +630,7 @@ class Service:
             raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
         if body.queue not in tree.leaves:
             raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
-        empty = self._empty  # capacities only; never allocated on
-        ok, _ = empty.feasible(sub.request)
-        if not ok.any():
-            raise BadRequest("request", f"can never fit this machine: {empty.explain(sub.request)}")
+        self._check_could_fit(sub.request)
         try:
             record = self._tracked.submit(
                 owner_uid=caller.uid,
@@ -652,6 +649,42 @@ class Service:
             raise BadRequest(exc.field, exc.reason) from None
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
+
+    def _check_could_fit(self, request: Request) -> None:
+        """Refuse a request that no GPU of this machine could ever hold, naming the field
+        that cannot be met where one alone is the cause.
+
+        Raises:
+            BadRequest: ``gpu_model`` (no GPU of that model here), ``gpu`` (more GPUs than
+                any node has), ``gpu_memory`` (more memory than any GPU has), else
+                ``request`` with the per-node reasons.
+        """
+        empty = self._empty  # capacities only; never allocated on
+        ok, _ = empty.feasible(request)
+        if ok.any():
+            return
+        nodes = [n for n in self.machine.nodes if n.gpu_count > 0]
+        if request.gpu_models:
+            here = sorted({str(n.gpu_model) for n in nodes})
+            nodes = [n for n in nodes if n.gpu_model in request.gpu_models]
+            if not nodes:
+                wanted = ", ".join(sorted(request.gpu_models))
+                raise BadRequest(
+                    "gpu_model", f"no {wanted} GPU on this machine; it has {', '.join(here)}"
+                )
+        if nodes and request.gpu_count > max(n.gpu_count for n in nodes):
+            most = max(n.gpu_count for n in nodes)
+            raise BadRequest(
+                "gpu", f"asks for {request.gpu_count} GPUs; a node here has at most {most}"
+            )
+        memory = request.gpu_memory_mib
+        if nodes and memory is not None and memory > max(n.gpu_memory_mib for n in nodes):
+            largest = max(n.gpu_memory_mib for n in nodes)
+            raise BadRequest(
+                "gpu_memory",
+                f"{memory} MiB is more than any GPU here has (the largest has {largest} MiB)",
+            )
+        raise BadRequest("request", f"can never fit this machine: {empty.explain(request)}")
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
