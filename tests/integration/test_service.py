@@ -256,6 +256,40 @@ def test_a_process_started_but_not_recorded_is_found_and_readopted(tmp_path: Pat
     asyncio.run(second())
 
 
+def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
+    """Cancel is idempotent: the stop under way keeps its one SIGTERM and its grace clock."""
+    marks = tmp_path / "terms.txt"
+    program = (
+        "import signal, sys, time\n"
+        "def on_term(*_):\n"
+        f"    open({str(marks)!r}, 'a').write('TERM\\n')\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            run = svc.submit(
+                ME, SubmitRequest(command=[sys.executable, "-c", program], gpu="1", grace_s=1.5)
+            )
+            log = tmp_path / "logs" / run.id / "stdout.log"
+            await until(lambda: log.is_file() and "ready" in log.read_text())
+            svc.cancel(ME, run.id)
+            await until(lambda: marks.is_file())
+            svc.cancel(ME, run.id)  # again, while the first stop waits out its grace
+            await asyncio.sleep(0.3)
+            await until(lambda: phases(svc)[run.id] == "cancelled")
+            assert marks.read_text() == "TERM\n"
+            assert svc.get_workload(run.id).exit_code == -signal.SIGKILL
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize(
     ("body", "field", "reason"),
     [

@@ -23,6 +23,7 @@ outcome is kept; otherwise it is marked failed, "lost while the service was down
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import json
@@ -39,7 +40,7 @@ import numpy as np
 
 from fgpu.agent.backend import GpuBackend, detect_backend
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
-from fgpu.agent.process import ProcessHandle, ProcessStatus
+from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
@@ -186,6 +187,7 @@ class Service:
         self.machine: Machine = discover(backend)
         self._lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
+        self._terminating: set[str] = set()  # ids with a stop sequence under way
         self._pidfds: dict[str, int] = {}
         self._reasons: dict[str, str] = {}
         self._last: Decision | None = None
@@ -472,13 +474,19 @@ class Service:
         if record.stop_requested_at is None:
             self._tracked.mark_stopping(workload_id, reason)
         handle = self._handles.get(workload_id)
-        if handle is None or self._loop is None:
-            return
+        if handle is None or self._loop is None or workload_id in self._terminating:
+            return  # a stop already under way keeps its own clock (no second SIGTERM)
+        self._terminating.add(workload_id)
         grace = record.grace_s
         future = asyncio.run_coroutine_threadsafe(
             self.launcher.terminate_async(handle, grace), self._loop
         )
-        future.add_done_callback(lambda f: f.exception())
+
+        def done(f: concurrent.futures.Future[ProcessState]) -> None:
+            self._terminating.discard(workload_id)
+            f.exception()
+
+        future.add_done_callback(done)
 
     # ------------------------------------------------------------ process watching
     def _watch(self, handle: ProcessHandle) -> None:
