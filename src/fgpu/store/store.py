@@ -160,7 +160,8 @@ class Store(QueueStore, InventoryStore):
                 )
             workload_id = self._fresh_id(connection)
             now = self._clock()
-            row = WorkloadRow(
+            values: dict[str, object] = dict.fromkeys(c.key for c in _WORKLOAD_COLUMNS)
+            values.update(
                 id=workload_id,
                 name=name or workload_id,
                 owner_uid=owner_uid,
@@ -180,24 +181,10 @@ class Store(QueueStore, InventoryStore):
                 env=environment,
                 grace_s=grace,
                 submitted_at=now,
-                started_at=None,
-                finished_at=None,
-                exit_code=None,
                 reason="submitted",
                 restarts=0,
-                stop_requested_at=None,
-                cancelled_by=None,
-                pid=None,
-                create_time=None,
-                stdout_path=None,
-                stderr_path=None,
-                node_name=None,
-                allocation=None,
-            )
-            # the row object stays transient; it only carries the values
-            connection.execute(
-                _INSERT_WORKLOAD, [{c.key: getattr(row, c.key) for c in _WORKLOAD_COLUMNS}]
-            )
+            )  # every other column starts empty (NULL)
+            connection.execute(_INSERT_WORKLOAD, [values])
             connection.execute(
                 _INSERT_EVENT,
                 [
@@ -210,7 +197,7 @@ class Store(QueueStore, InventoryStore):
                     }
                 ],
             )
-            return convert.workload_record(row)
+            return convert.workload_record(WorkloadRow(**values))  # transient: values only
 
     def _fresh_id(self, connection: Connection) -> str:
         for _ in range(_ID_ATTEMPTS):
