@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from fgpu.client import Client, ClientError, ServerUnavailable
-from fgpu.server.app import create_app
+from fgpu.server.app import PEER_UID, create_app
 from fgpu.server.service import Service
 from fgpu.server.uds import ApiServer, SocketInUse, parse_listen, peer_uid
 from fgpu.wire import LOG_OFFSET_HEADER, SubmitRequest
@@ -167,10 +168,26 @@ class BrokenService:
     def nodes(self) -> list[object]:
         raise RuntimeError("a bug")
 
+    def list_queues(self) -> list[object]:
+        return []
 
-def call_in_process(path: str, token: str | None, headers: dict[str, str]) -> httpx.Response:
-    app = create_app(BrokenService(), token=token)  # type: ignore[arg-type]
-    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+
+def call_in_process(
+    path: str,
+    token: str | None,
+    headers: dict[str, str],
+    *,
+    peer_uid: int | None = None,
+    server_uid: int | None = None,
+) -> httpx.Response:
+    app = create_app(BrokenService(), token=token, server_uid=server_uid)  # type: ignore[arg-type]
+
+    async def with_peer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if peer_uid is not None:
+            scope = {**scope, PEER_UID: peer_uid}  # what the Unix socket protocol adds
+        await app(scope, receive, send)
+
+    transport = httpx.ASGITransport(app=with_peer, raise_app_exceptions=False)
 
     async def call() -> httpx.Response:
         async with httpx.AsyncClient(transport=transport, base_url="http://x") as http:
@@ -183,6 +200,28 @@ def test_a_server_without_a_token_refuses_callers_without_peer_credentials() -> 
     answer = call_in_process("/v1/nodes", None, {"authorization": "Bearer anything"})
     assert answer.status_code == 401
     assert answer.json()["detail"]["reason"] == "this server answers only on its Unix socket"
+
+
+@pytest.mark.parametrize(
+    ("peer", "status"),
+    [(1000, 200), (0, 200), (1001, 403), (65534, 403)],
+    ids=["itself", "root", "another-user", "nobody"],
+)
+def test_a_server_not_run_by_root_serves_only_its_own_user(peer: int, status: int) -> None:
+    """Its workloads run as its own user: serving others would run their commands as it."""
+    answer = call_in_process("/v1/queues", None, {}, peer_uid=peer, server_uid=1000)
+    assert answer.status_code == status
+    if status == 403:
+        assert answer.json()["detail"] == {
+            "field": "caller",
+            "reason": f"this server runs as uid 1000 and serves only that user (uid {peer} "
+            "asked); run fgpu serve as root to share a machine",
+        }
+
+
+def test_a_root_server_serves_every_user() -> None:
+    answer = call_in_process("/v1/queues", None, {}, peer_uid=1001, server_uid=0)
+    assert answer.status_code == 200
 
 
 def test_a_bug_is_a_500_with_the_same_shape() -> None:
@@ -337,8 +376,10 @@ def test_logs_are_read_from_an_offset(running: Running) -> None:
 
 
 # --------------------------------------------------------------------------- socket
-def test_the_socket_is_world_writable_in_a_0755_folder(running: Running) -> None:
-    assert stat.S_IMODE(running.socket.stat().st_mode) == 0o666
+def test_the_socket_is_world_writable_as_root_else_private(running: Running) -> None:
+    """A root server serves every local user; another user's server only that user."""
+    expected = 0o666 if os.geteuid() == 0 else 0o600
+    assert stat.S_IMODE(running.socket.stat().st_mode) == expected
     assert stat.S_ISSOCK(running.socket.stat().st_mode)
     assert stat.S_IMODE(running.socket.parent.stat().st_mode) == 0o755
 
@@ -367,7 +408,7 @@ def test_a_stale_socket_is_replaced_and_removed_on_release(short_dir: Path) -> N
         dead.bind(str(path))  # bound, never listening, closed: what a killed server leaves
     server = ApiServer(path)
     server.bind()
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666
+    assert stat.S_IMODE(path.stat().st_mode) == (0o666 if os.geteuid() == 0 else 0o600)
     server.release()
     assert not path.exists()
     assert list(path.parent.iterdir()) == []

@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 from fgpu.cli import app
 from fgpu.client import Client, ClientError
+from fgpu.wire import SubmitRequest
 
 TIMEOUT_S = 20.0
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -379,6 +380,7 @@ def test_a_second_server_on_the_socket_is_refused(server: Server) -> None:
         (["--listen", "nowhere"], "--listen"),
         (["--token-file", "/nonexistent"], "--token-file is only used with --listen"),
         (["--listen", "127.0.0.1:0", "--token-file", "/nonexistent"], "cannot read"),
+        (["--token-user", "0"], "--token-user is only used with --listen"),
         (["--admin", "no-such-user-here"], "--admin"),
         (["--log-level", "loud"], "--log-level"),
         (["--simulate-gpus", "3xZ100"], "Z100"),
@@ -390,6 +392,7 @@ def test_a_second_server_on_the_socket_is_refused(server: Server) -> None:
         "bad-listen",
         "token-without-listen",
         "token-missing",
+        "token-user-without-listen",
         "admin",
         "log-level",
         "gpu-spec",
@@ -409,19 +412,53 @@ def test_serve_refuses_bad_options(
     assert not socket.exists()
 
 
+@pytest.mark.parametrize(
+    ("token", "extra", "message"),
+    [
+        ("short-token", ["--token-user", "65534"], "the token has 11 characters; use at least 16"),
+        ("a-long-enough-token-123", [], "--listen as root needs --token-user"),
+        ("a-long-enough-token-123", ["--token-user", "no-such-user-here"], "--token-user: no user"),
+    ],
+    ids=["short", "root-without-token-user", "unknown-token-user"],
+)
+def test_serve_refuses_weak_token_settings(
+    root: Path, token: str, extra: list[str], message: str
+) -> None:
+    if "root" in message and os.geteuid() != 0:
+        pytest.skip("the rule is for servers run as root")
+    folder = root / f"tok-{len(extra)}-{len(token)}"
+    folder.mkdir()
+    (folder / "token").write_text(token + "\n")
+    (folder / "token").chmod(0o600)
+    socket = folder / "fgpu.sock"
+    args = ["--listen", "127.0.0.1:0", "--token-file", str(folder / "token"), *extra]
+    result = CliRunner().invoke(
+        app, ["serve", "--socket", str(socket), "--state-dir", str(folder / "state"), *args]
+    )
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert not socket.exists()
+
+
 def test_serve_on_tcp_with_a_token_file_then_sigterm_stops_cleanly(root: Path) -> None:
     folder = root / "tcp"
     folder.mkdir()
     token = folder / "token"
-    token.write_text("tcp-token-123\n")
+    secret = "tcp-token-0123456789"
+    token.write_text(secret + "\n")
     token.chmod(0o600)
-    server = start_server(folder, "--listen", "127.0.0.1:0", "--token-file", str(token))
+    server = start_server(
+        folder, "--listen", "127.0.0.1:0", "--token-file", str(token), "--token-user", "65534"
+    )
     try:
         log = (folder / "serve.log").read_text()
         assert f"unix socket {server.socket}" in log
         port = int(log.split("http://127.0.0.1:")[1].split(" ")[0])
-        with Client(base_url=f"http://127.0.0.1:{port}", token="tcp-token-123") as client:
+        with Client(base_url=f"http://127.0.0.1:{port}", token=secret) as client:
             assert client.nodes()[0].gpus[0].model == "A100-40GB"
+            # a token caller acts as --token-user, not as the server's user
+            view = client.submit(SubmitRequest(command=["true"], gpu="0.1", cwd="/"))
+            assert view.owner_uid == 65534
         with (
             Client(base_url=f"http://127.0.0.1:{port}", token="nope") as client,
             pytest.raises(ClientError) as caught,

@@ -4,6 +4,7 @@ models and :class:`ClientError`, and the CLI's text rendering of units."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,13 @@ import pytest
 
 from fgpu.client import Client, ClientError, ServerUnavailable, render, resolve_socket
 from fgpu.client.cli_common import exit_code
-from fgpu.wire import LOG_OFFSET_HEADER, SYSTEM_SOCKET, ResourceRequest, default_socket_path
+from fgpu.wire import (
+    LOG_OFFSET_HEADER,
+    SYSTEM_SOCKET,
+    ResourceRequest,
+    SubmitRequest,
+    default_socket_path,
+)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +111,30 @@ def test_a_refused_connection_says_how_to_start_a_server() -> None:
         client.list_workloads()
     assert caught.value.status == 0
     assert "start one with `fgpu serve`" in str(caught.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a file another user owns")
+def test_a_submission_is_not_sent_to_a_socket_another_user_owns(tmp_path: Path) -> None:
+    """Anyone may make /tmp/fgpu-UID first; the command and environment must not go there."""
+    planted = tmp_path / "fgpu.sock"
+    planted.touch()
+    os.chown(planted, 1001, 1001)
+    sent: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(201, content=b"{}")
+
+    client = Client(planted, transport=httpx.MockTransport(record))
+    with pytest.raises(ClientError) as caught:
+        client.submit(SubmitRequest(command=["true"], gpu="0.5", env={"SECRET": "x"}))
+    assert caught.value.field == "socket"
+    assert "belongs to uid 1001, neither you (uid 0) nor root" in caught.value.reason
+    assert sent == []
+    os.chown(planted, 0, 0)  # root's own socket is fine
+    with pytest.raises(ClientError):  # the mock answers {}, not a workload: but it was sent
+        client.submit(SubmitRequest(command=["true"], gpu="0.5"))
+    assert len(sent) == 1
 
 
 def test_requests_carry_the_right_method_path_and_query() -> None:

@@ -114,10 +114,12 @@ class Client:
             if token:
                 headers["authorization"] = f"Bearer {token}"
             self._start_hint = f"no fgpu server answers at {self.address}"
+            self._socket: Path | None = None
         else:
             path = resolve_socket(socket)
             self.address = str(path)
             root = "http://fgpu"
+            self._socket = path
             transport = transport or httpx.HTTPTransport(uds=str(path))
             self._start_hint = f"no fgpu server at {path}; start one with `fgpu serve`"
             if path.exists() and not os.access(path, os.W_OK):
@@ -184,8 +186,32 @@ class Client:
         return self._json("GET", "/healthz", Health)
 
     def submit(self, request: SubmitRequest) -> WorkloadView:
-        """Submit a workload; raises :class:`ClientError` (422) with the field when invalid."""
+        """Submit a workload; raises :class:`ClientError` (422) with the field when invalid.
+
+        A submission carries the command and its environment (which may hold secrets), so on
+        a Unix socket it goes only to a socket owned by this user or by root: anyone may
+        create a socket where another user's server would be (``/tmp/fgpu-UID``).
+
+        Raises:
+            ClientError: field ``socket`` when the socket belongs to another user.
+        """
+        self._check_socket_owner()
         return self._json("POST", "/workloads", WorkloadView, json=self._body(request))
+
+    def _check_socket_owner(self) -> None:
+        if self._socket is None:
+            return
+        try:
+            owner = self._socket.stat().st_uid
+        except OSError:
+            return  # nothing there: the request reports that no server answers
+        if owner not in (0, os.geteuid()):
+            raise ClientError(
+                0,
+                "socket",
+                f"refusing to send the command and its environment to {self._socket}: the "
+                f"socket belongs to uid {owner}, neither you (uid {os.geteuid()}) nor root",
+            )
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""

@@ -139,7 +139,18 @@ def current_caller(request: Request) -> Caller:
     settings: _Settings = request.app.state.fgpu
     uid = request.scope.get(PEER_UID)
     if isinstance(uid, int):
-        return Caller(uid=uid, admin=uid == 0 or uid in settings.service.admins)
+        if settings.server_uid != 0 and uid not in (0, settings.server_uid):
+            # a server that is not root runs every workload as its own user: serving another
+            # user would let them run commands as this one
+            raise HTTPException(
+                403,
+                {
+                    "field": "caller",
+                    "reason": f"this server runs as uid {settings.server_uid} and serves only "
+                    f"that user (uid {uid} asked); run fgpu serve as root to share a machine",
+                },
+            )
+        return Caller(uid=uid, admin=settings.is_admin(uid))
     unauthorized = {"WWW-Authenticate": "Bearer"}
     if settings.token is None:
         closed = {"field": "authorization", "reason": "this server answers only on its Unix socket"}
@@ -150,7 +161,7 @@ def current_caller(request: Request) -> Caller:
         raise HTTPException(401, missing, unauthorized)
     if not hmac.compare_digest(given.strip().encode(), settings.token):
         raise HTTPException(401, {"field": "authorization", "reason": "wrong token"}, unauthorized)
-    return Caller(uid=settings.server_uid, admin=True)
+    return Caller(uid=settings.token_uid, admin=settings.is_admin(settings.token_uid))
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
@@ -161,19 +172,35 @@ class _Settings:
     service: ServiceApi
     token: bytes | None
     server_uid: int
+    token_uid: int
+
+    def is_admin(self, uid: int) -> bool:
+        """Root, the server's own user and the configured admins manage everything."""
+        return uid in (0, self.server_uid) or uid in self.service.admins
 
 
 def create_app(
-    service: ServiceApi, *, token: str | None = None, server_uid: int | None = None
+    service: ServiceApi,
+    *,
+    token: str | None = None,
+    server_uid: int | None = None,
+    token_uid: int | None = None,
 ) -> FastAPI:
     """The API application over ``service``.
+
+    Identity: on the Unix socket the caller is the peer's uid. A server that is not root
+    serves only its own user and root (403 ``caller`` for anyone else). With a token (TCP)
+    the caller is ``token_uid``. Root, the server's user and the service's admins are
+    admins.
 
     Args:
         service: the use-cases; started and stopped by the application's lifespan.
         token: bearer token for requests without peer credentials (TCP); None refuses them.
-        server_uid: the uid a token caller acts as (default: this process's effective uid).
+        server_uid: the uid the server runs as (default: this process's effective uid).
+        token_uid: the uid a token caller acts as (default: ``server_uid``).
     """
     own_uid = os.geteuid() if server_uid is None else server_uid
+    as_uid = own_uid if token_uid is None else token_uid
     secret = token.encode() if token else None
 
     @asynccontextmanager
@@ -190,7 +217,7 @@ def create_app(
         summary="Fractional GPU sharing on one machine",
         lifespan=lifespan,
     )
-    app.state.fgpu = _Settings(service, secret, own_uid)
+    app.state.fgpu = _Settings(service, secret, own_uid, as_uid)
     _install_error_handlers(app)
 
     refusals: dict[int | str, dict[str, Any]] = {

@@ -27,6 +27,8 @@ from fgpu.wire import SOCKET_ENV, default_socket_path
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+MIN_TOKEN_LENGTH = 16
+"""Shortest bearer token ``--listen`` accepts."""
 
 log = logging.getLogger("fgpu.server")
 
@@ -35,25 +37,28 @@ class ServeOptionError(ValueError):
     """A ``fgpu serve`` option is wrong; the message names it."""
 
 
+def resolve_user(option: str, value: str) -> int:
+    """A uid or user name given to ``option`` -> uid.
+
+    Raises:
+        ServeOptionError: an unknown user name, naming ``option``.
+    """
+    text = value.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise ServeOptionError(f"{option}: no user {text!r} (give a uid or a user name)") from None
+
+
 def resolve_admins(values: list[str]) -> frozenset[int]:
     """``--admin`` values (uids or user names) -> uids.
 
     Raises:
-        ServeOptionError: an unknown user name or a negative uid.
+        ServeOptionError: an unknown user name.
     """
-    uids: set[int] = set()
-    for value in values:
-        text = value.strip()
-        if text.isdigit():
-            uids.add(int(text))
-            continue
-        try:
-            uids.add(pwd.getpwnam(text).pw_uid)
-        except KeyError:
-            raise ServeOptionError(
-                f"--admin: no user {text!r} (give a uid or a user name)"
-            ) from None
-    return frozenset(uids)
+    return frozenset(resolve_user("--admin", value) for value in values)
 
 
 def read_token(token_file: Path | None, env: dict[str, str]) -> str | None:
@@ -100,6 +105,14 @@ def serve(
     token_file: Annotated[
         Path | None, typer.Option(help="File whose first line is the bearer token for --listen.")
     ] = None,
+    token_user: Annotated[
+        str | None,
+        typer.Option(
+            help="The uid or user name a token caller acts as (workloads run as that user); "
+            "required with --listen when the server runs as root.",
+            show_default=False,
+        ),
+    ] = None,
     db: Annotated[
         str | None,
         typer.Option(
@@ -131,6 +144,7 @@ def serve(
             socket_path=socket_path,
             listen=listen,
             token_file=token_file,
+            token_user=token_user,
             db=db,
             simulate_gpus=simulate_gpus,
             policy=policy,
@@ -156,6 +170,7 @@ def run_serve(
     admins: list[str],
     state_dir: Path | None,
     log_level: str,
+    token_user: str | None = None,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -176,6 +191,7 @@ def run_serve(
         )
         address = None
         token = None
+        token_uid = None
         if listen is not None:
             try:
                 address = parse_listen(listen)
@@ -184,8 +200,22 @@ def run_serve(
             token = read_token(token_file, dict(os.environ))
             if token is None:
                 raise ServeOptionError(f"--listen needs a token: --token-file or ${TOKEN_ENV}")
+            if len(token) < MIN_TOKEN_LENGTH:
+                raise ServeOptionError(
+                    f"--token-file: the token has {len(token)} characters; use at least "
+                    f"{MIN_TOKEN_LENGTH} (e.g. `openssl rand -hex 32`)"
+                )
+            if token_user is not None:
+                token_uid = resolve_user("--token-user", token_user)
+            elif os.geteuid() == 0:
+                raise ServeOptionError(
+                    "--listen as root needs --token-user: token callers would otherwise run "
+                    "their commands as root"
+                )
         elif token_file is not None:
             raise ServeOptionError("--token-file is only used with --listen")
+        elif token_user is not None:
+            raise ServeOptionError("--token-user is only used with --listen")
         admin_uids = resolve_admins(admins)
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
@@ -193,7 +223,9 @@ def run_serve(
         _error(str(exc))
         return 2
     path = (socket_path or default_socket_path()).absolute()
-    return _start(path, address, token, db, simulate_gpus, policy, admin_uids, state_dir, level)
+    return _start(
+        path, address, token, db, simulate_gpus, policy, admin_uids, state_dir, level, token_uid
+    )
 
 
 def _start(
@@ -206,6 +238,7 @@ def _start(
     admins: frozenset[int],
     state_dir: Path | None,
     level: str,
+    token_uid: int | None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -242,6 +275,6 @@ def _start(
         server.release()
         raise
     log.info("serving the API on %s (pid %d)", path, os.getpid())
-    server.run(create_app(service, token=token))
+    server.run(create_app(service, token=token, token_uid=token_uid))
     log.info("stopped")
     return 0

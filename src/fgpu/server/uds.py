@@ -40,6 +40,9 @@ from fgpu.server.app import PEER_UID
 log = logging.getLogger("fgpu.server")
 
 SOCKET_MODE = 0o666
+"""Mode of a root server's socket: every local user may call it (identity is the peer uid)."""
+PRIVATE_SOCKET_MODE = 0o600
+"""Mode of another user's server socket: it serves only that user."""
 FOLDER_MODE = 0o755
 BACKLOG = 2048
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7))
@@ -191,7 +194,7 @@ class ApiServer:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._sockets.append(unix)
             unix.bind(str(self.socket_path))
-            os.chmod(self.socket_path, SOCKET_MODE)
+            os.chmod(self.socket_path, SOCKET_MODE if os.geteuid() == 0 else PRIVATE_SOCKET_MODE)
             self._socket_ino = self.socket_path.stat().st_ino
             unix.listen(BACKLOG)
             unix.setblocking(False)
