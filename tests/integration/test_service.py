@@ -412,6 +412,45 @@ def test_restart_with_fewer_gpus_restarts_the_work_that_lost_its_gpu(tmp_path: P
     asyncio.run(second())
 
 
+def test_restart_on_other_gpu_models_renames_nodes_and_requeues_the_displaced(
+    tmp_path: Path,
+) -> None:
+    """Mixed models make one node per model (vm/A100-40GB, vm/H100-80GB); one model alone
+    makes the node vm: the GPUs keep their UUIDs but change nodes."""
+
+    async def first() -> tuple[str, str]:
+        svc = make(tmp_path, "2xA100-40GB,1xH100-80GB")
+        await svc.start()
+        a = svc.submit(ME, job(30, gpu="1", gpu_model=["A100-40GB"]))
+        h = svc.submit(ME, job(30, gpu="1", gpu_model=["H100-80GB"]))
+        await until(lambda: all(svc.store.get(x.id).pid for x in (a, h)))
+        crash(svc)
+        return a.id, h.id
+
+    a_id, h_id = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "2xA100-40GB")
+        await svc.start()
+        try:
+            assert [n.name for n in svc.store.list_nodes()] == ["vm"]
+            # both lost their node; the A100 one runs again, the H100 one waits for an H100
+            await until(
+                lambda: (
+                    phases(svc) == {a_id: "running", h_id: "pending"}
+                    and svc.store.get(a_id).pid is not None
+                )
+            )
+            assert svc.store.get(a_id).restarts == 1
+            for wid in (a_id, h_id):
+                svc.cancel(ME, wid)
+            await until(lambda: all(p == "cancelled" for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
 def test_views_round_trip(tmp_path: Path) -> None:
     svc = make(tmp_path, "1xA100-40GB")
     view = svc.submit(ME, job(1, gpu="0.25", name="tiny"))

@@ -265,6 +265,31 @@ def test_inventory_refuses_a_gpu_already_on_another_node(store: Store) -> None:
     assert snapshot(store) == before
 
 
+def test_sync_nodes_replaces_the_inventory_and_moves_gpus(store: Store) -> None:
+    store.sync_nodes([box("A100-40GB", "A100-40GB", name="vm/A100"), box("H100-80GB", name="vm/H")])
+    # the machine comes back with one model: one node named otherwise, same GPU UUIDs
+    moved = NodeRecord("vm", 1000, 1024, (GpuRecord(0, "GPU-vm/A100-0", "A100-40GB", 40960),))
+    assert store.sync_nodes([moved]) is True
+    assert store.list_nodes() == [moved]
+    removed = [e.message for e in store.events() if e.kind == "node-removed"]
+    assert removed == [
+        "node vm/A100 removed: the GPU backend no longer reports it",
+        "node vm/H removed: the GPU backend no longer reports it",
+    ]
+    assert store.sync_nodes([moved]) is False
+
+
+def test_sync_nodes_refuses_a_gpu_on_two_nodes_and_changes_nothing(store: Store) -> None:
+    store.sync_nodes([box("A100-40GB")])
+    before = snapshot(store)
+    twice = GpuRecord(0, "GPU-x", "A100-40GB", 40960)
+    with pytest.raises(InvalidRequestError) as caught:
+        store.sync_nodes([NodeRecord("a", 0, 0, (twice,)), NodeRecord("b", 0, 0, (twice,))])
+    assert caught.value.field == "nodes"
+    assert caught.value.reason == "GPU GPU-x is on both a and b"
+    assert snapshot(store) == before
+
+
 @pytest.mark.parametrize(
     ("node", "field"),
     [

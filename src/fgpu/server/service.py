@@ -248,8 +248,8 @@ class Service:
     def _register_inventory(self) -> None:
         from fgpu.store.records import GpuRecord, NodeRecord
 
-        for node in self.machine.nodes:
-            self.store.upsert_node(
+        self.store.sync_nodes(
+            [
                 NodeRecord(
                     node.name,
                     node.cpu_milli,
@@ -259,7 +259,9 @@ class Service:
                         for i, d in enumerate(self.machine.devices[node.name])
                     ),
                 )
-            )
+                for node in self.machine.nodes
+            ]
+        )
         capacity = sum(n.gpu_count for n in self.machine.nodes) * 1000
         self.store.ensure_queue(QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity)))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
@@ -33,45 +33,93 @@ class InventoryStore(StoreBase):
         """
         validate.node(node)
         with self._write() as session:
-            row = session.scalars(
-                select(NodeRow).where(NodeRow.name == node.name).with_for_update()
-            ).one_or_none()
-            if (
-                row is not None
-                and convert.node_record(row, self._gpu_rows(session, node.name)) == node
-            ):
-                return False
-            now = self._clock()
-            if row is None:
-                row = NodeRow(name=node.name, cpu_milli=0, memory_mib=0, updated_at=now)
-                session.add(row)
-            row.cpu_milli = node.cpu_milli
-            row.memory_mib = node.memory_mib
-            row.updated_at = now
-            session.execute(delete(GpuRow).where(GpuRow.node_name == node.name))
-            session.flush()
-            session.add_all(
-                GpuRow(
-                    node_name=node.name,
-                    gpu_index=g.index,
-                    uuid=g.uuid,
-                    model=g.model,
-                    memory_mib=g.memory_mib,
-                    mig_enabled=g.mig_enabled,
+            return self._upsert(session, node)
+
+    def sync_nodes(self, nodes: Sequence[NodeRecord]) -> bool:
+        """Make the stored inventory exactly ``nodes`` (what the GPU backend reports now).
+
+        Nodes no longer reported are removed (event ``node-removed``), even with work
+        allocated on them: the machine no longer has them, and recovery requeues that work.
+        A GPU that moved to another node name (the machine came back with other models) is
+        moved. One transaction: the stored inventory is the old one or the new one.
+
+        Returns:
+            True when the stored inventory changed.
+
+        Raises:
+            InvalidRequestError: a malformed node, or a GPU UUID on two of ``nodes``.
+        """
+        seen: dict[str, str] = {}
+        for node in nodes:
+            validate.node(node)
+            for gpu in node.gpus:
+                other = seen.setdefault(gpu.uuid, node.name)
+                if other != node.name:
+                    raise InvalidRequestError(
+                        "nodes", f"GPU {gpu.uuid} is on both {other} and {node.name}"
+                    )
+        names = {node.name for node in nodes}
+        with self._write() as session:
+            changed = False
+            for row in session.scalars(
+                select(NodeRow).where(NodeRow.name.not_in(names)).with_for_update()
+            ).all():
+                session.execute(delete(GpuRow).where(GpuRow.node_name == row.name))
+                session.delete(row)
+                self._event(
+                    session,
+                    self._clock(),
+                    None,
+                    "node-removed",
+                    "inventory",
+                    f"node {row.name} removed: the GPU backend no longer reports it",
                 )
-                for g in node.gpus
+                changed = True
+            for node in nodes:
+                moved = [g.uuid for g in node.gpus]
+                session.execute(
+                    delete(GpuRow).where(GpuRow.uuid.in_(moved), GpuRow.node_name != node.name)
+                )
+                changed = self._upsert(session, node) or changed
+            return changed
+
+    def _upsert(self, session: Session, node: NodeRecord) -> bool:
+        row = session.scalars(
+            select(NodeRow).where(NodeRow.name == node.name).with_for_update()
+        ).one_or_none()
+        if row is not None and convert.node_record(row, self._gpu_rows(session, node.name)) == node:
+            return False
+        now = self._clock()
+        if row is None:
+            row = NodeRow(name=node.name, cpu_milli=0, memory_mib=0, updated_at=now)
+            session.add(row)
+        row.cpu_milli = node.cpu_milli
+        row.memory_mib = node.memory_mib
+        row.updated_at = now
+        session.execute(delete(GpuRow).where(GpuRow.node_name == node.name))
+        session.flush()
+        session.add_all(
+            GpuRow(
+                node_name=node.name,
+                gpu_index=g.index,
+                uuid=g.uuid,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                mig_enabled=g.mig_enabled,
             )
-            models = ", ".join(sorted({g.model for g in node.gpus})) or "no GPUs"
-            self._event(
-                session,
-                now,
-                None,
-                "node-updated",
-                "inventory",
-                f"node {node.name}: {len(node.gpus)} GPU(s) ({models}), "
-                f"{node.cpu_milli} milli-CPU, {node.memory_mib} MiB",
-            )
-            return True
+            for g in node.gpus
+        )
+        models = ", ".join(sorted({g.model for g in node.gpus})) or "no GPUs"
+        self._event(
+            session,
+            now,
+            None,
+            "node-updated",
+            "inventory",
+            f"node {node.name}: {len(node.gpus)} GPU(s) ({models}), "
+            f"{node.cpu_milli} milli-CPU, {node.memory_mib} MiB",
+        )
+        return True
 
     @staticmethod
     def _gpu_rows(session: Session, node_name: str) -> list[GpuRow]:
