@@ -50,6 +50,8 @@ def crash(svc: Service) -> None:
     svc._task.cancel()
     assert svc._state_lock is not None
     svc._state_lock.close()
+    assert svc._db_claim is not None
+    svc._db_claim.release()
 
 
 def make(tmp_path: Path, gpus: str) -> Service:
@@ -449,6 +451,22 @@ def test_restart_on_other_gpu_models_renames_nodes_and_requeues_the_displaced(
             await svc.stop()
 
     asyncio.run(second())
+
+
+def test_a_second_service_on_the_same_database_is_refused(tmp_path: Path) -> None:
+    """The state folder lock does not cover --db: the database is claimed too."""
+    first = make(tmp_path / "one", "1xA100-40GB")
+    db = str(tmp_path / "one" / "fgpu.db")
+    try:
+        with pytest.raises(ValueError, match=r"--db: another fgpu serve \(pid \d+\) uses"):
+            Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path / "two", db=db)
+    finally:
+        first.store.close()
+        assert first._db_claim is not None
+        first._db_claim.release()
+    second = Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path / "two", db=db)
+    assert second.list_workloads() == []  # free again once the first let go
+    second.store.close()
 
 
 def test_views_round_trip(tmp_path: Path) -> None:

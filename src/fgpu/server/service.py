@@ -52,6 +52,7 @@ from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
 from fgpu.server.requests import parse_submission
 from fgpu.store import Store
+from fgpu.store.claim import DatabaseClaim, claim_database
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import (
     ACTIVE_PHASES,
@@ -202,6 +203,7 @@ class Service:
         self._mirror_lock = threading.Lock()
         self._tracked = _Tracked(self)
         self._state_lock: IO[str] | None = None
+        self._db_claim: DatabaseClaim | None = None
         self._tree: QueueTree | None = None
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
@@ -231,7 +233,17 @@ class Service:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.chmod(0o700)  # logs, environments and the database are the users' business
         lock = claim_state_dir(folder)
-        store = Store.open(db if db else folder / "fgpu.db")
+        try:
+            store = Store.open(db if db else folder / "fgpu.db")
+        except BaseException:
+            lock.close()
+            raise
+        try:
+            claim = claim_database(store.engine)
+        except StoreConflict as exc:
+            store.close()
+            lock.close()
+            raise ValueError(f"--db: {exc}") from None
         service = cls(
             store,
             backend,
@@ -243,6 +255,7 @@ class Service:
             agent_socket=agent_socket,
         )
         service._state_lock = lock
+        service._db_claim = claim
         return service
 
     def _register_inventory(self) -> None:
@@ -295,6 +308,9 @@ class Service:
                 with contextlib.suppress(Exception):
                     loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
         self.store.close()
+        if self._db_claim is not None:
+            self._db_claim.release()
+            self._db_claim = None
         if self._state_lock is not None:
             self._state_lock.close()
             self._state_lock = None
