@@ -7,6 +7,7 @@ restart recovery. The HTTP API and the CLI on top are tested in test_api*/test_c
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sqlite3
@@ -203,8 +204,10 @@ def test_a_process_that_died_while_down_is_marked_lost(tmp_path: Path) -> None:
         return run.id, record.pid
 
     run_id, pid = asyncio.run(first())
+    command = json.loads((tmp_path / "logs" / run_id / "handle.json").read_text())["pgid"]
     os.kill(pid, signal.SIGKILL)  # the wrapper dies too, so no exit record is written
     os.waitpid(pid, 0)
+    assert alive(command)  # the command itself lives on, in its own process group
 
     async def second() -> None:
         svc = make(tmp_path, "1xA100-40GB")
@@ -212,11 +215,42 @@ def test_a_process_that_died_while_down_is_marked_lost(tmp_path: Path) -> None:
         try:
             record = svc.get_workload(run_id)
             assert record.phase == "failed"
-            assert record.reason == "lost while the service was down"
+            assert record.reason == (
+                "lost while the service was down; its remaining processes were killed"
+            )
+            await until(lambda: not alive(command))
         finally:
             await svc.stop()
 
     asyncio.run(second())
+
+
+def alive(pid: int) -> bool:
+    """A live process (not a zombie) with this pid."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_wrapper_killed_from_outside_takes_its_command_with_it(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            run = svc.submit(ME, job(30, gpu="0.5"))
+            await until(lambda: (tmp_path / "logs" / run.id / "handle.json").is_file())
+            handle = json.loads((tmp_path / "logs" / run.id / "handle.json").read_text())
+            os.kill(handle["pid"], signal.SIGKILL)
+            await until(lambda: phases(svc)[run.id] == "failed")
+            reason = svc.get_workload(run.id).reason
+            assert reason.endswith("; its remaining processes were killed"), reason
+            assert "exit code None" not in reason
+            await until(lambda: not alive(handle["pgid"]))
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
 
 
 def test_a_process_started_but_not_recorded_is_found_and_readopted(tmp_path: Path) -> None:

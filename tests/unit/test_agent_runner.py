@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,28 @@ def test_wrapper_records_and_mirrors_the_outcome(
     assert found is not None
     assert (found.code, found.reason) == (record.code, record.reason)
     assert code == status
+
+
+def test_what_the_command_leaves_in_its_group_ends_with_it(tmp_path: Path) -> None:
+    pid_file = tmp_path / "background.pid"
+    code, _ = run_wrapper(
+        tmp_path, "sh", "-c", f"sleep 300 >/dev/null 2>&1 & echo $! > {pid_file}; exit 4"
+    )
+    assert code == 4
+    background = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(background) and time.monotonic() < deadline:
+        time.sleep(0.02)  # SIGKILL is delivered at once; reaping by init may take a moment
+    assert not alive(background)
+
+
+def alive(pid: int) -> bool:
+    """A live process (not a zombie) with this pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_settings_from_stdin(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ starts the command as the leader of its own process group inside that session, s
 can signal (and the governor can freeze) the whole workload -- the command and everything it
 forks -- with the wrapper outside that group: a SIGKILL to the workload leaves the wrapper
 alive to record ``-9``. Signals sent to the wrapper itself (TERM, INT, HUP, QUIT, USR1, USR2)
-are passed on to the workload's group.
+are passed on to the workload's group. When the command ends, whatever it left running in its
+group is killed (SIGKILL): a workload's processes end with it. A process that left the group
+(``setsid``) is out of reach of process groups; only a cgroup would hold it.
 
 Options:
 
@@ -240,6 +242,13 @@ class _Wrapper:
         for signum in self.pending:
             self.forward(signum, None)
         self.pending.clear()
+        # Wait for the command's end without reaping it: while it is a zombie its pid, and so
+        # its process group's id, cannot be reused, so the group kill below reaches only what
+        # the command left behind in its group (background jobs, helpers).
+        with contextlib.suppress(ChildProcessError):  # (EINTR is retried: PEP 475)
+            os.waitid(os.P_PID, self.child.pid, os.WEXITED | os.WNOWAIT)
+        with contextlib.suppress(OSError):
+            os.killpg(self.child.pid, signal.SIGKILL)
         code = self.child.wait()
         self.finished = True
         write_exit_record(self.exit_file, ExitRecord(code, _signal_reason(code), self.child.pid))

@@ -29,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,7 @@ from fgpu.store.records import (
     ACTIVE_PHASES,
     CANCELLED,
     FAILED,
+    LOST_REASON,
     SUCCEEDED,
     QueueConfig,
     QueueLimit,
@@ -544,9 +546,13 @@ class Service:
         while state.status is ProcessStatus.RUNNING and time.monotonic() < deadline:
             time.sleep(0.05)  # the wrapper is gone; its group's last members are exiting
             state = self.launcher.poll(handle)
+        reason = state.reason
+        if state.status is ProcessStatus.LOST and self.launcher.signal(handle, signal.SIGKILL):
+            # the wrapper died (killed from outside); what it ran must not keep the GPU
+            reason = f"{reason}; its remaining processes were killed"
         with self._lock:
             self._handles.pop(workload_id, None)
-            self._record_end(workload_id, state.exit_code, state.reason)
+            self._record_end(workload_id, state.exit_code, reason)
         self.wake()
 
     def _record_end(self, workload_id: str, code: int | None, why: str | None) -> None:
@@ -564,6 +570,10 @@ class Service:
             self._tracked.mark_preempted(workload_id, record.reason or "preempted")
         elif code == 0:
             self._tracked.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
+        elif code is None:
+            self._tracked.mark_finished(
+                workload_id, FAILED, reason=why or "ended without an exit code"
+            )
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")
             self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
@@ -635,6 +645,11 @@ class Service:
                     self._record_end(record.id, exit_record.code, exit_record.reason)
                 elif record.stop_requested_at is not None and record.cancelled_by is None:
                     self._tracked.mark_preempted(record.id, record.reason or "preempted")
+                elif handle is not None and self.launcher.signal(handle, signal.SIGKILL):
+                    # the wrapper died while the service was down, its command did not
+                    self._tracked.mark_lost(
+                        record.id, f"{LOST_REASON}; its remaining processes were killed"
+                    )
                 else:
                     self._tracked.mark_lost(record.id)
 
