@@ -435,3 +435,28 @@ def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
 def test_parse_listen_refuses(text: str) -> None:
     with pytest.raises(ValueError, match=repr(text)):
         parse_listen(text)
+
+
+# ----------------------------------------------------------------------- body size
+def test_a_body_above_the_limit_is_413_before_it_is_read(running: Running) -> None:
+    huge = b'{"command": ["true"], "env": {"X": "' + b"x" * (5 * 1024 * 1024) + b'"}}'
+    expected = {
+        "detail": {"field": "body", "reason": "the request body is larger than 4194304 bytes"}
+    }
+    with running.unix() as http:
+        declared = http.post(
+            "/v1/workloads", content=huge, headers={"content-type": "application/json"}
+        )
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer
+            for start in range(0, len(huge), 65536):
+                yield huge[start : start + 65536]
+
+        streamed = http.post(
+            "/v1/workloads", content=chunks(), headers={"content-type": "application/json"}
+        )
+        after = http.get("/v1/workloads")
+    assert (declared.status_code, declared.json()) == (413, expected)
+    assert (streamed.status_code, streamed.json()) == (413, expected)
+    assert after.status_code == 200  # the server is fine
+    assert all(w["command"] != ["true"] or "X" not in w.get("env", {}) for w in after.json())

@@ -342,6 +342,19 @@ def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
         (dict(gpu="0.5", queue="nope"), "queue", "unknown queue 'nope'"),
         (dict(gpu="0.5", priority="urgent"), "priority", "unknown priority 'urgent'"),
         (dict(gpu="0.5", grace_s=-1.0), "grace_s", "must be between 0 and 3600 seconds"),
+        (dict(gpu="0.5", name="a\x1b[31mred"), "name", "contains the control character"),
+        (dict(gpu="0.5", name="two\nlines"), "name", "contains the control character '\\n'"),
+        (dict(gpu="0.5", gpu_model=[""]), "gpu_model", "empty model name"),
+        (
+            dict(gpu="0.5", env={"BIG": "x" * 200_000}),
+            "env",
+            "one variable has 200005 bytes; the limit is 131072",
+        ),
+        (
+            dict(gpu="0.5", env={f"V{i}": "x" * 100_000 for i in range(11)}),
+            "command",
+            "the command and its environment take",
+        ),
     ],
     ids=[
         "zero",
@@ -357,6 +370,11 @@ def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
         "unknown-queue",
         "bad-priority",
         "negative-grace",
+        "escape-in-name",
+        "newline-in-name",
+        "empty-model",
+        "huge-variable",
+        "huge-environment",
     ],
 )
 def test_bad_submissions_are_refused_and_nothing_is_stored(
@@ -501,6 +519,25 @@ def test_a_second_service_on_the_same_database_is_refused(tmp_path: Path) -> Non
     second = Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path / "two", db=db)
     assert second.list_workloads() == []  # free again once the first let go
     second.store.close()
+
+
+@pytest.mark.parametrize(
+    ("command", "shell", "field", "reason"),
+    [
+        (["echo", "two"], True, "command", "with shell, give one command line (got 2 arguments)"),
+        (["x" * 140_000], False, "command", "one argument has 140001 bytes; the limit is 131072"),
+    ],
+    ids=["shell-with-two-arguments", "huge-argument"],
+)
+def test_bad_commands_are_refused(
+    tmp_path: Path, command: list[str], shell: bool, field: str, reason: str
+) -> None:
+    svc = make(tmp_path, "1xA100-40GB")
+    with pytest.raises(BadRequest) as caught:
+        svc.submit(ME, SubmitRequest(command=command, shell=shell, gpu="0.5"))
+    assert (caught.value.field, caught.value.reason) == (field, reason)
+    assert svc.list_workloads(include_done=True) == []
+    svc.store.close()
 
 
 def test_views_round_trip(tmp_path: Path) -> None:

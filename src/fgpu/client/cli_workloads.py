@@ -99,6 +99,8 @@ def submit(
         fail(f"the current directory is gone: {exc.strerror}")
     if not _is_text(cwd):
         fail("cwd: the current directory's name is not valid UTF-8 text")
+    if any(not item.strip() for item in gpu_model or []):
+        fail("gpu_model: empty model name")
     models = [m.strip() for item in gpu_model or [] for m in item.split(",") if m.strip()]
     fields: dict[str, object] = {
         "command": argv,

@@ -179,6 +179,60 @@ class _Settings:
         return uid in (0, self.server_uid) or uid in self.service.admins
 
 
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest request body (a submission's command and environment are limited to 1 MiB)."""
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above ``limit`` bytes gets 413 (field ``body``) before
+    it is read into memory: at once when ``Content-Length`` says so, else as soon as the
+    received chunks pass the limit (the application then sees the client disconnect, and
+    whatever it answers is dropped)."""
+
+    def __init__(self, app: Any, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+        refused = False
+
+        async def limited() -> Any:
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    refused = True
+                    await self._refuse(send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded(message: Any) -> None:
+            if not refused:
+                await send(message)
+
+        await self.app(scope, limited, guarded)
+
+    async def _refuse(self, send: Any) -> None:
+        reason = f"the request body is larger than {self.limit} bytes"
+        response = JSONResponse({"detail": {"field": "body", "reason": reason}}, status_code=413)
+        await response({"type": "http"}, _no_body, send)
+
+
+async def _no_body() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
 def create_app(
     service: ServiceApi,
     *,
@@ -218,6 +272,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.fgpu = _Settings(service, secret, own_uid, as_uid)
+    app.add_middleware(BodyLimit)
     _install_error_handlers(app)
 
     refusals: dict[int | str, dict[str, Any]] = {

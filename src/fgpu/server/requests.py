@@ -24,6 +24,11 @@ from fgpu.server.errors import BadRequest
 from fgpu.wire import SubmitRequest
 
 MAX_GRACE_S = 3600.0
+MAX_ARGUMENT_BYTES = 131_072
+"""Longest single argument or ``NAME=value``, with its NUL (Linux ``MAX_ARG_STRLEN``)."""
+MAX_COMMAND_BYTES = 1_048_576
+"""Command and environment together (half of Linux's default ``ARG_MAX`` of 2 MiB, which
+also has to hold the wrapper's own arguments and pointers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +57,15 @@ def parse_submission(body: SubmitRequest) -> Submission:
     """
     if not body.command or not all(part for part in body.command):
         raise BadRequest("command", "give a command to run (non-empty arguments)")
+    if body.shell and len(body.command) != 1:
+        raise BadRequest(
+            "command",
+            f"with shell, give one command line (got {len(body.command)} arguments)",
+        )
     _text("command", *body.command)
     _text("name", body.name or "")
+    _printable("name", body.name or "")
+    _sizes(body.command, body.env)
     _text("cwd", body.cwd)
     _text("env", *body.env, *body.env.values())
     if not body.cwd.startswith("/"):
@@ -84,6 +96,8 @@ def parse_submission(body: SubmitRequest) -> Submission:
             raise BadRequest("gpu_memory", "whole GPUs get all their memory; drop --gpu-memory")
     models: set[str] = set()
     for name in body.gpu_model:
+        if not name.strip():
+            raise BadRequest("gpu_model", "empty model name")
         for part in name.split(","):
             if not part.strip():
                 continue
@@ -118,6 +132,35 @@ def _text(field: str, *values: str) -> None:
             raise BadRequest(field, "not valid UTF-8 text") from None
         if "\x00" in value:
             raise BadRequest(field, "contains a NUL character")
+
+
+def _printable(field: str, value: str) -> None:
+    """Refuse control characters in text that listings print (terminal escapes)."""
+    for char in value:
+        if ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
+            raise BadRequest(field, f"contains the control character {char!r}")
+
+
+def _sizes(command: list[str], env: dict[str, str]) -> None:
+    """Refuse what the kernel would refuse at exec, before it is stored: one argument or
+    ``NAME=value`` above :data:`MAX_ARGUMENT_BYTES`, or all of them above
+    :data:`MAX_COMMAND_BYTES`."""
+    total = 0
+    for field, strings in (("command", command), ("env", [f"{k}={v}" for k, v in env.items()])):
+        for text in strings:
+            size = len(text.encode("utf-8", "surrogatepass")) + 1
+            if size > MAX_ARGUMENT_BYTES:
+                raise BadRequest(
+                    field,
+                    f"one {'argument' if field == 'command' else 'variable'} has {size} bytes; "
+                    f"the limit is {MAX_ARGUMENT_BYTES}",
+                )
+            total += size
+    if total > MAX_COMMAND_BYTES:
+        raise BadRequest(
+            "command",
+            f"the command and its environment take {total} bytes; the limit is {MAX_COMMAND_BYTES}",
+        )
 
 
 def _gpu(text: str) -> tuple[int, int]:
