@@ -175,14 +175,22 @@ def test_parse_memory_mib(text: str | int, expected: int) -> None:
     [
         ("", "expected a number with an optional unit, e.g. 5GiB"),
         ("abc", "expected a number with an optional unit, e.g. 5GiB"),
-        ("-1GiB", "expected a number with an optional unit, e.g. 5GiB"),
+        ("-1GiB", "memory must be positive"),
         ("nan", "expected a number with an optional unit, e.g. 5GiB"),
         ("inf", "expected a number with an optional unit, e.g. 5GiB"),
         ("5 G B", "expected a number with an optional unit, e.g. 5GiB"),
         ("0", "memory must be positive"),
         ("0GiB", "memory must be positive"),
-        ("5XB", "unknown unit 'XB'; use MiB, GiB or TiB"),
-        ("5GB", "unknown unit 'GB'; use MiB, GiB or TiB"),
+        (
+            "5XB",
+            "unknown unit 'XB'; use MiB, GiB or TiB "
+            "(M, G and T mean the same; a bare number is MiB)",
+        ),
+        (
+            "5GB",
+            "unknown unit 'GB'; use MiB, GiB or TiB "
+            "(M, G and T mean the same; a bare number is MiB)",
+        ),
         (0, "memory must be positive"),
         (-5, "memory must be positive"),
         (True, "not a memory size"),

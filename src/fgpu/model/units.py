@@ -110,11 +110,18 @@ def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
         return text
     match = _NUMBER_UNIT.match(text) if isinstance(text, str) else None
     if match is None:
+        if isinstance(text, str) and text.strip().startswith("-"):
+            raise UnitError(field, text, "memory must be positive")
         raise UnitError(field, text, "expected a number with an optional unit, e.g. 5GiB")
     number, unit = match.groups()
     factor = _MEMORY_FACTORS_MIB.get(unit.lower())
     if factor is None:
-        raise UnitError(field, text, f"unknown unit {unit!r}; use MiB, GiB or TiB")
+        raise UnitError(
+            field,
+            text,
+            f"unknown unit {unit!r}; use MiB, GiB or TiB (M, G and T mean the same; "
+            "a bare number is MiB)",
+        )
     mib = Decimal(number) * factor
     if mib <= 0:
         raise UnitError(field, text, "memory must be positive")

@@ -24,6 +24,8 @@ from fgpu.server.errors import BadRequest
 from fgpu.wire import SubmitRequest
 
 MAX_GRACE_S = 3600.0
+MAX_PRIORITY = 1000
+"""Highest numeric priority a submission may ask for (the classes end at critical, 125)."""
 MAX_ARGUMENT_BYTES = 131_072
 """Longest single argument or ``NAME=value``, with its NUL (Linux ``MAX_ARG_STRLEN``)."""
 MAX_COMMAND_BYTES = 1_048_576
@@ -113,6 +115,10 @@ def parse_submission(body: SubmitRequest) -> Submission:
         priority = parse_priority(body.priority)
     except InvalidRequestError as exc:
         raise BadRequest("priority", exc.reason) from None
+    if priority > MAX_PRIORITY:
+        raise BadRequest(
+            "priority", f"{priority} is above {MAX_PRIORITY}; classes go up to critical (125)"
+        )
     if not math.isfinite(body.grace_s) or not 0 <= body.grace_s <= MAX_GRACE_S:
         raise BadRequest("grace_s", f"must be between 0 and {MAX_GRACE_S:g} seconds")
     try:
