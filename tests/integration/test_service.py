@@ -12,6 +12,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -540,6 +541,44 @@ def test_bad_commands_are_refused(
     assert (caught.value.field, caught.value.reason) == (field, reason)
     assert svc.list_workloads(include_done=True) == []
     svc.store.close()
+
+
+def test_a_stop_resumed_after_a_restart_waits_only_the_rest_of_its_grace(
+    tmp_path: Path,
+) -> None:
+    stubborn = [sys.executable, "-c", TERM_IGNORING]
+
+    async def first() -> str:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        run = svc.submit(ME, SubmitRequest(command=stubborn, gpu="1", grace_s=60.0))
+        log = tmp_path / "logs" / run.id / "stdout.log"
+        await until(lambda: log.is_file() and "ready" in log.read_text())
+        svc.cancel(ME, run.id)  # SIGTERM is ignored; SIGKILL is due 60 s from now
+        crash(svc)
+        return run.id
+
+    run_id = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        svc.clock = lambda: time.time() + 59.0  # 59 of the 60 s have passed
+        await svc.start()
+        try:
+            await until(lambda: phases(svc)[run_id] == "cancelled", timeout=15.0)
+            assert svc.get_workload(run_id).exit_code == -signal.SIGKILL
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
+TERM_IGNORING = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(120)\n"
+)
 
 
 def test_views_round_trip(tmp_path: Path) -> None:

@@ -489,15 +489,20 @@ class Service:
         self._watch(handle)
 
     def _stop(self, workload_id: str, reason: str) -> None:
-        """Record the stop, then signal the process (grace period, then SIGKILL)."""
+        """Record the stop, then signal the process (grace period, then SIGKILL).
+
+        The grace period runs from the recorded stop request, also across a restart of the
+        service (a stop resumed by recovery waits only what is left of it).
+        """
         record = self.store.get(workload_id)
         if record.stop_requested_at is None:
-            self._tracked.mark_stopping(workload_id, reason)
+            record = self._tracked.mark_stopping(workload_id, reason)
         handle = self._handles.get(workload_id)
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
         self._terminating.add(workload_id)
-        grace = record.grace_s
+        asked = record.stop_requested_at if record.stop_requested_at is not None else self.clock()
+        grace = max(0.0, record.grace_s - max(0.0, self.clock() - asked))
         future = asyncio.run_coroutine_threadsafe(
             self.launcher.terminate_async(handle, grace), self._loop
         )
