@@ -118,6 +118,11 @@ class WorkloadView(BaseModel):
     exit_code: int | None
     reason: str
     restarts: int
+    stopping: bool = Field(
+        default=False,
+        description="running or paused, and being stopped (cancel or preemption: SIGTERM "
+        "sent, SIGKILL after the grace period)",
+    )
 
 
 class EventView(BaseModel):

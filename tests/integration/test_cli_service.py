@@ -189,6 +189,15 @@ def test_two_half_gpu_jobs_share_one_gpu_and_a_third_waits(
     server.wait_phase(first, "cancelled")
     server.wait_phase(third, "running")
 
+    # several at once: each is tried, the unknown one is reported and sets the exit code
+    both = fgpu("cancel", second, "nope", third)
+    assert both.exit_code == 1
+    assert both.stdout.splitlines()[0].startswith(f"{second}: ")
+    assert both.stdout.splitlines()[1].startswith(f"{third}: ")
+    assert "nope: id: no workload 'nope'" in both.stderr
+    server.wait_phase(second, "cancelled")
+    server.wait_phase(third, "cancelled")
+
 
 @pytest.mark.usefixtures("clean")
 def test_ls_json_lists_workloads_with_their_gpus(

@@ -314,8 +314,11 @@ def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
             )
             log = tmp_path / "logs" / run.id / "stdout.log"
             await until(lambda: log.is_file() and "ready" in log.read_text())
+            assert not svc.list_workloads()[0].stopping
             svc.cancel(ME, run.id)
             await until(lambda: marks.is_file())
+            listed = svc.list_workloads()[0]
+            assert (listed.phase, listed.stopping) == ("running", True)
             svc.cancel(ME, run.id)  # again, while the first stop waits out its grace
             await asyncio.sleep(0.3)
             await until(lambda: phases(svc)[run.id] == "cancelled")

@@ -250,3 +250,18 @@ def test_age_text(seconds: float, text: str) -> None:
 def test_priority_text() -> None:
     assert render.priority_text(125) == "critical (125)"
     assert render.priority_text(70) == "70"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain name", "plain name"),
+        ("ünïcode ok", "ünïcode ok"),
+        ("a\x1b[31mred", "a\\x1b[31mred"),
+        ("two\nlines\ttab", "two\\nlines\\ttab"),
+        ("c1\x9bcontrol", "c1\\x9bcontrol"),
+    ],
+    ids=["plain", "unicode", "escape", "newline-tab", "c1"],
+)
+def test_safe_shows_control_characters_as_escapes(text: str, shown: str) -> None:
+    assert render.safe(text) == shown

@@ -19,11 +19,13 @@ from fgpu.client.cli_common import (
     UrlOption,
     connect,
     err,
+    exit_code,
     fail,
     out,
     show,
 )
-from fgpu.wire import TERMINAL_PHASES, SubmitRequest
+from fgpu.client.client import ClientError, ServerUnavailable
+from fgpu.wire import TERMINAL_PHASES, SubmitRequest, WorkloadView
 
 FOLLOW_INTERVAL_S = 0.5
 
@@ -205,23 +207,40 @@ def logs(
 
 
 def cancel(
-    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    workload_ids: Annotated[
+        list[str], typer.Argument(metavar="ID...", help="Workload ids (one or more).")
+    ],
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """Cancel a workload (yours; admins any). A running one gets SIGTERM, then SIGKILL after
-    its grace period."""
+    """Cancel workloads (yours; admins any). A running one gets SIGTERM, then SIGKILL after
+    its grace period. Each id is tried; the exit code is that of the first refusal."""
+    views: list[WorkloadView] = []
+    first_error: ClientError | None = None
     with connect(socket, url) as client:
-        view = client.cancel(workload_id)
+        for workload_id in workload_ids:
+            try:
+                views.append(client.cancel(workload_id))
+            except ServerUnavailable:
+                raise
+            except ClientError as exc:
+                err.print(f"[bold red]error:[/] {escape(f'{workload_id}: {exc}')}", markup=True)
+                first_error = first_error or exc
     if json_out:
-        print(render.to_json(view))
-        return
-    phase = view.phase if view.phase in TERMINAL_PHASES else "stopping"
-    line = f"{view.id}: {phase}"
-    if view.reason:
-        line += f" ({view.reason})"
-    out.print(escape(line))
+        if len(workload_ids) > 1:
+            print(render.to_json(views))  # a list, as many as were cancelled
+        elif views:
+            print(render.to_json(views[0]))
+    else:
+        for view in views:
+            phase = view.phase if view.phase in TERMINAL_PHASES else "stopping"
+            line = f"{view.id}: {phase}"
+            if view.reason:
+                line += f" ({view.reason})"
+            out.print(escape(render.safe(line)))
+    if first_error is not None:
+        raise typer.Exit(exit_code(first_error))
 
 
 def top(

@@ -37,6 +37,7 @@ PHASE_STYLES = {
     "succeeded": "blue",
     "failed": "red",
     "cancelled": "dim",
+    "stopping": "magenta",
 }
 
 
@@ -128,9 +129,18 @@ def grants_text(view: WorkloadView) -> str:
     )
 
 
-def phase_text(phase: str) -> Text:
-    """The phase in its colour."""
-    return Text(phase, style=PHASE_STYLES.get(phase, ""))
+def phase_text(phase: str, stopping: bool = False) -> Text:
+    """The phase in its colour (``stopping`` for a running workload being stopped)."""
+    shown = "stopping" if stopping and phase in ("running", "paused") else phase
+    return Text(shown, style=PHASE_STYLES.get(shown, PHASE_STYLES.get(phase, "")))
+
+
+def safe(text: str) -> str:
+    """``text`` with control characters shown as escapes (``\\x1b``), so that names,
+    commands and messages cannot move the cursor or recolour a user's terminal."""
+    if all(" " <= c < "\x7f" or c >= "\xa0" for c in text):
+        return text
+    return "".join(c if " " <= c < "\x7f" or c >= "\xa0" else repr(c)[1:-1] for c in text)
 
 
 def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> Table:
@@ -140,17 +150,18 @@ def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> 
         table.add_column(column, overflow="fold")
     for v in views:
         held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
-        reason = v.reason if v.phase not in ("running", "succeeded") else ""
+        shown = v.phase not in ("running", "succeeded") or v.stopping
+        reason = v.reason if shown else ""
         table.add_row(
             v.id,
-            v.name,
+            safe(v.name),
             user_text(v.owner_uid),
-            phase_text(v.phase),
+            phase_text(v.phase, v.stopping),
             v.queue,
             priority_text(v.priority),
             held,
             age_text(v.submitted_at, now),
-            reason,
+            safe(reason),
         )
     return table
 
@@ -163,15 +174,15 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
     r = detail.request
     rows: list[tuple[str, str | Text]] = [
         ("ID", detail.id),
-        ("Name", detail.name),
+        ("Name", safe(detail.name)),
         ("User", f"{user_text(detail.owner_uid)} (uid {detail.owner_uid})"),
-        ("Phase", phase_text(detail.phase)),
+        ("Phase", phase_text(detail.phase, detail.stopping)),
         ("Queue", detail.queue),
         ("Priority", priority_text(detail.priority)),
         ("Preemptible", "yes" if detail.preemptible else "no"),
         ("Request", request_text(r)),
         ("CPU / memory", f"{r.cpu_milli / 1000:g} cores, {memory_text(r.memory_mib)}"),
-        ("Command", " ".join(detail.command)),
+        ("Command", safe(" ".join(detail.command))),
         ("Submitted", clock_text(detail.submitted_at)),
     ]
     if detail.started_at is not None:
@@ -185,7 +196,7 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
     rows.append(("Placement", grants_text(detail) or "-"))
     if detail.reason:
         label = "Waiting because" if detail.phase == "pending" else "Reason"
-        rows.append((label, detail.reason))
+        rows.append((label, safe(detail.reason)))
     for label, value in rows:
         facts.add_row(label, value)
     return Group(facts, Text(""), events_table(detail.events))
@@ -197,7 +208,7 @@ def events_table(events: Iterable[EventView]) -> Table:
     for column in ("TIME", "KIND", "REASON", "MESSAGE"):
         table.add_column(column, overflow="fold")
     for e in events:
-        table.add_row(clock_text(e.time), e.kind, e.reason, e.message)
+        table.add_row(clock_text(e.time), e.kind, safe(e.reason), safe(e.message))
     return table
 
 
@@ -234,7 +245,8 @@ def _holders(gpu: GpuView) -> str:
     if not gpu.holders:
         return "-"
     return "\n".join(
-        f"{h.workload_id} {h.name}: {gpus_text(h.compute_milli)} ({memory_text(h.memory_mib)})"
+        f"{h.workload_id} {safe(h.name)}: {gpus_text(h.compute_milli)} "
+        f"({memory_text(h.memory_mib)})"
         for h in gpu.holders
     )
 

@@ -62,6 +62,7 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
         started_at=record.started_at,
         finished_at=record.finished_at,
         exit_code=record.exit_code,
+        stopping=record.holds_allocation and record.stop_requested_at is not None,
         reason=reason,
         restarts=record.restarts,
     )
