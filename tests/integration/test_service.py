@@ -181,6 +181,8 @@ def test_restart_readopts_live_processes_and_keeps_pending_ones(tmp_path: Path) 
             assert sorted(got) == sorted([run_id, short_id, wait_id])  # nothing duplicated
             assert got[run_id] == "running"
             assert got[wait_id] == "pending"
+            kinds = [e.kind for e in svc.get_workload(run_id).events]
+            assert kinds[-1] == "readopted"
             svc.cancel(ME, run_id)
             await until(lambda: phases(svc)[run_id] == "cancelled")
             await until(lambda: phases(svc)[short_id] == "succeeded")

@@ -521,3 +521,30 @@ def test_to_core_round_trip(store: Store) -> None:
     assert [w.id for w in store.core_workloads()] == [pending.id]
     store.mark_finished(pending.id, "succeeded", exit_code=0)
     assert store.core_workloads() == []
+
+
+def test_record_event_stores_a_note_without_a_state_change(store: Store) -> None:
+    w = submit(store)
+    store.record_event(w.id, "guard", "memory", "used 900 MiB of 1024 MiB")
+    last = store.events(w.id)[-1]
+    assert (last.kind, last.reason, last.message) == ("guard", "memory", "used 900 MiB of 1024 MiB")
+    assert store.get(w.id) == w  # nothing else changed
+
+
+@pytest.mark.parametrize(
+    ("workload_id", "kind", "reason", "error"),
+    [
+        ("nope", "guard", "memory", StoreConflict),
+        (None, "", "memory", InvalidRequestError),
+        (None, "k" * 33, "memory", InvalidRequestError),
+        (None, "guard", "", InvalidRequestError),
+    ],
+    ids=["unknown-workload", "empty-kind", "long-kind", "empty-reason"],
+)
+def test_record_event_refuses_bad_input(
+    store: Store, workload_id: str | None, kind: str, reason: str, error: type[Exception]
+) -> None:
+    before = store.events()
+    with pytest.raises(error):
+        store.record_event(workload_id, kind, reason, "message")
+    assert store.events() == before

@@ -640,6 +640,12 @@ class Service:
                             )
                 if handle is not None and self.launcher.is_same_process(handle):
                     log.info("re-adopted workload %s (pid %d)", record.id, handle.pid)
+                    self.store.record_event(
+                        record.id,
+                        "readopted",
+                        "service restart",
+                        f"process {handle.pid} still runs; watched again after the restart",
+                    )
                     self._watch(handle)
                     if record.stop_requested_at is not None:  # finish what was started
                         self._handles[record.id] = handle

@@ -23,6 +23,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fgpu.model.types import InvalidRequestError
 from fgpu.store import convert
 from fgpu.store.engine import make_engine, upgrade, writer
 from fgpu.store.errors import StoreConflict
@@ -138,6 +139,21 @@ class StoreBase:
         )
 
     # ------------------------------------------------------------------------ events
+    def record_event(self, workload_id: str | None, kind: str, reason: str, message: str) -> None:
+        """Store an event that goes with no state change here (re-adoption after a restart,
+        the node agent's governor and memory guard).
+
+        Raises:
+            InvalidRequestError: an empty or too long ``kind``, an empty ``reason``.
+            StoreConflict: ``workload_id`` names no workload.
+        """
+        if not kind or len(kind) > 32:
+            raise InvalidRequestError("kind", "must be 1 to 32 characters")
+        if not reason:
+            raise InvalidRequestError("reason", "must not be empty")
+        with self._write() as session:
+            self._event(session, self._clock(), workload_id, kind, reason, message)
+
     def events(
         self,
         workload_id: str | None = None,
