@@ -167,6 +167,11 @@ class QueueView(BaseModel):
     fair_share_milli: int
     pending: int
     running: int
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="after a change: what is odd about the queue configuration as a whole "
+        "(quotas above capacity, children's quotas above their parent's)",
+    )
 
 
 class GpuHolder(BaseModel):

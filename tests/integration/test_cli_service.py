@@ -316,6 +316,12 @@ def test_queue_create_ls_set_rm(fgpu: Callable[..., Result]) -> None:
     assert created.exit_code == 0, created.output
     view = json.loads(created.stdout)
     assert (view["name"], view["quota_milli"], view["limit_milli"]) == ("team-a", 500, 1000)
+    # default owns the one GPU: the quotas now promise more than there is
+    assert view["warnings"] == [
+        "quotas add up to 1.5 GPUs, above the capacity of 1 GPU; guarantees are scaled down "
+        "in proportion to quota when demand exceeds capacity"
+    ]
+    assert "warning: quotas add up to 1.5 GPUs" in created.stderr
 
     again = fgpu("queue", "create", "team-a")
     assert again.exit_code == 1, again.output

@@ -258,7 +258,7 @@ def test_quotas_above_capacity_are_reported_and_scaled() -> None:
         sh.submit(f"a{i}", "a", pod().gpu(1).build(), at=float(i))
     sh.submit("b0", "b", pod().gpu(1).build())
     d = sh.round()
-    assert any("quotas add up to 4000 gpu_milli" in w for w in d.warnings)
+    assert any("quotas add up to 4 GPUs" in w for w in d.warnings)
     # guarantees 3000 + 1000 > 2000: scaled in proportion to quota -> 1500 and 500
     assert d.fair_share["a"] == Resources(1500, 0, 0)
     assert d.fair_share["b"] == Resources(500, 0, 0)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fgpu.model.types import InvalidRequestError
-from fgpu.sched.fairshare import fair_share
+from fgpu.sched.fairshare import config_warnings, fair_share
 from fgpu.sched.workload import QueueSpec, QueueTree, Resources, parse_priority
 
 
@@ -160,7 +160,7 @@ def test_quotas_above_capacity_warn_and_scale() -> None:
     result = fair_share(tree, g(2), {}, {"a": g(3), "b": g(1)})
     assert result.share["a"] == g(1.5)
     assert result.share["b"] == g(0.5)
-    assert result.warnings[0].startswith("quotas add up to 4000 gpu_milli, above the capacity")
+    assert result.warnings[0].startswith("quotas add up to 4 GPUs, above the capacity of 2 GPUs")
 
 
 BAD_TREES = [
@@ -247,3 +247,20 @@ def test_unknown_priority_lists_classes() -> None:
         InvalidRequestError, match="unknown priority 'urgent'; use a number or very-low"
     ):
         parse_priority("urgent")
+
+
+def test_config_warnings_name_quotas_above_capacity_and_above_the_parent() -> None:
+    tree = QueueTree(
+        [
+            QueueSpec("org", quota=g(0)),
+            QueueSpec("team", parent="org", quota=g(2)),
+            QueueSpec("other", quota=g(4)),
+        ]
+    )
+    assert config_warnings(tree, g(3)) == [
+        "quotas add up to 4 GPUs, above the capacity of 3 GPUs; guarantees are scaled down in "
+        "proportion to quota when demand exceeds capacity",
+        "the quotas under org add up to 2 GPUs, above its own quota of 0 GPUs; the children's "
+        "guarantees are scaled down to fit it",
+    ]
+    assert config_warnings(QueueTree([QueueSpec("a", quota=g(1))]), g(3)) == []

@@ -44,6 +44,8 @@ def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
     else:
         err.print(escape(f"{verb} queue {view.name}"))
         out.print(render.queues_table([view]))
+    for warning in view.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", markup=True)
 
 
 @queue_app.command("create")

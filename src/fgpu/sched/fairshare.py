@@ -118,6 +118,46 @@ def _divide(
     return share, False
 
 
+def config_warnings(queues: QueueTree, capacity: Resources) -> list[str]:
+    """Warnings about the queue configuration alone (no demand needed): top-level quotas
+    that add up to more than ``capacity``, and child quotas that add up to more than their
+    parent's quota. Neither is an error: guarantees are then scaled in proportion to quota
+    when demand exceeds what there is.
+
+    Returns:
+        One sentence per finding, top level first, then parents by name.
+    """
+    specs = queues.specs
+    warnings: list[str] = []
+    top = queues.children.get(None, [])
+
+    def amount(dim: str, value: int) -> str:
+        if dim == "gpu_milli":
+            return f"{value / 1000:g} GPU{'' if value == 1000 else 's'}"
+        return f"{value} {'milli-CPU' if dim == 'cpu_milli' else 'MiB of memory'}"
+
+    for i, dim in enumerate(RESOURCES):
+        total = sum(specs[q].quota.as_tuple()[i] for q in top)
+        if total > capacity.as_tuple()[i]:
+            warnings.append(
+                f"quotas add up to {amount(dim, total)}, above the capacity of "
+                f"{amount(dim, capacity.as_tuple()[i])}; guarantees are scaled down in "
+                "proportion to quota when demand exceeds capacity"
+            )
+    for parent in sorted(q for q in queues.children if q is not None):
+        kids = queues.children[parent]
+        for i, dim in enumerate(RESOURCES):
+            total = sum(specs[k].quota.as_tuple()[i] for k in kids)
+            own = specs[parent].quota.as_tuple()[i]
+            if kids and total > own:
+                warnings.append(
+                    f"the quotas under {parent} add up to {amount(dim, total)}, above its own "
+                    f"quota of {amount(dim, own)}; the children's guarantees are scaled down "
+                    "to fit it"
+                )
+    return warnings
+
+
 def fair_share(
     queues: QueueTree,
     capacity: Resources,
@@ -161,18 +201,7 @@ def fair_share(
     for top in queues.children.get(None, []):
         compute_demand(top)
 
-    warnings: list[str] = []
-    top_quota = [
-        sum(specs[q].quota.as_tuple()[i] for q in queues.children.get(None, []))
-        for i in range(dims)
-    ]
-    for i, dim in enumerate(RESOURCES):
-        if top_quota[i] > capacity.as_tuple()[i]:
-            warnings.append(
-                f"quotas add up to {top_quota[i]} {dim}, above the capacity of "
-                f"{capacity.as_tuple()[i]}; guarantees are scaled down in proportion to quota "
-                "when demand exceeds capacity"
-            )
+    warnings = config_warnings(queues, capacity)
 
     share_vec: dict[str, list[int]] = {q: [0] * dims for q in names}
 

@@ -45,6 +45,7 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.frag import TargetWorkload, TaskType
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Workload
@@ -838,13 +839,20 @@ class Service:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = self._queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config))
-        return self._queue_view(config.name)
+        return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = self._queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config))
-        return self._queue_view(name)
+        return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
+
+    def _warnings(self) -> list[str]:
+        """Warnings about the queue configuration as it now stands (GPUs only: queues are
+        configured in GPUs here)."""
+        nodes = self.machine.nodes
+        capacity = Resources(gpu_milli=sum(n.gpu_count for n in nodes) * 1000)
+        return [w for w in config_warnings(self._queue_tree(), capacity) if " GPU" in w]
 
     def delete_queue(self, caller: Caller, name: str) -> None:
         """Remove an empty queue (admins). Raises NotFoundError, Conflict, Forbidden."""
