@@ -225,7 +225,8 @@ def cancel(
             except ServerUnavailable:
                 raise
             except ClientError as exc:
-                err.print(f"[bold red]error:[/] {escape(f'{workload_id}: {exc}')}", markup=True)
+                which = f"{workload_id}: " if len(workload_ids) > 1 else ""
+                err.print(f"[bold red]error:[/] {escape(which + str(exc))}", markup=True)
                 first_error = first_error or exc
     if json_out:
         if len(workload_ids) > 1:
