@@ -87,6 +87,7 @@ class GpuPlan:
     Attributes:
         index: the GPU index.
         model: catalog model name.
+        mig_enabled: MIG mode is on now.
         enable_mig: MIG mode is off now and must be turned on first.
         before: its instances now.
         destroy: instances to destroy (all idle), before any create.
@@ -97,6 +98,7 @@ class GpuPlan:
 
     index: int
     model: str
+    mig_enabled: bool
     enable_mig: bool
     before: tuple[MigInstanceState, ...]
     destroy: tuple[MigInstanceState, ...]
@@ -111,6 +113,10 @@ class GpuPlan:
     @property
     def operations(self) -> int:
         return len(self.destroy) + len(self.create) + int(self.enable_mig)
+
+    @property
+    def mig_enabled_after(self) -> bool:
+        return self.mig_enabled or self.enable_mig
 
     @property
     def after(self) -> Layout:
@@ -471,6 +477,7 @@ def _build(
         gpu_plan = GpuPlan(
             gpu.index,
             gpu.profiles().model,
+            gpu.mig_enabled,
             not gpu.mig_enabled and bool(option.created),
             gpu.instances,
             tuple(by_placement[p] for p in option.destroyed),
