@@ -314,3 +314,25 @@ def test_a_plan_applies_through_nvml() -> None:
         ("1g.10gb", 6, True),
     ]
     assert report.steps[0].uuid == idle.uuid
+
+
+@pytest.mark.gpu
+def test_real_mig_gpus_are_read_without_change() -> None:
+    from fgpu.agent.nvml import NvmlUnavailableError
+    from fgpu.mig.layout import is_valid, make_layout
+
+    try:
+        session = open_mig_devices()
+    except NvmlUnavailableError as exc:
+        pytest.skip(f"no NVML here: {exc}")
+    try:
+        if not session.devices:
+            pytest.skip("no MIG-capable GPU")
+        for device in session.devices:
+            table = device.profiles()
+            assert table.profiles
+            if device.mig_enabled():
+                held = device.instances()
+                assert is_valid(table, make_layout(i.placement for i in held))
+    finally:
+        session.close()
