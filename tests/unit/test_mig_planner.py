@@ -320,6 +320,11 @@ def test_a_request_that_can_never_fit_is_an_error() -> None:
     )
 
 
+def test_no_gpu_is_an_error() -> None:
+    with pytest.raises(MigInputError, match=r"^gpus: no MIG-capable GPU"):
+        plan([], parse_demand("1g.10gb"))
+
+
 def test_overlapping_inventory_is_refused() -> None:
     with pytest.raises(MigInputError, match=r"^gpus\[0\].instances: GPU 0: .* overlap"):
         plan([gpu(0, "4g.40gb@0", "3g.40gb@0")], parse_demand("1g.10gb"))

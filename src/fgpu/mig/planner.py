@@ -370,9 +370,11 @@ def plan(
         The plan; requests that do not fit are in ``unserved`` (not an error).
 
     Raises:
-        MigInputError: the inventory is not valid (:func:`check_inventory`) or a request can
-            never fit (:func:`check_demand`).
+        MigInputError: no GPU, the inventory is not valid (:func:`check_inventory`), or a
+            request can never fit (:func:`check_demand`).
     """
+    if not gpus:
+        raise MigInputError("gpus", "no MIG-capable GPU to plan for")
     check_inventory(gpus)
     check_demand(gpus, demand)
     ordered = sorted(gpus, key=lambda g: g.index)
