@@ -82,8 +82,8 @@ def queue_config(config: QueueConfig) -> None:
     if not QUEUE_NAME.fullmatch(queue_name):
         raise InvalidRequestError(
             "name",
-            f"queue name {queue_name!r} must start with a letter or digit and hold only "
-            "letters, digits, '.', '_' and '-'",
+            f"queue name {queue_name!r} must start with an ASCII letter or digit and hold "
+            "only ASCII letters, digits, '.', '_' and '-'",
         )
     if config.parent is not None:
         name("parent", config.parent)
