@@ -50,7 +50,7 @@ from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Work
 from fgpu.server import views
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
-from fgpu.server.requests import parse_submission
+from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import (
@@ -59,7 +59,6 @@ from fgpu.store.records import (
     FAILED,
     SUCCEEDED,
     QueueConfig,
-    QueueLimit,
     WorkloadRecord,
     to_core,
 )
@@ -756,24 +755,6 @@ class Service:
             raise NotFoundError("id", f"no workload {workload_id!r}") from None
 
     # -------------------------------------------------------------------- queues
-    def _queue_config(self, body: QueueBody, name: str | None = None) -> QueueConfig:
-        for field_name, value in (("quota", body.quota), ("limit", body.limit)):
-            if value is not None and (value != value or value < 0 or value > 1e6):
-                raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
-        limit = (
-            QueueLimit(gpu_milli=round(body.limit * 1000))
-            if body.limit is not None
-            else QueueLimit()
-        )
-        return QueueConfig(
-            name or body.name,
-            parent=body.parent,
-            quota=Resources(gpu_milli=round(body.quota * 1000)),
-            limit=limit,
-            over_quota_weight=body.over_quota_weight,
-            priority=body.priority,
-        )
-
     def _queue_change(self, caller: Caller, change: Callable[[], object]) -> None:
         if not self._is_admin(caller):
             raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
@@ -792,13 +773,13 @@ class Service:
 
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
-        config = self._queue_config(body)
+        config = queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config))
         return self._queue_view(config.name)
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
-        config = self._queue_config(body, name)
+        config = queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config))
         return self._queue_view(name)
 
