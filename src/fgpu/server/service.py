@@ -44,7 +44,8 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
-from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.frag import TargetWorkload
+from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Workload
 from fgpu.server import views
@@ -80,12 +81,6 @@ TICK_S = 5.0
 DEBOUNCE_S = 0.05
 """After a wake-up the loop waits this long so that a burst of submissions or exits is
 decided in one round instead of one round each."""
-TARGET_WINDOW = 1000
-"""FGD's target workload is learned from this many most recent submissions."""
-FALLBACK_TARGET = TargetWorkload(
-    (TaskType(0, 250, 1, "", 1), TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1))
-)
-"""Target workload before anything was submitted: quarter, half and whole GPUs."""
 
 
 class _Tracked:
@@ -351,13 +346,11 @@ class Service:
         """Read the store and ask the decision core, without acting (what a round decides)."""
         now = self.clock()
         workloads = self._workloads()
-        state = ClusterState(self.machine.nodes)
-        for w in workloads:
-            if w.allocation is not None:
-                try:
-                    state.allocate(w.request, w.allocation.node, w.allocation.gpus)
-                except InvalidRequestError:  # settled by _recover; never stop deciding
-                    log.error("workload %s holds GPUs this machine lacks; skipped", w.id)
+        state = state_with(  # a misfit is settled by _recover; never stop deciding
+            self.machine.nodes,
+            workloads,
+            lambda w, _: log.error("workload %s holds GPUs this machine lacks; skipped", w.id),
+        )
         self._refresh_target(workloads)
         tree = self._queue_tree()
         holds = self.store.load_holds()
@@ -410,13 +403,11 @@ class Service:
         shares (the round has them in hand already)."""
         if not self.policy_name.startswith("fgd"):
             return
-        recent = sorted(workloads, key=lambda w: w.submitted_at)[-TARGET_WINDOW:]
-        requests = tuple(w.request for w in recent if w.request.gpu_milli is not None)
+        requests = target_key(workloads)
         if requests == self._target_key:
             return
         self._target_key = requests
-        target = TargetWorkload.from_requests(requests) if requests else FALLBACK_TARGET
-        self._scheduler = self._make_scheduler(target)
+        self._scheduler = self._make_scheduler(target_for(requests))
 
     def _start(self, workload_id: str, allocation: Allocation) -> None:
         record = self.store.get(workload_id)
