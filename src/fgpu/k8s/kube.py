@@ -227,6 +227,12 @@ class KubeApi:
         }
         self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
 
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge patch of a pod's metadata (annotations; ``None`` values remove)."""
+        self._call(
+            self.core.patch_namespaced_pod, name, namespace, patch, _content_type=MERGE_PATCH
+        )
+
     def patch_pod_status(self, namespace: str, name: str, patch: Obj) -> None:
         """Strategic merge patch of a pod's status (conditions merge by type)."""
         self._call(
