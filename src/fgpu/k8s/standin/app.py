@@ -358,7 +358,7 @@ class StandInApi:
                 pod["metadata"]["deletionTimestamp"] = now_rfc3339()
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace is None else grace
                 pod["metadata"].pop("resourceVersion", None)
-                self.store.replace(kind, namespace, name, pod, check_rv=False)
+                self.store.replace(kind, namespace, name, pod, check_rv=False, system=True)
             return JSONResponse(self.store.get(kind, namespace, name), status_code=200)
         gone = self.store.delete(kind, namespace, name, options.get("preconditions") or {})
         return JSONResponse(gone, status_code=200)

@@ -208,11 +208,22 @@ class Store:
         self._emit(kind.plural, "ADDED", None, copy.deepcopy(obj))
         return copy.deepcopy(obj)
 
-    def replace(self, kind: Kind, namespace: str, name: str, obj: Obj, *, check_rv: bool) -> Obj:
+    def replace(
+        self,
+        kind: Kind,
+        namespace: str,
+        name: str,
+        obj: Obj,
+        *,
+        check_rv: bool,
+        system: bool = False,
+    ) -> Obj:
         """Write a new version of an existing object.
 
         With ``check_rv`` and a ``metadata.resourceVersion`` in ``obj`` that is not the
-        stored one, nothing is written (optimistic concurrency).
+        stored one, nothing is written (optimistic concurrency). Clients cannot change
+        ``uid``, ``creationTimestamp`` or ``deletionTimestamp``; the server itself
+        (``system``) sets the last when a graceful deletion starts.
 
         Raises:
             ApiStatusError: 404 NotFound, 409 Conflict.
@@ -238,17 +249,16 @@ class Store:
             raise ApiStatusError(
                 409, "Conflict", f"Precondition failed: UID in object meta: {meta['uid']}"
             )
-        for key in ("uid", "creationTimestamp", "name", "namespace", "deletionTimestamp"):
+        kept = ("uid", "creationTimestamp", "name", "namespace")
+        for key in kept if system else (*kept, "deletionTimestamp"):
             if key in old["metadata"]:
                 meta[key] = old["metadata"][key]
             else:
                 meta.pop(key, None)
         obj["apiVersion"] = kind.api_version
         obj["kind"] = kind.kind
-        if obj == {
-            **old,
-            "metadata": {**meta, "resourceVersion": old["metadata"]["resourceVersion"]},
-        }:
+        same_version = {**meta, "resourceVersion": old["metadata"]["resourceVersion"]}
+        if {**obj, "metadata": same_version} == old:
             return copy.deepcopy(old)  # no change: no new version, no event (as the API)
         meta["resourceVersion"] = self._next()
         self.objects[kind.plural][(ns, name)] = obj
