@@ -3,9 +3,10 @@ client.
 
 Without ``KUBECONFIG`` the cluster is the in-repo API server stand-in
 (:mod:`fgpu.k8s.standin`, a test stand-in, not a Kubernetes API server). With
-``KUBECONFIG`` set, the same tests run against that cluster in a fresh namespace; they
-create fake Node objects labelled ``fgpu.io/test`` and delete them afterwards (a test
-cluster only: never point this at a cluster that runs real work). Tests that need
+``KUBECONFIG`` set *and* ``FGPU_K8S_TESTS_MAY_WRITE=1`` (the tests create fake Node objects
+labelled ``fgpu.io/test``, a namespace, pods and leases there, and delete them afterwards:
+a test cluster only, never one that runs real work), the same tests run against that
+cluster in a fresh namespace; ``KUBECONFIG`` alone keeps the stand-in and warns. Tests that need
 behaviour only the stand-in can pretend (a kubelet, slow pod termination) skip there.
 """
 
@@ -17,6 +18,7 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +31,13 @@ from fgpu.k8s.standin import Options, StandIn
 
 pytestmark = pytest.mark.k8s
 
-REAL = bool(os.environ.get("KUBECONFIG"))
+REAL = bool(os.environ.get("KUBECONFIG")) and os.environ.get("FGPU_K8S_TESTS_MAY_WRITE") == "1"
+if os.environ.get("KUBECONFIG") and not REAL:
+    warnings.warn(
+        "KUBECONFIG is set but FGPU_K8S_TESTS_MAY_WRITE is not 1: the Kubernetes tests use "
+        "the in-repo API stand-in, not that cluster",
+        stacklevel=1,
+    )
 
 
 @dataclass

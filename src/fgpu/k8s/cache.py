@@ -108,6 +108,12 @@ class ClusterCache:
 
     def apply(self, resource: str, kind: str, obj: Obj) -> None:
         """Apply one watch event (also used to record the scheduler's own writes early)."""
+        if kind == "BOOKMARK":
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                with self._lock:
+                    self._versions[resource] = version
+            return
         key = _key(obj)
         with self._lock:
             held = self._objects[resource]

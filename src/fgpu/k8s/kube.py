@@ -151,15 +151,16 @@ class KubeApi:
     def watch(
         self, resource: str, resource_version: str, timeout_s: int = 300
     ) -> Iterator[tuple[str, Obj]]:
-        """``(type, object)`` changes of ``nodes``, ``pods`` or ``queues`` after a version.
+        """``(type, object)`` changes of ``nodes``, ``pods`` or ``queues`` after a version;
+        type is ADDED, MODIFIED, DELETED or BOOKMARK (only a newer version to resume from).
 
         Ends when the server closes the watch (``timeout_s``, or a restart).
 
         Raises:
             KubeError: 410 when the version is too old (list again), others as they come.
         """
-        from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
 
         args: tuple[Any, ...]
         if resource == "nodes":
@@ -173,28 +174,34 @@ class KubeApi:
             args = (QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL)
         else:
             raise ValueError(f"resource: cannot watch {resource!r}")
-        w = watch.Watch()
+        # The client's Watch helper fails on ERROR events when it does not deserialize
+        # (it looks for a key only its deserializing path sets), so the stream is read here.
         try:
-            for event in w.stream(
-                func,
+            response = func(
                 *args,
+                watch=True,
                 resource_version=resource_version,
                 timeout_seconds=timeout_s,
-                allow_watch_bookmarks=False,
-                deserialize=False,
-            ):
-                if isinstance(event, str):
-                    event = json.loads(event)
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=(10, timeout_s + 30),
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        try:
+            for line in iter_resp_lines(response):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
                 kind = event["type"]
-                obj = event.get("raw_object") or event.get("object")
+                obj = event["object"]
                 if kind == "ERROR":
                     code = int(obj.get("code") or 500)
                     raise KubeError(code, obj.get("reason", ""), obj.get("message", ""))
                 yield kind, obj
-        except ApiException as exc:
-            raise _error(exc) from None
         finally:
-            w.stop()
+            response.close()
+            response.release_conn()
 
     # ----------------------------------------------------------------- pods
     def get_pod(self, namespace: str, name: str) -> Obj:
