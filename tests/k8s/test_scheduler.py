@@ -134,8 +134,14 @@ def test_a_restarted_scheduler_rebuilds_the_same_state(cluster) -> None:
     first.sync()
     first.run_once()
     assert len(bound(cluster)) == 15
+    for gone in ("p-0", "p-3", "mem"):  # the kept state follows deletions
+        cluster.api.delete_pod(cluster.namespace, gone, grace_s=0)
+    create(cluster, pod("p-new", "0.5"))
+    first.sync()
+    first.run_once()
     first.sync()
     rnd_a, dec_a = first.plan()
+    first.check_state(rnd_a)
     second = K8sScheduler(cluster.api)
     second.sync()
     rnd_b, dec_b = second.plan()

@@ -49,7 +49,9 @@ from fgpu.k8s.objects import (
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
+from fgpu.sched.state import ClusterState, check_invariants
 from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
 
 log = logging.getLogger("fgpu.k8s.scheduler")
@@ -140,6 +142,12 @@ class K8sScheduler:
         self._holds: dict[str, Hold] | None = None
         self._target_key: tuple[Request, ...] | None = None
         self._scheduler = self._make(FALLBACK_TARGET)
+        self._target: TargetWorkload = FALLBACK_TARGET
+        self._node_memo: dict[str, tuple[Any, NodeInfo | None]] = {}
+        self._running_memo: dict[str, tuple[Any, NodeInfo, Workload]] = {}
+        self._base: ClusterState | None = None
+        self._base_nodes: tuple[NodeInfo, ...] = ()
+        self._base_held: dict[str, tuple[Workload, Allocation]] = {}
         self.last: Decision | None = None
         self.bound = 0
 
@@ -205,11 +213,7 @@ class K8sScheduler:
         placements and evictions of this replica)."""
         infos: list[NodeInfo] = []
         for obj in snap.nodes:
-            try:
-                info = node_info(obj)
-            except (wire.WireError, PodRequestError, InvalidRequestError) as exc:
-                log.warning("node %s: %s", obj["metadata"]["name"], exc)
-                continue
+            info = self._node(obj)
             if info is not None:
                 infos.append(info)
         infos.sort(key=lambda i: i.node.name)
@@ -236,7 +240,23 @@ class K8sScheduler:
             if node is None and assumed is not None and assumed[0] == uid:
                 node, text = assumed[1].node, assumed[1].to_json()
             if node:
+                terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
+                protected = self._protected.get(key, 0.0) > now
+                n = index.get(node)
+                memo = self._running_memo.get(key)
+                sig = (uid, meta.get("resourceVersion"), node, n, text, terminating, protected)
+                if (
+                    n is not None
+                    and memo is not None
+                    and memo[0] == sig
+                    and memo[1] is rnd.infos[n]
+                ):
+                    rnd.workloads.append(memo[2])  # unchanged pod on an unchanged node
+                    continue
+                before = len(rnd.workloads)
                 self._running(rnd, key, pod, node, text, index, gpu_at, now)
+                if n is not None and len(rnd.workloads) > before:
+                    self._running_memo[key] = (sig, rnd.infos[n], rnd.workloads[-1])
                 continue
             if meta.get("deletionTimestamp"):
                 continue
@@ -262,6 +282,88 @@ class K8sScheduler:
                 )
             )
         return rnd
+
+    def _node(self, obj: Obj) -> NodeInfo | None:
+        """:func:`node_info`, remembered while what it reads is unchanged (agents rewrite
+        their usage annotation often; the inventory seldom changes)."""
+        meta = obj["metadata"]
+        status = obj.get("status") or {}
+        sig = (
+            (meta.get("annotations") or {}).get(wire.INVENTORY),
+            json.dumps(status.get("allocatable"), sort_keys=True),
+            bool((obj.get("spec") or {}).get("unschedulable")),
+            tuple(
+                c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"
+            ),
+        )
+        memo = self._node_memo.get(meta["name"])
+        if memo is not None and memo[0] == sig:
+            return memo[1]
+        try:
+            info = node_info(obj)
+        except (wire.WireError, PodRequestError, InvalidRequestError) as exc:
+            log.warning("node %s: %s", meta["name"], exc)
+            info = None
+        self._node_memo[meta["name"]] = (sig, info)
+        return info
+
+    def _state(self, rnd: Round) -> ClusterState:
+        """The cluster with every running pod applied, kept from round to round: only
+        pods that changed are released or applied (a full rebuild when the nodes changed
+        or anything does not add up). :meth:`check_state` compares it with a rebuild."""
+        held = {w.id: w for w in rnd.others + rnd.workloads if w.allocation is not None}
+        nodes = tuple(rnd.infos)
+        if self._base is None or self._base_nodes != nodes:
+            return self._rebuild(rnd, held, nodes)
+        state = self._base
+        try:
+            for key, (w, alloc) in list(self._base_held.items()):
+                if held.get(key) is not w:
+                    state.release(alloc)
+                    del self._base_held[key]
+            for key, w in held.items():
+                if key not in self._base_held:
+                    assert w.allocation is not None
+                    try:
+                        alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                    except InvalidRequestError as exc:
+                        log.warning("pod %s does not fit its node any more: %s", key, exc)
+                        continue
+                    self._base_held[key] = (w, alloc)
+        except InvalidRequestError:
+            log.exception("kept state out of step; rebuilding")
+            return self._rebuild(rnd, held, nodes)
+        return state
+
+    def _rebuild(
+        self, rnd: Round, held: dict[str, Workload], nodes: tuple[NodeInfo, ...]
+    ) -> ClusterState:
+        state = ClusterState([i.node for i in rnd.infos])
+        self._base_held = {}
+        for key, w in held.items():
+            assert w.allocation is not None
+            try:
+                alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+            except InvalidRequestError as exc:
+                log.warning("pod %s does not fit its node any more: %s", key, exc)
+                continue
+            self._base_held[key] = (w, alloc)
+        self._base, self._base_nodes = state, nodes
+        return state
+
+    def check_state(self, rnd: Round) -> None:
+        """Assert that the kept state equals one built from scratch (tests).
+
+        Raises:
+            AssertionError: they differ.
+        """
+        kept = self._state(rnd)
+        fresh = state_with(
+            [i.node for i in rnd.infos], rnd.others + rnd.workloads, lambda w, e: None
+        )
+        check_invariants(kept)
+        for name in ("cpu_free", "memory_free", "gpu_free_milli", "gpu_free_memory"):
+            assert (getattr(kept, name) == getattr(fresh, name)).all(), name
 
     def _other(self, rnd: Round, key: str, pod: Obj, node: int) -> None:
         try:
@@ -361,20 +463,21 @@ class K8sScheduler:
 
     def plan(self) -> tuple[Round, Decision]:
         """Build a round from the cache and decide, without acting."""
-        rnd = self.build(self.cache.snapshot())
-        state = state_with(
-            [i.node for i in rnd.infos],
-            rnd.others + rnd.workloads,
-            lambda w, exc: log.warning("pod %s does not fit its node any more: %s", w.id, exc),
-        )
+        snap = self.cache.snapshot()
+        rnd = self.build(snap)
+        state = self._state(rnd)
         capacity = int(state.gpu_milli_capacity.sum())
-        tree, problems = queue_tree(self.cache.snapshot().queues, capacity)
+        tree, problems = queue_tree(snap.queues, capacity)
         for p in problems:
             log.warning("%s", p)
-        requests = target_key(rnd.workloads)
-        if requests != self._target_key and self.policy_name.startswith("fgd"):
-            self._target_key = requests
-            self._scheduler = self._make(target_for(requests))
+        if self.policy_name.startswith("fgd"):
+            requests = target_key(rnd.workloads)
+            if requests != self._target_key:
+                self._target_key = requests
+                target = target_for(requests)
+                if target != self._target:  # a new policy only when the target moved
+                    self._target = target
+                    self._scheduler = self._make(target)
         decision = self._scheduler.decide(
             self.clock(), state, tree, rnd.workloads, self._holds_from(rnd)
         )
