@@ -143,11 +143,13 @@ class K8sScheduler:
         self._target_key: tuple[Request, ...] | None = None
         self._scheduler = self._make(FALLBACK_TARGET)
         self._target: TargetWorkload = FALLBACK_TARGET
-        self._node_memo: dict[str, tuple[Any, NodeInfo | None]] = {}
+        self._node_memo: dict[str, tuple[Any, NodeInfo | None, Obj]] = {}
         self._running_memo: dict[str, tuple[Any, NodeInfo, Workload]] = {}
         self._base: ClusterState | None = None
         self._base_nodes: tuple[NodeInfo, ...] = ()
         self._base_held: dict[str, tuple[Workload, Allocation]] = {}
+        self._leading = False
+        self._fast: dict[int, tuple[Obj, Workload, str, str, NodeInfo]] = {}
         self.last: Decision | None = None
         self.bound = 0
 
@@ -209,8 +211,9 @@ class K8sScheduler:
 
     # ----------------------------------------------------------------------- round
     def build(self, snap: Snapshot) -> Round:
-        """The core's inputs from a snapshot (pure: reads only ``snap`` and the assumed
-        placements and evictions of this replica)."""
+        """The core's inputs from a snapshot and this replica's assumed placements and
+        evictions. Parsed nodes and running pods are remembered while unchanged (and
+        forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
         for obj in snap.nodes:
             info = self._node(obj)
@@ -221,7 +224,20 @@ class K8sScheduler:
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at = [{u: g for g, u in enumerate(info.uuids)} for info in infos]
         now = self.clock()
+        fast = self._fast
+        self._fast = {}
+        special = self._evicting.keys() | self._protected.keys()
         for pod in snap.pods:
+            # an fgpu pod whose object is the very one of the last round, on a node whose
+            # view did not change: reuse its workload (the cache replaces objects on change)
+            seen = fast.get(id(pod))
+            if seen is not None and seen[0] is pod and seen[2] not in special:
+                n = index.get(seen[3])
+                if n is not None and seen[4] is rnd.infos[n]:
+                    rnd.pods[seen[2]] = pod
+                    rnd.workloads.append(seen[1])
+                    self._fast[id(pod)] = seen
+                    continue
             status = pod.get("status") or {}
             if status.get("phase") in _TERMINAL:
                 continue
@@ -252,11 +268,14 @@ class K8sScheduler:
                     and memo[1] is rnd.infos[n]
                 ):
                     rnd.workloads.append(memo[2])  # unchanged pod on an unchanged node
+                    self._fast[id(pod)] = (pod, memo[2], key, node, memo[1])
                     continue
                 before = len(rnd.workloads)
                 self._running(rnd, key, pod, node, text, index, gpu_at, now)
                 if n is not None and len(rnd.workloads) > before:
                     self._running_memo[key] = (sig, rnd.infos[n], rnd.workloads[-1])
+                if n is not None and memo is not None and len(rnd.workloads) > before:
+                    self._fast[id(pod)] = (pod, rnd.workloads[-1], key, node, rnd.infos[n])
                 continue
             if meta.get("deletionTimestamp"):
                 continue
@@ -281,12 +300,24 @@ class K8sScheduler:
                     preemptible=ask.preemptible,
                 )
             )
+        # forget what was remembered of objects that are gone
+        for stale in self._running_memo.keys() - rnd.pods.keys():
+            del self._running_memo[stale]
+        for gone in self._reasons.keys() - rnd.pods.keys():
+            del self._reasons[gone]
+        if len(self._node_memo) > len(snap.nodes):
+            names = {n["metadata"]["name"] for n in snap.nodes}
+            for name in self._node_memo.keys() - names:
+                del self._node_memo[name]
         return rnd
 
     def _node(self, obj: Obj) -> NodeInfo | None:
         """:func:`node_info`, remembered while what it reads is unchanged (agents rewrite
         their usage annotation often; the inventory seldom changes)."""
         meta = obj["metadata"]
+        memo = self._node_memo.get(meta["name"])
+        if memo is not None and memo[2] is obj:
+            return memo[1]
         status = obj.get("status") or {}
         sig = (
             (meta.get("annotations") or {}).get(wire.INVENTORY),
@@ -296,15 +327,15 @@ class K8sScheduler:
                 c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"
             ),
         )
-        memo = self._node_memo.get(meta["name"])
         if memo is not None and memo[0] == sig:
+            self._node_memo[meta["name"]] = (sig, memo[1], obj)
             return memo[1]
         try:
             info = node_info(obj)
         except (wire.WireError, PodRequestError, InvalidRequestError) as exc:
             log.warning("node %s: %s", meta["name"], exc)
             info = None
-        self._node_memo[meta["name"]] = (sig, info)
+        self._node_memo[meta["name"]] = (sig, info, obj)
         return info
 
     def _state(self, rnd: Round) -> ClusterState:
@@ -487,7 +518,12 @@ class K8sScheduler:
         """One round: decide and act (nothing when this replica is not the leader)."""
         with self._lock:
             if not self.is_leader():
+                self._leading = False
                 return None
+            if not self._leading:  # a new term: take holds and reasons from the cluster
+                self._leading = True
+                self._holds = None
+                self._reasons.clear()
             self._forget_settled()
             rnd, decision = self.plan()
             self.last = decision
