@@ -75,3 +75,36 @@ def test_a_disruption_budget_blocks_the_eviction_and_the_hold(make_cluster) -> N
     assert not vip["spec"].get("nodeName")
     assert wire.HOLD not in vip["metadata"].get("annotations", {})
     assert gpu_uuid("node-a", 0) in {assignment(p).uuids[0] for p in bound(cluster)}
+
+
+def test_a_queue_below_its_quota_reclaims_from_one_above_it(make_cluster) -> None:
+    cluster = make_cluster()
+    add_node(cluster, "node-a", gpus=2)
+    for name, parent in (("org", None), ("team-a", "org"), ("team-b", "org")):
+        spec: dict = {"quota": 2 if name == "org" else 1}
+        if parent:
+            spec["parent"] = parent
+        cluster.api.create_queue(
+            {
+                "apiVersion": "fgpu.io/v1alpha1",
+                "kind": "Queue",
+                "metadata": {"name": name},
+                "spec": spec,
+            }
+        )
+    create(cluster, pod("b-0", "1", queue="team-b"))
+    create(cluster, pod("b-1", "1", queue="team-b"))
+    s = K8sScheduler(cluster.api)
+    round_(s)
+    assert len(bound(cluster)) == 2
+    create(cluster, pod("a-0", "1", queue="team-a"))
+    round_(s)  # b is above its fair share: one of its pods is evicted for a
+    preempted = events(cluster, "Preempted")
+    assert len(preempted) == 1
+    assert "reclaim by default/a-0" in preempted[0]["message"]
+    round_(s)
+    a0 = cluster.api.get_pod(cluster.namespace, "a-0")
+    assert assignment(a0).queue == "team-a"
+    assert sorted(p["metadata"]["name"] for p in bound(cluster)) == sorted(
+        ["a-0", next(n for n in ("b-0", "b-1") if n != preempted[0]["involvedObject"]["name"])]
+    )
