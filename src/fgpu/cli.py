@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fgpu.client import cli_mig, cli_queues, cli_workloads
+from fgpu.client.cli_k8s import k8s_app
 from fgpu.model.types import InvalidRequestError
 from fgpu.plugins import UnknownPolicyError
 from fgpu.sched.decide import SchedulerConfig
@@ -51,6 +52,7 @@ app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
 sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
 app.add_typer(sim_app, name="sim")
 app.add_typer(cli_mig.mig_app, name="mig")
+app.add_typer(k8s_app, name="k8s")
 app.command(rich_help_panel="Service")(serve)
 cli_workloads.register(app)
 cli_queues.register(app)

@@ -19,9 +19,10 @@ from fgpu.model.units import (
     parse_gpu_request,
     parse_memory_mib,
 )
-from fgpu.sched.workload import parse_priority
+from fgpu.sched.workload import Resources, parse_priority
 from fgpu.server.errors import BadRequest
-from fgpu.wire import SubmitRequest
+from fgpu.store.records import QueueConfig, QueueLimit
+from fgpu.wire import QueueBody, SubmitRequest
 
 MAX_GRACE_S = 3600.0
 MAX_PRIORITY = 1000
@@ -51,6 +52,32 @@ def _unit(field: str, parse: object, text: str) -> int:
     return int(value)
 
 
+@dataclass(frozen=True, slots=True)
+class ResourceAsk:
+    """What a submission asks for, as the user wrote it (CLI flags, API fields, or the
+    ``fgpu.io/*`` annotations of a Kubernetes pod).
+
+    Attributes:
+        gpu: ``-g``: a fraction ``"0.5"`` or a count ``"2"``.
+        gpu_fraction: share on each of several GPUs (``-g 2 --gpu-fraction 0.3``).
+        gpu_memory: memory quota per GPU, e.g. ``"5GiB"``.
+        gpu_model: allowed GPU models (each entry may hold comma-separated names).
+        mig_profile: a MIG profile name.
+        cpu: CPU cores, e.g. ``"2"`` or ``"500m"``.
+        memory: host memory, e.g. ``"8GiB"``.
+        priority: a priority number or class name.
+    """
+
+    gpu: str | None = None
+    gpu_fraction: str | None = None
+    gpu_memory: str | None = None
+    gpu_model: tuple[str, ...] = ()
+    mig_profile: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    priority: str = "normal"
+
+
 def parse_submission(body: SubmitRequest) -> Submission:
     """Check a submission and build its request.
 
@@ -72,32 +99,65 @@ def parse_submission(body: SubmitRequest) -> Submission:
     _text("env", *body.env, *body.env.values())
     if not body.cwd.startswith("/"):
         raise BadRequest("cwd", "must be an absolute path")
-    if body.mig_profile is not None:
-        if body.gpu is not None or body.gpu_memory is not None:
+    ask = ResourceAsk(
+        gpu=body.gpu,
+        gpu_fraction=body.gpu_fraction,
+        gpu_memory=body.gpu_memory,
+        gpu_model=tuple(body.gpu_model),
+        mig_profile=body.mig_profile,
+        cpu=body.cpu,
+        memory=body.memory,
+        priority=body.priority,
+    )
+    request, priority = parse_resources(ask)
+    if priority > MAX_PRIORITY:
+        raise BadRequest(
+            "priority", f"{priority} is above {MAX_PRIORITY}; classes go up to critical (125)"
+        )
+    if not math.isfinite(body.grace_s) or not 0 <= body.grace_s <= MAX_GRACE_S:
+        raise BadRequest("grace_s", f"must be between 0 and {MAX_GRACE_S:g} seconds")
+    name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
+    return Submission(request, priority, list(body.command), name[:200])
+
+
+def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
+    """Check what a submission asks for; the rules of DESIGN.md section 4, shared by the
+    CLI, the API and the Kubernetes admission webhook.
+
+    Returns:
+        ``(request, priority)``.
+
+    Raises:
+        BadRequest: naming the field (``gpu``, ``gpu_fraction``, ``gpu_memory``,
+            ``gpu_model``, ``mig_profile``, ``cpu``, ``memory``, ``priority``, or a
+            :class:`Request` field) and the reason.
+    """
+    if ask.mig_profile is not None:
+        if ask.gpu is not None or ask.gpu_memory is not None:
             raise BadRequest(
                 "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
             )
         raise BadRequest("mig_profile", "MIG instances are not supported by this service yet")
     count = 0
     milli: int | None = None
-    if body.gpu is not None:
-        count, milli = _gpu(body.gpu)
-    if body.gpu_fraction is not None:
-        if body.gpu is None or count < 1 or milli != 1000:
+    if ask.gpu is not None:
+        count, milli = _gpu(ask.gpu)
+    if ask.gpu_fraction is not None:
+        if ask.gpu is None or count < 1 or milli != 1000:
             raise BadRequest(
                 "gpu_fraction",
                 "--gpu-fraction needs a whole GPU count, e.g. -g 2 --gpu-fraction 0.3",
             )
-        milli = _unit("gpu_fraction", parse_gpu_fraction, body.gpu_fraction)
+        milli = _unit("gpu_fraction", parse_gpu_fraction, ask.gpu_fraction)
     memory: int | None = None
-    if body.gpu_memory is not None:
-        memory = _unit("gpu_memory", parse_memory_mib, body.gpu_memory)
+    if ask.gpu_memory is not None:
+        memory = _unit("gpu_memory", parse_memory_mib, ask.gpu_memory)
         if count == 0:
             count = 1
-        elif milli == 1000 and body.gpu_fraction is None:
+        elif milli == 1000 and ask.gpu_fraction is None:
             raise BadRequest("gpu_memory", "whole GPUs get all their memory; drop --gpu-memory")
     models: set[str] = set()
-    for name in body.gpu_model:
+    for name in ask.gpu_model:
         if not name.strip():
             raise BadRequest("gpu_model", "empty model name")
         for part in name.split(","):
@@ -109,24 +169,49 @@ def parse_submission(body: SubmitRequest) -> Submission:
                 raise BadRequest("gpu_model", str(exc).removeprefix("gpu_model: ")) from None
     if models and count == 0:
         raise BadRequest("gpu_model", "--gpu-model needs a GPU request (-g or --gpu-memory)")
-    cpu = _unit("cpu", parse_cpu_milli, body.cpu) if body.cpu else 0
-    host_memory = _unit("memory", parse_memory_mib, body.memory) if body.memory else 0
+    cpu = _unit("cpu", parse_cpu_milli, ask.cpu) if ask.cpu else 0
+    host_memory = _unit("memory", parse_memory_mib, ask.memory) if ask.memory else 0
     try:
-        priority = parse_priority(body.priority)
+        priority = parse_priority(ask.priority)
     except InvalidRequestError as exc:
         raise BadRequest("priority", exc.reason) from None
-    if priority > MAX_PRIORITY:
-        raise BadRequest(
-            "priority", f"{priority} is above {MAX_PRIORITY}; classes go up to critical (125)"
-        )
-    if not math.isfinite(body.grace_s) or not 0 <= body.grace_s <= MAX_GRACE_S:
-        raise BadRequest("grace_s", f"must be between 0 and {MAX_GRACE_S:g} seconds")
     try:
         request = Request(cpu, host_memory, count, milli, memory, frozenset(models))
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
-    name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
-    return Submission(request, priority, list(body.command), name[:200])
+    return request, priority
+
+
+def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
+    """A queue as configured through the API (``fgpu queue create|set``) or a Kubernetes
+    ``Queue`` object: GPU amounts in GPUs (fractions allowed) become milli-GPU.
+
+    Args:
+        body: the queue's fields.
+        name: the queue's name when it is not ``body.name`` (a rename is not allowed).
+
+    Raises:
+        BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
+            but below one milli-GPU.
+    """
+    for field_name, value in (("quota", body.quota), ("limit", body.limit)):
+        if value is not None and (value != value or value < 0 or value > 1e6):
+            raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
+        if value is not None and 0 < value and round(value * 1000) == 0:
+            raise BadRequest(
+                field_name, f"{value:g} GPUs is below the smallest amount, 0.001 (one milli-GPU)"
+            )
+    limit = (
+        QueueLimit(gpu_milli=round(body.limit * 1000)) if body.limit is not None else QueueLimit()
+    )
+    return QueueConfig(
+        name or body.name,
+        parent=body.parent,
+        quota=Resources(gpu_milli=round(body.quota * 1000)),
+        limit=limit,
+        over_quota_weight=body.over_quota_weight,
+        priority=body.priority,
+    )
 
 
 def _text(field: str, *values: str) -> None:

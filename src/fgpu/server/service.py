@@ -46,13 +46,14 @@ from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.fairshare import config_warnings
-from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.frag import TargetWorkload
+from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Workload
 from fgpu.server import views
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
-from fgpu.server.requests import parse_submission
+from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, claim_database
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
@@ -63,7 +64,6 @@ from fgpu.store.records import (
     LOST_REASON,
     SUCCEEDED,
     QueueConfig,
-    QueueLimit,
     WorkloadRecord,
     to_core,
 )
@@ -85,12 +85,6 @@ TICK_S = 5.0
 DEBOUNCE_S = 0.05
 """After a wake-up the loop waits this long so that a burst of submissions or exits is
 decided in one round instead of one round each."""
-TARGET_WINDOW = 1000
-"""FGD's target workload is learned from this many most recent submissions."""
-FALLBACK_TARGET = TargetWorkload(
-    (TaskType(0, 250, 1, "", 1), TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1))
-)
-"""Target workload before anything was submitted: quarter, half and whole GPUs."""
 
 
 class _Tracked:
@@ -373,13 +367,11 @@ class Service:
         """Read the store and ask the decision core, without acting (what a round decides)."""
         now = self.clock()
         workloads = self._workloads()
-        state = ClusterState(self.machine.nodes)
-        for w in workloads:
-            if w.allocation is not None:
-                try:
-                    state.allocate(w.request, w.allocation.node, w.allocation.gpus)
-                except InvalidRequestError:  # settled by _recover; never stop deciding
-                    log.error("workload %s holds GPUs this machine lacks; skipped", w.id)
+        state = state_with(  # a misfit is settled by _recover; never stop deciding
+            self.machine.nodes,
+            workloads,
+            lambda w, _: log.error("workload %s holds GPUs this machine lacks; skipped", w.id),
+        )
         self._refresh_target(workloads)
         tree = self._queue_tree()
         holds = self.store.load_holds()
@@ -432,13 +424,11 @@ class Service:
         shares (the round has them in hand already)."""
         if not self.policy_name.startswith("fgd"):
             return
-        recent = sorted(workloads, key=lambda w: w.submitted_at)[-TARGET_WINDOW:]
-        requests = tuple(w.request for w in recent if w.request.gpu_milli is not None)
+        requests = target_key(workloads)
         if requests == self._target_key:
             return
         self._target_key = requests
-        target = TargetWorkload.from_requests(requests) if requests else FALLBACK_TARGET
-        self._scheduler = self._make_scheduler(target)
+        self._scheduler = self._make_scheduler(target_for(requests))
 
     def _start(self, workload_id: str, allocation: Allocation) -> None:
         record = self.store.get(workload_id)
@@ -801,24 +791,6 @@ class Service:
             raise NotFoundError("id", f"no workload {workload_id!r}") from None
 
     # -------------------------------------------------------------------- queues
-    def _queue_config(self, body: QueueBody, name: str | None = None) -> QueueConfig:
-        for field_name, value in (("quota", body.quota), ("limit", body.limit)):
-            if value is not None and (value != value or value < 0 or value > 1e6):
-                raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
-        limit = (
-            QueueLimit(gpu_milli=round(body.limit * 1000))
-            if body.limit is not None
-            else QueueLimit()
-        )
-        return QueueConfig(
-            name or body.name,
-            parent=body.parent,
-            quota=Resources(gpu_milli=round(body.quota * 1000)),
-            limit=limit,
-            over_quota_weight=body.over_quota_weight,
-            priority=body.priority,
-        )
-
     def _queue_change(self, caller: Caller, change: Callable[[], object]) -> None:
         if not self._is_admin(caller):
             raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
@@ -837,13 +809,13 @@ class Service:
 
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
-        config = self._queue_config(body)
+        config = queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config))
         return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
-        config = self._queue_config(body, name)
+        config = queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config))
         return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
 

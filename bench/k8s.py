@@ -1,0 +1,206 @@
+"""Benchmark: the Kubernetes scheduler against the API stand-in at 1,000 nodes x 8 GPUs.
+
+The stand-in (``fgpu k8s standin``, a TEST STAND-IN for the API server) runs in its own
+process on loopback, so the figures include the scheduler's real HTTP calls through the
+official client, and the memory figure is the scheduler's process alone.
+
+Prints one JSON object (and writes ``bench/results/k8s-cpu.json`` unless ``--out -``):
+
+- ``bind``: ``--pods`` pending fgpu pods (shapes 0.25, 0.5, 1 and 2 GPUs, in that mix
+  4:3:2:1) created before the scheduler starts; rounds run until every pod is bound; pods
+  bound per second over the rounds' wall time (decide, ConfigMap, Binding and event calls
+  included) against the 100 pods/s target;
+- ``decision``: then ``--steady`` rounds that each see ``--batch`` new pods while the rest
+  run; per round the time from snapshot to decision (building the core's inputs and
+  ``decide``), p50 and p99 against the 50 ms target;
+- ``memory``: the scheduler process's resident memory after all of it (MiB).
+
+Usage: ``python bench/k8s.py [--nodes 1000] [--pods 4000] [--steady 100] [--batch 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from fgpu.k8s import wire
+from fgpu.k8s.kube import MERGE_PATCH, KubeApi, api_client
+from fgpu.k8s.scheduler import K8sScheduler
+from fgpu.k8s.standin.patch import json_patch
+from fgpu.k8s.webhook import mutate
+
+SHAPES = ["0.25"] * 4 + ["0.5"] * 3 + ["1"] * 2 + ["2"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_node(api: KubeApi, i: int) -> None:
+    name = f"node-{i:04d}"
+    inv = wire.Inventory(
+        tuple(wire.InventoryGpu(g, f"GPU-{i:04d}-{g}", "A100-80GB", 81920) for g in range(8)),
+        "simulated",
+    )
+    api.core.create_node(
+        {"metadata": {"name": name, "annotations": {wire.INVENTORY: inv.to_json()}}}
+    )
+    api.core.patch_node_status(
+        name,
+        {
+            "status": {
+                "allocatable": {"cpu": "128", "memory": "1024Gi"},
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        },
+        _content_type=MERGE_PATCH,
+    )
+
+
+def make_pod(api: KubeApi, name: str, gpu: str) -> None:
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "annotations": {wire.GPU: gpu}},
+        "spec": {
+            "schedulerName": wire.SCHEDULER_NAME,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
+                }
+            ],
+        },
+    }
+    api._call(api.core.create_namespaced_pod, "default", json_patch(body, mutate(body)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=4000)
+    parser.add_argument("--steady", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "k8s-cpu.json"))
+    args = parser.parse_args()
+    port = free_port()
+    standin = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "fgpu"),
+            "k8s",
+            "standin",
+            "--port",
+            str(port),
+            "--no-kubelet",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        api = KubeApi(api_client(host=f"http://127.0.0.1:{port}"))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                api.list_nodes()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: make_node(api, i), range(args.nodes)))
+            list(
+                pool.map(
+                    lambda i: make_pod(api, f"p-{i}", SHAPES[i % len(SHAPES)]), range(args.pods)
+                )
+            )
+        setup_s = time.perf_counter() - started
+
+        scheduler = K8sScheduler(api)
+        started = time.perf_counter()
+        scheduler.sync()
+        sync_s = time.perf_counter() - started
+        scheduler.cache.start()  # watches keep the cache current from here on
+        rounds: list[float] = []
+        started = time.perf_counter()
+        before = -1
+        while scheduler.bound < args.pods and scheduler.bound != before:
+            before = scheduler.bound
+            t0 = time.perf_counter()
+            scheduler.run_once()
+            rounds.append(time.perf_counter() - t0)
+        bind_s = time.perf_counter() - started
+        bound = scheduler.bound
+
+        latencies: list[float] = []
+        for r in range(args.steady):
+            names = [f"s-{r}-{j}" for j in range(args.batch)]
+            for n in names:
+                make_pod(api, n, "0.25")
+            want = {f"default/{n}" for n in names}
+            wait_until = time.monotonic() + 10
+            while not want <= {wire.pod_key(p) for p in scheduler.cache.snapshot().pods}:
+                assert time.monotonic() < wait_until, "watch did not deliver the new pods"
+                time.sleep(0.002)
+            t0 = time.perf_counter()
+            scheduler.plan()
+            latencies.append(time.perf_counter() - t0)
+            scheduler.run_once()
+            for n in names[: args.batch // 2]:  # half of them finish: steady state
+                api.delete_pod("default", n, grace_s=0)
+        scheduler.cache.stop()
+        rss = psutil.Process().memory_info().rss / 2**20
+        latencies.sort()
+        p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+        result = {
+            "benchmark": "k8s",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "cluster": {
+                "nodes": args.nodes,
+                "gpus": args.nodes * 8,
+                "pods": args.pods,
+                "setup_s": round(setup_s, 1),
+            },
+            "bind": {
+                "bound": bound,
+                "rounds": len(rounds),
+                "wall_s": round(bind_s, 2),
+                "pods_per_s": round(bound / bind_s, 1) if bind_s else None,
+                "target_pods_per_s": 100,
+                "list_s": round(sync_s, 2),
+                "round_s_max": round(max(rounds), 2) if rounds else None,
+            },
+            "decision": {
+                "rounds": len(latencies),
+                "pending_per_round": args.batch,
+                "running": len(scheduler.build(scheduler.cache.snapshot()).workloads),
+                "p50_ms": round(statistics.median(latencies) * 1000, 1),
+                "p99_ms": round(p99 * 1000, 1),
+                "target_p99_ms": 50,
+            },
+            "memory": {"scheduler_rss_mib": round(rss, 1)},
+        }
+        text = json.dumps(result, indent=2)
+        print(text)
+        if args.out != "-":
+            Path(args.out).write_text(text + "\n")
+    finally:
+        standin.terminate()
+        standin.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

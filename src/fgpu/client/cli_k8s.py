@@ -1,0 +1,164 @@
+"""``fgpu k8s scheduler|webhook|node-agent|standin``: the Kubernetes components
+(issue #7). The work is in :mod:`fgpu.k8s`; this module parses options and starts it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from typing import Annotated
+
+import typer
+
+k8s_app = typer.Typer(
+    help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
+)
+
+KubeconfigOption = Annotated[
+    str | None,
+    typer.Option(
+        help="kubeconfig file (default: in-cluster service account, else "
+        "$KUBECONFIG or ~/.kube/config)."
+    ),
+]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(help="API server URL without credentials (the test stand-in only)."),
+]
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("FGPU_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def _wait_for_signal() -> None:
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(1.0):
+        pass
+
+
+@k8s_app.command("scheduler")
+def scheduler(
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    policy: Annotated[str, typer.Option(help="Placement policy.")] = "fgd",
+    lease_namespace: Annotated[
+        str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
+    ] = "fgpu-system",
+    lease_name: Annotated[str, typer.Option(help="Name of the leader Lease.")] = "fgpu-scheduler",
+    identity: Annotated[
+        str | None, typer.Option(envvar="POD_NAME", help="This replica's name (default: host).")
+    ] = None,
+    lease_s: Annotated[float, typer.Option(help="Lease duration, seconds.")] = 15.0,
+    min_runtime_s: Annotated[
+        float, typer.Option(help="Seconds a pod runs before it can be a victim.")
+    ] = 0.0,
+) -> None:
+    """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
+    from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.leader import LeaseElector
+    from fgpu.k8s.scheduler import K8sScheduler
+    from fgpu.plugins import UnknownPolicyError
+    from fgpu.sched.decide import SchedulerConfig
+
+    _logging()
+    try:
+        api = KubeApi(api_client(kubeconfig, server))
+        me = f"{identity or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
+        elector = LeaseElector(
+            api,
+            lease_namespace,
+            lease_name,
+            me,
+            lease_s=lease_s,
+            renew_deadline_s=lease_s * 2 / 3,
+        )
+        sched = K8sScheduler(
+            api,
+            policy=policy,
+            config=SchedulerConfig(min_runtime_s=min_runtime_s),
+            elector=elector,
+        )
+        sched.start()
+    except (KubeError, UnknownPolicyError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    _wait_for_signal()
+    sched.stop()
+
+
+@k8s_app.command("webhook")
+def webhook(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port.")] = 8443,
+    tls_cert_file: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
+    tls_key_file: Annotated[str | None, typer.Option(help="TLS key (PEM).")] = None,
+) -> None:
+    """Run the admission webhook (POST /mutate)."""
+    from fgpu.k8s.webhook import serve
+
+    _logging()
+    try:
+        serve(host, port, tls_cert_file, tls_key_file)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
+
+@k8s_app.command("node-agent")
+def node_agent(
+    node: Annotated[str, typer.Option(envvar="NODE_NAME", help="This node's name.")],
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
+    simulate_gpus: Annotated[
+        str | None, typer.Option(help="Simulated GPUs instead of NVML, e.g. 8xA100-80GB.")
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option(help="GPU indices fgpu owns, e.g. 0-3 (default: all).")
+    ] = None,
+    interval_s: Annotated[float, typer.Option(help="Seconds between usage reports.")] = 10.0,
+) -> None:
+    """Run the node agent: publish this node's GPUs, report usage, govern (hook)."""
+    from fgpu.agent.backend import detect_backend
+    from fgpu.k8s.agent import NodeAgent
+    from fgpu.k8s.kube import KubeApi, KubeError, api_client
+
+    _logging()
+    try:
+        backend = detect_backend(simulate_gpus, logging.getLogger("fgpu.k8s.agent"))
+        agent = NodeAgent(KubeApi(api_client(kubeconfig, server)), node, backend, gpus)
+    except (KubeError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
+    thread.start()
+    _wait_for_signal()
+    agent.stop()
+
+
+@k8s_app.command("standin")
+def standin(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8001,
+    kubelet: Annotated[bool, typer.Option(help="Pretend to be every node's kubelet.")] = True,
+) -> None:
+    """Serve the Kubernetes API TEST STAND-IN on 127.0.0.1 (demos and tests only)."""
+    from fgpu.k8s.standin import Options, StandIn
+
+    server = StandIn(Options(kubelet=kubelet), port=port).start()
+    typer.echo(f"TEST STAND-IN (not Kubernetes) serving on {server.url}", err=True)
+    try:
+        _wait_for_signal()
+    finally:
+        server.stop()
+        time.sleep(0)

@@ -1,0 +1,347 @@
+"""The Kubernetes API as fgpu's components use it, through the official client.
+
+:class:`KubeApi` wraps the calls of ``kubernetes.client`` that the scheduler, the webhook's
+helpers and the node agent make, and gives plain JSON objects (``dict``) back: the
+components read a few fields of many objects, and the client's typed models would cost
+more than the decisions (the list and watch calls ask for the raw response). Every
+refusal by the API server becomes a :class:`KubeError` with its HTTP status and reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+QUEUE_GROUP = "fgpu.io"
+QUEUE_VERSION = "v1alpha1"
+QUEUE_PLURAL = "queues"
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+class KubeError(Exception):
+    """The API server refused a call (or could not be reached: status 0).
+
+    Attributes:
+        status: HTTP status (409 conflict, 404 not found, 429 too many requests...).
+        reason: the Status object's reason (``Conflict``, ``AlreadyExists``...).
+        message: the Status object's message.
+    """
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        self.message = message
+        super().__init__(f"{status} {reason}: {message}")
+
+
+def _error(exc: Exception) -> KubeError:
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None)
+    reason = str(getattr(exc, "reason", "") or type(exc).__name__)
+    message = str(exc)
+    if body:
+        try:
+            data = json.loads(body)
+            reason = data.get("reason") or reason
+            message = data.get("message") or message
+        except (ValueError, TypeError):
+            message = str(body)
+    return KubeError(status, reason, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A list answer: the items and the collection's ``resourceVersion`` to watch from."""
+
+    items: list[Obj]
+    resource_version: str
+
+
+def api_client(kubeconfig: str | None = None, host: str | None = None) -> Any:
+    """An official ``ApiClient``.
+
+    Args:
+        kubeconfig: a kubeconfig file (None: ``$KUBECONFIG`` or ``~/.kube/config``, else
+            the in-cluster service account).
+        host: an API server URL without credentials (the test stand-in); wins over the rest.
+
+    Raises:
+        KubeError: no configuration could be loaded (status 0).
+    """
+    from kubernetes import client, config
+
+    if host is not None:
+        configuration = client.Configuration()
+        configuration.host = host
+        return client.ApiClient(configuration)
+    try:
+        if kubeconfig is not None:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except Exception as exc:  # the client raises several kinds
+        raise KubeError(
+            0, "NoConfiguration", f"cannot configure the Kubernetes client: {exc}"
+        ) from None
+    return client.ApiClient()
+
+
+class KubeApi:
+    """The calls fgpu makes, as plain JSON.
+
+    Args:
+        client: an official ``kubernetes.client.ApiClient`` (see :func:`api_client`).
+        timeout_s: per-request timeout in seconds (watches use their own).
+    """
+
+    def __init__(self, client: Any, timeout_s: float = 30.0) -> None:
+        from kubernetes import client as k8s
+
+        self.client = client
+        self.core = k8s.CoreV1Api(client)
+        self.coordination = k8s.CoordinationV1Api(client)
+        self.policy = k8s.PolicyV1Api(client)
+        self.custom = k8s.CustomObjectsApi(client)
+        self.timeout_s = timeout_s
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        kwargs.setdefault("_request_timeout", self.timeout_s)
+        try:
+            response = method(*args, _preload_content=False, **kwargs)
+        except ApiException as exc:
+            raise _error(exc) from None
+        except OSError as exc:
+            raise KubeError(0, "Unreachable", str(exc)) from None
+        data = response.data
+        return json.loads(data) if data else None
+
+    # --------------------------------------------------------------- listing
+    def list_nodes(self, label_selector: str | None = None) -> Listed:
+        """Nodes (optionally by label selector)."""
+        out = self._call(self.core.list_node, label_selector=label_selector)
+        return Listed(out["items"], out["metadata"]["resourceVersion"])
+
+    def list_pods(self, field_selector: str | None = None, namespace: str | None = None) -> Listed:
+        """Pods in every namespace (or one), optionally by field selector."""
+        if namespace is None:
+            out = self._call(self.core.list_pod_for_all_namespaces, field_selector=field_selector)
+        else:
+            out = self._call(
+                self.core.list_namespaced_pod, namespace, field_selector=field_selector
+            )
+        return Listed(out["items"], out["metadata"]["resourceVersion"])
+
+    def list_queues(self) -> Listed:
+        """``Queue`` objects (``fgpu.io/v1alpha1``, cluster-scoped)."""
+        out = self._call(
+            self.custom.list_cluster_custom_object, QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL
+        )
+        return Listed(out["items"], out["metadata"]["resourceVersion"])
+
+    def watch(
+        self, resource: str, resource_version: str, timeout_s: int = 300
+    ) -> Iterator[tuple[str, Obj]]:
+        """``(type, object)`` changes of ``nodes``, ``pods`` or ``queues`` after a version;
+        type is ADDED, MODIFIED, DELETED or BOOKMARK (only a newer version to resume from).
+
+        Ends when the server closes the watch (``timeout_s``, or a restart).
+
+        Raises:
+            KubeError: 410 when the version is too old (list again), others as they come.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+
+        args: tuple[Any, ...]
+        if resource == "nodes":
+            func: Any = self.core.list_node
+            args = ()
+        elif resource == "pods":
+            func = self.core.list_pod_for_all_namespaces
+            args = ()
+        elif resource == "queues":
+            func = self.custom.list_cluster_custom_object
+            args = (QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL)
+        else:
+            raise ValueError(f"resource: cannot watch {resource!r}")
+        # The client's Watch helper fails on ERROR events when it does not deserialize
+        # (it looks for a key only its deserializing path sets), so the stream is read here.
+        try:
+            response = func(
+                *args,
+                watch=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_s,
+                allow_watch_bookmarks=True,
+                _preload_content=False,
+                _request_timeout=(10, timeout_s + 30),
+            )
+        except ApiException as exc:
+            raise _error(exc) from None
+        try:
+            for line in iter_resp_lines(response):
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                kind = event["type"]
+                obj = event["object"]
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 500)
+                    raise KubeError(code, obj.get("reason", ""), obj.get("message", ""))
+                yield kind, obj
+        finally:
+            response.close()
+            response.release_conn()
+
+    # ----------------------------------------------------------------- pods
+    def get_pod(self, namespace: str, name: str) -> Obj:
+        """One pod. Raises KubeError (404 when gone)."""
+        result: Obj = self._call(self.core.read_namespaced_pod, name, namespace)
+        return result
+
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Bind a pod to a node through the Binding subresource; the annotations are written
+        with the node name in the same write (the API server copies them onto the pod).
+
+        The pod's ``uid`` is a precondition: a pod deleted and created again under the same
+        name is not bound by mistake.
+
+        Raises:
+            KubeError: 409 when the pod is bound already or is another pod, 404 when gone.
+        """
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+                "annotations": dict(annotations),
+            },
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        self._call(self.core.create_namespaced_pod_binding, name, namespace, body)
+
+    def patch_pod(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge patch of a pod's metadata (annotations; ``None`` values remove)."""
+        self._call(
+            self.core.patch_namespaced_pod, name, namespace, patch, _content_type=MERGE_PATCH
+        )
+
+    def patch_pod_status(self, namespace: str, name: str, patch: Obj) -> None:
+        """Strategic merge patch of a pod's status (conditions merge by type)."""
+        self._call(
+            self.core.patch_namespaced_pod_status,
+            name,
+            namespace,
+            patch,
+            _content_type=STRATEGIC_PATCH,
+        )
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Ask for a pod's eviction (PodDisruptionBudgets apply).
+
+        Raises:
+            KubeError: 429 when a disruption budget forbids it now, 404 when gone.
+        """
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        self._call(self.core.create_namespaced_pod_eviction, name, namespace, body)
+
+    def delete_pod(self, namespace: str, name: str, grace_s: int | None = None) -> None:
+        """Delete a pod (404 ignored)."""
+        try:
+            self._call(
+                self.core.delete_namespaced_pod, name, namespace, grace_period_seconds=grace_s
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    # ------------------------------------------------------------ config maps
+    def create_config_map(self, namespace: str, body: Obj) -> Obj:
+        """Create a ConfigMap. Raises KubeError (409 AlreadyExists)."""
+        result: Obj = self._call(self.core.create_namespaced_config_map, namespace, body)
+        return result
+
+    def get_config_map(self, namespace: str, name: str) -> Obj:
+        """One ConfigMap. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_namespaced_config_map, name, namespace)
+        return result
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        """Delete a ConfigMap (404 ignored)."""
+        try:
+            self._call(self.core.delete_namespaced_config_map, name, namespace)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    # ----------------------------------------------------------------- events
+    def create_event(self, namespace: str, body: Obj) -> None:
+        """Record a core/v1 Event."""
+        self._call(self.core.create_namespaced_event, namespace, body)
+
+    # ------------------------------------------------------------------ nodes
+    def get_node(self, name: str) -> Obj:
+        """One node. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_node, name)
+        return result
+
+    def patch_node(self, name: str, patch: Obj) -> Obj:
+        """Merge patch of a node's metadata (labels, annotations)."""
+        result: Obj = self._call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH)
+        return result
+
+    # ----------------------------------------------------------------- leases
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        """The Lease, or None when there is none."""
+        try:
+            result: Obj = self._call(self.coordination.read_namespaced_lease, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    def create_lease(self, namespace: str, body: Obj) -> Obj:
+        """Create a Lease. Raises KubeError (409 when another replica made it first)."""
+        result: Obj = self._call(self.coordination.create_namespaced_lease, namespace, body)
+        return result
+
+    def replace_lease(self, namespace: str, name: str, body: Obj) -> Obj:
+        """Replace a Lease; ``body.metadata.resourceVersion`` must be current.
+
+        Raises:
+            KubeError: 409 when another replica wrote it since it was read.
+        """
+        result: Obj = self._call(self.coordination.replace_namespaced_lease, name, namespace, body)
+        return result
+
+    # ---------------------------------------------------------------- queues
+    def create_queue(self, body: Obj) -> Obj:
+        """Create a ``Queue`` object."""
+        result: Obj = self._call(
+            self.custom.create_cluster_custom_object,
+            QUEUE_GROUP,
+            QUEUE_VERSION,
+            QUEUE_PLURAL,
+            body,
+        )
+        return result

@@ -1,0 +1,315 @@
+"""Kubernetes objects as the decision core's inputs: pods as requests, nodes as
+:class:`fgpu.model.types.Node`, ``Queue`` objects as :class:`fgpu.sched.workload.QueueSpec`.
+
+The rules for what a pod may ask are the CLI's and the API's
+(:func:`fgpu.server.requests.parse_resources`); only the field names differ, and errors
+name the annotation (or container field) instead of the flag.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+from pydantic import ValidationError
+
+from fgpu.k8s import wire
+from fgpu.model.types import InvalidRequestError, Node, Request
+from fgpu.sched.workload import PRIORITY_CLASSES, QueueSpec, QueueTree, Resources
+from fgpu.server.errors import BadRequest
+from fgpu.server.requests import ResourceAsk, parse_resources, queue_config
+from fgpu.wire import QueueBody
+
+Obj = Mapping[str, Any]
+
+_FIELD_TO_ANNOTATION = {
+    "gpu": wire.GPU,
+    "gpu_fraction": wire.GPU,
+    "gpu_milli": wire.GPU,
+    "gpu_count": wire.GPU_COUNT,
+    "gpu_memory": wire.GPU_MEMORY,
+    "gpu_memory_mib": wire.GPU_MEMORY,
+    "gpu_model": wire.GPU_MODEL,
+    "gpu_models": wire.GPU_MODEL,
+    "mig_profile": wire.MIG_PROFILE,
+    "priority": wire.PRIORITY,
+    "cpu": "spec.containers[].resources.requests.cpu",
+    "cpu_milli": "spec.containers[].resources.requests.cpu",
+    "memory": "spec.containers[].resources.requests.memory",
+    "memory_mib": "spec.containers[].resources.requests.memory",
+}
+
+
+class PodRequestError(ValueError):
+    """A pod whose fgpu request breaks a rule: ``field`` is the annotation or pod field,
+    ``reason`` the same text the CLI and API give."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class PodAsk:
+    """What an fgpu pod asks for, checked.
+
+    Attributes:
+        request: the core's request (CPU and host memory from the containers' requests).
+        priority: numeric priority.
+        queue: leaf queue name.
+        preemptible: None (default rule), True or False.
+    """
+
+    request: Request
+    priority: int
+    queue: str
+    preemptible: bool | None
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def quantity(text: object, field: str) -> Decimal:
+    """A Kubernetes quantity (``500m``, ``2``, ``1Gi``, ``1G``, ``1e3``) as a number.
+
+    Raises:
+        PodRequestError: not a quantity.
+    """
+    from kubernetes.utils import parse_quantity
+
+    try:
+        value: Decimal = parse_quantity(text)
+    except (ValueError, TypeError, InvalidOperation):
+        raise PodRequestError(field, f"not a Kubernetes quantity: {text!r}") from None
+    return value
+
+
+def container_requests(pod: Obj) -> tuple[int, int]:
+    """``(cpu_milli, memory_mib)`` a pod requests, as the kube-scheduler counts it: the sum
+    over its containers, or the largest init container when that is more; a container
+    without a request but with a limit requests its limit.
+
+    Raises:
+        PodRequestError: a value that is not a quantity.
+    """
+    spec = pod.get("spec") or {}
+
+    def of(container: Obj) -> tuple[int, int]:
+        res = container.get("resources") or {}
+        req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        cpu = req.get("cpu")
+        mem = req.get("memory")
+        cpu_m = (
+            _ceil(quantity(cpu, "spec.containers[].resources.requests.cpu") * 1000) if cpu else 0
+        )
+        mem_mib = (
+            _ceil(quantity(mem, "spec.containers[].resources.requests.memory") / (1 << 20))
+            if mem
+            else 0
+        )
+        return cpu_m, mem_mib
+
+    total = [0, 0]
+    for c in spec.get("containers") or []:
+        cpu, mem = of(c)
+        total[0] += cpu
+        total[1] += mem
+    for c in spec.get("initContainers") or []:
+        cpu, mem = of(c)
+        total[0] = max(total[0], cpu)
+        total[1] = max(total[1], mem)
+    return total[0], total[1]
+
+
+def pod_ask(pod: Obj) -> PodAsk:
+    """Read and check what a pod asks for (annotations and container requests).
+
+    Raises:
+        PodRequestError: naming the annotation or field and the reason, with the CLI's and
+            API's wording.
+    """
+    notes = wire.annotations_of(pod)
+    spec = pod.get("spec") or {}
+    gpu = notes.get(wire.GPU)
+    count = notes.get(wire.GPU_COUNT)
+    fraction: str | None = None
+    if count is not None:
+        text = count.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise PodRequestError(
+                wire.GPU_COUNT, f"must be a positive whole number (got {count!r})"
+            )
+        if gpu is not None:
+            try:
+                below_one = Decimal(gpu.strip()) < 1
+            except InvalidOperation:
+                below_one = True  # let the shared parser word the error
+            if not below_one:
+                raise PodRequestError(
+                    wire.GPU,
+                    f"with {wire.GPU_COUNT}, give the share of each GPU, a fraction below 1 "
+                    f"(got {gpu!r})",
+                )
+            fraction = gpu
+        gpu = text
+    cpu_milli, memory_mib = container_requests(pod)
+    priority_text = notes.get(wire.PRIORITY)
+    if priority_text is None:
+        if spec.get("priorityClassName"):
+            priority_text = str(int(spec.get("priority") or 0))
+        else:
+            priority_text = "normal"
+    ask = ResourceAsk(
+        gpu=gpu,
+        gpu_fraction=fraction,
+        gpu_memory=notes.get(wire.GPU_MEMORY),
+        gpu_model=(notes[wire.GPU_MODEL],) if wire.GPU_MODEL in notes else (),
+        mig_profile=notes.get(wire.MIG_PROFILE),
+        priority=priority_text,
+    )
+    try:
+        request, priority = parse_resources(ask)
+        request = Request(
+            cpu_milli,
+            memory_mib,
+            request.gpu_count,
+            request.gpu_milli,
+            request.gpu_memory_mib,
+            request.gpu_models,
+        )
+    except BadRequest as exc:
+        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+    except InvalidRequestError as exc:
+        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+    preemptible: bool | None = None
+    if wire.PREEMPTIBLE in notes:
+        text = notes[wire.PREEMPTIBLE].strip().lower()
+        if text not in ("true", "false"):
+            raise PodRequestError(wire.PREEMPTIBLE, f"must be true or false (got {text!r})")
+        preemptible = text == "true"
+    queue = notes.get(wire.QUEUE, wire.DEFAULT_QUEUE).strip()
+    if not queue:
+        raise PodRequestError(wire.QUEUE, "must name a queue")
+    return PodAsk(request, priority, queue, preemptible)
+
+
+def created_at(obj: Obj) -> float:
+    """``metadata.creationTimestamp`` in seconds since the epoch (0 when absent)."""
+    text = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not text:
+        return 0.0
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+# ------------------------------------------------------------------------ nodes
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """An fgpu node: the core's :class:`Node` and the UUIDs of its GPUs by index."""
+
+    node: Node
+    uuids: tuple[str, ...]
+
+
+def node_info(obj: Obj) -> NodeInfo | None:
+    """The fgpu view of a Node object, or None when fgpu may not place there (no agent
+    inventory, cordoned, or not Ready).
+
+    GPUs of one model only: a node whose agent reports several models is given the model
+    of most of its GPUs (the core gives each node one model), the others are left out.
+
+    Raises:
+        WireError: an inventory annotation that is not the agent's JSON.
+    """
+    meta = obj.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(wire.INVENTORY)
+    if text is None:
+        return None
+    spec = obj.get("spec") or {}
+    if spec.get("unschedulable"):
+        return None
+    status = obj.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            return None
+    inventory = wire.Inventory.from_json(text)
+    alloc = status.get("allocatable") or {}
+    cpu = _ceil(quantity(alloc.get("cpu", "0"), "status.allocatable.cpu") * 1000)
+    memory = _ceil(quantity(alloc.get("memory", "0"), "status.allocatable.memory") / (1 << 20))
+    by_model: dict[str, list[wire.InventoryGpu]] = {}
+    for g in sorted(inventory.gpus, key=lambda g: g.index):
+        by_model.setdefault(g.model, []).append(g)
+    if not by_model:
+        return NodeInfo(Node(meta["name"], cpu, memory, 0, None, 0), ())
+    model, gpus = max(by_model.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    node = Node(meta["name"], cpu, memory, len(gpus), model, min(g.memory_mib for g in gpus))
+    return NodeInfo(node, tuple(g.uuid for g in gpus))
+
+
+# ----------------------------------------------------------------------- queues
+def queue_spec(obj: Obj) -> QueueSpec:
+    """A ``Queue`` object (``fgpu.io/v1alpha1``) as the core's :class:`QueueSpec`.
+
+    ``spec``: ``quota`` and ``limit`` in GPUs (fractions allowed), ``overQuotaWeight``,
+    ``priority`` (number or class name), ``parent``. Checked as ``fgpu queue create`` checks.
+
+    Raises:
+        PodRequestError: naming ``spec.FIELD`` and the reason.
+    """
+    name = (obj.get("metadata") or {}).get("name", "")
+    spec = obj.get("spec") or {}
+    priority = spec.get("priority", 0)
+    if isinstance(priority, str) and priority in PRIORITY_CLASSES:
+        priority = PRIORITY_CLASSES[priority]
+    try:
+        body = QueueBody(
+            name=name,
+            parent=spec.get("parent"),
+            quota=spec.get("quota", 0),
+            limit=spec.get("limit"),
+            over_quota_weight=spec.get("overQuotaWeight", 1.0),
+            priority=priority,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        where = {"over_quota_weight": "overQuotaWeight"}.get(where, where)
+        raise PodRequestError(f"spec.{where}", first["msg"]) from None
+    try:
+        return queue_config(body).to_spec()
+    except BadRequest as exc:
+        raise PodRequestError(f"spec.{exc.field}", exc.reason) from None
+    except InvalidRequestError as exc:
+        raise PodRequestError(f"spec.{exc.field}", exc.reason) from None
+
+
+def queue_tree(objects: Sequence[Obj], capacity_milli: int) -> tuple[QueueTree, list[str]]:
+    """The queue tree from ``Queue`` objects, with a ``default`` queue owning the whole
+    cluster added when none is defined (as ``fgpu serve`` keeps one).
+
+    Returns:
+        The tree and a list of problems (bad objects are left out; when the tree as a whole
+        is invalid, only ``default`` is kept).
+    """
+    problems: list[str] = []
+    specs: list[QueueSpec] = []
+    for obj in objects:
+        try:
+            specs.append(queue_spec(obj))
+        except PodRequestError as exc:
+            problems.append(f"queue {obj['metadata']['name']}: {exc}")
+    if not any(s.name == wire.DEFAULT_QUEUE for s in specs):
+        specs.append(QueueSpec(wire.DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity_milli)))
+    try:
+        return QueueTree(specs), problems
+    except InvalidRequestError as exc:
+        problems.append(f"queues: {exc}")
+        default = QueueSpec(wire.DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity_milli))
+        return QueueTree([default]), problems

@@ -1,0 +1,780 @@
+"""``fgpu k8s scheduler``: the decision core as a Kubernetes secondary scheduler.
+
+Each round (after a change, debounced, or on a slow tick) turns the cache
+(:class:`fgpu.k8s.cache.ClusterCache`) into the core's inputs, calls
+:meth:`fgpu.sched.decide.Scheduler.decide`, and acts:
+
+- **Place**: create the pod's environment ConfigMap (owned by the pod, so deleted with it),
+  then bind through the Binding subresource carrying ``fgpu.io/assignment`` and
+  ``fgpu.io/gpu-uuids``: the API server writes them with ``spec.nodeName`` in one write.
+  The placement is *assumed* in memory at once, so the next round does not hand out the
+  same GPU before the watch brings the bound pod back.
+- **Preempt**: ask for the victim's eviction (PodDisruptionBudgets apply). A refused
+  eviction voids the preemptor's hold and makes the victim non-preemptible for
+  ``protect_s``, so the next round looks for other victims.
+- **Wait**: ``PodScheduled=False`` (reason ``Unschedulable``) with the core's reason, and a
+  ``FailedScheduling`` event, both only when the reason changed.
+
+The ledger is the cluster itself: a bound pod holds what its ``fgpu.io/assignment`` says
+until it is deleted or finishes; its GPUs are found by UUID, so an agent restart that
+renumbers GPUs does not move anybody. Holds (capacity freed by preemption) are kept on the
+preemptor as ``fgpu.io/hold`` so that a new leader inherits them. Only the holder of the
+Lease acts (:class:`fgpu.k8s.leader.LeaseElector`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from fgpu.k8s import wire
+from fgpu.k8s.cache import ClusterCache, Snapshot
+from fgpu.k8s.kube import KubeApi, KubeError
+from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.objects import (
+    NodeInfo,
+    PodRequestError,
+    container_requests,
+    created_at,
+    node_info,
+    pod_ask,
+    queue_tree,
+)
+from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.plugins import create_policy
+from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.frag import TargetWorkload
+from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
+from fgpu.sched.state import ClusterState, check_invariants
+from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
+
+log = logging.getLogger("fgpu.k8s.scheduler")
+
+Obj = dict[str, Any]
+COMPONENT = "fgpu-scheduler"
+_TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(slots=True)
+class Round:
+    """The core's inputs built from one snapshot, and what is needed to act on them.
+
+    Attributes:
+        infos: fgpu nodes in index order.
+        workloads: pending and running fgpu pods as the core sees them.
+        others: pods the core does not schedule but whose CPU and memory count on fgpu
+            nodes (other schedulers' pods), as CPU-only workloads.
+        pods: workload id -> pod object.
+        refused: workload id -> why the pod cannot be considered (a bad annotation, not
+            admitted by the webhook).
+    """
+
+    infos: list[NodeInfo]
+    workloads: list[Workload] = field(default_factory=list)
+    others: list[Workload] = field(default_factory=list)
+    pods: dict[str, Obj] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def env_data(workload_id: str, uuids: list[str], milli: int, memory_mib: int) -> dict[str, str]:
+    """What a placed pod's containers see (DESIGN.md section 7): the GPUs by UUID and the
+    limits the governor and memory guard enforce. A pod without GPUs gets
+    ``NVIDIA_VISIBLE_DEVICES=void`` (no GPU at all)."""
+    devices = ",".join(uuids) if uuids else "void"
+    return {
+        "NVIDIA_VISIBLE_DEVICES": devices,
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+        "FGPU_WORKLOAD_ID": workload_id,
+        "FGPU_GPU_COMPUTE_MILLI": str(milli),
+        "FGPU_GPU_MEMORY_MIB": str(memory_mib),
+        "FGPU_AGENT_SOCKET": wire.AGENT_SOCKET,
+    }
+
+
+class K8sScheduler:
+    """The fgpu secondary scheduler.
+
+    Args:
+        api: the Kubernetes API.
+        policy: placement policy name (``fgd`` learns its target from recent pods).
+        config: decision-core knobs.
+        elector: leader election (None: act always; only for a single replica and tests).
+        clock: wall-clock seconds (pod times are wall-clock).
+        protect_s: how long a victim whose eviction a disruption budget refused is kept
+            out of victim sets.
+        workers: parallel API calls when binding a round's placements.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        policy: str = "fgd",
+        config: SchedulerConfig | None = None,
+        elector: LeaseElector | None = None,
+        clock: Callable[[], float] = time.time,
+        protect_s: float = 60.0,
+        workers: int = 8,
+    ) -> None:
+        create_policy(policy, target=FALLBACK_TARGET)  # a bad name fails here
+        self.api = api
+        self.policy_name = policy
+        self.config = config or SchedulerConfig()
+        self.elector = elector
+        self.clock = clock
+        self.protect_s = protect_s
+        self.cache = ClusterCache(api, on_change=self._changed)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fgpu-bind")
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._assumed: dict[str, tuple[str, wire.Assignment]] = {}  # id -> (uid, assignment)
+        self._evicting: dict[str, str] = {}  # id -> uid
+        self._protected: dict[str, float] = {}  # id -> until (clock)
+        self._reasons: dict[str, str] = {}
+        self._holds: dict[str, Hold] | None = None
+        self._target_key: tuple[Request, ...] | None = None
+        self._scheduler = self._make(FALLBACK_TARGET)
+        self._target: TargetWorkload = FALLBACK_TARGET
+        self._node_memo: dict[str, tuple[Any, NodeInfo | None, Obj]] = {}
+        self._running_memo: dict[str, tuple[Any, NodeInfo, Workload]] = {}
+        self._base: ClusterState | None = None
+        self._base_nodes: tuple[NodeInfo, ...] = ()
+        self._base_held: dict[str, tuple[Workload, Allocation]] = {}
+        self._leading = False
+        self._fast: dict[int, tuple[Obj, Workload, str, str, NodeInfo]] = {}
+        self.last: Decision | None = None
+        self.bound = 0
+
+    def _make(self, target: Any) -> Scheduler:
+        import numpy as np
+
+        policy = create_policy(self.policy_name, target=target, rng=np.random.default_rng(0))
+        return Scheduler(policy, self.config)
+
+    def _changed(self) -> None:
+        self._wake.set()
+
+    # ------------------------------------------------------------------- lifecycle
+    def sync(self) -> None:
+        """Rebuild the cache from the cluster (what a start does). Raises KubeError."""
+        self.cache.sync()
+
+    def start(self, tick_s: float = 5.0, debounce_s: float = 0.05) -> None:
+        """List, then run watches, leader election and rounds in background threads."""
+        self.sync()
+        self.cache.start()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._loop, args=(tick_s, debounce_s), name="fgpu-scheduler", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop acting (and give the Lease up)."""
+        self._stop.set()
+        self._wake.set()
+        self.cache.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self.elector is not None:
+            self.elector.release()
+
+    def _loop(self, tick_s: float, debounce_s: float) -> None:
+        renew_every = (self.elector.lease_s / 3) if self.elector else tick_s
+        next_renew = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if self.elector is not None and now >= next_renew:
+                self.elector.step()
+                next_renew = now + renew_every
+            self._wake.wait(timeout=min(tick_s, renew_every))
+            if self._stop.is_set():
+                break
+            self._stop.wait(debounce_s)  # a burst becomes one round
+            self._wake.clear()
+            try:
+                self.run_once()
+            except Exception:  # keep scheduling; the error is a bug to fix, not to hide
+                log.exception("scheduling round failed")
+
+    def is_leader(self) -> bool:
+        """Whether this replica may act now."""
+        return self.elector is None or self.elector.is_leader()
+
+    # ----------------------------------------------------------------------- round
+    def build(self, snap: Snapshot) -> Round:
+        """The core's inputs from a snapshot and this replica's assumed placements and
+        evictions. Parsed nodes and running pods are remembered while unchanged (and
+        forgotten once gone), so a round parses only what changed."""
+        infos: list[NodeInfo] = []
+        for obj in snap.nodes:
+            info = self._node(obj)
+            if info is not None:
+                infos.append(info)
+        infos.sort(key=lambda i: i.node.name)
+        rnd = Round(infos)
+        index = {info.node.name: i for i, info in enumerate(infos)}
+        gpu_at = [{u: g for g, u in enumerate(info.uuids)} for info in infos]
+        now = self.clock()
+        fast = self._fast
+        self._fast = {}
+        special = self._evicting.keys() | self._protected.keys()
+        for pod in snap.pods:
+            # an fgpu pod whose object is the very one of the last round, on a node whose
+            # view did not change: reuse its workload (the cache replaces objects on change)
+            seen = fast.get(id(pod))
+            if seen is not None and seen[0] is pod and seen[2] not in special:
+                n = index.get(seen[3])
+                if n is not None and seen[4] is rnd.infos[n]:
+                    rnd.pods[seen[2]] = pod
+                    rnd.workloads.append(seen[1])
+                    self._fast[id(pod)] = seen
+                    continue
+            status = pod.get("status") or {}
+            if status.get("phase") in _TERMINAL:
+                continue
+            spec = pod.get("spec") or {}
+            meta = pod["metadata"]
+            node = spec.get("nodeName")
+            key = wire.pod_key(pod)
+            if spec.get("schedulerName") != wire.SCHEDULER_NAME:
+                if node in index:
+                    self._other(rnd, key, pod, index[node])
+                continue
+            rnd.pods[key] = pod
+            uid = meta.get("uid", "")
+            text = (meta.get("annotations") or {}).get(wire.ASSIGNMENT)
+            assumed = self._assumed.get(key)
+            if node is None and assumed is not None and assumed[0] == uid:
+                node, text = assumed[1].node, assumed[1].to_json()
+            if node:
+                terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
+                protected = self._protected.get(key, 0.0) > now
+                n = index.get(node)
+                memo = self._running_memo.get(key)
+                sig = (uid, meta.get("resourceVersion"), node, n, text, terminating, protected)
+                if (
+                    n is not None
+                    and memo is not None
+                    and memo[0] == sig
+                    and memo[1] is rnd.infos[n]
+                ):
+                    rnd.workloads.append(memo[2])  # unchanged pod on an unchanged node
+                    self._fast[id(pod)] = (pod, memo[2], key, node, memo[1])
+                    continue
+                before = len(rnd.workloads)
+                self._running(rnd, key, pod, node, text, index, gpu_at, now)
+                if n is not None and len(rnd.workloads) > before:
+                    self._running_memo[key] = (sig, rnd.infos[n], rnd.workloads[-1])
+                if n is not None and memo is not None and len(rnd.workloads) > before:
+                    self._fast[id(pod)] = (pod, rnd.workloads[-1], key, node, rnd.infos[n])
+                continue
+            if meta.get("deletionTimestamp"):
+                continue
+            try:
+                ask = pod_ask(pod)
+            except PodRequestError as exc:
+                rnd.refused[key] = f"bad request: {exc}"
+                continue
+            if not (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP):
+                rnd.refused[key] = (
+                    "not admitted by the fgpu webhook (no fgpu.io/env-configmap annotation); "
+                    "create it again once the webhook runs"
+                )
+                continue
+            rnd.workloads.append(
+                Workload(
+                    id=key,
+                    queue=ask.queue,
+                    request=ask.request,
+                    priority=ask.priority,
+                    submitted_at=created_at(pod),
+                    preemptible=ask.preemptible,
+                )
+            )
+        # forget what was remembered of objects that are gone
+        for stale in self._running_memo.keys() - rnd.pods.keys():
+            del self._running_memo[stale]
+        for gone in self._reasons.keys() - rnd.pods.keys():
+            del self._reasons[gone]
+        if len(self._node_memo) > len(snap.nodes):
+            names = {n["metadata"]["name"] for n in snap.nodes}
+            for name in self._node_memo.keys() - names:
+                del self._node_memo[name]
+        return rnd
+
+    def _node(self, obj: Obj) -> NodeInfo | None:
+        """:func:`node_info`, remembered while what it reads is unchanged (agents rewrite
+        their usage annotation often; the inventory seldom changes)."""
+        meta = obj["metadata"]
+        memo = self._node_memo.get(meta["name"])
+        if memo is not None and memo[2] is obj:
+            return memo[1]
+        status = obj.get("status") or {}
+        sig = (
+            (meta.get("annotations") or {}).get(wire.INVENTORY),
+            json.dumps(status.get("allocatable"), sort_keys=True),
+            bool((obj.get("spec") or {}).get("unschedulable")),
+            tuple(
+                c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"
+            ),
+        )
+        if memo is not None and memo[0] == sig:
+            self._node_memo[meta["name"]] = (sig, memo[1], obj)
+            return memo[1]
+        try:
+            info = node_info(obj)
+        except (wire.WireError, PodRequestError, InvalidRequestError) as exc:
+            log.warning("node %s: %s", meta["name"], exc)
+            info = None
+        self._node_memo[meta["name"]] = (sig, info, obj)
+        return info
+
+    def _state(self, rnd: Round) -> ClusterState:
+        """The cluster with every running pod applied, kept from round to round: only
+        pods that changed are released or applied (a full rebuild when the nodes changed
+        or anything does not add up). :meth:`check_state` compares it with a rebuild."""
+        held = {w.id: w for w in rnd.others + rnd.workloads if w.allocation is not None}
+        nodes = tuple(rnd.infos)
+        if self._base is None or self._base_nodes != nodes:
+            return self._rebuild(rnd, held, nodes)
+        state = self._base
+        try:
+            for key, (w, alloc) in list(self._base_held.items()):
+                if held.get(key) is not w:
+                    state.release(alloc)
+                    del self._base_held[key]
+            for key, w in held.items():
+                if key not in self._base_held:
+                    assert w.allocation is not None
+                    try:
+                        alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                    except InvalidRequestError as exc:
+                        log.warning("pod %s does not fit its node any more: %s", key, exc)
+                        continue
+                    self._base_held[key] = (w, alloc)
+        except InvalidRequestError:
+            log.exception("kept state out of step; rebuilding")
+            return self._rebuild(rnd, held, nodes)
+        return state
+
+    def _rebuild(
+        self, rnd: Round, held: dict[str, Workload], nodes: tuple[NodeInfo, ...]
+    ) -> ClusterState:
+        state = ClusterState([i.node for i in rnd.infos])
+        self._base_held = {}
+        for key, w in held.items():
+            assert w.allocation is not None
+            try:
+                alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+            except InvalidRequestError as exc:
+                log.warning("pod %s does not fit its node any more: %s", key, exc)
+                continue
+            self._base_held[key] = (w, alloc)
+        self._base, self._base_nodes = state, nodes
+        return state
+
+    def check_state(self, rnd: Round) -> None:
+        """Assert that the kept state equals one built from scratch (tests).
+
+        Raises:
+            AssertionError: they differ.
+        """
+        kept = self._state(rnd)
+        fresh = state_with(
+            [i.node for i in rnd.infos], rnd.others + rnd.workloads, lambda w, e: None
+        )
+        check_invariants(kept)
+        for name in ("cpu_free", "memory_free", "gpu_free_milli", "gpu_free_memory"):
+            assert (getattr(kept, name) == getattr(fresh, name)).all(), name
+
+    def _other(self, rnd: Round, key: str, pod: Obj, node: int) -> None:
+        try:
+            cpu, memory = container_requests(pod)
+        except PodRequestError:
+            return
+        if cpu or memory:
+            name = rnd.infos[node].node.name
+            alloc = Allocation(node, name, (), (), (), cpu, memory)
+            rnd.others.append(Workload(key, "", Request(cpu, memory), allocation=alloc))
+
+    def _running(
+        self,
+        rnd: Round,
+        key: str,
+        pod: Obj,
+        node: str,
+        text: str | None,
+        index: Mapping[str, int],
+        gpu_at: list[dict[str, int]],
+        now: float,
+    ) -> None:
+        if node not in index:
+            return  # a node fgpu does not manage (or that is gone): nothing to count
+        n = index[node]
+        try:
+            if text is None:
+                raise wire.WireError(wire.ASSIGNMENT, "missing")
+            a = wire.Assignment.from_json(text)
+            pairs = sorted(
+                (gpu_at[n][u], m, mm)
+                for u, m, mm in zip(a.uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
+            )
+        except (wire.WireError, KeyError) as exc:
+            # bound by fgpu but not readable, or its GPUs are gone from the inventory:
+            # count its CPU and memory only, and say so
+            log.warning("pod %s on %s: %s; counting CPU and memory only", key, node, exc)
+            self._other(rnd, key, pod, n)
+            return
+        gpus = tuple(p[0] for p in pairs)
+        milli = tuple(p[1] for p in pairs)
+        memory = tuple(p[2] for p in pairs)
+        request = Request(
+            a.cpu_milli,
+            a.memory_mib,
+            len(gpus),
+            milli[0] if milli else None,
+            memory[0] if memory else None,
+        )
+        meta = pod["metadata"]
+        uid = meta.get("uid", "")
+        terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
+        protected = self._protected.get(key, 0.0) > now
+        started = created_at(
+            {
+                "metadata": {
+                    "creationTimestamp": (pod.get("status") or {}).get("startTime")
+                    or meta.get("creationTimestamp")
+                }
+            }
+        )
+        rnd.workloads.append(
+            Workload(
+                id=key,
+                queue=a.queue,
+                request=request,
+                priority=a.priority,
+                submitted_at=created_at(pod),
+                preemptible=False if protected else a.preemptible,
+                allocation=Allocation(n, node, gpus, milli, memory, a.cpu_milli, a.memory_mib),
+                started_at=started,
+                terminating=terminating,
+            )
+        )
+
+    def _holds_from(self, rnd: Round) -> dict[str, Hold]:
+        if self._holds is not None:
+            return self._holds
+        holds: dict[str, Hold] = {}  # a new leader inherits the holds from the pods
+        for key, pod in rnd.pods.items():
+            text = (pod["metadata"].get("annotations") or {}).get(wire.HOLD)
+            if not text or (pod.get("spec") or {}).get("nodeName"):
+                continue
+            try:
+                data = json.loads(text)
+                holds[key] = Hold(
+                    key,
+                    str(data["node"]),
+                    tuple(int(g) for g in data["gpus"]),
+                    tuple(str(v) for v in data["victims"]),
+                    float(data.get("since", 0.0)),
+                )
+            except (ValueError, KeyError, TypeError):
+                log.warning("pod %s: unreadable %s annotation ignored", key, wire.HOLD)
+        self._holds = holds
+        return holds
+
+    def plan(self) -> tuple[Round, Decision]:
+        """Build a round from the cache and decide, without acting."""
+        snap = self.cache.snapshot()
+        rnd = self.build(snap)
+        state = self._state(rnd)
+        capacity = int(state.gpu_milli_capacity.sum())
+        tree, problems = queue_tree(snap.queues, capacity)
+        for p in problems:
+            log.warning("%s", p)
+        if self.policy_name.startswith("fgd"):
+            requests = target_key(rnd.workloads)
+            if requests != self._target_key:
+                self._target_key = requests
+                target = target_for(requests)
+                if target != self._target:  # a new policy only when the target moved
+                    self._target = target
+                    self._scheduler = self._make(target)
+        decision = self._scheduler.decide(
+            self.clock(), state, tree, rnd.workloads, self._holds_from(rnd)
+        )
+        return rnd, decision
+
+    def run_once(self) -> Decision | None:
+        """One round: decide and act (nothing when this replica is not the leader)."""
+        with self._lock:
+            if not self.is_leader():
+                self._leading = False
+                return None
+            if not self._leading:  # a new term: take holds and reasons from the cluster
+                self._leading = True
+                self._holds = None
+                self._reasons.clear()
+            self._forget_settled()
+            rnd, decision = self.plan()
+            self.last = decision
+            places: list[Place] = []
+            for action in decision.actions:
+                if isinstance(action, Place):
+                    places.append(action)
+                elif isinstance(action, Preempt):
+                    self._preempt(rnd, action, decision)
+                elif isinstance(action, Wait):
+                    self._wait(rnd, action.workload, action.reason)
+            for key, reason in rnd.refused.items():
+                self._wait(rnd, key, reason)
+            if places and self.is_leader():
+                results = list(self._pool.map(lambda a: self._place(rnd, a), places))
+                self.bound += sum(results)
+            self._save_holds(rnd, decision.holds)
+            return decision
+
+    def _forget_settled(self) -> None:
+        """Drop assumptions the cache now shows (bound, or the pod gone)."""
+        snap = {wire.pod_key(p): p for p in self.cache.snapshot().pods}
+        for key, (uid, _) in list(self._assumed.items()):
+            pod = snap.get(key)
+            if pod is None or pod["metadata"].get("uid") != uid or pod["spec"].get("nodeName"):
+                del self._assumed[key]
+        for key, uid in list(self._evicting.items()):
+            pod = snap.get(key)
+            if pod is None or pod["metadata"].get("uid") != uid:
+                del self._evicting[key]
+        now = self.clock()
+        for key, until in list(self._protected.items()):
+            if until <= now:
+                del self._protected[key]
+
+    # -------------------------------------------------------------------- actions
+    def _place(self, rnd: Round, action: Place) -> bool:
+        pod = rnd.pods[action.workload]
+        meta = pod["metadata"]
+        ns, name, uid = meta.get("namespace", "default"), meta["name"], meta["uid"]
+        alloc = action.allocation
+        info = rnd.infos[alloc.node]
+        uuids = [info.uuids[g] for g in alloc.gpus]
+        ask = pod_ask(pod)
+        assignment = wire.Assignment(
+            node=alloc.node_name,
+            uuids=tuple(uuids),
+            gpus=alloc.gpus,
+            gpu_milli=alloc.gpu_milli,
+            gpu_memory_mib=alloc.gpu_memory_mib,
+            cpu_milli=alloc.cpu_milli,
+            memory_mib=alloc.memory_mib,
+            queue=ask.queue,
+            priority=ask.priority,
+            preemptible=ask.preemptible,
+        )
+        cm_name = (meta.get("annotations") or {})[wire.ENV_CONFIGMAP]
+        data = env_data(
+            action.workload,
+            uuids,
+            alloc.gpu_milli[0] if alloc.gpu_milli else 0,
+            alloc.gpu_memory_mib[0] if alloc.gpu_memory_mib else 0,
+        )
+        try:
+            self._write_env(ns, cm_name, uid, name, data)
+            if not self.is_leader():
+                return False
+            self.api.bind(
+                ns,
+                name,
+                uid,
+                alloc.node_name,
+                {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)},
+            )
+        except KubeError as exc:
+            log.warning("binding %s to %s failed: %s", action.workload, alloc.node_name, exc)
+            return False
+        self._assumed[action.workload] = (uid, assignment)
+        self._event(
+            pod,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {action.workload} to {alloc.node_name}"
+            + (f" (GPUs {', '.join(uuids)})" if uuids else ""),
+        )
+        return True
+
+    def _write_env(
+        self, ns: str, cm_name: str, uid: str, pod_name: str, data: dict[str, str]
+    ) -> None:
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": cm_name,
+                "namespace": ns,
+                "labels": {wire.MANAGED_LABEL: "true"},
+                "ownerReferences": [
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": pod_name,
+                        "uid": uid,
+                        "blockOwnerDeletion": False,
+                        "controller": False,
+                    }
+                ],
+            },
+            "data": data,
+        }
+        try:
+            self.api.create_config_map(ns, body)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            # left by an earlier attempt at this pod (the bind failed, or the scheduler
+            # stopped between the two writes): make it say this placement
+            old = self.api.get_config_map(ns, cm_name)
+            owners = {r.get("uid") for r in old["metadata"].get("ownerReferences") or []}
+            if uid not in owners:
+                raise KubeError(
+                    409, "Conflict", f"ConfigMap {ns}/{cm_name} belongs to another pod"
+                ) from None
+            self.api.delete_config_map(ns, cm_name)
+            self.api.create_config_map(ns, body)
+
+    def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
+        victim = rnd.pods.get(action.victim)
+        if victim is None:
+            return
+        meta = victim["metadata"]
+        try:
+            self.api.evict(meta.get("namespace", "default"), meta["name"], meta["uid"])
+        except KubeError as exc:
+            if exc.status == 404:
+                return
+            log.info("eviction of %s refused: %s", action.victim, exc)
+            self._protected[action.victim] = self.clock() + self.protect_s
+            decision.holds.pop(action.preemptor, None)
+            preemptor = rnd.pods.get(action.preemptor)
+            if preemptor is not None:
+                self._event(
+                    preemptor,
+                    "Warning",
+                    "PreemptionBlocked",
+                    f"could not evict {action.victim}: {exc.message}",
+                )
+            return
+        self._evicting[action.victim] = meta["uid"]
+        self._event(victim, "Normal", "Preempted", action.reason)
+
+    def _wait(self, rnd: Round, key: str, reason: str) -> None:
+        if self._reasons.get(key) == reason:
+            return
+        pod = rnd.pods.get(key)
+        if pod is None:
+            return
+        current = next(
+            (
+                c
+                for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled"
+            ),
+            None,
+        )
+        self._reasons[key] = reason
+        if (
+            current is not None
+            and current.get("status") == "False"
+            and current.get("message") == reason
+        ):
+            return  # written before (by this replica or another): nothing new to say
+        meta = pod["metadata"]
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": reason,
+            "lastTransitionTime": _now_rfc3339(),
+        }
+        try:
+            self.api.patch_pod_status(
+                meta.get("namespace", "default"),
+                meta["name"],
+                {"status": {"conditions": [condition]}},
+            )
+        except KubeError as exc:
+            log.debug("condition on %s: %s", key, exc)
+            return
+        self._event(pod, "Warning", "FailedScheduling", reason)
+
+    def _save_holds(self, rnd: Round, holds: dict[str, Hold]) -> None:
+        old = self._holds or {}
+        for key, hold in holds.items():
+            if old.get(key) != hold and key in rnd.pods:
+                text = json.dumps(
+                    {
+                        "node": hold.node,
+                        "gpus": list(hold.gpus),
+                        "victims": list(hold.victims),
+                        "since": hold.since,
+                    }
+                )
+                self._annotate(rnd.pods[key], {wire.HOLD: text})
+        for key in old:
+            if key not in holds and key in rnd.pods and not rnd.pods[key]["spec"].get("nodeName"):
+                self._annotate(rnd.pods[key], {wire.HOLD: None})
+        self._holds = dict(holds)
+
+    def _annotate(self, pod: Obj, notes: Mapping[str, str | None]) -> None:
+        meta = pod["metadata"]
+        try:
+            self.api.patch_pod(
+                meta.get("namespace", "default"),
+                meta["name"],
+                {"metadata": {"annotations": dict(notes)}},
+            )
+        except KubeError as exc:
+            log.debug("annotating %s: %s", meta["name"], exc)
+
+    def _event(self, pod: Obj, type_: str, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        ns = meta.get("namespace", "default")
+        now = _now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": ns,
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": type_,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.api.create_event(ns, body)
+        except KubeError as exc:
+            log.debug("event on %s: %s", meta["name"], exc)
+
+
+def _now_rfc3339() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

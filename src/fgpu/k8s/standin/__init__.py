@@ -1,0 +1,111 @@
+"""!!! TEST STAND-IN FOR THE KUBERNETES API SERVER — NOT FOR PRODUCTION, NOT A CLUSTER !!!
+
+fgpu's Kubernetes components (scheduler, admission webhook, node agent) are tested against
+the Kubernetes API over HTTP through the official Python client. No cluster is available
+where the tests run, so this package serves the *subset* of the API those components use,
+with the semantics they rely on:
+
+- objects with ``uid``, ``resourceVersion`` (one counter, as etcd's revision) and
+  ``creationTimestamp``; ``409 Conflict`` on a stale ``resourceVersion`` or a failed
+  ``uid`` precondition, ``409 AlreadyExists`` on a taken name, ``generateName``;
+- list and watch with label and field selectors; watch from a version, ``410 Gone`` once
+  the history no longer reaches it; objects moving in or out of a selector appear as
+  ``ADDED``/``DELETED``;
+- JSON patch, merge patch, strategic merge patch (for the lists fgpu patches);
+- status subresources (status only through ``/status``, never through the object);
+- ``pods/binding`` (node name and annotations written together; refused if already bound
+  or the uid precondition fails), ``pods/eviction`` with PodDisruptionBudgets
+  (``minAvailable``/``maxUnavailable``, integer or percent; pending pods ignore budgets);
+- Leases, Events, ConfigMaps (deleted with their owner pod, as the garbage collector does),
+  PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
+  the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
+- admission webhooks on pod creation (AdmissionReview v1 over HTTP or HTTPS, JSON patch
+  responses, denials answered as the API server words them).
+
+Everything else — authentication, RBAC, most validation, schema checks of custom
+resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), controllers — is
+absent. Run the same tests against a real cluster by setting ``KUBECONFIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+
+from fgpu.k8s.standin.app import Options, StandInApi, create_app
+
+__all__ = ["Options", "StandIn", "StandInApi"]
+
+
+class StandIn:
+    """The stand-in served by uvicorn on a loopback port, in a background thread.
+
+    Args:
+        options: behaviour (see :class:`Options`).
+        port: TCP port on 127.0.0.1 (0: a free one).
+
+    Use as a context manager, or :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, options: Options | None = None, port: int = 0) -> None:
+        self.api = StandInApi(options)
+        if port == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        config = uvicorn.Config(
+            create_app(self.api),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> StandIn:
+        """Serve; returns when the port accepts connections.
+
+        Raises:
+            RuntimeError: the server did not come up within 20 seconds.
+        """
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._server.serve())
+
+        self._thread = threading.Thread(target=run, name="k8s-standin", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the Kubernetes API stand-in did not start")
+            time.sleep(0.01)
+        return self
+
+    def close_watches(self) -> None:
+        """End every open watch, as an API server restart does."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.api.close_watches)
+
+    def stop(self) -> None:
+        """Stop serving."""
+        self._server.should_exit = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.api.close_watches)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> StandIn:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

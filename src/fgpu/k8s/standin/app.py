@@ -1,0 +1,591 @@
+"""HTTP routes of the API server stand-in (FastAPI).
+
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+
+Paths follow the API server's: ``/api/v1/...`` for the core group and
+``/apis/GROUP/VERSION/...`` for the others; collections, objects, and the subresources
+``pods/binding``, ``pods/eviction``, ``pods/status``, ``nodes/status``, ``queues/status``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import logging
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from fgpu.k8s.standin.patch import PatchError, json_patch, merge_patch
+from fgpu.k8s.standin.selectors import (
+    SelectorError,
+    field_selector,
+    label_selector,
+    match_label_selector_object,
+)
+from fgpu.k8s.standin.store import KINDS, ApiStatusError, Kind, Obj, Store, WatchEvent, now_rfc3339
+
+log = logging.getLogger("fgpu.k8s.standin")
+
+_BY_PATH: dict[tuple[str, str, str], Kind] = {(k.group, k.version, k.plural): k for k in KINDS}
+_TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass
+class Options:
+    """How the stand-in behaves where a real cluster has other components.
+
+    Attributes:
+        kubelet: act as the kubelet of every node: a bound pod becomes ``Running`` and
+            ``Ready`` at once, and a deleted pod goes away at once. Off: bound pods stay
+            ``Pending`` (no kubelet runs them).
+        graceful_delete: deleting a bound pod only marks it (``deletionTimestamp``) until a
+            delete with ``gracePeriodSeconds=0`` (its containers are still stopping), as the
+            API server does while the kubelet works; off: it goes at once.
+        webhooks: mutating/validating admission webhook URLs called on pod CREATE, in
+            order (AdmissionReview v1), as a MutatingWebhookConfiguration would.
+        webhook_ca: CA bundle file for ``https`` webhook URLs.
+    """
+
+    kubelet: bool = False
+    graceful_delete: bool = False
+    webhooks: list[str] = field(default_factory=list)
+    webhook_ca: str | None = None
+
+
+def _kind(group: str, version: str, plural: str) -> Kind:
+    kind = _BY_PATH.get((group, version, plural))
+    if kind is None:
+        raise ApiStatusError(
+            404, "NotFound", f"the server could not find the requested resource ({plural})"
+        )
+    return kind
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    kind: Kind
+    namespace: str | None
+    name: str | None
+    sub: str | None
+
+
+def _route(path: str) -> _Route:
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        raise ApiStatusError(404, "NotFound", f"no route {path}")
+    namespace: str | None = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest or len(rest) > 3:
+        raise ApiStatusError(404, "NotFound", f"no route {path}")
+    kind = _kind(group, version, rest[0])
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    if namespace is not None and not kind.namespaced:
+        raise ApiStatusError(404, "NotFound", f"{kind.plural} are not namespaced")
+    if kind.namespaced and namespace is None and name is not None:
+        raise ApiStatusError(404, "NotFound", f"{kind.plural} are namespaced")
+    return _Route(kind, namespace, name, sub)
+
+
+def _status_response(exc: ApiStatusError) -> JSONResponse:
+    return JSONResponse(exc.status(), status_code=exc.code)
+
+
+def _success(code: int = 201) -> JSONResponse:
+    return JSONResponse(
+        {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code},
+        status_code=code,
+    )
+
+
+class StandInApi:
+    """The stand-in's behaviour on top of the :class:`Store`."""
+
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options or Options()
+        self.store = Store()
+        self.store.on_delete.append(self._collect_garbage)
+        self._http: httpx.AsyncClient | None = None
+        self.calls = 0
+
+    # ----------------------------------------------------------------- helpers
+    def _collect_garbage(self, plural: str, gone: Obj) -> None:
+        """Delete the objects that ``gone`` owned (garbage collector, foreground-free)."""
+        uid = gone["metadata"]["uid"]
+        for kind in KINDS:
+            if not kind.namespaced:
+                continue
+            owned = [
+                o
+                for o in self.store.items(kind.plural, gone["metadata"].get("namespace"))
+                if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
+            ]
+            for o in owned:
+                meta = o["metadata"]
+                self.store.delete(kind, meta["namespace"], meta["name"], {})
+
+    def _list(self, route: _Route, query: dict[str, str]) -> Obj:
+        kind = route.kind
+        try:
+            labels = label_selector(query.get("labelSelector"))
+            fields = field_selector(query.get("fieldSelector"), kind.fields)
+        except SelectorError as exc:
+            raise ApiStatusError(400, "BadRequest", str(exc)) from None
+        items = [
+            copy.deepcopy(o)
+            for o in self.store.items(kind.plural, route.namespace)
+            if labels(o["metadata"].get("labels") or {}) and fields(o)
+        ]
+        items.sort(key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+        return {
+            "apiVersion": kind.api_version,
+            "kind": f"{kind.kind}List",
+            "metadata": {"resourceVersion": str(self.store.rv)},
+            "items": items,
+        }
+
+    # ------------------------------------------------------------------- pods
+    async def _admit(self, obj: Obj, namespace: str) -> Obj:
+        for url in self.options.webhooks:
+            review = {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "request": {
+                    "uid": str(uuid.uuid4()),
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": namespace,
+                    "name": obj["metadata"].get("name", ""),
+                    "operation": "CREATE",
+                    "object": obj,
+                    "dryRun": False,
+                },
+            }
+            if self._http is None:
+                verify: ssl.SSLContext | bool = True
+                if self.options.webhook_ca:
+                    verify = ssl.create_default_context(cafile=self.options.webhook_ca)
+                self._http = httpx.AsyncClient(verify=verify, timeout=10.0)
+            try:
+                reply = await self._http.post(url, json=review)
+                reply.raise_for_status()
+                answer = reply.json()["response"]
+            except (httpx.HTTPError, KeyError, ValueError) as exc:
+                raise ApiStatusError(
+                    500,
+                    "InternalError",
+                    f'Internal error occurred: failed calling webhook "{url}": {exc}',
+                ) from None
+            if not answer.get("allowed"):
+                status = answer.get("status") or {}
+                code = int(status.get("code") or 400)
+                raise ApiStatusError(
+                    code,
+                    status.get("reason") or "BadRequest",
+                    f'admission webhook "{url}" denied the request: {status.get("message", "")}',
+                )
+            if answer.get("patch"):
+                try:
+                    ops = json.loads(base64.b64decode(answer["patch"]))
+                    obj = json_patch(obj, ops)
+                except (ValueError, PatchError) as exc:
+                    raise ApiStatusError(
+                        500, "InternalError", f'webhook "{url}" sent a bad patch: {exc}'
+                    ) from None
+        return obj
+
+    def _pod_defaults(self, obj: Obj) -> None:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("schedulerName", "default-scheduler")
+        spec.setdefault("restartPolicy", "Always")
+        status = obj.setdefault("status", {})
+        status.setdefault("phase", "Pending")
+        pc = spec.get("priorityClassName")
+        if pc:  # the Priority admission plugin
+            klass = self.store.peek("priorityclasses", "", pc)
+            if klass is None:
+                raise ApiStatusError(
+                    403,
+                    "Forbidden",
+                    f"pods is forbidden: no PriorityClass with name {pc} was found",
+                )
+            spec["priority"] = klass.get("value", 0)
+        else:
+            spec.setdefault("priority", 0)
+
+    def _bind(self, namespace: str, name: str, body: Obj) -> JSONResponse:
+        kind = _kind("", "v1", "pods")
+        pod = self.store.get(kind, namespace, name)
+        meta = body.get("metadata") or {}
+        uid = meta.get("uid")
+        if uid and uid != pod["metadata"]["uid"]:
+            raise ApiStatusError(
+                409, "Conflict", f"Precondition failed: UID in precondition: {uid}"
+            )
+        node = (body.get("target") or {}).get("name")
+        if not node:
+            raise ApiStatusError(422, "Invalid", "Binding is invalid: target.name: Required value")
+        if pod["metadata"].get("deletionTimestamp"):
+            raise ApiStatusError(
+                409, "Conflict", f"pod {name} is being deleted, cannot be assigned"
+            )
+        if pod["spec"].get("nodeName"):
+            raise ApiStatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
+                f'assigned to node "{pod["spec"]["nodeName"]}"',
+            )
+        pod["spec"]["nodeName"] = node
+        annotations = pod["metadata"].setdefault("annotations", {})
+        annotations.update(meta.get("annotations") or {})
+        status = pod.setdefault("status", {})
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+        conditions.append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}
+        )
+        status["conditions"] = conditions
+        if self.options.kubelet:
+            status["phase"] = "Running"
+            status["conditions"].append(
+                {"type": "Ready", "status": "True", "lastTransitionTime": now_rfc3339()}
+            )
+            status["startTime"] = now_rfc3339()
+        pod["metadata"].pop("resourceVersion", None)
+        self.store.replace(kind, namespace, name, pod, check_rv=False)
+        return _success()
+
+    def _evict(self, namespace: str, name: str, body: Obj) -> JSONResponse:
+        kind = _kind("", "v1", "pods")
+        pod = self.store.get(kind, namespace, name)
+        phase = (pod.get("status") or {}).get("phase", "Pending")
+        if phase not in ("Succeeded", "Failed", "Pending") and not pod["metadata"].get(
+            "deletionTimestamp"
+        ):
+            labels = pod["metadata"].get("labels") or {}
+            budgets = [
+                b
+                for b in self.store.items("poddisruptionbudgets", namespace)
+                if match_label_selector_object((b.get("spec") or {}).get("selector"), labels)
+            ]
+            if len(budgets) > 1:
+                raise ApiStatusError(
+                    500,
+                    "InternalError",
+                    "This pod has more than one PodDisruptionBudget, which the eviction "
+                    "subresource does not support.",
+                )
+            if budgets:
+                self._check_budget(budgets[0], namespace)
+        options = body.get("deleteOptions") or {}
+        return self._delete_pod(namespace, name, options)
+
+    def _check_budget(self, budget: Obj, namespace: str) -> None:
+        spec = budget.get("spec") or {}
+        matched = [
+            p
+            for p in self.store.items("pods", namespace)
+            if match_label_selector_object(spec.get("selector"), p["metadata"].get("labels") or {})
+            and (p.get("status") or {}).get("phase") not in _TERMINAL
+        ]
+        healthy = sum(
+            1
+            for p in matched
+            if not p["metadata"].get("deletionTimestamp")
+            and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        )
+        expected = len(matched)
+
+        def amount(value: Any) -> int:
+            if isinstance(value, str) and value.endswith("%"):
+                return -(-int(value[:-1]) * expected // 100)
+            return int(value)
+
+        if "minAvailable" in spec:
+            need = amount(spec["minAvailable"])
+            allowed = healthy - need
+        else:
+            unavailable = amount(spec.get("maxUnavailable", 0))
+            need = expected - unavailable
+            allowed = unavailable - (expected - healthy)
+        if allowed <= 0:
+            raise ApiStatusError(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                {
+                    "causes": [
+                        {
+                            "reason": "DisruptionBudget",
+                            "message": f"The disruption budget {budget['metadata']['name']} "
+                            f"needs {need} healthy pods and has {healthy} currently",
+                        }
+                    ]
+                },
+            )
+
+    def _delete_pod(self, namespace: str, name: str, options: Obj) -> JSONResponse:
+        kind = _kind("", "v1", "pods")
+        pod = self.store.get(kind, namespace, name)
+        grace = options.get("gracePeriodSeconds")
+        bound = bool(pod["spec"].get("nodeName"))
+        running = (pod.get("status") or {}).get("phase") not in _TERMINAL
+        if (
+            self.options.graceful_delete
+            and bound
+            and running
+            and grace != 0
+            and not self.options.kubelet
+        ):
+            if not pod["metadata"].get("deletionTimestamp"):
+                pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+                pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace is None else grace
+                pod["metadata"].pop("resourceVersion", None)
+                self.store.replace(kind, namespace, name, pod, check_rv=False, system=True)
+            return JSONResponse(self.store.get(kind, namespace, name), status_code=200)
+        gone = self.store.delete(kind, namespace, name, options.get("preconditions") or {})
+        return JSONResponse(gone, status_code=200)
+
+    # ---------------------------------------------------------------- handlers
+    async def handle(self, request: Request, path: str) -> Response:
+        """Serve one request."""
+        self.calls += 1
+        try:
+            route = _route(path)
+            query = dict(request.query_params)
+            method = request.method
+            body: Any = None
+            if method in ("POST", "PUT", "PATCH", "DELETE"):
+                raw = await request.body()
+                body = json.loads(raw) if raw else None
+            if route.name is None:
+                if method == "GET":
+                    if query.get("watch") in ("true", "1"):
+                        return self._watch(route, query)
+                    return JSONResponse(self._list(route, query))
+                if method == "POST":
+                    return await self._create(route, body or {})
+                raise ApiStatusError(405, "MethodNotAllowed", f"{method} on a collection")
+            return await self._object(route, method, body, request.headers, query)
+        except ApiStatusError as exc:
+            return _status_response(exc)
+        except json.JSONDecodeError as exc:
+            return _status_response(ApiStatusError(400, "BadRequest", f"bad JSON: {exc}"))
+
+    async def _create(self, route: _Route, body: Obj) -> JSONResponse:
+        kind = route.kind
+        ns = route.namespace or ""
+        if kind.namespaced and not route.namespace:
+            raise ApiStatusError(405, "MethodNotAllowed", "create needs a namespace")
+        body_ns = (body.get("metadata") or {}).get("namespace")
+        if body_ns and kind.namespaced and body_ns != ns:
+            raise ApiStatusError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on "
+                "the request",
+            )
+        if kind.plural == "pods":
+            body = await self._admit(body, ns)
+            self._pod_defaults(body)
+        return JSONResponse(self.store.create(kind, ns, body), status_code=201)
+
+    async def _object(
+        self, route: _Route, method: str, body: Any, headers: Any, query: dict[str, str]
+    ) -> Response:
+        kind, ns, name, sub = route.kind, route.namespace or "", route.name or "", route.sub
+        if sub == "binding" and kind.plural == "pods" and method == "POST":
+            return self._bind(ns, name, body or {})
+        if sub == "eviction" and kind.plural == "pods" and method == "POST":
+            return self._evict(ns, name, body or {})
+        if sub is not None and (sub != "status" or not kind.status_subresource):
+            raise ApiStatusError(404, "NotFound", f"no subresource {sub} of {kind.plural}")
+        if method == "GET":
+            return JSONResponse(self.store.get(kind, ns, name))
+        if method == "DELETE":
+            options = body or {}
+            if "gracePeriodSeconds" in query:
+                options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            if kind.plural == "pods":
+                return self._delete_pod(ns, name, options)
+            return JSONResponse(
+                self.store.delete(kind, ns, name, options.get("preconditions") or {})
+            )
+        old = self.store.get(kind, ns, name)
+        if method == "PUT":
+            new = body or {}
+            check_rv = True
+        elif method == "PATCH":
+            ctype = headers.get("content-type", "").split(";")[0].strip()
+            try:
+                if ctype == "application/json-patch+json":
+                    new = json_patch(old, body)
+                elif ctype == "application/merge-patch+json":
+                    new = merge_patch(old, body)
+                elif ctype == "application/strategic-merge-patch+json":
+                    new = merge_patch(old, body, strategic=True)
+                else:
+                    raise ApiStatusError(
+                        415,
+                        "UnsupportedMediaType",
+                        f"the body of the request was in an unknown "
+                        f"format - accepted media types include: application/json-patch+json, "
+                        f"application/merge-patch+json, application/strategic-merge-patch+json "
+                        f"(got {ctype})",
+                    )
+            except PatchError as exc:
+                raise ApiStatusError(422, "Invalid", str(exc)) from None
+            check_rv = bool(
+                ((body or {}) if isinstance(body, dict) else {})
+                .get("metadata", {})
+                .get("resourceVersion")
+            )
+        else:
+            raise ApiStatusError(405, "MethodNotAllowed", method)
+        if not isinstance(new, dict):
+            raise ApiStatusError(400, "BadRequest", "the object must be a JSON object")
+        if kind.status_subresource:
+            if sub == "status":  # only status changes through /status
+                new = {
+                    **old,
+                    "status": new.get("status", {}),
+                    "metadata": {
+                        **old["metadata"],
+                        "resourceVersion": new.get("metadata", {}).get(
+                            "resourceVersion", old["metadata"]["resourceVersion"]
+                        ),
+                    },
+                }
+            else:  # and status never through the main resource
+                new["status"] = old.get("status", {})
+        if kind.plural == "pods" and sub is None and new.get("spec") != old.get("spec"):
+            raise ApiStatusError(
+                422,
+                "Invalid",
+                f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
+                "other than the mutable ones (the stand-in allows none)",
+            )
+        return JSONResponse(self.store.replace(kind, ns, name, new, check_rv=check_rv))
+
+    # ------------------------------------------------------------------- watch
+    def _watch(self, route: _Route, query: dict[str, str]) -> Response:
+        kind = route.kind
+        try:
+            labels = label_selector(query.get("labelSelector"))
+            fields = field_selector(query.get("fieldSelector"), kind.fields)
+        except SelectorError as exc:
+            raise ApiStatusError(400, "BadRequest", str(exc)) from None
+        namespace = route.namespace
+
+        def visible(obj: Obj | None) -> bool:
+            if obj is None:
+                return False
+            if namespace is not None and obj["metadata"].get("namespace") != namespace:
+                return False
+            return labels(obj["metadata"].get("labels") or {}) and fields(obj)
+
+        rv_text = query.get("resourceVersion", "")
+        start: list[WatchEvent] = []
+        watcher = self.store.subscribe(kind.plural)
+        initial: list[Obj] = []
+        if rv_text in ("", "0"):
+            initial = [copy.deepcopy(o) for o in self.store.items(kind.plural, namespace)]
+        else:
+            try:
+                rv = int(rv_text)
+            except ValueError:
+                self.store.unsubscribe(watcher)
+                raise ApiStatusError(
+                    400, "BadRequest", f"bad resourceVersion {rv_text!r}"
+                ) from None
+            found = self.store.since(kind.plural, rv)
+            if found is None:
+                self.store.unsubscribe(watcher)
+                gone = ApiStatusError(410, "Expired", f"too old resource version: {rv}")
+                line = json.dumps({"type": "ERROR", "object": gone.status()}) + "\n"
+                return Response(line, media_type="application/json")
+            start = found
+        timeout = float(query.get("timeoutSeconds") or 0) or None
+
+        def render(event: WatchEvent) -> str | None:
+            was, now = visible(event.old), visible(event.new)
+            if event.type == "DELETED":
+                type_ = "DELETED" if was else None
+            elif was and now:
+                type_ = "MODIFIED"
+            elif now:
+                type_ = "ADDED"
+            elif was:
+                type_ = "DELETED"
+            else:
+                type_ = None
+            if type_ is None:
+                return None
+            return json.dumps({"type": type_, "object": event.new}) + "\n"
+
+        async def stream() -> AsyncIterator[str]:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout if timeout else None
+            try:
+                for obj in initial:
+                    if visible(obj):
+                        yield json.dumps({"type": "ADDED", "object": obj}) + "\n"
+                for past in start:
+                    if (line := render(past)) is not None:
+                        yield line
+                last = start[-1].rv if start else 0
+                while True:
+                    wait = None if deadline is None else max(0.0, deadline - loop.time())
+                    try:
+                        got = await asyncio.wait_for(watcher.queue.get(), wait)
+                    except TimeoutError:
+                        return
+                    if got is None:
+                        return
+                    if got.rv <= last:
+                        continue
+                    if (line := render(got)) is not None:
+                        yield line
+            finally:
+                self.store.unsubscribe(watcher)
+
+        return StreamingResponse(stream(), media_type="application/json")
+
+    def close_watches(self) -> None:
+        """End every open watch (the API server does this when it restarts or times out
+        a watch; clients must list or resume)."""
+        for w in list(self.store.watchers):
+            w.queue.put_nowait(None)
+
+
+def create_app(api: StandInApi) -> FastAPI:
+    """The FastAPI application serving ``api``."""
+    app = FastAPI(title="fgpu Kubernetes API stand-in (tests only)", openapi_url=None)
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+    async def any_path(request: Request, path: str) -> Response:
+        return await api.handle(request, path)
+
+    return app
+
+
+def kinds() -> Sequence[Kind]:
+    """The resource types served."""
+    return KINDS

@@ -1,0 +1,240 @@
+"""Names and shapes fgpu writes on Kubernetes objects (annotations, labels, the ``Queue``
+custom resource, the per-pod environment ConfigMap).
+
+Pod annotations a user writes (all optional; see docs/kubernetes.md):
+
+============================  =========================================================
+``fgpu.io/gpu``               ``"0.5"`` (a share of one GPU) or ``"2"`` (whole GPUs)
+``fgpu.io/gpu-count``         number of GPUs; with ``fgpu.io/gpu`` below 1, that share on
+                              each (``-g 2 --gpu-fraction 0.3``)
+``fgpu.io/gpu-memory``        memory quota per GPU (``5Gi``, ``5GiB``, ``5120Mi``)
+``fgpu.io/gpu-model``         allowed models, comma-separated
+``fgpu.io/mig-profile``       a MIG profile
+``fgpu.io/queue``             leaf queue (default ``default``)
+``fgpu.io/priority``          number or class name; default: the pod's PriorityClass
+                              value when it has one, else ``normal`` (50)
+``fgpu.io/preemptible``       ``"true"``/``"false"``; default: priority below 100
+============================  =========================================================
+
+What fgpu writes:
+
+- webhook, on the pod: ``fgpu.io/env-configmap`` (the ConfigMap its containers' ``envFrom``
+  names), ``schedulerName: fgpu``;
+- scheduler, in the Binding (so atomically with ``spec.nodeName``): ``fgpu.io/assignment``
+  (JSON, :class:`Assignment`) and ``fgpu.io/gpu-uuids``; before the Binding, the ConfigMap
+  with ``NVIDIA_VISIBLE_DEVICES`` and the ``FGPU_*`` limits; ``fgpu.io/hold`` on a
+  preemptor while capacity is held for it;
+- node agent, on its Node: label ``fgpu.io/managed=true``, labels ``fgpu.io/gpu-model`` and
+  ``fgpu.io/gpu-count``, annotation ``fgpu.io/inventory`` (JSON, :class:`Inventory`) and
+  ``fgpu.io/usage``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEDULER_NAME = "fgpu"
+PREFIX = "fgpu.io/"
+
+GPU = "fgpu.io/gpu"
+GPU_COUNT = "fgpu.io/gpu-count"
+GPU_MEMORY = "fgpu.io/gpu-memory"
+GPU_MODEL = "fgpu.io/gpu-model"
+MIG_PROFILE = "fgpu.io/mig-profile"
+QUEUE = "fgpu.io/queue"
+PRIORITY = "fgpu.io/priority"
+PREEMPTIBLE = "fgpu.io/preemptible"
+USER_ANNOTATIONS = (
+    GPU,
+    GPU_COUNT,
+    GPU_MEMORY,
+    GPU_MODEL,
+    MIG_PROFILE,
+    QUEUE,
+    PRIORITY,
+    PREEMPTIBLE,
+)
+
+ENV_CONFIGMAP = "fgpu.io/env-configmap"
+ASSIGNMENT = "fgpu.io/assignment"
+GPU_UUIDS = "fgpu.io/gpu-uuids"
+HOLD = "fgpu.io/hold"
+
+MANAGED_LABEL = "fgpu.io/managed"
+MODEL_LABEL = "fgpu.io/gpu-model"
+COUNT_LABEL = "fgpu.io/gpu-count"
+INVENTORY = "fgpu.io/inventory"
+USAGE = "fgpu.io/usage"
+
+DEFAULT_QUEUE = "default"
+AGENT_SOCKET = "/run/fgpu/agent.sock"
+"""Where the node agent listens on each node (hostPath); given to workloads as
+``FGPU_AGENT_SOCKET``."""
+
+RESERVED_ENV = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "FGPU_WORKLOAD_ID",
+    "FGPU_GPU_COMPUTE_MILLI",
+    "FGPU_GPU_MEMORY_MIB",
+    "FGPU_AGENT_SOCKET",
+)
+"""Variables the ConfigMap sets; a container's own ``env`` would win over ``envFrom``, so
+the webhook refuses pods that set them."""
+
+
+class WireError(ValueError):
+    """An fgpu annotation that cannot be read; names the annotation and the reason."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Where a pod was placed, carried in the Binding as ``fgpu.io/assignment``.
+
+    Attributes:
+        node: node name.
+        uuids: the GPUs' UUIDs (what the container sees), in ``gpus`` order.
+        gpus: GPU indices in the node's inventory when bound (UUIDs win on a mismatch).
+        gpu_milli: compute share per GPU, milli-GPU.
+        gpu_memory_mib: memory quota per GPU, MiB.
+        cpu_milli: CPU counted for the pod, milli-cores.
+        memory_mib: host memory counted for the pod, MiB.
+        queue: the queue it was admitted to.
+        priority: its priority when placed.
+        preemptible: None (default rule), True or False.
+
+    The queue and priority are kept here rather than read again from the pod's annotations,
+    which stay editable after the bind: the ledger counts what was granted.
+    """
+
+    node: str
+    uuids: tuple[str, ...]
+    gpus: tuple[int, ...]
+    gpu_milli: tuple[int, ...]
+    gpu_memory_mib: tuple[int, ...]
+    cpu_milli: int
+    memory_mib: int
+    queue: str = DEFAULT_QUEUE
+    priority: int = 50
+    preemptible: bool | None = None
+
+    def to_json(self) -> str:
+        """The annotation's text."""
+        return json.dumps(
+            {
+                "node": self.node,
+                "queue": self.queue,
+                "priority": self.priority,
+                "preemptible": self.preemptible,
+                "uuids": list(self.uuids),
+                "gpus": list(self.gpus),
+                "gpu_milli": list(self.gpu_milli),
+                "gpu_memory_mib": list(self.gpu_memory_mib),
+                "cpu_milli": self.cpu_milli,
+                "memory_mib": self.memory_mib,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Assignment:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            WireError: not the JSON this module writes.
+        """
+        try:
+            data = json.loads(text)
+            out = cls(
+                node=str(data["node"]),
+                uuids=tuple(str(u) for u in data["uuids"]),
+                gpus=tuple(int(g) for g in data["gpus"]),
+                gpu_milli=tuple(int(m) for m in data["gpu_milli"]),
+                gpu_memory_mib=tuple(int(m) for m in data["gpu_memory_mib"]),
+                cpu_milli=int(data["cpu_milli"]),
+                memory_mib=int(data["memory_mib"]),
+                queue=str(data.get("queue", DEFAULT_QUEUE)),
+                priority=int(data.get("priority", 50)),
+                preemptible=None if data.get("preemptible") is None else bool(data["preemptible"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WireError(ASSIGNMENT, f"not an fgpu assignment: {exc}") from None
+        if not (len(out.uuids) == len(out.gpus) == len(out.gpu_milli) == len(out.gpu_memory_mib)):
+            raise WireError(ASSIGNMENT, "uuids, gpus and shares differ in length")
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class InventoryGpu:
+    """One GPU the node agent publishes."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """A node's GPUs as its agent publishes them (``fgpu.io/inventory``).
+
+    Attributes:
+        gpus: the GPUs fgpu owns on the node (a subset when the NVIDIA device plugin keeps
+            the others), by index.
+        backend: ``nvml`` or ``simulated``.
+        agent: the agent's version.
+    """
+
+    gpus: tuple[InventoryGpu, ...]
+    backend: str
+    agent: str = "1"
+
+    def to_json(self) -> str:
+        """The annotation's text."""
+        return json.dumps(
+            {
+                "gpus": [
+                    {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib}
+                    for g in self.gpus
+                ],
+                "backend": self.backend,
+                "agent": self.agent,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Inventory:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            WireError: not the JSON the agent writes.
+        """
+        try:
+            data: Any = json.loads(text)
+            gpus = tuple(
+                InventoryGpu(int(g["index"]), str(g["uuid"]), str(g["model"]), int(g["memory_mib"]))
+                for g in data["gpus"]
+            )
+            return cls(gpus, str(data.get("backend", "")), str(data.get("agent", "")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WireError(INVENTORY, f"not an fgpu inventory: {exc}") from None
+
+
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
+    """An object's annotations (empty when it has none)."""
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """``namespace/name``: the workload id fgpu gives a pod."""
+    meta = pod["metadata"]
+    return f"{meta.get('namespace', 'default')}/{meta['name']}"

@@ -1,0 +1,121 @@
+"""Fixtures for the Kubernetes tests: a cluster to talk to over HTTP through the official
+client.
+
+Without ``KUBECONFIG`` the cluster is the in-repo API server stand-in
+(:mod:`fgpu.k8s.standin`, a test stand-in, not a Kubernetes API server). With
+``KUBECONFIG`` set *and* ``FGPU_K8S_TESTS_MAY_WRITE=1`` (the tests create fake Node objects
+labelled ``fgpu.io/test``, a namespace, pods and leases there, and delete them afterwards:
+a test cluster only, never one that runs real work), the same tests run against that
+cluster in a fresh namespace; ``KUBECONFIG`` alone keeps the stand-in and warns. Tests that need
+behaviour only the stand-in can pretend (a kubelet, slow pod termination) skip there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import uvicorn
+
+from fgpu.k8s.kube import KubeApi, KubeError, api_client
+from fgpu.k8s.standin import Options, StandIn
+
+pytestmark = pytest.mark.k8s
+
+REAL = bool(os.environ.get("KUBECONFIG")) and os.environ.get("FGPU_K8S_TESTS_MAY_WRITE") == "1"
+if os.environ.get("KUBECONFIG") and not REAL:
+    warnings.warn(
+        "KUBECONFIG is set but FGPU_K8S_TESTS_MAY_WRITE is not 1: the Kubernetes tests use "
+        "the in-repo API stand-in, not that cluster",
+        stacklevel=1,
+    )
+
+
+@dataclass
+class Cluster:
+    """What a test talks to."""
+
+    api: KubeApi
+    namespace: str
+    standin: StandIn | None
+    nodes: list[str]
+
+    @property
+    def real(self) -> bool:
+        return self.standin is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """An ASGI app served by uvicorn on loopback in a thread (the webhook in tests)."""
+
+    def __init__(self, app: Any, **ssl: Any) -> None:
+        self.port = free_port()
+        scheme = "https" if ssl else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", **ssl)
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., Cluster]]:
+    """``make_cluster(**options)``: a cluster; options are the stand-in's
+    (:class:`fgpu.k8s.standin.Options`) and are ignored on a real cluster."""
+    made: list[Cluster] = []
+
+    def make(**options: Any) -> Cluster:
+        if REAL:
+            api = KubeApi(api_client(os.environ["KUBECONFIG"]))
+            namespace = f"fgpu-test-{secrets.token_hex(3)}"
+            api.core.create_namespace({"metadata": {"name": namespace}})
+            cluster = Cluster(api, namespace, None, [])
+        else:
+            standin = StandIn(Options(**options)).start()
+            cluster = Cluster(KubeApi(api_client(host=standin.url)), "default", standin, [])
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        if cluster.standin is not None:
+            cluster.standin.stop()
+            continue
+        for node in cluster.nodes:
+            with contextlib.suppress(Exception):
+                cluster.api.core.delete_node(node)
+        with contextlib.suppress(KubeError):
+            cluster.api.core.delete_namespace(cluster.namespace)
+
+
+@pytest.fixture
+def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
+    """A cluster with the stand-in's default behaviour."""
+    return make_cluster()

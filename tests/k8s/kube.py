@@ -1,0 +1,116 @@
+"""Builders for the Kubernetes tests: nodes with an fgpu inventory, fgpu pods, waiting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fgpu.k8s import wire
+from fgpu.k8s.kube import MERGE_PATCH
+from fgpu.k8s.standin.patch import json_patch
+from fgpu.k8s.webhook import mutate
+from tests.k8s.conftest import Cluster
+
+MODEL_MEMORY = {"A100-80GB": 81920, "A100-40GB": 40960, "H100-80GB": 81920}
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return f"GPU-{node}-{index:02d}"
+
+
+def add_node(
+    cluster: Cluster,
+    name: str,
+    gpus: int = 8,
+    model: str = "A100-80GB",
+    cpu: str = "128",
+    memory: str = "1024Gi",
+) -> None:
+    """A Node with ``gpus`` GPUs in its fgpu inventory, Ready."""
+    inventory = wire.Inventory(
+        tuple(
+            wire.InventoryGpu(i, gpu_uuid(name, i), model, MODEL_MEMORY[model]) for i in range(gpus)
+        ),
+        "simulated",
+    )
+    cluster.api.core.create_node(
+        {
+            "metadata": {
+                "name": name,
+                "labels": {wire.MANAGED_LABEL: "true", "fgpu.io/test": "true"},
+                "annotations": {wire.INVENTORY: inventory.to_json()},
+            }
+        }
+    )
+    cluster.nodes.append(name)
+    status = {
+        "status": {
+            "capacity": {"cpu": cpu, "memory": memory, "pods": "500"},
+            "allocatable": {"cpu": cpu, "memory": memory, "pods": "500"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+    }
+    cluster.api.core.patch_node_status(name, status, _content_type=MERGE_PATCH)
+
+
+def pod(
+    name: str, gpu: str | None = "0.5", labels: dict[str, str] | None = None, **annotations: str
+) -> dict[str, Any]:
+    """An fgpu pod; keyword annotations use ``_`` for ``-`` (``gpu_memory="5Gi"``)."""
+    notes = {f"fgpu.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    if gpu is not None:
+        notes[wire.GPU] = gpu
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": notes, "labels": labels or {}},
+        "spec": {
+            "schedulerName": wire.SCHEDULER_NAME,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["sleep", "3600"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def create(cluster: Cluster, body: dict[str, Any], admit: bool = True) -> dict[str, Any]:
+    """Create a pod; ``admit`` applies the webhook's patch first (what the API server does
+    with the webhook configured; tests of admission itself go through HTTP)."""
+    if admit:
+        body = json_patch(body, mutate(body))
+    result: dict[str, Any] = cluster.api._call(
+        cluster.api.core.create_namespaced_pod, cluster.namespace, body
+    )
+    return result
+
+
+def pods(cluster: Cluster) -> list[dict[str, Any]]:
+    return cluster.api.list_pods(namespace=cluster.namespace).items
+
+
+def bound(cluster: Cluster) -> list[dict[str, Any]]:
+    return [p for p in pods(cluster) if p["spec"].get("nodeName")]
+
+
+def assignment(p: dict[str, Any]) -> wire.Assignment:
+    return wire.Assignment.from_json(p["metadata"]["annotations"][wire.ASSIGNMENT])
+
+
+def wait_until(check: Callable[[], bool], what: str, limit_s: float = 60.0) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` if it never does (a guard
+    against hanging, not a speed assertion)."""
+    deadline = time.monotonic() + limit_s
+    while not check():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.05)
+
+
+def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:
+    out = cluster.api._call(cluster.api.core.list_namespaced_event, cluster.namespace)
+    return [e for e in out["items"] if e.get("reason") == reason]
