@@ -67,7 +67,12 @@ class SubmitRequest(_Strict):
     gpu_fraction: str | None = Field(None, description="share on each of several GPUs")
     gpu_memory: str | None = Field(None, description="memory quota per GPU, e.g. '5GiB'")
     gpu_model: list[str] = Field(default_factory=list)
-    mig_profile: str | None = None
+    mig_profile: str | None = Field(None, description="a MIG instance of this profile (3g.40gb)")
+    isolation: str | None = Field(
+        None,
+        description="'share' (default: a share of a GPU) or 'mig' (a MIG instance: with "
+        "gpu_memory, the smallest profile that has that much; mig_profile implies it)",
+    )
     cpu: str | None = Field(None, description="CPU cores, e.g. '2' or '500m'")
     memory: str | None = Field(None, description="host memory, e.g. '8GiB'")
     priority: str = "normal"
@@ -79,7 +84,9 @@ class SubmitRequest(_Strict):
 
 
 class ResourceRequest(BaseModel):
-    """A workload's request in integer units."""
+    """A workload's request in integer units. A MIG request has ``isolation`` ``"mig"``, one
+    GPU, and ``mig_profile`` (asked by name) or ``gpu_memory_mib`` (the smallest profile with
+    that much)."""
 
     gpu_count: int
     gpu_milli: int | None
@@ -87,16 +94,26 @@ class ResourceRequest(BaseModel):
     gpu_models: list[str]
     cpu_milli: int
     memory_mib: int
+    isolation: str = "share"
+    mig_profile: str | None = None
 
 
 class GpuGrant(BaseModel):
-    """One GPU a workload holds."""
+    """One GPU a workload holds (on a MIG instance: the instance's GPU, with the instance's
+    compute slices as milli-GPU and its memory)."""
 
     node: str
     index: int
     uuid: str
     compute_milli: int
     memory_mib: int
+    mig_profile: str | None = None
+    mig_start: int | None = Field(
+        default=None, description="first memory slice of the MIG instance"
+    )
+    mig_uuid: str | None = Field(
+        default=None, description="the MIG instance (CUDA_VISIBLE_DEVICES)"
+    )
 
 
 class WorkloadView(BaseModel):
@@ -183,8 +200,24 @@ class GpuHolder(BaseModel):
     memory_mib: int
 
 
+class MigInstanceView(BaseModel):
+    """One MIG instance of a GPU and the workload on it (none when free)."""
+
+    profile: str
+    start: int
+    uuid: str
+    compute_milli: int
+    memory_mib: int
+    workload_id: str | None = None
+    name: str | None = None
+    in_use_outside: bool = Field(
+        default=False, description="processes fgpu did not start run on it (the device says so)"
+    )
+
+
 class GpuView(BaseModel):
-    """One GPU, what it holds, and live figures when the backend has them."""
+    """One GPU, what it holds, and live figures when the backend has them. A GPU in MIG mode
+    lists its instances in ``mig_instances``."""
 
     index: int
     uuid: str
@@ -195,6 +228,8 @@ class GpuView(BaseModel):
     holders: list[GpuHolder]
     used_memory_mib: int | None = None
     utilization_pct: int | None = None
+    mig_enabled: bool = False
+    mig_instances: list[MigInstanceView] = Field(default_factory=list)
 
 
 class NodeView(BaseModel):

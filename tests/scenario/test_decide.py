@@ -3,7 +3,7 @@ work -> the exact actions (DESIGN.md section 5, issue "Queues, fair share, preem
 
 from __future__ import annotations
 
-from fgpu.sched.decide import SchedulerConfig
+from fgpu.sched.decide import OutsideUse, SchedulerConfig
 from fgpu.sched.workload import Place, Preempt, QueueSpec, QueueTree, Resources, Wait
 from tests.builders import cluster, node, pod
 from tests.shell import Shell
@@ -262,3 +262,48 @@ def test_quotas_above_capacity_are_reported_and_scaled() -> None:
     # guarantees 3000 + 1000 > 2000: scaled in proportion to quota -> 1500 and 500
     assert d.fair_share["a"] == Resources(1500, 0, 0)
     assert d.fair_share["b"] == Resources(500, 0, 0)
+
+
+def outside_round(sh: Shell, outside: OutsideUse):  # type: ignore[no-untyped-def]
+    """One decision with use outside the cluster state (the service's MIG instances)."""
+    return sh.scheduler.decide(
+        sh.now, sh.state, sh.queues, list(sh.workloads.values()), sh.holds, outside
+    )
+
+
+def test_use_outside_the_cluster_counts_against_the_queue_limit() -> None:
+    queues = QueueTree([QueueSpec("capped", limit=gpus(1))])
+    sh = Shell(cluster(node("n1").gpus(4)), queues)
+    sh.submit("half", "capped", pod().gpu(0.5).build())
+    assert actions(outside_round(sh, OutsideUse())) == [("place", "half", "n1", "(0,)")]
+    d = outside_round(sh, OutsideUse(gpus(1), {"capped": gpus(0.6)}))
+    assert d.actions == [
+        Wait("half", "queue capped would exceed its limit (GPU milli: 1100 > 1000)")
+    ]
+    assert d.allocated["capped"] == gpus(0.6)
+
+
+def test_use_outside_the_cluster_shapes_fair_share_and_order() -> None:
+    sh = Shell(cluster(node("n1").gpus(2)), two_queues())
+    for i in range(3):
+        sh.submit(f"a{i}", "a", pod().gpu(1).build(), at=float(i))
+        sh.submit(f"b{i}", "b", pod().gpu(1).build(), at=float(i))
+    # a holds one GPU outside: the three GPUs are shared 1.5 / 1.5, and b goes first
+    d = outside_round(sh, OutsideUse(gpus(1), {"a": gpus(1)}))
+    assert (d.fair_share["a"], d.fair_share["b"]) == (gpus(1.5), gpus(1.5))
+    placed = [a.workload for a in d.actions if isinstance(a, Place)]
+    assert placed == ["b0", "a0"]
+
+
+def test_non_preemptible_use_outside_counts_against_the_quota() -> None:
+    queues = QueueTree([QueueSpec("team", quota=gpus(1))])
+    sh = Shell(cluster(node("n1").gpus(2)), queues)
+    sh.submit("svc", "team", pod().gpu(0.5).build(), priority=125)
+    d = outside_round(sh, OutsideUse(gpus(1), {"team": gpus(0.7)}, {"team": 700}))
+    assert d.actions == [
+        Wait(
+            "svc",
+            "non-preemptible work must stay within the quota of queue team (quota 1000 "
+            "milli-GPU, in use 700, needs 500)",
+        )
+    ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from fgpu.agent.backend import (
     SimulatedBackend,
     SimulatedGpuGroup,
     detect_backend,
+    mig_devices_of,
     parse_simulate_spec,
     simulated_uuid,
 )
@@ -216,3 +219,80 @@ def test_this_machine_gives_a_usable_backend(caplog: pytest.LogCaptureFixture) -
             assert "NVML is unavailable" in caplog.text
     finally:
         backend.close()
+
+
+# -- GPUs in MIG mode ----------------------------------------------------------------------
+
+
+def test_mig_flag_puts_gpus_in_mig_mode() -> None:
+    assert parse_simulate_spec("1xA100-40GB,2xa100-80gb:MIG") == [
+        SimulatedGpuGroup(1, "A100-40GB"),
+        SimulatedGpuGroup(2, "A100-80GB", mig=True),
+    ]
+    backend = SimulatedBackend("1xA100-40GB,2xA100-80GB:mig")
+    assert [d.mig_enabled for d in backend.gpus()] == [False, True, True]
+    migs = backend.mig_devices()
+    assert [(d.index, d.model, d.gpu_uuid) for d in migs] == [
+        (1, "A100-80GB", simulated_uuid(1, "A100-80GB")),
+        (2, "A100-80GB", simulated_uuid(2, "A100-80GB")),
+    ]
+    assert migs == backend.mig_devices()  # the same objects each time
+    assert mig_devices_of(backend) == migs
+    assert SimulatedBackend("1xA100-40GB").mig_devices() == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "2xA100-80GB:mps",
+            "--simulate-gpus: unknown flag 'mps' in '2xA100-80GB:mps'; the only flag is 'mig' "
+            "(GPUs in MIG mode, e.g. '2xA100-80GB:mig')",
+        ),
+        (
+            "1xT4:mig",
+            "--simulate-gpus: T4 in '1xT4:mig' has no MIG profiles; MIG models: A30, "
+            "A100-40GB, A100-80GB, H100-80GB, H200-141GB",
+        ),
+    ],
+    ids=["unknown-flag", "not-mig-capable"],
+)
+def test_bad_mig_flags(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^--simulate-gpus: ") as caught:
+        SimulatedBackend(spec)
+    assert str(caught.value) == message
+
+
+def test_simulated_mig_instances_outlive_the_backend_through_the_state_file(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "simulated-mig.json"
+    first = SimulatedBackend("2xA100-80GB:mig")
+    assert first.keep_mig_state(state) == []
+    made = first.mig_devices()[1].create("3g.40gb", 4)
+    first.mig_devices()[1].create("1g.10gb", 0)
+    first.mig_devices()[1].destroy(first.mig_devices()[1].instances()[0])  # the 1g again
+    second = SimulatedBackend("2xA100-80GB:mig")
+    assert second.keep_mig_state(state) == []
+    gpu0, gpu1 = second.mig_devices()
+    assert gpu0.instances() == []
+    assert gpu1.instances() == [made]
+    # the next instance gets an id of its own
+    assert gpu1.create("1g.10gb", 0).gpu_instance_id > made.gpu_instance_id
+    # another model at index 1 is another GPU: its saved instances are dropped
+    third = SimulatedBackend("1xA100-80GB:mig,1xH100-80GB:mig")
+    notes = third.keep_mig_state(state)
+    assert notes == [
+        f"GPU {simulated_uuid(1, 'A100-80GB')}: not simulated any more; its MIG instances dropped"
+    ]
+    assert [d.instances() for d in third.mig_devices()] == [[], []]
+
+
+def test_a_broken_state_file_starts_empty_with_a_note(tmp_path: Path) -> None:
+    state = tmp_path / "simulated-mig.json"
+    state.write_text("{not json")
+    backend = SimulatedBackend("1xA100-80GB:mig")
+    (note,) = backend.keep_mig_state(state)
+    assert note.startswith(f"{state}: not a simulated MIG state")
+    assert backend.mig_devices()[0].instances() == []
+    assert json.loads(state.read_text()) == {"gpus": {simulated_uuid(0, "A100-80GB"): []}}

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rich.console import Console
 
 from fgpu.client import Client, ClientError, ServerUnavailable, render, resolve_socket
 from fgpu.client.cli_common import exit_code
@@ -17,6 +18,7 @@ from fgpu.wire import (
     SYSTEM_SOCKET,
     ResourceRequest,
     SubmitRequest,
+    WorkloadView,
     default_socket_path,
 )
 
@@ -233,8 +235,15 @@ def request(
         (request(1, 125, 5120), "0.125 GPU, 5GiB"),
         (request(2, 1000, None, ["A100-80GB", "H100-80GB"]), "2 GPUs on A100-80GB or H100-80GB"),
         (request(0, None), "no GPU"),
+        (
+            request(1, 428, 40192).model_copy(
+                update={"isolation": "mig", "mig_profile": "3g.40gb"}
+            ),
+            "MIG 3g.40gb",
+        ),
+        (request(1, None, 18432).model_copy(update={"isolation": "mig"}), "MIG, 18GiB"),
     ],
-    ids=["fraction", "whole", "fraction-each", "memory", "models", "none"],
+    ids=["fraction", "whole", "fraction-each", "memory", "models", "none", "mig", "mig-memory"],
 )
 def test_request_text(req: ResourceRequest, text: str) -> None:
     assert render.request_text(req) == text
@@ -265,3 +274,60 @@ def test_priority_text() -> None:
 )
 def test_safe_shows_control_characters_as_escapes(text: str, shown: str) -> None:
     assert render.safe(text) == shown
+
+
+def test_mig_grants_and_instances_render_with_their_profile_and_holder() -> None:
+    from fgpu.wire import GpuGrant, GpuHolder, GpuView, MigInstanceView, NodeView
+
+    grant = GpuGrant(
+        node="vm/mig",
+        index=1,
+        uuid="GPU-1",
+        compute_milli=428,
+        memory_mib=40192,
+        mig_profile="3g.40gb",
+        mig_start=4,
+        mig_uuid="MIG-a",
+    )
+    view = WorkloadView.model_construct(gpus=[grant])
+    assert render.grants_text(view) == "vm/mig/1: MIG 3g.40gb@4 (39.25GiB) MIG-a"
+    instances = [
+        MigInstanceView(
+            profile="3g.40gb",
+            start=4,
+            uuid="MIG-a",
+            compute_milli=428,
+            memory_mib=40192,
+            workload_id="w1",
+            name="train",
+        ),
+        MigInstanceView(
+            profile="1g.10gb", start=0, uuid="MIG-b", compute_milli=142, memory_mib=9728
+        ),
+        MigInstanceView(
+            profile="1g.10gb",
+            start=1,
+            uuid="MIG-c",
+            compute_milli=142,
+            memory_mib=9728,
+            in_use_outside=True,
+        ),
+    ]
+    gpu = GpuView(
+        index=1,
+        uuid="GPU-1",
+        model="A100-80GB",
+        memory_mib=81920,
+        allocated_milli=428,
+        allocated_memory_mib=40192,
+        holders=[GpuHolder(workload_id="w1", name="train", compute_milli=428, memory_mib=40192)],
+        mig_enabled=True,
+        mig_instances=instances,
+    )
+    node = NodeView(name="vm/mig", backend="simulated", cpu_milli=0, memory_mib=0, gpus=[gpu])
+    console = Console(width=200, record=True)
+    console.print(render.top_table([node]))
+    shown = console.export_text()
+    assert "3g.40gb@4 MIG-a: w1 train" in shown
+    assert "1g.10gb@0 MIG-b: free" in shown
+    assert "1g.10gb@1 MIG-c: in use outside fgpu" in shown

@@ -13,6 +13,7 @@ from fgpu.mig.demand import parse_demand
 from fgpu.mig.device import (
     MigDevice,
     MigDeviceError,
+    MigInstance,
     SimulatedMigDevice,
     apply_plan,
     gpu_from_device,
@@ -328,3 +329,22 @@ def test_load_plan_file_refuses_other_files() -> None:
         load_plan_file("a: 1", "x.yaml")
     with pytest.raises(MigInputError, match=r"^x.yaml: not YAML or JSON"):
         load_plan_file("a: [", "x.yaml")
+
+
+def test_a_simulated_device_restores_instances_and_reports_changes() -> None:
+    seen: list[str] = []
+    device = SimulatedMigDevice(0, "A100-80GB", on_change=lambda d: seen.append(repr(d)))
+    kept = MigInstance("3g.40gb", 4, "MIG-kept", 5)
+    device.restore([kept])
+    assert device.instances() == [kept]
+    assert seen == []  # restoring is not a change
+    made = device.create("4g.40gb", 0)
+    assert made.gpu_instance_id == 6
+    device.destroy(made)
+    assert seen == [
+        "SimulatedMigDevice(0, 'A100-80GB', 4g.40gb@0 + 3g.40gb@4)",
+        "SimulatedMigDevice(0, 'A100-80GB', 3g.40gb@4)",
+    ]
+    with pytest.raises(MigDeviceError, match="not a valid layout"):
+        device.restore([kept, MigInstance("4g.40gb", 4, "MIG-over", 7)])
+    assert device.instances() == [kept]

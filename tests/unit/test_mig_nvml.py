@@ -316,6 +316,43 @@ def test_a_plan_applies_through_nvml() -> None:
     assert report.steps[0].uuid == idle.uuid
 
 
+class FakeBackendNvml(FakeMigNvml):
+    """The stand-in with what :class:`fgpu.agent.nvml.NvmlBackend` also asks."""
+
+    def nvmlDeviceGetAttributes(self, handle: str) -> Any:
+        raise FakeNvmlError("Not Supported")
+
+    def nvmlDeviceGetUtilizationRates(self, handle: str) -> Any:
+        raise FakeNvmlError("Not Supported")
+
+
+def test_the_nvml_backend_hands_out_its_gpus_in_mig_mode() -> None:
+    from fgpu.agent.backend import MigBackend, mig_devices_of
+    from fgpu.agent.nvml import NvmlBackend
+
+    fake = FakeBackendNvml()
+    backend = NvmlBackend(fake)
+    assert isinstance(backend, MigBackend)
+    [gpu] = backend.gpus()
+    assert (gpu.model, gpu.mig_enabled) == ("A100-80GB", True)
+    [device] = mig_devices_of(backend)
+    assert device is backend.mig_devices()[0]
+    assert (device.index, device.model, device.profiles().source) == (0, "A100-80GB", "nvml")
+    made = device.create("3g.40gb", 4)
+    assert device.instances() == [made]
+    assert fake.mig == 1  # read, never changed
+
+
+def test_the_nvml_backend_has_no_mig_devices_with_mig_off() -> None:
+    from fgpu.agent.nvml import NvmlBackend
+
+    fake = FakeBackendNvml()
+    fake.mig = 0
+    backend = NvmlBackend(fake)
+    assert backend.mig_devices() == []
+    assert fake.calls == []
+
+
 @pytest.mark.gpu
 def test_real_mig_gpus_are_read_without_change() -> None:
     from fgpu.agent.nvml import NvmlUnavailableError

@@ -19,7 +19,7 @@ from fgpu.store import (
     WorkloadRecord,
     to_core,
 )
-from fgpu.store.records import StoredAllocation
+from fgpu.store.records import StoredAllocation, StoredMigInstance, StoredMigRequest
 from tests.unit.test_store_support import (
     T0,
     allocation_for,
@@ -548,3 +548,79 @@ def test_record_event_refuses_bad_input(
     with pytest.raises(error):
         store.record_event(workload_id, kind, reason, "message")
     assert store.events() == before
+
+
+# ------------------------------------------------------------------------ MIG workloads
+MIG_ONE = Request(gpu_count=1, gpu_milli=428, gpu_memory_mib=40192)
+MIG_ALLOCATION = Allocation(-1, "vm/mig", (1,), (428,), (40192,), 0, 0)
+MIG_INSTANCE = StoredMigInstance(1, "GPU-b", "3g.40gb", 4, "MIG-x")
+
+
+def test_a_mig_workload_keeps_its_request_and_its_instance(tmp_path: Path) -> None:
+    with with_default_queue(open_store(tmp_path / "fgpu.db")) as store:
+        asked = StoredMigRequest(profile="3g.40gb")
+        record = store.submit(
+            owner_uid=1, queue="default", request=MIG_ONE, argv=["x"], mig_request=asked
+        )
+        by_memory = store.submit(
+            owner_uid=1,
+            queue="default",
+            request=Request(gpu_count=1, gpu_memory_mib=18432),
+            argv=["x"],
+            mig_request=StoredMigRequest(memory_mib=18432),
+        )
+        assert record.mig_request == asked
+        running = store.mark_running(
+            record.id, MIG_ALLOCATION, gpu_uuids=["GPU-b"], mig=MIG_INSTANCE
+        )
+        assert running.allocation is not None
+        assert running.allocation.mig == MIG_INSTANCE
+        assert running.allocation.gpu_milli == (428,)
+        (started,) = [e for e in store.events(record.id) if e.kind == "started"]
+        assert started.message.endswith("on MIG 3g.40gb@4 of GPU 1 (MIG-x)")
+    with open_store(tmp_path / "fgpu.db") as again:  # read back from the database
+        assert again.get(record.id) == running
+        assert again.get(by_memory.id).mig_request == StoredMigRequest(memory_mib=18432)
+        plain = again.get(record.id).allocation
+        assert plain is not None
+        assert plain.to_json()["mig"] == MIG_INSTANCE.to_json()
+
+
+def test_a_mig_instance_goes_only_with_a_mig_workload(store: Store) -> None:
+    share = submit(store)
+    mig = store.submit(
+        owner_uid=1,
+        queue="default",
+        request=MIG_ONE,
+        argv=["x"],
+        mig_request=StoredMigRequest(profile="3g.40gb"),
+    )
+    with pytest.raises(InvalidRequestError, match="needs MIG instance"):
+        store.mark_running(mig.id, MIG_ALLOCATION, gpu_uuids=["GPU-b"])
+    with pytest.raises(InvalidRequestError, match="is not a MIG workload"):
+        run(store, share, mig=MIG_INSTANCE)
+    assert [store.get(w.id).phase for w in (share, mig)] == ["pending", "pending"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "wanted", "field"),
+    [
+        (StoredMigRequest(), MIG_ONE, "mig_request"),
+        (StoredMigRequest("3g.40gb", 1024), MIG_ONE, "mig_request"),
+        (StoredMigRequest(" "), MIG_ONE, "mig_request.profile"),
+        (StoredMigRequest(memory_mib=0), MIG_ONE, "mig_request.memory_mib"),
+        (
+            StoredMigRequest("3g.40gb"),
+            Request(gpu_count=2, gpu_milli=500),
+            "request.gpu_count",
+        ),
+    ],
+    ids=["neither", "both", "blank-profile", "no-memory", "two-gpus"],
+)
+def test_a_bad_mig_request_stores_nothing(
+    store: Store, asked: StoredMigRequest, wanted: Request, field: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        store.submit(owner_uid=1, queue="default", request=wanted, argv=["x"], mig_request=asked)
+    assert caught.value.field == field
+    assert store.list_workloads() == []

@@ -7,8 +7,12 @@ activity fallback). Two implementations:
 
 - :class:`SimulatedBackend`: GPUs described by a ``--simulate-gpus`` spec such as
   ``"2xA100-40GB,1xH100-80GB"``, with figures from :mod:`fgpu.model.catalog`; tests and
-  machines without NVIDIA GPUs use it.
+  machines without NVIDIA GPUs use it. ``2xA100-80GB:mig`` makes GPUs in MIG mode.
 - :class:`fgpu.agent.nvml.NvmlBackend`: real GPUs through NVML (nvidia-ml-py).
+
+A backend that also implements :class:`MigBackend` gives a :class:`~fgpu.mig.device.MigDevice`
+for each of its GPUs in MIG mode (:func:`mig_devices_of`); the service places MIG requests on
+their instances.
 
 :func:`detect_backend` is the one place that chooses between them. The backend is passed to
 the agent's components through their constructors (DESIGN.md section 2), so tests replace it
@@ -17,13 +21,19 @@ without monkeypatching.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import threading
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from fgpu.mig.catalog import MIG_MODELS, MIG_TABLES
+from fgpu.mig.device import MigDevice, MigDeviceError, MigInstance, SimulatedMigDevice
 from fgpu.model.catalog import ALIASES, GPU_CATALOG, UnknownGpuModelError, canonical_name
 
 if TYPE_CHECKING:
@@ -33,6 +43,8 @@ FALLBACK_SIMULATED_GPUS = "1xH100-80GB"
 """What :func:`detect_backend` simulates when NVML is unavailable (issue 4)."""
 
 _SPEC_EXAMPLE = "2xA100-40GB,1xH100-80GB"
+MIG_FLAG = "mig"
+"""``--simulate-gpus`` part suffix (``2xA100-80GB:mig``) for GPUs in MIG mode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,28 +116,47 @@ class GpuBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class MigBackend(Protocol):
+    """A backend that can hand out its GPUs in MIG mode as MIG devices."""
+
+    def mig_devices(self) -> Sequence[MigDevice]:
+        """One device per GPU in MIG mode whose profiles fgpu knows, by index; the same
+        objects on every call. Never changes a MIG mode."""
+        ...
+
+
+def mig_devices_of(backend: GpuBackend) -> list[MigDevice]:
+    """The MIG devices of ``backend`` (none when it is not a :class:`MigBackend`)."""
+    return list(backend.mig_devices()) if isinstance(backend, MigBackend) else []
+
+
 @dataclass(frozen=True, slots=True)
 class SimulatedGpuGroup:
-    """One part of a ``--simulate-gpus`` spec: ``count`` GPUs of catalog ``model``."""
+    """One part of a ``--simulate-gpus`` spec: ``count`` GPUs of catalog ``model``, in MIG
+    mode when ``mig``."""
 
     count: int
     model: str
+    mig: bool = False
 
 
 _PART = re.compile(r"^(?:(?P<count>[+-]?\d+)\s*[xX]\s*)?(?P<model>.+)$")
 
 
 def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
-    """Parse a ``--simulate-gpus`` spec: comma-separated ``COUNTxMODEL`` parts.
+    """Parse a ``--simulate-gpus`` spec: comma-separated ``COUNTxMODEL[:mig]`` parts.
 
     ``COUNT`` is a positive integer and may be left out (``"H100-80GB"`` means one);
     ``MODEL`` is a catalog name or alias, case-insensitive (``"1xh100"`` is one
-    ``H100-80GB``). Whitespace around parts is ignored.
+    ``H100-80GB``); ``:mig`` puts those GPUs in MIG mode (``"2xA100-80GB:mig"``). Whitespace
+    around parts is ignored.
 
     Raises:
         ValueError: the spec is empty, a part is empty, a count is not a positive integer,
-            or a model is not in the catalog. The message starts with ``--simulate-gpus:``
-            and quotes the offending part.
+            a model is not in the catalog, a flag is not ``mig``, or ``:mig`` is given for a
+            model without MIG profiles. The message starts with ``--simulate-gpus:`` and
+            quotes the offending part.
     """
     if not spec.strip():
         raise ValueError(
@@ -147,7 +178,16 @@ def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
             raise ValueError(
                 f"--simulate-gpus: GPU count must be a positive integer, got {count} in {part!r}",
             )
-        model_text = match.group("model").strip()
+        model_text, colon, flag = match.group("model").partition(":")
+        model_text = model_text.strip()
+        mig = False
+        if colon:
+            if flag.strip().lower() != MIG_FLAG:
+                raise ValueError(
+                    f"--simulate-gpus: unknown flag {flag.strip()!r} in {part!r}; the only "
+                    f"flag is {MIG_FLAG!r} (GPUs in MIG mode, e.g. '2xA100-80GB:mig')",
+                )
+            mig = True
         try:
             model = canonical_name(model_text)
         except UnknownGpuModelError:
@@ -157,7 +197,12 @@ def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
                 f"--simulate-gpus: unknown GPU model {model_text!r} in {part!r}; "
                 f"known models: {known} (aliases: {aliases})",
             ) from None
-        groups.append(SimulatedGpuGroup(count, model))
+        if mig and model not in MIG_TABLES:
+            raise ValueError(
+                f"--simulate-gpus: {model} in {part!r} has no MIG profiles; "
+                f"MIG models: {', '.join(MIG_MODELS)}",
+            )
+        groups.append(SimulatedGpuGroup(count, model, mig))
     return groups
 
 
@@ -177,13 +222,17 @@ def simulated_uuid(index: int, model: str) -> str:
 class SimulatedBackend:
     """GPUs that exist only on paper, described by a ``--simulate-gpus`` spec.
 
-    Figures (memory, SM count) come from the catalog; MIG is off. Nothing measures real
-    processes: per-process memory and utilization are whatever callers report through
-    :meth:`report_usage` and :meth:`report_utilization` (tests of the memory guard and the
-    governor use these).
+    Figures (memory, SM count) come from the catalog; MIG is off unless the spec part says
+    ``:mig``, and each GPU in MIG mode has a :class:`~fgpu.mig.device.SimulatedMigDevice`
+    (:meth:`mig_devices`), empty at first; :meth:`keep_mig_state` keeps their instances in a
+    file, so that a new process finds them as a real GPU keeps its instances across a restart
+    of the service. Nothing measures real processes: per-process memory and utilization are
+    whatever callers report through :meth:`report_usage` and :meth:`report_utilization`
+    (tests of the memory guard and the governor use these).
 
     Args:
-        spec: e.g. ``"2xA100-40GB,1xH100-80GB"``; see :func:`parse_simulate_spec`.
+        spec: e.g. ``"2xA100-40GB,1xH100-80GB,2xA100-80GB:mig"``; see
+            :func:`parse_simulate_spec`.
 
     Raises:
         ValueError: the spec is invalid (message names ``--simulate-gpus``).
@@ -203,10 +252,14 @@ class SimulatedBackend:
                         model=group.model,
                         memory_mib=entry.memory_mib,
                         sm_count=entry.sm_count,
-                        mig_enabled=False,
+                        mig_enabled=group.mig,
                     ),
                 )
         self._devices = tuple(devices)
+        self._mig = tuple(
+            SimulatedMigDevice(d.index, d.model, gpu_uuid=d.uuid) for d in devices if d.mig_enabled
+        )
+        self._mig_state: Path | None = None
         self._uuids = frozenset(d.uuid for d in devices)
         self._lock = threading.Lock()
         self._usage: dict[tuple[int, str], int] = {}
@@ -230,6 +283,78 @@ class SimulatedBackend:
 
     def close(self) -> None:
         return None
+
+    def mig_devices(self) -> list[SimulatedMigDevice]:
+        return list(self._mig)
+
+    def keep_mig_state(self, path: Path) -> list[str]:
+        """Read the MIG instances a previous process left in ``path`` (if the file exists)
+        and write them there after every change from now on.
+
+        The file is JSON, ``{"gpus": {GPU_UUID: [{"profile", "start", "uuid",
+        "gpu_instance_id"}, ...]}}``; a GPU uuid names the model and index
+        (:func:`simulated_uuid`), so instances of a GPU the spec no longer has, or has as
+        another model, are dropped (as a GPU reset would).
+
+        Returns:
+            Notes for the log: GPUs whose saved instances were dropped, and why.
+
+        Raises:
+            OSError: the file exists and cannot be read.
+        """
+        notes: list[str] = []
+        saved: dict[str, Any] = {}
+        if path.is_file():
+            try:
+                loaded = json.loads(path.read_text())
+                saved = dict(loaded.get("gpus", {}))
+            except (ValueError, AttributeError, TypeError) as exc:
+                notes.append(f"{path}: not a simulated MIG state ({exc}); starting empty")
+        for device in self._mig:
+            entries = saved.pop(device.gpu_uuid, [])
+            try:
+                device.restore(
+                    [
+                        MigInstance(
+                            str(e["profile"]),
+                            int(e["start"]),
+                            str(e["uuid"]),
+                            int(e["gpu_instance_id"]),
+                        )
+                        for e in entries
+                    ]
+                )
+            except (MigDeviceError, KeyError, TypeError, ValueError) as exc:
+                notes.append(f"GPU {device.index}: saved MIG instances dropped: {exc}")
+            device.on_change = self._save_mig_state
+        notes.extend(
+            f"GPU {uuid}: not simulated any more; its MIG instances dropped" for uuid in saved
+        )
+        self._mig_state = path
+        self._save_mig_state()
+        return notes
+
+    def _save_mig_state(self, _changed: SimulatedMigDevice | None = None) -> None:
+        path = self._mig_state
+        if path is None:
+            return
+        data = {
+            "gpus": {
+                d.gpu_uuid: [
+                    {
+                        "profile": i.profile,
+                        "start": i.start,
+                        "uuid": i.uuid,
+                        "gpu_instance_id": i.gpu_instance_id,
+                    }
+                    for i in d.instances()
+                ]
+                for d in self._mig
+            }
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
 
     def report_usage(self, pid: int, gpu_uuid: str, mib: int) -> None:
         """Pretend process ``pid`` holds ``mib`` MiB on GPU ``gpu_uuid``; 0 forgets it.
@@ -331,4 +456,10 @@ def detect_backend(
 
 
 def _describe(devices: list[GpuDevice]) -> str:
-    return ", ".join(f"{d.index}:{d.model}({d.uuid})" for d in devices) or "none"
+    return (
+        ", ".join(
+            f"{d.index}:{d.model}{' in MIG mode' if d.mig_enabled else ''}({d.uuid})"
+            for d in devices
+        )
+        or "none"
+    )

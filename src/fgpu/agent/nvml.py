@@ -8,7 +8,9 @@ NVML calls used (nvidia-ml-py; NVML API reference, "Device Queries" and "MIG"):
 handles, so on a full GPU it may fail and the catalog's figure is used),
 ``nvmlDeviceGetComputeRunningProcesses`` (objects with ``.pid`` and ``.usedGpuMemory`` in
 bytes, None where the driver cannot tell) and ``nvmlDeviceGetUtilizationRates`` (``.gpu``,
-percent of the last sample period a kernel ran).
+percent of the last sample period a kernel ran). GPUs in MIG mode are also handed out as
+:class:`~fgpu.agent.mig_nvml.NvmlMigDevice` (:meth:`NvmlBackend.mig_devices`; the MIG calls
+are listed in that module).
 
 The module is reached through a seam: ``NvmlBackend(nvml=...)`` takes any object with these
 functions, so tests pass a stand-in instead of patching the import.
@@ -21,6 +23,7 @@ import re
 from typing import Any, Protocol
 
 from fgpu.agent.backend import GpuDevice, GpuProcess
+from fgpu.mig.device import MigDevice
 from fgpu.model.catalog import GPU_CATALOG, GpuModel
 
 _log = logging.getLogger(__name__)
@@ -168,6 +171,7 @@ class NvmlBackend:
                 devices.append(device[0])
                 self._handles.append((device[0].uuid, device[1]))
         self._devices = tuple(devices)
+        self._mig: list[MigDevice] | None = None
 
     @property
     def kind(self) -> str:
@@ -235,6 +239,43 @@ class NvmlBackend:
             except nvml.NVMLError:
                 continue  # MIG mode and some boards: "not supported"
         return busy
+
+    def mig_devices(self) -> list[MigDevice]:
+        """An :class:`~fgpu.agent.mig_nvml.NvmlMigDevice` for each GPU in MIG mode whose
+        model has MIG profiles in the catalog, with the profile table read from the device
+        (the catalog's when the device answers none); made once, then the same objects. MIG
+        modes are read, never changed."""
+        if self._mig is None:
+            from fgpu.agent.mig_nvml import NvmlMigDevice, read_profile_table
+            from fgpu.mig.catalog import MIG_TABLES
+            from fgpu.mig.device import MigDeviceError
+
+            found: list[MigDevice] = []
+            handles = dict(self._handles)
+            for device in self._devices:
+                if not device.mig_enabled:
+                    continue
+                if device.model not in MIG_TABLES:
+                    _log.warning(
+                        "NVML: GPU %d (%s) is in MIG mode but fgpu knows no MIG profiles of "
+                        "it; it is not used",
+                        device.index,
+                        device.model,
+                    )
+                    continue
+                handle = handles[device.uuid]
+                try:
+                    table = read_profile_table(self._nvml, handle, device.model)
+                except MigDeviceError as exc:
+                    _log.warning(
+                        "NVML: GPU %d: %s; using the catalog's profiles", device.index, exc
+                    )
+                    table = MIG_TABLES[device.model]
+                found.append(
+                    NvmlMigDevice(self._nvml, handle, device.index, device.model, table, True)
+                )
+            self._mig = found
+        return list(self._mig)
 
     def close(self) -> None:
         if not self._open:

@@ -51,7 +51,17 @@ def submit(
         list[str] | None,
         typer.Option(help="Only on these GPU models (A100-80GB); repeatable or comma-separated."),
     ] = None,
-    mig_profile: Annotated[str | None, typer.Option(help="A MIG instance (3g.40gb).")] = None,
+    mig_profile: Annotated[
+        str | None, typer.Option(help="A MIG instance of this profile (3g.40gb).")
+    ] = None,
+    isolation: Annotated[
+        str | None,
+        typer.Option(
+            help="share (default: a share of a GPU) or mig (a MIG instance; with --gpu-memory "
+            "the smallest profile that has that much).",
+            show_default=False,
+        ),
+    ] = None,
     cpu: Annotated[str | None, typer.Option(help="CPU cores: 2 or 500m.")] = None,
     memory: Annotated[str | None, typer.Option(help="Host memory: 8GiB.")] = None,
     priority: Annotated[
@@ -113,6 +123,7 @@ def submit(
         "gpu_memory": gpu_memory,
         "gpu_model": models,
         "mig_profile": mig_profile,
+        "isolation": isolation,
         "cpu": cpu,
         "memory": memory,
         "priority": priority,

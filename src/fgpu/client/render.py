@@ -101,7 +101,12 @@ def user_text(uid: int) -> str:
 
 
 def request_text(request: ResourceRequest) -> str:
-    """``0.5 GPU``, ``2 GPUs``, ``2 x 0.3 GPU``, with ``5GiB`` memory and models."""
+    """``0.5 GPU``, ``2 GPUs``, ``2 x 0.3 GPU``, with ``5GiB`` memory and models; ``MIG
+    3g.40gb`` or ``MIG, 18GiB`` (the smallest profile with that much) for MIG requests."""
+    if request.isolation == "mig":
+        if request.mig_profile is not None:
+            return f"MIG {request.mig_profile}"
+        return f"MIG, {memory_text(request.gpu_memory_mib)}"
     if request.gpu_count == 0:
         text = "no GPU"
     elif request.gpu_milli is None or request.gpu_milli >= 1000:
@@ -122,9 +127,13 @@ def request_text(request: ResourceRequest) -> str:
 
 
 def grants_text(view: WorkloadView) -> str:
-    """GPUs held: ``node/0: 0.5 (20GiB)``, one per line."""
+    """GPUs held: ``node/0: 0.5 (20GiB)``, one per line; on a MIG instance
+    ``node/mig/2: MIG 3g.40gb@4 (39.25GiB) MIG-...``."""
     return "\n".join(
-        f"{g.node}/{g.index}: {gpus_text(g.compute_milli)} ({memory_text(g.memory_mib)})"
+        f"{g.node}/{g.index}: MIG {g.mig_profile}@{g.mig_start} ({memory_text(g.memory_mib)}) "
+        f"{g.mig_uuid}"
+        if g.mig_uuid
+        else f"{g.node}/{g.index}: {gpus_text(g.compute_milli)} ({memory_text(g.memory_mib)})"
         for g in view.gpus
     )
 
@@ -242,6 +251,8 @@ def top_table(nodes: Sequence[NodeView]) -> Table:
 
 
 def _holders(gpu: GpuView) -> str:
+    if gpu.mig_enabled:
+        return _instances(gpu)
     if not gpu.holders:
         return "-"
     return "\n".join(
@@ -249,6 +260,20 @@ def _holders(gpu: GpuView) -> str:
         f"({memory_text(h.memory_mib)})"
         for h in gpu.holders
     )
+
+
+def _instances(gpu: GpuView) -> str:
+    """A MIG GPU's instances, one per line: ``3g.40gb@4 MIG-...: ID NAME`` (or ``free``)."""
+    if not gpu.mig_instances:
+        return "MIG, no instances"
+    lines = []
+    for i in gpu.mig_instances:
+        if i.workload_id is not None:
+            who = f"{i.workload_id} {safe(i.name or '')}"
+        else:
+            who = "in use outside fgpu" if i.in_use_outside else "free"
+        lines.append(f"{i.profile}@{i.start} {i.uuid or '(no uuid)'}: {who}")
+    return "\n".join(lines)
 
 
 def nodes_table(nodes: Sequence[NodeView]) -> Table:

@@ -14,7 +14,7 @@ device error, reporting what was done.
 from __future__ import annotations
 
 import uuid as uuid_module
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -124,6 +124,9 @@ class SimulatedMigDevice:
         gpu_uuid: the parent GPU's uuid (default ``GPU-sim-<index>``).
         mig_enabled: MIG mode.
         table: profile table; default the catalog's.
+        on_change: called after every create and destroy (the service's simulated GPUs keep
+            their instances in a file with it, as a real GPU keeps them across a restart of
+            the service).
 
     Raises:
         NotMigCapableError, UnknownGpuModelError: the model has no MIG profiles.
@@ -137,8 +140,10 @@ class SimulatedMigDevice:
         gpu_uuid: str | None = None,
         mig_enabled: bool = True,
         table: MigProfileTable | None = None,
+        on_change: Callable[[SimulatedMigDevice], None] | None = None,
     ) -> None:
         self._index = index
+        self.on_change = on_change
         self._table = table or mig_profiles(model)
         self.gpu_uuid = gpu_uuid or f"GPU-sim-{index}"
         self._mig_enabled = mig_enabled
@@ -187,6 +192,7 @@ class SimulatedMigDevice:
         )
         self._instances[instance.uuid] = instance
         self.log.append(f"create {found.name}@{start} -> {instance.uuid}")
+        self._changed()
         return instance
 
     def destroy(self, instance: MigInstance) -> None:
@@ -197,6 +203,28 @@ class SimulatedMigDevice:
             raise MigDeviceError(f"GPU {self._index}: {current.profile}@{current.start} is in use")
         del self._instances[instance.uuid]
         self.log.append(f"destroy {current.profile}@{current.start}")
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
+
+    def restore(self, instances: Sequence[MigInstance]) -> None:
+        """Replace the instances with ``instances`` as they were (uuids and GPU instance ids
+        kept; what a real GPU still holds when the service starts again). ``on_change`` is not
+        called.
+
+        Raises:
+            MigDeviceError: MIG mode is off, or the instances do not form a valid layout of
+                this model (nothing is changed then).
+        """
+        if not self._mig_enabled and instances:
+            raise MigDeviceError(f"GPU {self._index}: MIG mode is off")
+        status = is_valid(self._table, make_layout(i.placement for i in instances))
+        if not status:
+            raise MigDeviceError(f"GPU {self._index}: not a valid layout: {status.reason}")
+        self._instances = {i.uuid: i for i in instances}
+        self._next_id = max((i.gpu_instance_id for i in instances), default=0) + 1
 
     def set_in_use(self, uuid: str, in_use: bool = True) -> None:
         """Mark an instance busy or idle (what processes on it would do).

@@ -39,6 +39,11 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    running work there ends. Small workloads can therefore not overtake it forever.
 
 Every pending workload that is not placed gets a :class:`Wait` with a reason.
+
+**Use outside the cluster state** (:class:`OutsideUse`, optional): resources queues hold on
+capacity the core does not place on (the single-machine service's MIG instances). They count
+as their queues' allocation (fair share, order, limits, the non-preemptible quota rule) and
+their capacity is added to what fair share divides; they are never victims.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +120,21 @@ class Decision:
     fair_share: dict[str, Resources]
     allocated: dict[str, Resources]
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class OutsideUse:
+    """Resources held outside the cluster state given to :meth:`Scheduler.decide`.
+
+    Attributes:
+        capacity: the capacity they are held on (added to the cluster's for fair share).
+        allocated: leaf queue -> resources its workloads hold there.
+        nonpreemptible_milli: leaf queue -> milli-GPU of that held by non-preemptible work.
+    """
+
+    capacity: Resources = field(default_factory=Resources)
+    allocated: Mapping[str, Resources] = field(default_factory=dict)
+    nonpreemptible_milli: Mapping[str, int] = field(default_factory=dict)
 
 
 def request_resources(request: Request, largest_gpu_memory: int) -> Vec:
@@ -269,6 +289,7 @@ class Scheduler:
         queues: QueueTree,
         workloads: Sequence[Workload],
         holds: Holds | None = None,
+        outside: OutsideUse | None = None,
     ) -> Decision:
         """One scheduling round.
 
@@ -279,6 +300,7 @@ class Scheduler:
             queues: the queue tree.
             workloads: every pending and running workload.
             holds: the holds returned by the previous round.
+            outside: use outside ``state`` (module docstring); None for none.
 
         Returns:
             The :class:`Decision`.
@@ -290,10 +312,11 @@ class Scheduler:
         rank = self.rank if self.rank is not None else name_order_rank(work.node_names)
         placer = Placer(work, self.policy, rank)
         largest_mem = int(work.gpu_memory_capacity.max(initial=0))
+        extra = outside.capacity if outside is not None else Resources()
         capacity = Resources(
-            int(work.gpu_milli_capacity.sum()),
-            int(work.cpu_capacity.sum()),
-            int(work.memory_capacity.sum()),
+            int(work.gpu_milli_capacity.sum()) + extra.gpu_milli,
+            int(work.cpu_capacity.sum()) + extra.cpu_milli,
+            int(work.memory_capacity.sum()) + extra.memory_mib,
         )
         by_id = {w.id: w for w in workloads}
         actions: list[Action] = []
@@ -326,6 +349,12 @@ class Scheduler:
                 pending_demand[w.queue] = _add(
                     pending_demand[w.queue], request_resources(w.request, largest_mem)
                 )
+        if outside is not None:
+            for q, held_outside in outside.allocated.items():
+                if q in queues:
+                    allocated[q] = _add(allocated[q], list(held_outside.as_tuple()))
+            for q, milli in outside.nonpreemptible_milli.items():
+                nonpreempt[q] += milli
         valid_holds: dict[str, Hold] = {}
         for h in holds.values():
             held = by_id.get(h.workload)

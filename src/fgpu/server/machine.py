@@ -6,6 +6,10 @@ one node named after the host; a machine with several models (``--simulate-gpus
 memory are divided among them in proportion to their GPU count (a documented limit of the
 single-machine shape: a CPU-heavy request cannot use CPUs that belong to the other model's
 node).
+
+GPUs in MIG mode are not shared in fractions (a process on a MIG GPU sees only a MIG
+instance): they leave the nodes and form the MIG pool (:attr:`Machine.mig_gpus`, shown as the
+node ``HOST/mig``; :mod:`fgpu.server.mig_pool`).
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ class Machine:
     """Nodes of this machine and which physical GPU each node GPU index is.
 
     Attributes:
-        nodes: the nodes for the cluster state.
+        nodes: the nodes for the cluster state (GPUs in MIG mode left out).
         devices: node name -> the node's GPUs, index i being the node's GPU i.
+        mig_gpus: the GPUs in MIG mode, by index.
+        mig_node: the name MIG placements and views use for them (``HOST/mig``).
     """
 
     nodes: tuple[Node, ...]
     devices: dict[str, tuple[GpuDevice, ...]]
+    mig_gpus: tuple[GpuDevice, ...] = ()
+    mig_node: str = "mig"
 
     def uuids(self, node: str, gpus: tuple[int, ...]) -> list[str]:
         """The UUIDs of a node's GPUs."""
@@ -55,10 +63,15 @@ def discover(
     cpu = cpu_milli if cpu_milli is not None else (os.cpu_count() or 1) * 1000
     mem = memory_mib if memory_mib is not None else psutil.virtual_memory().total // 2**20
     groups: dict[str, list[GpuDevice]] = {}
+    mig: list[GpuDevice] = []
     for device in sorted(backend.gpus(), key=lambda d: d.index):
-        groups.setdefault(device.model, []).append(device)
+        if device.mig_enabled:
+            mig.append(device)
+        else:
+            groups.setdefault(device.model, []).append(device)
+    mig_node = f"{host}/mig"
     if not groups:
-        return Machine((Node(host, cpu, mem, 0, None, 0),), {host: ()})
+        return Machine((Node(host, cpu, mem, 0, None, 0),), {host: ()}, tuple(mig), mig_node)
     total = sum(len(g) for g in groups.values())
     nodes: list[Node] = []
     devices: dict[str, tuple[GpuDevice, ...]] = {}
@@ -68,4 +81,4 @@ def discover(
         memory = min(d.memory_mib for d in gpus)
         nodes.append(Node(name, int(cpu * share), int(mem * share), len(gpus), model, memory))
         devices[name] = tuple(gpus)
-    return Machine(tuple(nodes), devices)
+    return Machine(tuple(nodes), devices, tuple(mig), mig_node)

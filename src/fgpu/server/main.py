@@ -121,7 +121,10 @@ def serve(
     ] = None,
     simulate_gpus: Annotated[
         str | None,
-        typer.Option(help="Simulated GPUs instead of NVML, e.g. 2xA100-40GB,1xH100-80GB."),
+        typer.Option(
+            help="Simulated GPUs instead of NVML, e.g. 2xA100-40GB,1xH100-80GB; "
+            "2xA100-80GB:mig puts GPUs in MIG mode."
+        ),
     ] = None,
     policy: Annotated[str, typer.Option(help="Placement policy (see `fgpu sim fill`).")] = "fgd",
     admin: Annotated[

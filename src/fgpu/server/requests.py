@@ -21,8 +21,11 @@ from fgpu.model.units import (
 )
 from fgpu.sched.workload import Resources, parse_priority
 from fgpu.server.errors import BadRequest
-from fgpu.store.records import QueueConfig, QueueLimit
+from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
 from fgpu.wire import QueueBody, SubmitRequest
+
+ISOLATIONS = ("share", "mig")
+"""``isolation`` values: a share of a GPU (the default) or a MIG instance."""
 
 MAX_GRACE_S = 3600.0
 MAX_PRIORITY = 1000
@@ -36,12 +39,22 @@ also has to hold the wrapper's own arguments and pointers)."""
 
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """A checked submission."""
+    """A checked submission.
 
-    request: Request
+    Attributes:
+        request: what it asks for; None for a MIG request (the service builds it from the
+            machine's MIG profiles).
+        priority: numeric priority.
+        argv: the command.
+        name: display name.
+        mig_request: the MIG instance asked for, or None for a share of a GPU.
+    """
+
+    request: Request | None
     priority: int
     argv: list[str]
     name: str
+    mig_request: StoredMigRequest | None = None
 
 
 def _unit(field: str, parse: object, text: str) -> int:
@@ -99,6 +112,11 @@ def parse_submission(body: SubmitRequest) -> Submission:
     _text("env", *body.env, *body.env.values())
     if not body.cwd.startswith("/"):
         raise BadRequest("cwd", "must be an absolute path")
+    mig_request = _mig(body)
+    name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
+    if mig_request is not None:
+        priority = _priority(body)
+        return Submission(None, priority, list(body.command), name[:200], mig_request)
     ask = ResourceAsk(
         gpu=body.gpu,
         gpu_fraction=body.gpu_fraction,
@@ -109,15 +127,90 @@ def parse_submission(body: SubmitRequest) -> Submission:
         memory=body.memory,
         priority=body.priority,
     )
-    request, priority = parse_resources(ask)
+    request, _ = parse_resources(ask)
+    priority = _priority(body)
+    return Submission(request, priority, list(body.command), name[:200])
+
+
+def _priority(body: SubmitRequest) -> int:
+    """The numeric priority, after checking it and the grace period.
+
+    Raises:
+        BadRequest: ``priority`` unknown or above :data:`MAX_PRIORITY`; ``grace_s`` outside
+            0..:data:`MAX_GRACE_S`.
+    """
+    try:
+        priority = parse_priority(body.priority)
+    except InvalidRequestError as exc:
+        raise BadRequest("priority", exc.reason) from None
     if priority > MAX_PRIORITY:
         raise BadRequest(
             "priority", f"{priority} is above {MAX_PRIORITY}; classes go up to critical (125)"
         )
     if not math.isfinite(body.grace_s) or not 0 <= body.grace_s <= MAX_GRACE_S:
         raise BadRequest("grace_s", f"must be between 0 and {MAX_GRACE_S:g} seconds")
-    name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
-    return Submission(request, priority, list(body.command), name[:200])
+    return priority
+
+
+def _mig(body: SubmitRequest) -> StoredMigRequest | None:
+    """The MIG instance a submission asks for, or None for a share of a GPU.
+
+    ``mig_profile`` asks for that profile; ``isolation: "mig"`` with ``gpu_memory`` for the
+    smallest profile with that much memory. A MIG request takes neither ``-g`` nor
+    ``--gpu-fraction``, nor (for now) ``--gpu-model``, ``--cpu`` or ``--memory``.
+
+    Raises:
+        BadRequest: ``isolation`` not share or mig; ``isolation`` share with a profile;
+            ``mig_profile`` with ``-g``, ``--gpu-memory`` or ``--gpu-fraction``, or empty;
+            ``isolation`` mig without ``--gpu-memory`` or with ``-g``; a MIG request with
+            ``gpu_model``, ``cpu`` or ``memory``.
+    """
+    isolation = body.isolation
+    if isolation is not None and isolation not in ISOLATIONS:
+        raise BadRequest("isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}")
+    wanted: StoredMigRequest
+    if body.mig_profile is not None:
+        if isolation == "share":
+            raise BadRequest(
+                "isolation",
+                "a MIG profile asks for a MIG instance; use --isolation mig or leave it out",
+            )
+        if body.gpu is not None or body.gpu_memory is not None or body.gpu_fraction is not None:
+            raise BadRequest(
+                "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
+            )
+        _text("mig_profile", body.mig_profile)
+        _printable("mig_profile", body.mig_profile)
+        profile = body.mig_profile.strip().lower()
+        if not profile:
+            raise BadRequest("mig_profile", "empty profile name")
+        wanted = StoredMigRequest(profile=profile)
+    elif isolation == "mig":
+        if body.gpu is not None or body.gpu_fraction is not None:
+            raise BadRequest(
+                "isolation",
+                "--isolation mig takes --gpu-memory (the smallest MIG profile with that much) "
+                "or --mig-profile, not -g or --gpu-fraction",
+            )
+        if body.gpu_memory is None:
+            raise BadRequest(
+                "isolation", "--isolation mig needs --gpu-memory (e.g. 18GiB) or --mig-profile"
+            )
+        wanted = StoredMigRequest(memory_mib=_unit("gpu_memory", parse_memory_mib, body.gpu_memory))
+    else:
+        return None
+    if body.gpu_model:
+        raise BadRequest(
+            "gpu_model", "a MIG request cannot name GPU models (the profile decides the model)"
+        )
+    for field in ("cpu", "memory"):
+        if getattr(body, field):
+            raise BadRequest(
+                field,
+                "a MIG request does not reserve host CPU or memory (not supported yet); "
+                "leave out --cpu and --memory",
+            )
+    return wanted
 
 
 def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
@@ -137,7 +230,7 @@ def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
             raise BadRequest(
                 "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
             )
-        raise BadRequest("mig_profile", "MIG instances are not supported by this service yet")
+        raise BadRequest("mig_profile", "MIG instances are not supported by this scheduler yet")
     count = 0
     milli: int | None = None
     if ask.gpu is not None:
@@ -197,7 +290,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
             raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
-        if value is not None and 0 < value and round(value * 1000) == 0:
+        if value is not None and value > 0 and round(value * 1000) == 0:
             raise BadRequest(
                 field_name, f"{value:g} GPUs is below the smallest amount, 0.001 (one milli-GPU)"
             )

@@ -18,6 +18,10 @@ Restart safety: on start, each workload the store has as running is re-adopted w
 process still lives (pid and start time match, see :meth:`Launcher.is_same_process`);
 when its process ended while the service was down and left its exit record, the recorded
 outcome is kept; otherwise it is marked failed, "lost while the service was down".
+
+MIG: GPUs in MIG mode are the MIG pool (:mod:`fgpu.server.mig_pool`); after the core's
+round, a pass places the pending MIG workloads on their instances, and their use counts
+against their queues in the core's round (:class:`fgpu.sched.decide.OutsideUse`).
 """
 
 from __future__ import annotations
@@ -39,20 +43,30 @@ from typing import IO, Any
 
 import numpy as np
 
-from fgpu.agent.backend import GpuBackend, detect_backend
+from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
+from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
-from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.decide import Decision, OutsideUse, Scheduler, SchedulerConfig, allocation_resources
 from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
 from fgpu.sched.state import ClusterState
-from fgpu.sched.workload import Place, Preempt, QueueTree, Resources, Wait, Workload
+from fgpu.sched.workload import (
+    NON_PREEMPTIBLE_FROM,
+    Place,
+    Preempt,
+    QueueTree,
+    Resources,
+    Wait,
+    Workload,
+)
 from fgpu.server import views
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
+from fgpu.server.mig_pool import MigCandidate, MigPool, QueueBudget
 from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, claim_database
@@ -64,6 +78,7 @@ from fgpu.store.records import (
     LOST_REASON,
     SUCCEEDED,
     QueueConfig,
+    StoredMigInstance,
     WorkloadRecord,
     to_core,
 )
@@ -156,6 +171,7 @@ class Service:
         config: decision-core knobs.
         agent_socket: path given to workloads as ``FGPU_AGENT_SOCKET``.
         clock: time source (seconds).
+        mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
     """
 
     def __init__(
@@ -170,6 +186,7 @@ class Service:
         config: SchedulerConfig | None = None,
         agent_socket: str = "",
         clock: Callable[[], float] = time.time,
+        mig_devices: Sequence[MigDevice] = (),
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
         self.store = store
@@ -183,6 +200,7 @@ class Service:
         self.agent_socket = agent_socket
         self.clock = clock
         self.machine: Machine = discover(backend)
+        self.mig = MigPool(self.machine.mig_gpus, mig_devices, self.machine.mig_node)
         self._lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
         self._terminating: set[str] = set()  # ids with a stop sequence under way
@@ -197,6 +215,7 @@ class Service:
         self._stopping = False
         self._round_s = 0.0
         self._active: dict[str, Workload] | None = None
+        self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
         self._mirror_lock = threading.Lock()
         self._tracked = _Tracked(self)
         self._state_lock: IO[str] | None = None
@@ -241,6 +260,10 @@ class Service:
             store.close()
             lock.close()
             raise ValueError(f"--db: {exc}") from None
+        if isinstance(backend, SimulatedBackend) and backend.mig_devices():
+            # simulated MIG instances outlive a restart of the service, as real ones do
+            for note in backend.keep_mig_state(folder / "simulated-mig.json"):
+                log.warning("simulated MIG GPUs: %s", note)
         service = cls(
             store,
             backend,
@@ -250,6 +273,7 @@ class Service:
             admins=admins,
             config=config,
             agent_socket=agent_socket,
+            mig_devices=mig_devices_of(backend),
         )
         service._state_lock = lock
         service._db_claim = claim
@@ -258,6 +282,19 @@ class Service:
     def _register_inventory(self) -> None:
         from fgpu.store.records import GpuRecord, NodeRecord
 
+        mig = [
+            NodeRecord(
+                self.mig.node_name,
+                0,
+                0,
+                tuple(
+                    GpuRecord(
+                        g.device.index, g.device.uuid, g.device.model, g.device.memory_mib, True
+                    )
+                    for g in self.mig.gpus
+                ),
+            )
+        ]
         self.store.sync_nodes(
             [
                 NodeRecord(
@@ -271,9 +308,14 @@ class Service:
                 )
                 for node in self.machine.nodes
             ]
+            + (mig if self.mig.gpus else [])
         )
-        capacity = sum(n.gpu_count for n in self.machine.nodes) * 1000
+        capacity = self._capacity_milli()
         self.store.ensure_queue(QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity)))
+
+    def _capacity_milli(self) -> int:
+        """Milli-GPU of the machine: shared GPUs and the MIG pool."""
+        return sum(n.gpu_count for n in self.machine.nodes) * 1000 + self.mig.capacity_milli()
 
     def _make_scheduler(self, target: TargetWorkload) -> Scheduler:
         policy = create_policy(self.policy_name, target=target, rng=np.random.default_rng(0))
@@ -355,13 +397,56 @@ class Service:
                     log.warning("queues: %s", warning)
             self.store.save_holds(decision.holds)
             self._last = decision
-            self._reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
             for action in decision.actions:
                 if isinstance(action, Place):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
+            try:
+                reasons.update(self._schedule_mig())
+            except Exception:  # a device error; the core's round stands, the next one retries
+                log.exception("MIG pass failed")
+            self._reasons = reasons
             return decision
+
+    def _schedule_mig(self) -> dict[str, str]:
+        """The MIG pass after the core's round (:meth:`MigPool.schedule`): start what it
+        places, record the changes it made; returns why the others wait."""
+        with self._mirror_lock:
+            records = list(self._mig_active.values())
+        pending = [r for r in records if r.phase == "pending" and r.mig_request is not None]
+        if not pending:
+            return {}
+        held: dict[str, int] = {}
+        nonpreemptible: dict[str, int] = {}
+
+        def count(queue: str, milli: int, preemptible: bool) -> None:
+            held[queue] = held.get(queue, 0) + milli
+            if not preemptible:
+                nonpreemptible[queue] = nonpreemptible.get(queue, 0) + milli
+
+        # the core's placements of this round are started already, so the mirror has them
+        for w in self._workloads():
+            if w.allocation is not None:
+                count(w.queue, allocation_resources(w.allocation)[0], w.is_preemptible)
+        instances: dict[str, str] = {}
+        for r in records:
+            if r.holds_allocation and r.allocation is not None and r.allocation.mig is not None:
+                instances[r.allocation.mig.uuid] = r.id
+                count(r.queue, sum(r.allocation.gpu_milli), _preemptible(r))
+        budget = QueueBudget(self._queue_tree(), held, nonpreemptible)
+        candidates = [
+            MigCandidate(r.id, r.queue, r.priority, r.submitted_at, _preemptible(r), r.mig_request)
+            for r in pending
+            if r.mig_request is not None
+        ]
+        result = self.mig.schedule(candidates, instances, budget, self.store.record_event)
+        for line in result.changes:
+            log.info("MIG: %s", line)
+        for place in result.places:
+            self._start(place.workload, place.allocation, mig=place.instance, reason=place.reason)
+        return result.waits
 
     def plan(self) -> Decision:
         """Read the store and ask the decision core, without acting (what a round decides)."""
@@ -375,7 +460,24 @@ class Service:
         self._refresh_target(workloads)
         tree = self._queue_tree()
         holds = self.store.load_holds()
-        return self._scheduler.decide(now, state, tree, workloads, holds)
+        return self._scheduler.decide(now, state, tree, workloads, holds, self._mig_use())
+
+    def _mig_use(self) -> OutsideUse | None:
+        """What the MIG workloads hold, for the core's round (None without a MIG pool)."""
+        if not self.mig.gpus:
+            return None
+        allocated: dict[str, Resources] = {}
+        nonpreemptible: dict[str, int] = {}
+        with self._mirror_lock:
+            records = list(self._mig_active.values())
+        for r in records:
+            if r.holds_allocation and r.allocation is not None:
+                milli = sum(r.allocation.gpu_milli)
+                before = allocated.get(r.queue, Resources())
+                allocated[r.queue] = Resources(gpu_milli=before.gpu_milli + milli)
+                if not _preemptible(r):
+                    nonpreemptible[r.queue] = nonpreemptible.get(r.queue, 0) + milli
+        return OutsideUse(Resources(gpu_milli=self.mig.capacity_milli()), allocated, nonpreemptible)
 
     def _workloads(self) -> list[Workload]:
         """Active workloads as the decision core sees them, from the service's mirror.
@@ -394,6 +496,12 @@ class Service:
 
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None
+        if record.mig_request is not None:  # the MIG pass's, never the core's
+            if record.is_active:
+                self._mig_active[record.id] = record
+            else:
+                self._mig_active.pop(record.id, None)
+            return
         if not record.is_active:
             self._active.pop(record.id, None)
             return
@@ -430,10 +538,23 @@ class Service:
         self._target_key = requests
         self._scheduler = self._make_scheduler(target_for(requests))
 
-    def _start(self, workload_id: str, allocation: Allocation) -> None:
+    def _start(
+        self,
+        workload_id: str,
+        allocation: Allocation,
+        *,
+        mig: StoredMigInstance | None = None,
+        reason: str = "placed",
+    ) -> None:
+        """Record the placement, then launch (on a MIG instance: the instance's uuid is what
+        the workload sees as its GPU)."""
         record = self.store.get(workload_id)
-        uuids = self.machine.uuids(allocation.node_name, allocation.gpus)
-        self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids)
+        if mig is None:
+            uuids = self.machine.uuids(allocation.node_name, allocation.gpus)
+            visible = uuids
+        else:
+            uuids, visible = [mig.gpu_uuid], [mig.uuid]
+        self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids, mig=mig, reason=reason)
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -442,7 +563,7 @@ class Service:
             cwd=record.cwd,
             env=dict(record.env),
             uid=record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None,
-            gpu_uuids=uuids,
+            gpu_uuids=visible,
             compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
             memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
             agent_socket=self.agent_socket,
@@ -595,7 +716,17 @@ class Service:
             index = self._node_index()
             for record in self.store.running_records():
                 fits = True
-                if record.allocation is not None:
+                gone = "its GPUs are not on this machine any more; restarting it"
+                if record.allocation is not None and record.allocation.mig is not None:
+                    mig = record.allocation.mig
+                    if self.mig.find(mig) is None:
+                        fits = False
+                        gone = (
+                            f"its MIG instance {mig.profile}@{mig.start} ({mig.uuid}) of GPU "
+                            f"{mig.gpu_index} is not on this machine any more; restarting it"
+                        )
+                        log.warning("workload %s: %s", record.id, gone)
+                elif record.allocation is not None:
                     try:
                         a = record.allocation
                         if a.node_name not in index:
@@ -605,9 +736,7 @@ class Service:
                         fits = False
                         log.warning("workload %s no longer fits this machine: %s", record.id, exc)
                 if not fits and record.stop_requested_at is None:
-                    self._tracked.mark_stopping(
-                        record.id, "its GPUs are not on this machine any more; restarting it"
-                    )
+                    self._tracked.mark_stopping(record.id, gone)
                     record = self.store.get(record.id)
                 path = self._handle_path(record.id)
                 handle = None
@@ -667,18 +796,23 @@ class Service:
                 never fit this machine (with the per-node reason).
         """
         sub = parse_submission(body)
+        request = sub.request
+        if sub.mig_request is not None:
+            request = self.mig.request_for(sub.mig_request)
+        assert request is not None
         tree = self._queue_tree()
         if body.queue not in tree:
             known = ", ".join(sorted(tree.specs))
             raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
         if body.queue not in tree.leaves:
             raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
-        self._check_could_fit(sub.request)
+        if sub.mig_request is None:
+            self._check_could_fit(request)
         try:
             record = self._tracked.submit(
                 owner_uid=caller.uid,
                 queue=body.queue,
-                request=sub.request,
+                request=request,
                 argv=sub.argv,
                 name=sub.name,
                 priority=sub.priority,
@@ -687,6 +821,7 @@ class Service:
                 cwd=body.cwd,
                 env=body.env,
                 grace_s=body.grace_s,
+                mig_request=sub.mig_request,
             )
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
@@ -707,6 +842,12 @@ class Service:
         if ok.any():
             return
         nodes = [n for n in self.machine.nodes if n.gpu_count > 0]
+        if not nodes and self.mig.gpus:
+            raise BadRequest(
+                "gpu",
+                "every GPU of this machine is in MIG mode: ask for a MIG instance with "
+                "--mig-profile or --isolation mig --gpu-memory",
+            )
         if request.gpu_models:
             here = sorted({str(n.gpu_model) for n in nodes})
             nodes = [n for n in nodes if n.gpu_model in request.gpu_models]
@@ -822,8 +963,7 @@ class Service:
     def _warnings(self) -> list[str]:
         """Warnings about the queue configuration as it now stands (GPUs only: queues are
         configured in GPUs here)."""
-        nodes = self.machine.nodes
-        capacity = Resources(gpu_milli=sum(n.gpu_count for n in nodes) * 1000)
+        capacity = Resources(gpu_milli=self._capacity_milli())
         return [w for w in config_warnings(self._queue_tree(), capacity) if " GPU" in w]
 
     def delete_queue(self, caller: Caller, name: str) -> None:
@@ -857,18 +997,32 @@ class Service:
         util: dict[str, int] = {}
         with contextlib.suppress(Exception):
             util = self.backend.utilization()
-        return [
+        shared = [
             views.node(
                 node, self.machine.devices[node.name], running, usage, util, self.backend.kind
             )
             for node in self.machine.nodes
         ]
+        if not self.mig.gpus:
+            return shared
+        try:
+            return [*shared, views.mig_node(self.mig, running, usage, util, self.backend.kind)]
+        except Exception:  # a device error must not take the whole listing down
+            log.exception("reading the MIG instances failed")
+            return shared
 
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after ``after_id`` (all when None), oldest first."""
         if limit < 1 or limit > 10_000:
             raise BadRequest("limit", "must be between 1 and 10000")
         return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
+
+
+def _preemptible(record: WorkloadRecord) -> bool:
+    """The workload's preemptible flag, or the default for its priority."""
+    if record.preemptible is not None:
+        return record.preemptible
+    return record.priority < NON_PREEMPTIBLE_FROM
 
 
 __all__ = ["Caller", "Service"]

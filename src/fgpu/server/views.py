@@ -7,12 +7,14 @@ from collections.abc import Mapping, Sequence
 from fgpu.agent.backend import GpuDevice
 from fgpu.model.types import Node
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
+from fgpu.server.mig_pool import MigPool, instance_milli
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
     EventView,
     GpuGrant,
     GpuHolder,
     GpuView,
+    MigInstanceView,
     NodeView,
     QueueView,
     ResourceRequest,
@@ -28,8 +30,18 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
     a = record.allocation
     if a is not None and record.holds_allocation:
         uuids = a.gpu_uuids or ("",) * len(a.gpus)
+        mig = a.mig
         grants = [
-            GpuGrant(node=a.node_name, index=g, uuid=u, compute_milli=m, memory_mib=mm)
+            GpuGrant(
+                node=a.node_name,
+                index=g,
+                uuid=u,
+                compute_milli=m,
+                memory_mib=mm,
+                mig_profile=mig.profile if mig else None,
+                mig_start=mig.start if mig else None,
+                mig_uuid=mig.uuid if mig else None,
+            )
             for g, u, m, mm in zip(a.gpus, uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
         ]
     reason = record.reason
@@ -55,6 +67,8 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
             gpu_models=sorted(r.gpu_models),
             cpu_milli=r.cpu_milli,
             memory_mib=r.memory_mib,
+            isolation="mig" if record.mig_request is not None else "share",
+            mig_profile=record.mig_request.profile if record.mig_request is not None else None,
         ),
         gpus=grants,
         command=list(record.argv),
@@ -148,3 +162,62 @@ def node(
         memory_mib=spec.memory_mib,
         gpus=gpus,
     )
+
+
+def mig_node(
+    pool: MigPool,
+    running: Sequence[WorkloadRecord],
+    used_mib: Mapping[str, int],
+    utilization: Mapping[str, int],
+    backend: str,
+) -> NodeView:
+    """The MIG pool as a node (``HOST/mig``): each GPU with its instances and who holds
+    them (a workload of the service, processes the device reports, or nobody)."""
+    holder = {
+        w.allocation.mig.uuid: w
+        for w in running
+        if w.allocation is not None and w.allocation.mig is not None
+    }
+    gpus: list[GpuView] = []
+    for gpu in pool.gpus:
+        table = gpu.mig.profiles()
+        instances: list[MigInstanceView] = []
+        holders: list[GpuHolder] = []
+        for i in gpu.mig.instances():
+            profile = table.find(i.profile)
+            milli = instance_milli(table, profile) if profile is not None else 0
+            memory = profile.memory_mib if profile is not None else 0
+            w = holder.get(i.uuid) if i.uuid else None
+            instances.append(
+                MigInstanceView(
+                    profile=i.profile,
+                    start=i.start,
+                    uuid=i.uuid,
+                    compute_milli=milli,
+                    memory_mib=memory,
+                    workload_id=w.id if w else None,
+                    name=w.name if w else None,
+                    in_use_outside=i.in_use and w is None,
+                )
+            )
+            if w is not None:
+                holders.append(
+                    GpuHolder(workload_id=w.id, name=w.name, compute_milli=milli, memory_mib=memory)
+                )
+        device = gpu.device
+        gpus.append(
+            GpuView(
+                index=device.index,
+                uuid=device.uuid,
+                model=device.model,
+                memory_mib=device.memory_mib,
+                allocated_milli=sum(h.compute_milli for h in holders),
+                allocated_memory_mib=sum(h.memory_mib for h in holders),
+                holders=holders,
+                used_memory_mib=used_mib.get(device.uuid),
+                utilization_pct=utilization.get(device.uuid),
+                mig_enabled=True,
+                mig_instances=instances,
+            )
+        )
+    return NodeView(name=pool.node_name, backend=backend, cpu_milli=0, memory_mib=0, gpus=gpus)

@@ -12,6 +12,7 @@ from fgpu.store.records import (
     QueueLimit,
     QueueRecord,
     StoredAllocation,
+    StoredMigRequest,
     WorkloadRecord,
     models_from_text,
 )
@@ -81,6 +82,7 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         stdout_path=row.stdout_path,
         stderr_path=row.stderr_path,
         allocation=allocation,
+        mig_request=StoredMigRequest.from_json(row.mig_request) if row.mig_request else None,
     )
 
 

@@ -117,6 +117,75 @@ class QueueRecord:
 
 # -------------------------------------------------------------------------- workloads
 @dataclass(frozen=True, slots=True)
+class StoredMigRequest:
+    """What a MIG workload asks for: exactly one of a profile or a memory size.
+
+    Attributes:
+        profile: a MIG profile name, lower case (``--mig-profile 3g.40gb``).
+        memory_mib: device memory in MiB (``--isolation mig --gpu-memory 18GiB``): the
+            smallest profile of the GPU's model that has at least this much.
+    """
+
+    profile: str | None = None
+    memory_mib: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored in ``workloads.mig_request``."""
+        if self.profile is not None:
+            return {"profile": self.profile}
+        return {"memory_mib": self.memory_mib}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredMigRequest:
+        """Inverse of :meth:`to_json`."""
+        profile = data.get("profile")
+        memory = data.get("memory_mib")
+        return cls(
+            None if profile is None else str(profile), None if memory is None else int(memory)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMigInstance:
+    """The MIG instance a workload runs on.
+
+    Attributes:
+        gpu_index: the GPU's index on the machine (as NVML numbers it).
+        gpu_uuid: the GPU's UUID (``GPU-...``).
+        profile: profile name.
+        start: first memory slice of the instance.
+        uuid: the instance's MIG device UUID (``MIG-...``), what ``CUDA_VISIBLE_DEVICES`` gets.
+    """
+
+    gpu_index: int
+    gpu_uuid: str
+    profile: str
+    start: int
+    uuid: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object stored under ``"mig"`` in ``workloads.allocation``."""
+        return {
+            "gpu_index": self.gpu_index,
+            "gpu_uuid": self.gpu_uuid,
+            "profile": self.profile,
+            "start": self.start,
+            "uuid": self.uuid,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StoredMigInstance:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            int(data["gpu_index"]),
+            str(data["gpu_uuid"]),
+            str(data["profile"]),
+            int(data["start"]),
+            str(data["uuid"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class StoredAllocation:
     """Where a workload runs, as stored.
 
@@ -129,6 +198,9 @@ class StoredAllocation:
         gpu_memory_mib: memory quota on each GPU (MiB).
         cpu_milli: CPU granted (milli-cores).
         memory_mib: host memory granted (MiB).
+        mig: the MIG instance, for a workload placed on one (its one GPU is the instance's
+            GPU, its compute share the instance's compute slices as milli-GPU, its memory the
+            instance's); None otherwise.
     """
 
     node_name: str
@@ -139,10 +211,16 @@ class StoredAllocation:
     gpu_memory_mib: tuple[int, ...]
     cpu_milli: int
     memory_mib: int
+    mig: StoredMigInstance | None = None
 
     @classmethod
-    def from_core(cls, allocation: Allocation, gpu_uuids: tuple[str, ...] = ()) -> StoredAllocation:
-        """From the decision core's allocation plus the GPUs' UUIDs."""
+    def from_core(
+        cls,
+        allocation: Allocation,
+        gpu_uuids: tuple[str, ...] = (),
+        mig: StoredMigInstance | None = None,
+    ) -> StoredAllocation:
+        """From the decision core's allocation plus the GPUs' UUIDs (and the MIG instance)."""
         return cls(
             node_name=allocation.node_name,
             node_index=allocation.node,
@@ -152,6 +230,7 @@ class StoredAllocation:
             gpu_memory_mib=tuple(allocation.gpu_memory_mib),
             cpu_milli=allocation.cpu_milli,
             memory_mib=allocation.memory_mib,
+            mig=mig,
         )
 
     def to_core(self, node_index: Mapping[str, int] | None = None) -> Allocation:
@@ -177,8 +256,8 @@ class StoredAllocation:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON object stored in ``workloads.allocation``."""
-        return {
+        """The JSON object stored in ``workloads.allocation`` (``"mig"`` only when set)."""
+        data: dict[str, Any] = {
             "node_index": self.node_index,
             "gpus": list(self.gpus),
             "gpu_uuids": list(self.gpu_uuids),
@@ -187,6 +266,9 @@ class StoredAllocation:
             "cpu_milli": self.cpu_milli,
             "memory_mib": self.memory_mib,
         }
+        if self.mig is not None:
+            data["mig"] = self.mig.to_json()
+        return data
 
     @classmethod
     def from_json(cls, node_name: str, data: Mapping[str, Any]) -> StoredAllocation:
@@ -200,6 +282,7 @@ class StoredAllocation:
             gpu_memory_mib=tuple(int(m) for m in data["gpu_memory_mib"]),
             cpu_milli=int(data["cpu_milli"]),
             memory_mib=int(data["memory_mib"]),
+            mig=StoredMigInstance.from_json(data["mig"]) if data.get("mig") else None,
         )
 
 
@@ -232,6 +315,8 @@ class WorkloadRecord:
         pid, create_time: its process while it runs (create_time as psutil reports it).
         stdout_path, stderr_path: its log files.
         allocation: where it runs (kept after it finishes; None while pending).
+        mig_request: for a MIG workload, the instance it asks for (its ``request`` is then
+            one GPU with the memory it expects, for listings only); None otherwise.
     """
 
     id: str
@@ -260,6 +345,7 @@ class WorkloadRecord:
     stdout_path: str | None
     stderr_path: str | None
     allocation: StoredAllocation | None
+    mig_request: StoredMigRequest | None = None
 
     @property
     def is_active(self) -> bool:

@@ -130,6 +130,8 @@ class WorkloadRow(Base):
     # the allocation: node name here, the rest as JSON (see records.StoredAllocation)
     node_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # a MIG workload's request (records.StoredMigRequest); NULL for the others
+    mig_request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class EventRow(Base):

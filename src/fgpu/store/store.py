@@ -44,6 +44,8 @@ from fgpu.store.records import (
     PENDING,
     RUNNING,
     StoredAllocation,
+    StoredMigInstance,
+    StoredMigRequest,
     WorkloadRecord,
     models_to_text,
     to_core,
@@ -109,6 +111,7 @@ class Store(QueueStore, InventoryStore):
         cwd: str = "/",
         env: Mapping[str, str] | None = None,
         grace_s: float = DEFAULT_GRACE_S,
+        mig_request: StoredMigRequest | None = None,
     ) -> WorkloadRecord:
         """Store a new pending workload, with the event ``submitted``.
 
@@ -122,6 +125,8 @@ class Store(QueueStore, InventoryStore):
             preemptible: None for the default (priority below 100).
             shell, cwd, env: how to run it.
             grace_s: seconds between SIGTERM and SIGKILL when it is stopped.
+            mig_request: for a MIG workload, the instance it asks for (``request`` is then
+                one GPU).
 
         Raises:
             InvalidRequestError: a malformed field, an unknown queue, a queue with children.
@@ -138,6 +143,8 @@ class Store(QueueStore, InventoryStore):
             shell=shell,
         )
         level = validate.integer("priority", parse_priority(priority))
+        if mig_request is not None:
+            validate.mig_request(mig_request, request)
         with self._write() as session:
             # Core statements on the session's connection (no ORM compilation or unit of
             # work): this is the hot path of the service's submissions.
@@ -180,6 +187,7 @@ class Store(QueueStore, InventoryStore):
                 cwd=cwd,
                 env=environment,
                 grace_s=grace,
+                mig_request=None if mig_request is None else mig_request.to_json(),
                 submitted_at=now,
                 reason="submitted",
                 restarts=0,
@@ -218,6 +226,7 @@ class Store(QueueStore, InventoryStore):
         stdout_path: str | None = None,
         stderr_path: str | None = None,
         reason: str = "placed",
+        mig: StoredMigInstance | None = None,
     ) -> WorkloadRecord:
         """pending -> running on ``allocation`` (event ``started``); drops its hold.
 
@@ -230,19 +239,25 @@ class Store(QueueStore, InventoryStore):
             pid, create_time: the process, if already started.
             stdout_path, stderr_path: its log files (kept when None).
             reason: why it starts (``placed``, ``placed after reclaim``...).
+            mig: the MIG instance of a MIG workload (required for one, refused for others).
 
         Raises:
             NotFound, StoreConflict: unknown id, not pending.
-            InvalidRequestError: an allocation that does not match the request.
+            InvalidRequestError: an allocation that does not match the request, a MIG
+                instance missing for a MIG workload or given for another one.
         """
         uuids = tuple(gpu_uuids)
         process_pid = None if pid is None else validate.integer("pid", pid, minimum=1)
         with self._write() as session:
             row = self._lock(session, workload_id)
             self._expect(row, {PENDING}, "mark_running")
-            validate.allocation(convert.workload_record(row).request, allocation, uuids)
+            record = convert.workload_record(row)
+            validate.allocation(record.request, allocation, uuids)
+            if (mig is None) != (record.mig_request is None):
+                wanted = "needs" if mig is None else "is not a MIG workload and takes no"
+                raise InvalidRequestError("mig", f"workload {workload_id} {wanted} MIG instance")
             now = self._clock()
-            stored = StoredAllocation.from_core(allocation, uuids)
+            stored = StoredAllocation.from_core(allocation, uuids, mig)
             row.phase = RUNNING
             row.started_at = now
             row.node_name = stored.node_name
@@ -260,6 +275,8 @@ class Store(QueueStore, InventoryStore):
                 )
             )
             where = f"{stored.node_name}" + (f" ({shares})" if shares else "")
+            if mig is not None:
+                where += f" on MIG {mig.profile}@{mig.start} of GPU {mig.gpu_index} ({mig.uuid})"
             self._event(session, now, workload_id, "started", reason, f"started on {where}")
             return convert.workload_record(row)
 

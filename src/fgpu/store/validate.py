@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.store.records import UNCAPPED, NodeRecord, QueueConfig
+from fgpu.store.records import UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -171,6 +171,29 @@ def allocation(request: Request, placed: Allocation, gpu_uuids: Sequence[str]) -
         raise InvalidRequestError("gpu_uuids", f"{len(gpu_uuids)} UUID(s) for {count} GPU(s)")
     for u in gpu_uuids:
         text("gpu_uuids", u)
+
+
+def mig_request(wanted: StoredMigRequest, request: Request) -> None:
+    """Check a MIG workload's request.
+
+    Raises:
+        InvalidRequestError: not a :class:`StoredMigRequest`, not exactly one of a profile
+            name and a positive memory size, or a ``request`` that is not one GPU.
+    """
+    if not isinstance(wanted, StoredMigRequest):
+        raise InvalidRequestError("mig_request", f"expected a StoredMigRequest (got {wanted!r})")
+    if (wanted.profile is None) == (wanted.memory_mib is None):
+        raise InvalidRequestError("mig_request", "give exactly one of a profile and a memory size")
+    if wanted.profile is not None:
+        text("mig_request.profile", wanted.profile, max_length=NAME_LENGTH)
+        if not wanted.profile.strip():
+            raise InvalidRequestError("mig_request.profile", "empty profile name")
+    else:
+        integer("mig_request.memory_mib", wanted.memory_mib, minimum=1)
+    if request.gpu_count != 1:
+        raise InvalidRequestError(
+            "request.gpu_count", f"a MIG workload asks for one GPU (got {request.gpu_count})"
+        )
 
 
 def node(record: NodeRecord) -> None:
