@@ -23,6 +23,7 @@ from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import (
     CgroupFreezer,
     Freezer,
+    Hastener,
     SignalFreezer,
     cgroup2_mount,
     stat_fields,
@@ -64,14 +65,14 @@ class FakeClock:
 @pytest.fixture(params=["signal", "cgroup"])
 def freezer(request: pytest.FixtureRequest) -> Iterator[Freezer]:
     if request.param == "signal":
-        yield SignalFreezer()
+        yield SignalFreezer(hasten=True)
         return
     mount = cgroup2_mount()
     if mount is None:
         pytest.skip("no cgroup v2 hierarchy here")
     root = mount / f"fgpu-test-{os.getpid()}"
     try:
-        made = CgroupFreezer(root)
+        made = CgroupFreezer(root, hasten=True)
     except OSError as exc:
         pytest.skip(f"cgroup v2 not writable here: {exc}")
     yield made
@@ -308,3 +309,28 @@ def test_update_rejects_overbooked_gpus_and_unknown_gpus(
             gov.update([other])
     finally:
         gov.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing another process's policy needs root")
+def test_hastener_boosts_runnable_tasks_and_restores_their_policy(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    handle = launched("w")
+    wait_for(lambda: stat_fields(handle.pgid) is not None, "the workload to start")
+    hastener = Hastener()
+    os.killpg(handle.pgid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: stopped(handle.pgid), "the task to stop")
+        hastener.boost([handle.pgid])  # a stopped task is left alone
+        assert os.sched_getscheduler(handle.pgid) == os.SCHED_OTHER
+        os.killpg(handle.pgid, signal.SIGCONT)
+        wait_for(lambda: stat_fields(handle.pgid)[0] == "R", "the task to run")  # type: ignore[index]
+
+        hastener.boost([handle.pgid])
+        assert os.sched_getscheduler(handle.pgid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0) == (
+            os.SCHED_FIFO
+        )
+        hastener.restore()
+        assert os.sched_getscheduler(handle.pgid) == os.SCHED_OTHER
+    finally:
+        hastener.restore()
