@@ -334,3 +334,22 @@ def test_hastener_boosts_runnable_tasks_and_restores_their_policy(
         assert os.sched_getscheduler(handle.pgid) == os.SCHED_OTHER
     finally:
         hastener.restore()
+
+
+def test_a_released_workload_relaunched_under_its_id_is_governed_again(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    gov = Governor([GPU], freezer=SignalFreezer(), clock=FakeClock())
+    first = launched("w")
+    try:
+        gov.update([governed("w", first, 500)])
+        gov.before_signal("w")
+        gov.update([governed("w", first, 500)])  # still listed while it exits
+        assert gov.snapshot().workloads == ()
+
+        second = launched("w2")  # the relaunch: same id, new process
+        gov.update([governed("w", second, 500)])
+        assert [v.workload_id for v in gov.snapshot().workloads] == ["w"]
+        assert gov.pids("w") == SignalFreezer().pids(second)
+    finally:
+        gov.close()

@@ -173,6 +173,7 @@ class GovernorSnapshot:
         workloads: one view per governed workload, by id.
         dropped_hints: datagrams refused (malformed, or from a process that is not the
             workload it names).
+        freezes: freezes issued since the governor started (a lease switch is one).
     """
 
     time: float
@@ -182,6 +183,7 @@ class GovernorSnapshot:
     resume_after_ms: int
     workloads: tuple[WorkloadView, ...]
     dropped_hints: int
+    freezes: int
 
 
 @dataclass(slots=True)
@@ -196,6 +198,7 @@ class _Record:
     mark_ns: int = 0
     samples: deque[tuple[int, int]] = field(default_factory=deque)
     blocker: str | None = None
+    slow_reported: bool = False
 
     def charge(self, now: int) -> None:
         """Count the running time since the last mark (when busy) and move the mark."""
@@ -246,7 +249,7 @@ class Governor:
         self._wall = wall
         self._lock = threading.RLock()
         self._records: dict[str, _Record] = {}
-        self._released: set[str] = set()
+        self._released: dict[str, ProcessHandle | None] = {}
         self._leases: dict[str, Lease] = {}
         self._period_start = clock()
         self._next_poll = 0
@@ -254,6 +257,7 @@ class Governor:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
+        self._freezes = 0
         self.last_plan: Plan | None = None
 
     # -- the service's calls ---------------------------------------------------------------
@@ -264,7 +268,8 @@ class Governor:
         New ones are adopted by the freezer (and thawed, in case a previous agent left them
         frozen); ones no longer listed are thawed and released; changed ones (priority,
         modes, shares) take effect at the next plan. Workloads passed to
-        :meth:`before_signal` stay ungoverned while they are listed.
+        :meth:`before_signal` stay ungoverned while they are listed with the same process
+        handle (a relaunch under the same id, with a new handle, is governed again).
 
         Raises:
             ValueError: a workload on a GPU this governor does not govern, an id twice, or a
@@ -289,10 +294,11 @@ class Governor:
                 record = self._records[wid]
                 if wid not in by_id or by_id[wid].handle != record.spec.handle:
                     self._drop(record)
-            self._released &= set(by_id)
+            self._released = {w: h for w, h in self._released.items() if w in by_id}
             for wid, spec in by_id.items():
-                if wid in self._released:
-                    continue
+                if wid in self._released and self._released[wid] in (None, spec.handle):
+                    continue  # released by before_signal (a new process of it is governed)
+                self._released.pop(wid, None)
                 known = self._records.get(wid)
                 if known is not None:
                     known.spec = spec
@@ -308,7 +314,7 @@ class Governor:
         lists it), so that a SIGTERM that follows can be handled. Unknown ids are ignored."""
         with self._lock:
             record = self._records.get(workload_id)
-            self._released.add(workload_id)
+            self._released[workload_id] = record.spec.handle if record is not None else None
             if record is not None:
                 self._drop(record)
         self._poke()
@@ -328,6 +334,7 @@ class Governor:
             resume_after_ms=cfg.resume_after_ns // 1_000_000,
             workloads=tuple(views),
             dropped_hints=dropped,
+            freezes=self._freezes,
         )
 
     def pids(self, workload_id: str) -> list[int]:
@@ -472,6 +479,7 @@ class Governor:
             record.blocker = decided.blockers.get(action.workload_id)
             if record.state is RunState.RUNNING:
                 self.freezer.freeze(record.spec.handle)
+                self._freezes += 1
                 freezing.append((record, action))
             else:
                 previous = record.state
@@ -484,7 +492,10 @@ class Governor:
             record.charge(stopped)  # it ran until the freeze took effect
             record.state = action.reason
             self._note(record, RunState.RUNNING, action.reason, action.message, stopped)
-            if not confirmed:
+            if confirmed:
+                record.slow_reported = False
+            elif not record.slow_reported:  # once until a freeze is confirmed again
+                record.slow_reported = True
                 self.events.add(
                     self._wall(),
                     stopped,
