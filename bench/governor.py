@@ -16,7 +16,11 @@ mechanism (``cgroup-v2`` where usable, and ``signal``):
   points over the whole run and over the worst 1-second window;
 - ``overhead``: summed iteration rate of the sharers (``fair_500_300_200``) divided by the
   rate of one stand-in alone, in alternating 1-second blocks (the median of the block ratios;
-  the pooled ratio and the ratio by CPU time are given too);
+  the pooled ratio and the ratio by CPU time are given too). This machine is shared: other
+  processes also run on CPU 0, more so while the sharers switch (a moment of idle CPU
+  invites the scheduler to move a task there), which has no counterpart on a GPU.
+  ``ratio_excluding_other_load`` counts iterations per second of CPU-0 time that other
+  processes did not take (the sharers' own CPU time plus idle time, ``/proc/stat``);
 - ``pause_latency_ms`` (p50, p99): from a high-priority workload's busy hint to the
   low-priority workload confirmed stopped; ``resume_latency_ms``: from its idle hint plus
   the hysteresis to the low one thawed; with the governor at real-time priority and without;
@@ -177,6 +181,17 @@ class Bench:
             self.launcher.terminate(w.handle, grace_s=0.0)
 
 
+def cpu_idle_ns(cpu: int = WORK_CPU) -> int:
+    """Idle (and I/O wait) time of ``cpu`` since boot, from ``/proc/stat`` (clock ticks)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                fields = line.split()
+                return (int(fields[4]) + int(fields[5])) * 1_000_000_000 // tick
+    return 0
+
+
 def measure(workers: Sequence[Worker], seconds: float) -> dict[str, Any]:
     """CPU time and iterations of each worker over ``seconds``, also per 1-second window."""
 
@@ -296,8 +311,9 @@ def run_overhead(
         )
         for w in workers
     ]
-    shared: list[tuple[int, int, int]] = []  # (ns, iterations, cpu ns) of all sharers
-    alone: list[tuple[int, int, int]] = []
+    # (ns, iterations, cpu ns of the measured stand-ins, idle ns of CPU 0)
+    shared: list[tuple[int, int, int, int]] = []
+    alone: list[tuple[int, int, int, int]] = []
     settle_s = 0.3
     try:
         with bench.governor(bench.config(ComputeMode.FAIR, planner)) as gov:
@@ -318,12 +334,14 @@ def run_overhead(
                     t0 = time.monotonic_ns()
                     i0 = sum(w.iterations() for w in measured)
                     c0 = sum(w.cpu_ns() for w in measured)
+                    d0 = cpu_idle_ns()
                     time.sleep(block_s)
                     t1 = time.monotonic_ns()
                     row = (
                         t1 - t0,
                         sum(w.iterations() for w in measured) - i0,
                         sum(w.cpu_ns() for w in measured) - c0,
+                        cpu_idle_ns() - d0,
                     )
                     (shared if kind == "shared" else alone).append(row)
             for w in others:
@@ -331,8 +349,12 @@ def run_overhead(
     finally:
         bench.stop(workers)
 
-    def rate(rows: list[tuple[int, int, int]], index: int) -> float:
+    def rate(rows: list[tuple[int, int, int, int]], index: int) -> float:
         return sum(r[index] for r in rows) / sum(r[0] for r in rows)
+
+    def usable_rate(rows: list[tuple[int, int, int, int]]) -> float:
+        """Iterations per ns of CPU-0 time not taken by other processes (ours + idle)."""
+        return sum(r[1] for r in rows) / sum(r[2] + min(r[3], r[0]) for r in rows)
 
     blocks = [(s[1] / s[0]) / (x[1] / x[0]) for s, x in zip(shared, alone, strict=True)]
     return {
@@ -342,8 +364,11 @@ def run_overhead(
         "ratio": round(statistics.median(blocks), 4),
         "ratio_pooled": round(rate(shared, 1) / rate(alone, 1), 4),
         "ratio_by_cpu_time": round(rate(shared, 2) / rate(alone, 2), 4),
+        "ratio_excluding_other_load": round(usable_rate(shared) / usable_rate(alone), 4),
         "delivered_shared": round(rate(shared, 2), 4),
         "delivered_alone": round(rate(alone, 2), 4),
+        "cpu0_idle_shared": round(rate(shared, 3), 4),
+        "cpu0_idle_alone": round(rate(alone, 3), 4),
         "iterations_per_s_shared": round(rate(shared, 1) * 1e9),
         "iterations_per_s_alone": round(rate(alone, 1) * 1e9),
         "block_ratios": [round(b, 3) for b in blocks],
@@ -479,6 +504,7 @@ def run_all(
             overhead = run_overhead(bench, seconds / 2, planner=planner)
             result["overhead_ratio"] = overhead["ratio"]
             result["overhead_ratio_by_cpu_time"] = overhead["ratio_by_cpu_time"]
+            result["overhead_ratio_excluding_other_load"] = overhead["ratio_excluding_other_load"]
             out["lease_sweep"][f"{lease_ms}ms"] = result
     worst_error = max(
         out[k]["error_pts"] for k in ("strict_700_300", "fair_500_300_200", "fair_one_idle")
@@ -493,6 +519,11 @@ def run_all(
             "target_min": TARGETS["overhead_ratio"],
             "measured": out["overhead"]["ratio"],
             "met": out["overhead"]["ratio"] >= TARGETS["overhead_ratio"],
+        },
+        "overhead_ratio_excluding_other_load": {
+            "target_min": TARGETS["overhead_ratio"],
+            "measured": out["overhead"]["ratio_excluding_other_load"],
+            "met": out["overhead"]["ratio_excluding_other_load"] >= TARGETS["overhead_ratio"],
         },
         "pause_p99_ms": {
             "target_max": TARGETS["pause_p99_ms"],
