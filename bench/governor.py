@@ -150,7 +150,9 @@ class Bench:
         return Worker(name, self.launcher.launch(spec), counter)
 
     @contextlib.contextmanager
-    def governor(self, config: GovernorConfig) -> Iterator[Governor]:
+    def governor(self, config: GovernorConfig, workers: list[Worker]) -> Iterator[Governor]:
+        """A governor for the block; ``workers`` (filled in the block) are stopped before it
+        closes, so that it can remove their cgroups at once."""
         freezer: Freezer = detect_freezer(self.freezer_kind)
         gov = Governor(
             [GPU],
@@ -161,6 +163,7 @@ class Bench:
         try:
             yield gov
         finally:
+            self.stop(workers)
             gov.close()
 
     def config(self, mode: ComputeMode, planner: PlannerConfig | None = None) -> GovernorConfig:
@@ -264,8 +267,8 @@ def run_sharing(
 ) -> dict[str, Any]:
     workers: list[Worker] = []
     try:
-        with bench.governor(bench.config(mode, planner)) as gov:  # listening before launch
-            workers = [bench.launch(n, "idle" if n in idle else "spin") for n in asked]
+        with bench.governor(bench.config(mode, planner), workers) as gov:  # listening first
+            workers.extend(bench.launch(n, "idle" if n in idle else "spin") for n in asked)
             spinning = [w for w in workers if w.name not in idle]
             gov.update(
                 [
@@ -316,7 +319,7 @@ def run_overhead(
     alone: list[tuple[int, int, int, int]] = []
     settle_s = 0.3
     try:
-        with bench.governor(bench.config(ComputeMode.FAIR, planner)) as gov:
+        with bench.governor(bench.config(ComputeMode.FAIR, planner), workers) as gov:
             gov.start()
             for _ in range(max(1, round(seconds / block_s))):
                 for kind in ("shared", "alone"):
@@ -398,10 +401,10 @@ def run_latency(bench: Bench, trials: int, realtime: bool) -> dict[str, Any]:
     bench.realtime = realtime
     workers: list[Worker] = []
     try:
-        with bench.governor(bench.config(ComputeMode.FAIR, planner)) as gov:
+        with bench.governor(bench.config(ComputeMode.FAIR, planner), workers) as gov:
             high = bench.launch("high", "burst", str(trials), "20", "0.15", "0.2")
             low = bench.launch("low", "spin")
-            workers = [high, low]
+            workers.extend([high, low])
             gov.update(
                 [
                     GovernedWorkload(

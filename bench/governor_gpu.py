@@ -167,7 +167,8 @@ class GpuBench:
             time.sleep(0.1)
 
     @contextlib.contextmanager
-    def governor(self, mode: ComputeMode) -> Iterator[Governor]:
+    def governor(self, mode: ComputeMode, workers: list[Worker]) -> Iterator[Governor]:
+        """A governor for the block; ``workers`` are stopped before it closes."""
         from fgpu.agent.nvml import NvmlBackend
 
         config = GovernorConfig(
@@ -184,6 +185,7 @@ class GpuBench:
         try:
             yield gov
         finally:
+            self.stop(workers)
             gov.close()
 
     def stop(self, workers: Sequence[Worker]) -> None:
@@ -224,7 +226,7 @@ def sharing(
 ) -> dict[str, Any]:
     workers: list[Worker] = []
     try:
-        with bench.governor(mode) as gov:
+        with bench.governor(mode, workers) as gov:
             for name in asked:
                 kind = "idle" if name in idle else "train"
                 workers.append(bench.launch(name, kind, str(bench.size)))
@@ -274,7 +276,7 @@ def inference(bench: GpuBench, case: str, seconds: float) -> dict[str, Any]:
     hinted = case == "fgpu_pause"
     workers: list[Worker] = []
     with contextlib.ExitStack() as stack:
-        gov = stack.enter_context(bench.governor(ComputeMode.FAIR)) if hinted else None
+        gov = stack.enter_context(bench.governor(ComputeMode.FAIR, workers)) if hinted else None
         try:
             cotenant = None
             if case != "alone":  # the co-tenant is up before the first request

@@ -441,7 +441,10 @@ class CgroupFreezer:
         return busy
 
     def close(self) -> None:
+        """Remove the empty cgroups of ended workloads, and ``root`` itself when empty."""
         self._sweep()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
 
 
 def detect_freezer(
