@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fgpu.agent.backend import GpuDevice, GpuProcess
+from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
 from fgpu.agent.nvml import NvmlBackend, NvmlUnavailableError, catalog_name_for
 
 GIB = 1024**3
@@ -32,6 +32,7 @@ class FakeGpu:
     sm_count: int | None = None  # None: nvmlDeviceGetAttributes not supported
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
     busy: int | None = 0  # None: utilization not supported
+    samples: list[tuple[int, int, int]] = field(default_factory=list)  # (pid, stamp us, sm %)
     broken_identity: bool = False  # uuid query fails
     broken_queries: bool = False  # per-call queries fail
 
@@ -101,6 +102,12 @@ class FakeNvml:
         if handle.busy is None or handle.broken_queries:
             raise FakeNvmlError("Not Supported")
         return SimpleNamespace(gpu=handle.busy, memory=0)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: FakeGpu, timestamp: int) -> Any:
+        newer = [s for s in handle.samples if s[1] > timestamp]
+        if handle.broken_queries or not newer:
+            raise FakeNvmlError("Not Found")
+        return [SimpleNamespace(pid=p, timeStamp=t, smUtil=u) for p, t, u in newer]
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -265,3 +272,19 @@ def test_real_gpus_are_described(real_nvml: NvmlBackend) -> None:
             assert used.used_mib >= 0
     finally:
         real_nvml.close()
+
+
+def test_process_utilization_reads_only_new_samples() -> None:
+    gpu = FakeGpu(samples=[(10, 100, 40), (10, 200, 90), (11, 150, 0)])
+    backend = NvmlBackend(FakeNvml([gpu]))
+    uuid = gpu.uuid
+
+    assert backend.process_utilization() == [
+        ProcessUtilization(10, str(uuid), 90),
+        ProcessUtilization(11, str(uuid), 0),
+    ]
+    assert backend.process_utilization() == []  # nothing newer than stamp 200
+    gpu.samples.append((11, 300, 55))
+    assert backend.process_utilization() == [ProcessUtilization(11, str(uuid), 55)]
+    gpu.broken_queries = True
+    assert backend.process_utilization() == []

@@ -12,6 +12,13 @@ wrapper :mod:`fgpu.agent.runner` starts fast):
   handles and states.
 - :mod:`fgpu.agent.runner`: the wrapper every workload runs under; it records the exit code in
   a file so that the code survives an agent restart.
+- :mod:`fgpu.agent.governor`: time-slicing of each GPU (compute modes ``strict``/``fair``,
+  priority ``pause``/``compress``) by freezing and thawing workloads; the pure planner, the
+  freeze mechanisms, the hint socket and the :class:`~fgpu.agent.governor.runtime.Governor`.
+- :mod:`fgpu.agent.memguard`: stops a workload that holds more GPU memory than its quota.
+- :mod:`fgpu.agent.limits`: :func:`~fgpu.agent.limits.launch_env`, the framework and MPS
+  limits put into a workload's environment before launch.
+- :mod:`fgpu.agent.events`: the events these record for ``fgpu describe``.
 
 The agent imports :mod:`fgpu.model` and the standard library (plus psutil), never
 :mod:`fgpu.server`.

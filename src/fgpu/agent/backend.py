@@ -84,6 +84,21 @@ class GpuProcess:
     used_mib: int
 
 
+@dataclass(frozen=True, slots=True)
+class ProcessUtilization:
+    """How busy one process kept one GPU over the last sample window.
+
+    Attributes:
+        pid: process id.
+        gpu_uuid: the GPU's uuid.
+        sm_percent: percent of the window in which a kernel of the process ran (0-100).
+    """
+
+    pid: int
+    gpu_uuid: str
+    sm_percent: int
+
+
 @runtime_checkable
 class GpuBackend(Protocol):
     """What the node agent asks of a GPU backend.

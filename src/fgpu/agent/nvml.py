@@ -7,10 +7,12 @@ NVML calls used (nvidia-ml-py; NVML API reference, "Device Queries" and "MIG"):
 ``nvmlDeviceGetAttributes`` (``.multiprocessorCount``; NVML documents it for MIG device
 handles, so on a full GPU it may fail and the catalog's figure is used),
 ``nvmlDeviceGetComputeRunningProcesses`` (objects with ``.pid`` and ``.usedGpuMemory`` in
-bytes, None where the driver cannot tell) and ``nvmlDeviceGetUtilizationRates`` (``.gpu``,
-percent of the last sample period a kernel ran). GPUs in MIG mode are also handed out as
-:class:`~fgpu.agent.mig_nvml.NvmlMigDevice` (:meth:`NvmlBackend.mig_devices`; the MIG calls
-are listed in that module).
+bytes, None where the driver cannot tell), ``nvmlDeviceGetUtilizationRates`` (``.gpu``,
+percent of the last sample period a kernel ran) and ``nvmlDeviceGetProcessUtilization``
+(per-process samples newer than a timestamp in microseconds, each with ``.pid``,
+``.timeStamp`` and ``.smUtil`` in percent; "not found" when there are none). GPUs in MIG
+mode are also handed out as :class:`~fgpu.agent.mig_nvml.NvmlMigDevice`
+(:meth:`NvmlBackend.mig_devices`; the MIG calls are listed in that module).
 
 The module is reached through a seam: ``NvmlBackend(nvml=...)`` takes any object with these
 functions, so tests pass a stand-in instead of patching the import.
@@ -22,7 +24,7 @@ import logging
 import re
 from typing import Any, Protocol
 
-from fgpu.agent.backend import GpuDevice, GpuProcess
+from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
 from fgpu.mig.device import MigDevice
 from fgpu.model.catalog import GPU_CATALOG, GpuModel
 
@@ -54,6 +56,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetAttributes(self, handle: Any) -> Any: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Any: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timestamp: int) -> Any: ...
 
 
 class NvmlUnavailableError(RuntimeError):
@@ -172,6 +175,7 @@ class NvmlBackend:
                 self._handles.append((device[0].uuid, device[1]))
         self._devices = tuple(devices)
         self._mig: list[MigDevice] | None = None
+        self._last_sample_us: dict[str, int] = {}
 
     @property
     def kind(self) -> str:
@@ -276,6 +280,27 @@ class NvmlBackend:
                 )
             self._mig = found
         return list(self._mig)
+
+    def process_utilization(self) -> list[ProcessUtilization]:
+        """Per process and GPU, the highest SM utilization among the samples NVML took since
+        the previous call (the first call reads what NVML still holds). A GPU without new
+        samples, or whose query fails, contributes nothing. Used by the governor to tell
+        busy workloads that send no hints (DESIGN.md section 7)."""
+        nvml = self._nvml
+        found: dict[tuple[int, str], int] = {}
+        for uuid, handle in self._handles if self._open else []:
+            since = self._last_sample_us.get(uuid, 0)
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(handle, since)
+            except nvml.NVMLError:
+                continue  # no samples since then ("not found"), or not supported
+            for sample in samples:
+                stamp = int(sample.timeStamp)
+                if stamp > self._last_sample_us.get(uuid, 0):
+                    self._last_sample_us[uuid] = stamp
+                key = (int(sample.pid), uuid)
+                found[key] = max(found.get(key, 0), int(sample.smUtil))
+        return [ProcessUtilization(pid, uuid, sm) for (pid, uuid), sm in sorted(found.items())]
 
     def close(self) -> None:
         if not self._open:

@@ -1,0 +1,639 @@
+"""The governor's executor: runs :func:`~fgpu.agent.governor.plan.plan` on real processes.
+
+One :class:`Governor` per node agent governs all the node's GPUs: the planner decides per
+GPU (each GPU has its own policy, budgets and priority holder) and grants one lease across
+all GPUs of a multi-GPU workload, which is the coordination that lets such a workload run
+only when every GPU's governor lets it (DESIGN.md section 7).
+
+The service drives it with four calls (thread-safe):
+
+- :meth:`Governor.update`: the full list of workloads placed on the node's GPUs, each with
+  its process handle, shares, priority and modes (after every launch or exit);
+- :meth:`Governor.before_signal`: thaw a workload and stop governing it, before it is sent
+  SIGTERM (cancel, preemption), so that it can exit cleanly;
+- :meth:`Governor.snapshot` and :attr:`Governor.events`: what ``fgpu top`` and
+  ``fgpu describe`` show;
+- :meth:`Governor.close`: thaw everything and stop (on agent exit).
+
+Loop (one thread, :meth:`Governor.start`): read hints from the :class:`HintListener`,
+charge each running busy workload the time it actually ran, plan, freeze (and wait until
+the freeze is confirmed, so leases never overlap), thaw, then sleep until the plan's wake
+time or the next hint. Sleeping is to absolute deadlines of a monotonic clock, and time is
+charged as measured, so late wake-ups do not accumulate into drift.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fgpu.agent.backend import GpuBackend, SimulatedBackend
+from fgpu.agent.events import FREEZE_SLOW, PAUSED, RESUMED, EventLog
+from fgpu.agent.governor.activity import Hint, HintListener
+from fgpu.agent.governor.freezer import Freezer, detect_freezer
+from fgpu.agent.governor.plan import (
+    MILLI,
+    ComputeMode,
+    Freeze,
+    GpuPolicy,
+    Lease,
+    NodeState,
+    Plan,
+    PlannerConfig,
+    PriorityPolicy,
+    RunState,
+    Thaw,
+    WorkloadState,
+    plan,
+)
+from fgpu.agent.process import ProcessHandle
+
+log = logging.getLogger(__name__)
+
+ACHIEVED_SAMPLE_NS = 1_000_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GovernedWorkload:
+    """A workload placed on this node's GPUs, as the service describes it.
+
+    Attributes:
+        workload_id: its id (``FGPU_WORKLOAD_ID``).
+        handle: its processes (from :meth:`fgpu.agent.launcher.Launcher.launch`).
+        gpu_uuids: its GPUs, in ``CUDA_VISIBLE_DEVICES`` order.
+        compute_milli: its compute share on each GPU, same order, milli-GPU (1-1000).
+        priority: numeric priority (DESIGN.md section 5).
+        mode: its compute mode, or None for each GPU's.
+        priority_policy: ``pause``/``compress`` when a higher priority is busy, or None for
+            each GPU's.
+
+    Raises:
+        ValueError: no GPUs, lengths differ, a GPU twice, or a share outside 1-1000.
+    """
+
+    workload_id: str
+    handle: ProcessHandle
+    gpu_uuids: tuple[str, ...]
+    compute_milli: tuple[int, ...]
+    priority: int = 50
+    mode: ComputeMode | None = None
+    priority_policy: PriorityPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if not self.gpu_uuids or len(self.gpu_uuids) != len(self.compute_milli):
+            raise ValueError(
+                f"workload {self.workload_id}: give one compute share per GPU "
+                f"({len(self.gpu_uuids)} GPUs, {len(self.compute_milli)} shares)",
+            )
+        if len(set(self.gpu_uuids)) != len(self.gpu_uuids):
+            raise ValueError(f"workload {self.workload_id}: a GPU is listed twice")
+        for share in self.compute_milli:
+            if not 0 < share <= MILLI:
+                raise ValueError(f"workload {self.workload_id}: share {share} not in 1-1000")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GovernorConfig:
+    """Settings of the executor.
+
+    Attributes:
+        planner: period, lease, minimum lease and hysteresis (see :class:`PlannerConfig`).
+        gpu_policy: the policy of every GPU not in ``gpu_policies``.
+        gpu_policies: GPU uuid -> its policy.
+        confirm_timeout_s: how long to wait for a freeze to take effect before granting the
+            next lease anyway (an event records it).
+        realtime_priority: run the governor thread as ``SCHED_FIFO`` at this priority
+            (1-99; needs root or CAP_SYS_NICE; ``SCHED_RESET_ON_FORK`` so nothing it starts
+            inherits it); None keeps the normal policy. Pause latency under CPU load
+            depends on it (``docs/governor.md``).
+        cpu: pin the governor thread to this CPU, or None.
+        nvml_busy_percent: without hints, a workload on a real GPU counts as busy when a
+            process of it kept the GPU's SMs busy at least this percent of a sample.
+        activity_poll_s: how often NVML per-process utilization is read.
+        achieved_window_s: window of the achieved share in :meth:`Governor.snapshot`.
+    """
+
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    gpu_policy: GpuPolicy = field(default_factory=GpuPolicy)
+    gpu_policies: Mapping[str, GpuPolicy] = field(default_factory=dict)
+    confirm_timeout_s: float = 0.1
+    realtime_priority: int | None = None
+    cpu: int | None = None
+    nvml_busy_percent: int = 5
+    activity_poll_s: float = 0.5
+    achieved_window_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadView:
+    """One workload in :meth:`Governor.snapshot`.
+
+    Attributes:
+        workload_id: its id.
+        gpu_uuids: its GPUs.
+        compute_milli: its share on each GPU, milli-GPU.
+        priority: its priority.
+        modes: its effective compute mode on each GPU.
+        state: running, frozen-by-share or frozen-by-priority.
+        busy: whether it counts as busy now.
+        activity: where ``busy`` comes from: ``hints``, ``nvml`` or ``assumed``.
+        achieved_milli: run time received while busy over the last
+            ``achieved_window_s`` (or since it was first governed, if shorter), per mille of
+            that time (1000 = ran all the time).
+        blocker: why it is held back by priority, or None.
+    """
+
+    workload_id: str
+    gpu_uuids: tuple[str, ...]
+    compute_milli: tuple[int, ...]
+    priority: int
+    modes: tuple[str, ...]
+    state: RunState
+    busy: bool
+    activity: str
+    achieved_milli: int
+    blocker: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GovernorSnapshot:
+    """What ``fgpu top`` shows of the governor.
+
+    Attributes:
+        time: wall-clock time of the snapshot.
+        mechanism: ``cgroup-v2`` or ``signal``.
+        period_ms, lease_ms, resume_after_ms: the planner's constants.
+        workloads: one view per governed workload, by id.
+        dropped_hints: datagrams refused (malformed, or from a process that is not the
+            workload it names).
+        freezes: freezes issued since the governor started (a lease switch is one).
+    """
+
+    time: float
+    mechanism: str
+    period_ms: int
+    lease_ms: int
+    resume_after_ms: int
+    workloads: tuple[WorkloadView, ...]
+    dropped_hints: int
+    freezes: int
+
+
+@dataclass(slots=True)
+class _Record:
+    spec: GovernedWorkload
+    state: RunState = RunState.RUNNING
+    busy: bool = True
+    activity: str = "assumed"
+    idle_since_ns: int | None = None
+    used_ns: int = 0
+    total_ns: int = 0
+    mark_ns: int = 0
+    samples: deque[tuple[int, int]] = field(default_factory=deque)
+    blocker: str | None = None
+    slow_reported: bool = False
+
+    def charge(self, now: int) -> None:
+        """Count the running time since the last mark (when busy) and move the mark."""
+        if self.state is RunState.RUNNING:
+            if self.busy and now > self.mark_ns:
+                self.used_ns += now - self.mark_ns
+                self.total_ns += now - self.mark_ns
+            self.mark_ns = max(self.mark_ns, now)
+
+
+class Governor:
+    """Freezes and thaws the node's workloads so that each GPU is shared as planned.
+
+    Args:
+        gpus: uuids of the GPUs to govern (a workload on another GPU is an error).
+        config: settings.
+        freezer: the mechanism (default: :func:`detect_freezer`).
+        listener: the hint socket, owned (closed) by the governor; None: no hints.
+        backend: GPU backend. Memory reports from workloads go to
+            :meth:`SimulatedBackend.report_usage` when it is simulated; per-process
+            utilization (NVML) decides activity for workloads without hints.
+        events: where pause/resume events go (default: a new :class:`EventLog`).
+        clock: monotonic clock, ns.
+        wall: wall clock, seconds (event times).
+    """
+
+    def __init__(
+        self,
+        gpus: Iterable[str],
+        *,
+        config: GovernorConfig | None = None,
+        freezer: Freezer | None = None,
+        listener: HintListener | None = None,
+        backend: GpuBackend | None = None,
+        events: EventLog | None = None,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config or GovernorConfig()
+        self._gpus = {
+            uuid: self.config.gpu_policies.get(uuid, self.config.gpu_policy) for uuid in gpus
+        }
+        self.freezer = freezer if freezer is not None else detect_freezer()
+        self.listener = listener
+        self.backend = backend
+        self.events = events if events is not None else EventLog()
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.RLock()
+        self._records: dict[str, _Record] = {}
+        self._released: dict[str, ProcessHandle | None] = {}
+        self._leases: dict[str, Lease] = {}
+        self._period_start = clock()
+        self._next_poll = 0
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._closed = False
+        self._freezes = 0
+        self.last_plan: Plan | None = None
+
+    # -- the service's calls ---------------------------------------------------------------
+
+    def update(self, workloads: Sequence[GovernedWorkload]) -> None:
+        """Set the governed workloads to exactly ``workloads``.
+
+        New ones are adopted by the freezer (and thawed, in case a previous agent left them
+        frozen); ones no longer listed are thawed and released; changed ones (priority,
+        modes, shares) take effect at the next plan. Workloads passed to
+        :meth:`before_signal` stay ungoverned while they are listed with the same process
+        handle (a relaunch under the same id, with a new handle, is governed again).
+
+        Raises:
+            ValueError: a workload on a GPU this governor does not govern, an id twice, or a
+                GPU whose shares add up to more than 1000 milli.
+        """
+        by_id: dict[str, GovernedWorkload] = {}
+        load: dict[str, int] = {}
+        for w in workloads:
+            if w.workload_id in by_id:
+                raise ValueError(f"workload {w.workload_id} given twice")
+            by_id[w.workload_id] = w
+            for uuid, share in zip(w.gpu_uuids, w.compute_milli, strict=True):
+                if uuid not in self._gpus:
+                    raise ValueError(f"workload {w.workload_id}: GPU {uuid} is not governed")
+                load[uuid] = load.get(uuid, 0) + share
+        for uuid, total in load.items():
+            if total > MILLI:
+                raise ValueError(f"GPU {uuid}: shares add up to {total} milli (over 1000)")
+        with self._lock:
+            now = self._clock()
+            for wid in list(self._records):
+                record = self._records[wid]
+                if wid not in by_id or by_id[wid].handle != record.spec.handle:
+                    self._drop(record)
+            self._released = {w: h for w, h in self._released.items() if w in by_id}
+            for wid, spec in by_id.items():
+                if wid in self._released and self._released[wid] in (None, spec.handle):
+                    continue  # released by before_signal (a new process of it is governed)
+                self._released.pop(wid, None)
+                known = self._records.get(wid)
+                if known is not None:
+                    known.spec = spec
+                    continue
+                self.freezer.adopt(spec.handle)
+                fresh = _Record(spec=spec, mark_ns=now)
+                fresh.samples.append((now, 0))
+                self._records[wid] = fresh
+        self._poke()
+
+    def before_signal(self, workload_id: str) -> None:
+        """Thaw ``workload_id`` now and stop governing it (until :meth:`update` no longer
+        lists it), so that a SIGTERM that follows can be handled. Unknown ids are ignored."""
+        with self._lock:
+            record = self._records.get(workload_id)
+            self._released[workload_id] = record.spec.handle if record is not None else None
+            if record is not None:
+                self._drop(record)
+        self._poke()
+
+    def snapshot(self) -> GovernorSnapshot:
+        """The governed workloads now (see :class:`GovernorSnapshot`)."""
+        with self._lock:
+            now = self._clock()
+            views = [self._view(r, now) for _, r in sorted(self._records.items())]
+            dropped = self.listener.dropped if self.listener is not None else 0
+        cfg = self.config.planner
+        return GovernorSnapshot(
+            time=self._wall(),
+            mechanism=self.freezer.kind,
+            period_ms=cfg.period_ns // 1_000_000,
+            lease_ms=cfg.lease_ns // 1_000_000,
+            resume_after_ms=cfg.resume_after_ns // 1_000_000,
+            workloads=tuple(views),
+            dropped_hints=dropped,
+            freezes=self._freezes,
+        )
+
+    def pids(self, workload_id: str) -> list[int]:
+        """The workload's live processes as the freezer sees them (empty when unknown)."""
+        with self._lock:
+            record = self._records.get(workload_id)
+            return self.freezer.pids(record.spec.handle) if record is not None else []
+
+    def start(self) -> None:
+        """Run the loop in a daemon thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="fgpu-governor", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the loop, thaw every workload, release the freezer's resources and close the
+        listener. No process the governor froze is left stopped. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._stopping = True
+        self._poke()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            for record in list(self._records.values()):
+                self._drop(record)
+            self.freezer.close()
+            if self.listener is not None:
+                self.listener.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._closed = True
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> Plan:
+        """One round: hints, accounting, plan, freezes (confirmed), thaws. The loop calls it;
+        tests may call it directly instead of :meth:`start`."""
+        with self._lock:
+            return self._step()
+
+    def _run(self) -> None:
+        self._setup_thread()
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                try:
+                    wake = self._step().wake_ns
+                except Exception:
+                    log.exception("governor step failed; retrying in 100 ms")
+                    wake = self._clock() + 100_000_000
+            self._wait(wake)
+
+    def _setup_thread(self) -> None:
+        cfg = self.config
+        if cfg.cpu is not None:
+            try:
+                os.sched_setaffinity(0, {cfg.cpu})
+            except OSError as exc:
+                log.warning("governor: cannot pin to CPU %d: %s", cfg.cpu, exc)
+        if cfg.realtime_priority is not None:
+            try:
+                policy = os.SCHED_FIFO | getattr(os, "SCHED_RESET_ON_FORK", 0)
+                os.sched_setscheduler(0, policy, os.sched_param(cfg.realtime_priority))
+            except (OSError, AttributeError) as exc:
+                log.warning("governor: cannot use SCHED_FIFO: %s", exc)
+
+    def _wait(self, wake_ns: int) -> None:
+        timeout = max(0, wake_ns - self._clock()) / 1e9
+        fds = [self._wake_r]
+        if self.listener is not None:
+            fds.append(self.listener.fileno())
+        with contextlib.suppress(InterruptedError, OSError, ValueError):
+            ready, _, _ = select.select(fds, [], [], timeout)
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _step(self) -> Plan:
+        now = self._clock()
+        if self.listener is not None:
+            self._apply_hints(self.listener.receive(), now)
+        if now >= self._next_poll:
+            self._poll_nvml(now)
+            self._next_poll = now + int(self.config.activity_poll_s * 1e9)
+        cfg = self.config.planner
+        if now >= self._period_start + cfg.period_ns:
+            boundary = now - (now - self._period_start) % cfg.period_ns
+            for record in self._records.values():
+                record.charge(boundary)
+                record.used_ns = 0
+            self._period_start = boundary
+        for record in self._records.values():
+            record.charge(now)
+            if now - record.samples[-1][0] >= ACHIEVED_SAMPLE_NS:
+                record.samples.append((now, record.total_ns))
+                window = int(self.config.achieved_window_s * 1e9)
+                while len(record.samples) > 2 and now - record.samples[1][0] >= window:
+                    record.samples.popleft()
+        state = NodeState(
+            config=cfg,
+            gpus=self._gpus,
+            workloads=[self._planner_view(r) for r in self._records.values()],
+            period_start_ns=self._period_start,
+            leases=self._leases,
+        )
+        decided = plan(now, state)
+        self._execute(decided)
+        self._leases = dict(decided.leases)
+        self.last_plan = decided
+        return decided
+
+    def _planner_view(self, record: _Record) -> WorkloadState:
+        spec = record.spec
+        return WorkloadState(
+            workload_id=spec.workload_id,
+            shares=dict(zip(spec.gpu_uuids, spec.compute_milli, strict=True)),
+            priority=spec.priority,
+            mode=spec.mode,
+            priority_policy=spec.priority_policy,
+            busy=record.busy,
+            idle_since_ns=record.idle_since_ns,
+            state=record.state,
+            used_ns=record.used_ns,
+        )
+
+    def _execute(self, decided: Plan) -> None:
+        """Freezes first, each confirmed (or timed out) before any thaw, so that two leases
+        never overlap; then thaws. Priority events carry the time the freeze took effect."""
+        freezing: list[tuple[_Record, Freeze]] = []
+        for action in decided.actions:
+            if not isinstance(action, Freeze):
+                continue
+            record = self._records[action.workload_id]
+            record.blocker = decided.blockers.get(action.workload_id)
+            if record.state is RunState.RUNNING:
+                self.freezer.freeze(record.spec.handle)
+                self._freezes += 1
+                freezing.append((record, action))
+            else:
+                previous = record.state
+                record.state = action.reason
+                self._note(record, previous, action.reason, action.message, self._clock())
+        timeout = self.config.confirm_timeout_s
+        for record, action in freezing:
+            confirmed = self.freezer.wait_frozen(record.spec.handle, timeout)
+            stopped = self._clock()
+            record.charge(stopped)  # it ran until the freeze took effect
+            record.state = action.reason
+            self._note(record, RunState.RUNNING, action.reason, action.message, stopped)
+            if confirmed:
+                record.slow_reported = False
+            elif not record.slow_reported:  # once until a freeze is confirmed again
+                record.slow_reported = True
+                self.events.add(
+                    self._wall(),
+                    stopped,
+                    record.spec.workload_id,
+                    FREEZE_SLOW,
+                    "freeze not confirmed",
+                    f"not all processes stopped within {timeout * 1000:.0f} ms",
+                )
+        for action in decided.actions:
+            if not isinstance(action, Thaw):
+                continue
+            waking = self._records[action.workload_id]
+            before: RunState = waking.state
+            self.freezer.thaw(waking.spec.handle)
+            thawed = self._clock()
+            waking.state = RunState.RUNNING
+            waking.mark_ns = thawed
+            waking.blocker = None
+            self._note(waking, before, RunState.RUNNING, action.message, thawed)
+
+    def _note(
+        self,
+        record: _Record,
+        before: RunState,
+        after: RunState,
+        message: str,
+        stamp: int,
+    ) -> None:
+        """Record priority transitions (share-based switches are too many to record)."""
+        was = before is RunState.FROZEN_BY_PRIORITY
+        now = after is RunState.FROZEN_BY_PRIORITY
+        if was == now:
+            return
+        wid = record.spec.workload_id
+        if now:
+            reason = "compress" if message.startswith("compressed") else "priority"
+            self.events.add(self._wall(), stamp, wid, PAUSED, reason, message)
+        else:
+            text = "resumed: no higher-priority workload is busy on its GPUs"
+            self.events.add(self._wall(), stamp, wid, RESUMED, "priority", text)
+
+    def _drop(self, record: _Record) -> None:
+        record.charge(self._clock())
+        self.freezer.release(record.spec.handle)
+        del self._records[record.spec.workload_id]
+
+    # -- activity ----------------------------------------------------------------------------
+
+    def _apply_hints(self, hints: list[Hint], now: int) -> None:
+        listener = self.listener
+        for hint in hints:
+            message = hint.message
+            record = self._records.get(message.workload_id)
+            if record is None or not self.freezer.owns(record.spec.handle, hint.pid):
+                if listener is not None:
+                    listener.dropped += 1
+                continue
+            if message.kind == "memory":
+                self._memory_report(record, hint)
+                continue
+            self._set_busy(record, message.kind == "busy", now, "hints")
+
+    def _set_busy(self, record: _Record, busy: bool, now: int, source: str) -> None:
+        record.activity = source
+        if busy == record.busy:
+            return
+        record.charge(now)
+        record.busy = busy
+        record.idle_since_ns = None if busy else now
+
+    def _memory_report(self, record: _Record, hint: Hint) -> None:
+        backend = self.backend
+        if not isinstance(backend, SimulatedBackend):
+            return  # real GPUs: NVML measures memory
+        gpus = record.spec.gpu_uuids
+        gpu = hint.message.gpu
+        if gpu is None:
+            uuid = gpus[0]
+        elif isinstance(gpu, int):
+            if not 0 <= gpu < len(gpus):
+                return
+            uuid = gpus[gpu]
+        else:
+            if gpu not in gpus:
+                return
+            uuid = gpu
+        backend.report_usage(hint.pid, uuid, hint.message.mib)
+
+    def _poll_nvml(self, now: int) -> None:
+        read = getattr(self.backend, "process_utilization", None)
+        if read is None or isinstance(self.backend, SimulatedBackend):
+            return
+        try:
+            samples = read()
+        except Exception as exc:
+            log.debug("governor: NVML utilization unavailable: %s", exc)
+            return
+        busy_pids = {s.pid for s in samples if s.sm_percent >= self.config.nvml_busy_percent}
+        for record in self._records.values():
+            if record.activity == "hints" or record.state is not RunState.RUNNING:
+                continue  # hints win; a frozen workload cannot be measured
+            pids = self.freezer.pids(record.spec.handle)
+            self._set_busy(record, any(p in busy_pids for p in pids), now, "nvml")
+
+    # -- views -------------------------------------------------------------------------------
+
+    def _view(self, record: _Record, now: int) -> WorkloadView:
+        spec = record.spec
+        total = record.total_ns
+        if record.state is RunState.RUNNING and record.busy:
+            total += max(0, now - record.mark_ns)
+        window = int(self.config.achieved_window_s * 1e9)
+        start_ns, start_total = record.samples[0]
+        for stamp, value in record.samples:
+            if now - stamp <= window:
+                start_ns, start_total = stamp, value
+                break
+        span = now - start_ns
+        achieved = (total - start_total) * MILLI // span if span > 0 else 0
+        modes = tuple(str(spec.mode or self._gpus[g].mode) for g in spec.gpu_uuids)
+        return WorkloadView(
+            workload_id=spec.workload_id,
+            gpu_uuids=spec.gpu_uuids,
+            compute_milli=spec.compute_milli,
+            priority=spec.priority,
+            modes=modes,
+            state=record.state,
+            busy=record.busy,
+            activity=record.activity,
+            achieved_milli=min(MILLI, achieved),
+            blocker=record.blocker,
+        )
+
+
+__all__ = [
+    "GovernedWorkload",
+    "Governor",
+    "GovernorConfig",
+    "GovernorSnapshot",
+    "WorkloadView",
+]

@@ -1,0 +1,282 @@
+"""The memory guard: stops a workload that holds more GPU memory than its quota.
+
+Every ``interval_s`` the guard reads per-process device memory from the GPU backend (NVML
+on real GPUs; on simulated GPUs, what workloads report through
+:func:`fgpu.sdk.report_memory`, which the governor passes to
+:meth:`~fgpu.agent.backend.SimulatedBackend.report_usage`), adds it up per workload and GPU
+(a workload is its process group, or the governor's cgroup), and compares it with the quota.
+Over quota:
+
+- policy ``kill`` (default): a :data:`~fgpu.agent.events.MEMORY_EXCEEDED` event naming used
+  and allowed MiB, then the workload is stopped: by the ``stop`` callback when given (the
+  service records the stop and terminates it its own way), else thawed (governor) and sent
+  SIGKILL. Its neighbours on the GPU are not touched.
+- policy ``warn``: a :data:`~fgpu.agent.events.MEMORY_WARNING` event once per crossing (again
+  only after it has gone under its quota and over again).
+
+The enforcement is after the fact (up to one interval late) and the framework limits of
+:func:`fgpu.agent.limits.launch_env` are what keep a well-behaved workload under its quota
+in the first place; the guard is for the ones that are not (DESIGN.md section 7).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
+from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, EventLog
+from fgpu.agent.governor.freezer import stat_fields
+from fgpu.agent.launcher import Launcher
+from fgpu.agent.process import ProcessHandle, group_pids
+
+log = logging.getLogger(__name__)
+
+
+class MemoryPolicy(enum.StrEnum):
+    """What the guard does to a workload over its memory quota."""
+
+    KILL = "kill"
+    WARN = "warn"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardedWorkload:
+    """A workload and its memory quotas.
+
+    Attributes:
+        workload_id: its id.
+        handle: its processes.
+        quotas_mib: GPU uuid -> memory quota on that GPU, MiB. Memory it holds on a GPU not
+            listed is not checked (NVML may list a process on GPUs it only peeks at).
+    """
+
+    workload_id: str
+    handle: ProcessHandle
+    quotas_mib: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryViolation:
+    """A workload over its quota on one GPU.
+
+    Attributes:
+        workload_id: the workload.
+        gpu_uuid: the GPU.
+        used_mib: what its processes hold there, MiB.
+        allowed_mib: its quota there, MiB.
+        pids: its processes holding memory there, ascending.
+    """
+
+    workload_id: str
+    gpu_uuid: str
+    used_mib: int
+    allowed_mib: int
+    pids: tuple[int, ...]
+
+    @property
+    def message(self) -> str:
+        """The sentence for the event."""
+        return (
+            f"GPU memory over quota on {self.gpu_uuid}: used {self.used_mib} MiB, "
+            f"allowed {self.allowed_mib} MiB"
+        )
+
+
+def find_violations(
+    usage: Sequence[GpuProcess],
+    owners: Mapping[int, str],
+    quotas: Mapping[str, Mapping[str, int]],
+) -> list[MemoryViolation]:
+    """Workloads over quota (pure).
+
+    Args:
+        usage: per (process, GPU) memory, MiB (:meth:`GpuBackend.process_memory`).
+        owners: pid -> workload id, for the governed workloads' processes.
+        quotas: workload id -> GPU uuid -> quota, MiB.
+
+    Returns:
+        One :class:`MemoryViolation` per (workload, GPU) whose summed use is above its quota,
+        ordered by workload id then GPU uuid. Processes of no known workload, and GPUs a
+        workload has no quota on, are ignored.
+    """
+    used: dict[tuple[str, str], int] = {}
+    pids: dict[tuple[str, str], list[int]] = {}
+    for proc in usage:
+        owner = owners.get(proc.pid)
+        if owner is None or proc.gpu_uuid not in quotas.get(owner, {}):
+            continue
+        key = (owner, proc.gpu_uuid)
+        used[key] = used.get(key, 0) + proc.used_mib
+        pids.setdefault(key, []).append(proc.pid)
+    return [
+        MemoryViolation(wid, gpu, mib, quotas[wid][gpu], tuple(sorted(pids[(wid, gpu)])))
+        for (wid, gpu), mib in sorted(used.items())
+        if mib > quotas[wid][gpu]
+    ]
+
+
+class Thawer(Protocol):
+    """What the guard needs of the governor: thaw a workload before it is signalled."""
+
+    def before_signal(self, workload_id: str) -> None: ...
+
+
+class MemoryGuard:
+    """Polls per-process GPU memory and acts on workloads over quota (module docstring).
+
+    Args:
+        backend: where memory figures come from.
+        policy: ``kill`` or ``warn``.
+        interval_s: seconds between polls (thread started by :meth:`start`).
+        events: where events go (default: a new :class:`EventLog`; pass the governor's to
+            keep one log).
+        stop: called as ``stop(workload, violation)`` to stop a workload under ``kill``;
+            None: thaw it through ``governor`` and send SIGKILL to its process group.
+        governor: anything with ``before_signal(workload_id)`` (the
+            :class:`~fgpu.agent.governor.runtime.Governor`); used by the default ``stop``.
+        pids_of: a workload's processes (default: its process group; pass
+            ``lambda h: governor.pids(h.workload_id)`` to count processes that left it).
+        clock: monotonic clock, ns (event stamps). wall: wall clock, s.
+    """
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        *,
+        policy: MemoryPolicy = MemoryPolicy.KILL,
+        interval_s: float = 1.0,
+        events: EventLog | None = None,
+        stop: Callable[[GuardedWorkload, MemoryViolation], None] | None = None,
+        governor: Thawer | None = None,
+        pids_of: Callable[[ProcessHandle], list[int]] = group_pids,
+        clock: Callable[[], int] = time.monotonic_ns,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.backend = backend
+        self.policy = policy
+        self.interval_s = interval_s
+        self.events = events if events is not None else EventLog()
+        self._stop_workload = stop
+        self._governor = governor
+        self._pids_of = pids_of
+        self._clock = clock
+        self._wall = wall
+        self._lock = threading.Lock()
+        self._workloads: dict[str, GuardedWorkload] = {}
+        self._over: set[tuple[str, str]] = set()
+        self._stopped: set[str] = set()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def update(self, workloads: Sequence[GuardedWorkload]) -> None:
+        """Guard exactly ``workloads`` from now on."""
+        with self._lock:
+            self._workloads = {w.workload_id: w for w in workloads}
+            self._stopped &= set(self._workloads)
+            self._over = {k for k in self._over if k[0] in self._workloads}
+
+    def check(self) -> list[MemoryViolation]:
+        """Poll once and act on what is over quota; returns the violations found (also the
+        ones already acted on)."""
+        with self._lock:
+            workloads = dict(self._workloads)
+        try:
+            usage = self.backend.process_memory()
+        except Exception as exc:
+            log.warning("memory guard: cannot read per-process memory: %s", exc)
+            return []
+        self._forget_dead(usage)
+        owners: dict[int, str] = {}
+        for wid, w in workloads.items():
+            for pid in self._pids_of(w.handle):
+                owners[pid] = wid
+        quotas = {wid: w.quotas_mib for wid, w in workloads.items()}
+        found = find_violations(usage, owners, quotas)
+        over_now = {(v.workload_id, v.gpu_uuid) for v in found}
+        for violation in found:
+            self._act(workloads[violation.workload_id], violation)
+        with self._lock:
+            self._over = over_now | {k for k in self._over if k[0] in self._stopped}
+        return found
+
+    def _act(self, workload: GuardedWorkload, violation: MemoryViolation) -> None:
+        wid = violation.workload_id
+        key = (wid, violation.gpu_uuid)
+        with self._lock:
+            if wid in self._stopped or (self.policy is MemoryPolicy.WARN and key in self._over):
+                return
+            if self.policy is MemoryPolicy.KILL:
+                self._stopped.add(wid)
+        if self.policy is MemoryPolicy.WARN:
+            self.events.add(
+                self._wall(),
+                self._clock(),
+                wid,
+                MEMORY_WARNING,
+                "memory quota",
+                f"{violation.message}; left running (policy warn)",
+            )
+            return
+        self.events.add(
+            self._wall(),
+            self._clock(),
+            wid,
+            MEMORY_EXCEEDED,
+            "memory quota",
+            f"{violation.message}; stopped (policy kill)",
+        )
+        if self._stop_workload is not None:
+            self._stop_workload(workload, violation)
+            return
+        if self._governor is not None:
+            self._governor.before_signal(wid)
+        Launcher().signal(workload.handle, signal.SIGKILL)
+
+    def _forget_dead(self, usage: Sequence[GpuProcess]) -> None:
+        """Simulated GPUs keep reports until told; drop those of processes that ended."""
+        backend = self.backend
+        if not isinstance(backend, SimulatedBackend):
+            return
+        for pid in {p.pid for p in usage}:
+            fields = stat_fields(pid)
+            if fields is None or fields[0] in "ZXx":
+                backend.forget_process(pid)
+
+    def start(self) -> None:
+        """Poll every ``interval_s`` in a daemon thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="fgpu-memguard", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            try:
+                self.check()
+            except Exception:
+                log.exception("memory guard: check failed")
+
+    def close(self) -> None:
+        """Stop polling; idempotent."""
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+__all__ = [
+    "GuardedWorkload",
+    "MemoryGuard",
+    "MemoryPolicy",
+    "MemoryViolation",
+    "Thawer",
+    "find_violations",
+]

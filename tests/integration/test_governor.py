@@ -1,0 +1,355 @@
+"""The governor's executor with real processes: freezes and thaws follow the plan, hints are
+authenticated, thaw-before-signal lets a frozen workload exit cleanly, and close() leaves no
+process stopped. Both mechanisms run where available (cgroup v2 needs a writable hierarchy).
+No assertion here is about timing; waits have generous timeouts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import fgpu
+from fgpu.agent.backend import SimulatedBackend
+from fgpu.agent.events import PAUSED, RESUMED
+from fgpu.agent.governor.activity import HintListener
+from fgpu.agent.governor.freezer import (
+    CgroupFreezer,
+    Freezer,
+    Hastener,
+    SignalFreezer,
+    cgroup2_mount,
+    stat_fields,
+)
+from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PlannerConfig, RunState
+from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
+from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle
+from fgpu.sdk.wire import Message, encode
+
+MS = 1_000_000
+TIMEOUT_S = 15.0
+SRC = str(Path(fgpu.__file__).resolve().parent.parent)
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": SRC}
+SPIN = "while True: pass"
+GPU = "GPU-00000000-sim0-0000-000000000000"
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def stopped(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] in "Tt"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture(params=["signal", "cgroup"])
+def freezer(request: pytest.FixtureRequest) -> Iterator[Freezer]:
+    if request.param == "signal":
+        yield SignalFreezer(hasten=True)
+        return
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy here")
+    root = mount / f"fgpu-test-{os.getpid()}"
+    try:
+        made = CgroupFreezer(root, hasten=True)
+    except OSError as exc:
+        pytest.skip(f"cgroup v2 not writable here: {exc}")
+    yield made
+    deadline = time.monotonic() + TIMEOUT_S
+    while root.exists() and time.monotonic() < deadline:
+        for group in made.recover():  # processes a failed test left, or not yet reaped
+            for pid in made.pids_in(group):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            root.rmdir()
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def launched(tmp_path: Path) -> Iterator[Callable[..., ProcessHandle]]:
+    launcher = Launcher()
+    handles: list[ProcessHandle] = []
+
+    def launch(name: str, code: str = SPIN) -> ProcessHandle:
+        spec = LaunchSpec(
+            workload_id=name,
+            argv=[sys.executable, "-c", code],
+            log_dir=tmp_path / "logs",
+            env=dict(ENV, FGPU_AGENT_SOCKET=str(tmp_path / "agent.sock")),
+            gpu_uuids=[GPU],
+            agent_socket=str(tmp_path / "agent.sock"),
+        )
+        handle = launcher.launch(spec)
+        handles.append(handle)
+        return handle
+
+    yield launch
+    for handle in handles:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle.pgid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(handle.pgid, signal.SIGCONT)
+
+
+def governed(name: str, handle: ProcessHandle, share: int, **kw: object) -> GovernedWorkload:
+    return GovernedWorkload(
+        workload_id=name,
+        handle=handle,
+        gpu_uuids=(GPU,),
+        compute_milli=(share,),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_freezes_and_thaws_follow_the_plan(
+    freezer: Freezer, launched: Callable[..., ProcessHandle]
+) -> None:
+    clock = FakeClock()
+    config = GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT))
+    gov = Governor([GPU], config=config, freezer=freezer, clock=clock)
+    handle = launched("alone")
+    gov.update([governed("alone", handle, 400)])
+    try:
+        assert gov.step().states == {"alone": RunState.RUNNING}
+        assert not freezer.is_frozen(handle)
+
+        clock.now = 40 * MS  # its 40 ms of the 100 ms period are used
+        assert gov.step().states == {"alone": RunState.FROZEN_BY_SHARE}
+        assert freezer.is_frozen(handle)
+        if isinstance(freezer, SignalFreezer):
+            assert all(stopped(p) for p in freezer.pids(handle))
+
+        clock.now = 100 * MS  # next period
+        assert gov.step().states == {"alone": RunState.RUNNING}
+        assert not freezer.is_frozen(handle)
+        assert not any(stopped(p) for p in freezer.pids(handle))
+    finally:
+        gov.close()
+
+
+def test_close_leaves_no_process_stopped(
+    freezer: Freezer, launched: Callable[..., ProcessHandle]
+) -> None:
+    clock = FakeClock()
+    gov = Governor([GPU], freezer=freezer, clock=clock)
+    high = launched("high")
+    lows = [launched(f"low{i}") for i in range(3)]
+    gov.update(
+        [governed("high", high, 400, priority=125)]
+        + [governed(f"low{i}", h, 200) for i, h in enumerate(lows)],
+    )
+    gov.step()  # high is busy (no hints: assumed busy): the others are paused
+    assert all(freezer.is_frozen(h) for h in lows)
+    pids = [p for h in [high, *lows] for p in freezer.pids(h)]
+    assert len(pids) == 4
+
+    gov.close()
+
+    assert not any(freezer.is_frozen(h) for h in lows)
+    assert not any(stopped(p) for p in pids)
+    assert all(stat_fields(p) is not None for p in pids)  # thawed, not killed
+
+
+def test_thaw_before_signal_lets_a_frozen_workload_exit_cleanly(
+    freezer: Freezer, launched: Callable[..., ProcessHandle], tmp_path: Path
+) -> None:
+    trap = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n"
+        "    print('clean exit', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('ready', flush=True)\n"
+        "while True: pass\n"
+    )
+    gov = Governor([GPU], freezer=freezer)
+    high = launched("high")
+    low = launched("low", trap)
+    wait_for(lambda: "ready" in low.stdout_path.read_text(), "the handler to be installed")
+    gov.update([governed("high", high, 500, priority=125), governed("low", low, 500)])
+    gov.start()
+    try:
+        wait_for(lambda: freezer.is_frozen(low), "the low-priority workload to be paused")
+
+        gov.before_signal("low")
+        assert not freezer.is_frozen(low)
+        state = Launcher().terminate(low, grace_s=10.0)
+
+        assert state.exit_code == 0
+        assert "clean exit" in low.stdout_path.read_text()
+        assert [v.workload_id for v in gov.snapshot().workloads] == ["high"]
+        kinds = [(e.workload_id, e.kind) for e in gov.events.since()]
+        assert ("low", PAUSED) in kinds
+    finally:
+        gov.close()
+
+
+def test_hints_set_activity_and_spoofed_hints_are_dropped(
+    freezer: Freezer, launched: Callable[..., ProcessHandle], tmp_path: Path
+) -> None:
+    listener = HintListener(tmp_path / "agent.sock")
+    idle = "import fgpu.sdk, time\nfgpu.sdk.mark_idle()\ntime.sleep(600)\n"
+    gov = Governor([GPU], freezer=freezer, listener=listener)
+    handle = launched("w", idle)
+    gov.update([governed("w", handle, 500)])
+    gov.start()
+    try:
+        wait_for(
+            lambda: gov.snapshot().workloads[0].activity == "hints", "the workload's idle hint"
+        )
+        view = gov.snapshot().workloads[0]
+        assert (view.busy, view.state) == (False, RunState.RUNNING)
+
+        # This test process is not part of workload "w": its claim is refused.
+        spoof = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        spoof.sendto(encode(Message("w", "busy")), str(tmp_path / "agent.sock"))
+        spoof.close()
+        wait_for(lambda: gov.snapshot().dropped_hints == 1, "the spoofed hint to be refused")
+        assert gov.snapshot().workloads[0].busy is False
+    finally:
+        gov.close()
+    assert not (tmp_path / "agent.sock").exists()
+
+
+def test_priority_pause_and_resume_with_hints(
+    freezer: Freezer, launched: Callable[..., ProcessHandle], tmp_path: Path
+) -> None:
+    listener = HintListener(tmp_path / "agent.sock")
+    flag = tmp_path / "go"
+    burst = (
+        "import fgpu.sdk, os, time\n"
+        "fgpu.sdk.mark_idle()\n"
+        f"while not os.path.exists({str(flag)!r}): time.sleep(0.01)\n"
+        "with fgpu.sdk.busy():\n"
+        "    end = time.monotonic() + 0.3\n"
+        "    while time.monotonic() < end: pass\n"
+        "time.sleep(600)\n"
+    )
+    config = GovernorConfig(planner=PlannerConfig(resume_after_ns=100 * MS))
+    gov = Governor([GPU], config=config, freezer=freezer, listener=listener)
+    high = launched("high", burst)
+    low = launched("low")
+    gov.update([governed("high", high, 500, priority=125), governed("low", low, 500)])
+    gov.start()
+    try:
+        # Until its first hint, high counts as busy; once idle (plus hysteresis) low runs.
+        wait_for(lambda: gov.snapshot().workloads[0].activity == "hints", "high's idle hint")
+        wait_for(lambda: gov.snapshot().workloads[1].state is RunState.RUNNING, "low to run")
+        assert not freezer.is_frozen(low)
+        cursor = gov.events.since()[-1].seq if gov.events.since() else 0
+
+        flag.touch()
+        wait_for(lambda: any(e.kind == RESUMED for e in gov.events.since(cursor)), "a resume")
+
+        events = [(e.workload_id, e.kind, e.reason) for e in gov.events.since(cursor)]
+        assert events == [("low", PAUSED, "priority"), ("low", RESUMED, "priority")]
+        pause = gov.events.since(cursor)[0]
+        assert pause.message == "paused: high (priority 125) is busy on " + GPU
+        assert not freezer.is_frozen(low)
+    finally:
+        gov.close()
+
+
+def test_memory_reports_reach_the_simulated_backend(
+    freezer: Freezer, launched: Callable[..., ProcessHandle], tmp_path: Path
+) -> None:
+    backend = SimulatedBackend("1xA100-40GB")
+    gpu = backend.gpus()[0].uuid
+    listener = HintListener(tmp_path / "agent.sock")
+    gov = Governor([gpu], freezer=freezer, listener=listener, backend=backend)
+    code = "import fgpu.sdk, time\nfgpu.sdk.report_memory(1234)\ntime.sleep(600)\n"
+    handle = launched("w", code)
+    gov.update(
+        [GovernedWorkload(workload_id="w", handle=handle, gpu_uuids=(gpu,), compute_milli=(500,))]
+    )
+    gov.start()
+    try:
+        wait_for(lambda: bool(backend.process_memory()), "the memory report")
+        [report] = backend.process_memory()
+        assert (report.gpu_uuid, report.used_mib) == (gpu, 1234)
+        assert report.pid in freezer.pids(handle)
+    finally:
+        gov.close()
+
+
+def test_update_rejects_overbooked_gpus_and_unknown_gpus(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    gov = Governor([GPU], freezer=SignalFreezer())
+    handle = launched("a")
+    try:
+        with pytest.raises(ValueError, match="over 1000"):
+            gov.update([governed("a", handle, 700), governed("b", handle, 400)])
+        other = GovernedWorkload(
+            workload_id="c", handle=handle, gpu_uuids=("GPU-other",), compute_milli=(100,)
+        )
+        with pytest.raises(ValueError, match="not governed"):
+            gov.update([other])
+    finally:
+        gov.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing another process's policy needs root")
+def test_hastener_boosts_runnable_tasks_and_restores_their_policy(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    handle = launched("w")
+    wait_for(lambda: stat_fields(handle.pgid) is not None, "the workload to start")
+    hastener = Hastener()
+    os.killpg(handle.pgid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: stopped(handle.pgid), "the task to stop")
+        hastener.boost([handle.pgid])  # a stopped task is left alone
+        assert os.sched_getscheduler(handle.pgid) == os.SCHED_OTHER
+        os.killpg(handle.pgid, signal.SIGCONT)
+        wait_for(lambda: stat_fields(handle.pgid)[0] == "R", "the task to run")  # type: ignore[index]
+
+        hastener.boost([handle.pgid])
+        assert os.sched_getscheduler(handle.pgid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0) == (
+            os.SCHED_FIFO
+        )
+        hastener.restore()
+        assert os.sched_getscheduler(handle.pgid) == os.SCHED_OTHER
+    finally:
+        hastener.restore()
+
+
+def test_a_released_workload_relaunched_under_its_id_is_governed_again(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    gov = Governor([GPU], freezer=SignalFreezer(), clock=FakeClock())
+    first = launched("w")
+    try:
+        gov.update([governed("w", first, 500)])
+        gov.before_signal("w")
+        gov.update([governed("w", first, 500)])  # still listed while it exits
+        assert gov.snapshot().workloads == ()
+
+        second = launched("w2")  # the relaunch: same id, new process
+        gov.update([governed("w", second, 500)])
+        assert [v.workload_id for v in gov.snapshot().workloads] == ["w"]
+        assert gov.pids("w") == SignalFreezer().pids(second)
+    finally:
+        gov.close()

@@ -1,0 +1,298 @@
+"""The governor's planner, step by step: exact freeze/thaw sequences on a virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from fgpu.agent.governor.plan import (
+    ComputeMode,
+    Freeze,
+    GpuPolicy,
+    Lease,
+    NodeState,
+    PlannerConfig,
+    PriorityPolicy,
+    RunState,
+    Thaw,
+    WorkloadState,
+    plan,
+)
+from fgpu.agent.governor.virtual import Activity, VirtualRun, run_virtual
+
+MS = 1_000_000
+CONFIG = PlannerConfig(
+    period_ns=100 * MS,
+    lease_ns=10 * MS,
+    min_lease_ns=1 * MS,
+    resume_after_ns=50 * MS,
+)
+SHARE = RunState.FROZEN_BY_SHARE
+PRIO = RunState.FROZEN_BY_PRIORITY
+
+
+def wl(name: str, shares: dict[str, int], **kw: object) -> WorkloadState:
+    return WorkloadState(workload_id=name, shares=shares, **kw)  # type: ignore[arg-type]
+
+
+def steps(run: VirtualRun, until_ms: int | None = None) -> list[tuple[float, list[str]]]:
+    """Steps as ``(ms, ["freeze b (frozen-by-share)", "thaw a"])`` for readable asserts."""
+    out: list[tuple[float, list[str]]] = []
+    for step in run.steps:
+        if until_ms is not None and step.at_ns >= until_ms * MS:
+            break
+        words = [
+            f"freeze {a.workload_id} ({a.reason})"
+            if isinstance(a, Freeze)
+            else f"thaw {a.workload_id}"
+            for a in step.actions
+        ]
+        out.append((step.at_ns / MS, words))
+    return out
+
+
+def used_ms(run: VirtualRun, period_ms: int) -> dict[str, float]:
+    return {w: ns / MS for w, ns in run.used[period_ms * MS].items()}
+
+
+def test_strict_700_300_exact_sequence() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.STRICT)}
+    run = run_virtual(CONFIG, gpus, [wl("a", {"g0": 700}), wl("b", {"g0": 300})], 200 * MS)
+
+    assert steps(run, until_ms=100) == [
+        (0.0, ["freeze b (frozen-by-share)"]),
+        (10.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (20.0, ["freeze b (frozen-by-share)", "thaw a"]),
+        (40.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (50.0, ["freeze b (frozen-by-share)", "thaw a"]),
+        (70.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (80.0, ["freeze b (frozen-by-share)", "thaw a"]),
+    ]
+    assert used_ms(run, 0) == {"a": 70.0, "b": 30.0}
+    assert used_ms(run, 100) == {"a": 70.0, "b": 30.0}
+
+
+def test_strict_alone_is_held_to_its_share() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.STRICT)}
+    run = run_virtual(CONFIG, gpus, [wl("a", {"g0": 400})], 200 * MS)
+
+    assert steps(run) == [
+        (40.0, ["freeze a (frozen-by-share)"]),
+        (100.0, ["thaw a"]),
+        (140.0, ["freeze a (frozen-by-share)"]),
+    ]
+    assert used_ms(run, 100) == {"a": 40.0}
+
+
+def test_fair_500_300_200_with_one_idle() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.FAIR)}
+    workloads = [
+        wl("a", {"g0": 500}),
+        wl("b", {"g0": 300}),
+        wl("c", {"g0": 200}, busy=False),
+    ]
+    run = run_virtual(CONFIG, gpus, workloads, 200 * MS)
+
+    # The idle workload's 200 goes to a and b as 5:3: 62.5 ms and 37.5 ms per period.
+    assert steps(run, until_ms=100) == [
+        (0.0, ["freeze b (frozen-by-share)"]),
+        (10.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (20.0, ["freeze b (frozen-by-share)", "thaw a"]),
+        (30.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (40.0, ["freeze b (frozen-by-share)", "thaw a"]),
+        (60.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (70.0, ["freeze b (frozen-by-share)", "thaw a"]),
+        (90.0, ["freeze a (frozen-by-share)", "thaw b"]),
+        (97.5, ["freeze b (frozen-by-share)", "thaw a"]),
+    ]
+    assert used_ms(run, 0) == {"a": 62.5, "b": 37.5, "c": 0.0}
+    assert used_ms(run, 100) == {"a": 62.5, "b": 37.5, "c": 0.0}
+    assert all(a.workload_id != "c" for s in run.steps for a in s.actions)
+
+
+def test_fair_alone_is_never_frozen() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.FAIR)}
+    run = run_virtual(
+        CONFIG,
+        gpus,
+        [wl("a", {"g0": 100})],
+        500 * MS,
+        [Activity(120 * MS, "a", False), Activity(260 * MS, "a", True)],
+    )
+
+    assert run.steps == []
+    assert used_ms(run, 0) == {"a": 100.0}
+    assert used_ms(run, 100) == {"a": 20.0}
+
+
+def test_priority_pause_and_resume_after_hysteresis() -> None:
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.PAUSE)}
+    workloads = [
+        wl("low", {"g0": 500}),
+        wl("high", {"g0": 500}, priority=125, busy=False),
+    ]
+    activity = [
+        Activity(30 * MS, "high", True),
+        Activity(60 * MS, "high", False),  # idle from 60: low resumes at 60 + 50
+        Activity(200 * MS, "high", True),
+        Activity(205 * MS, "high", False),
+    ]
+    run = run_virtual(CONFIG, gpus, workloads, 300 * MS, activity)
+
+    assert steps(run) == [
+        (30.0, ["freeze low (frozen-by-priority)"]),
+        (110.0, ["thaw low"]),
+        (200.0, ["freeze low (frozen-by-priority)"]),
+        (255.0, ["thaw low"]),
+    ]
+    pause = run.steps[0].actions[0]
+    assert isinstance(pause, Freeze)
+    assert pause.message == "paused: high (priority 125) is busy on g0"
+    resume = run.steps[1].actions[0]
+    assert isinstance(resume, Thaw)
+    assert resume.message.startswith("resumed")
+    assert used_ms(run, 0) == {"low": 30.0, "high": 30.0}
+
+
+def test_pause_freezes_an_idle_lower_priority_workload_too() -> None:
+    gpus = {"g0": GpuPolicy()}
+    workloads = [wl("low", {"g0": 500}, busy=False), wl("high", {"g0": 500}, priority=100)]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.actions == (Freeze("low", PRIO, "paused: high (priority 100) is busy on g0"),)
+
+
+def test_compress_holds_lower_priority_to_the_floor() -> None:
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.COMPRESS, floor_milli=100)}
+    workloads = [wl("low", {"g0": 600}), wl("high", {"g0": 400}, priority=125)]
+    run = run_virtual(CONFIG, gpus, workloads, 200 * MS)
+
+    assert steps(run) == [
+        (0.0, ["freeze low (frozen-by-priority)"]),
+        (90.0, ["freeze high (frozen-by-share)", "thaw low"]),
+        (100.0, ["freeze low (frozen-by-priority)", "thaw high"]),
+        (190.0, ["freeze high (frozen-by-share)", "thaw low"]),
+    ]
+    assert used_ms(run, 0) == {"low": 10.0, "high": 90.0}
+    first = run.steps[0].actions[0]
+    assert isinstance(first, Freeze)
+    assert first.message == "compressed to 100 milli: high (priority 125) is busy on g0"
+
+
+def test_two_gpu_workload_is_frozen_as_a_unit() -> None:
+    gpus = {"g0": GpuPolicy(), "g1": GpuPolicy()}
+    workloads = [
+        wl("a", {"g0": 500}),
+        wl("gang", {"g0": 500, "g1": 500}),
+        wl("h", {"g1": 500}, priority=125, busy=False),
+    ]
+    activity = [Activity(35 * MS, "h", True), Activity(75 * MS, "h", False)]
+    run = run_virtual(CONFIG, gpus, workloads, 200 * MS, activity)
+
+    assert steps(run, until_ms=140) == [
+        # gang needs g0 and g1 at once; a holds g0, so gang waits (g1 stays unused).
+        (0.0, ["freeze gang (frozen-by-share)"]),
+        (10.0, ["freeze a (frozen-by-share)", "thaw gang"]),
+        (20.0, ["freeze gang (frozen-by-share)", "thaw a"]),
+        (30.0, ["freeze a (frozen-by-share)", "thaw gang"]),
+        # h is busy on g1 only, yet gang stops on both GPUs; a gets g0 at once.
+        (35.0, ["freeze gang (frozen-by-priority)", "thaw a"]),
+        # h idle from 75: gang resumes at 125 but waits for a's lease on g0 to end.
+        (125.0, ["freeze gang (frozen-by-share)"]),
+        (130.0, ["freeze a (frozen-by-share)", "thaw gang"]),
+    ]
+    assert used_ms(run, 0) == {"a": 85.0, "gang": 15.0, "h": 40.0}
+    assert used_ms(run, 100) == {"a": 50.0, "gang": 50.0, "h": 0.0}
+
+
+def test_a_gang_lease_covers_all_its_gpus() -> None:
+    gpus = {"g0": GpuPolicy(), "g1": GpuPolicy()}
+    workloads = [wl("gang", {"g0": 300, "g1": 300})]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.leases == {"g0": Lease("gang", 10 * MS), "g1": Lease("gang", 10 * MS)}
+    assert decided.actions == ()
+
+
+def test_higher_priority_ends_a_lower_lease_at_once() -> None:
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.COMPRESS)}
+    workloads = [
+        wl("low", {"g0": 500}, state=RunState.RUNNING, used_ns=2 * MS),
+        wl("high", {"g0": 500}, priority=125, state=RunState.FROZEN_BY_SHARE),
+    ]
+    state = NodeState(
+        config=CONFIG,
+        gpus=gpus,
+        workloads=workloads,
+        period_start_ns=0,
+        leases={"g0": Lease("low", 10 * MS)},
+    )
+    decided = plan(3 * MS, state)
+
+    assert [type(a).__name__ for a in decided.actions] == ["Freeze", "Thaw"]
+    assert decided.leases["g0"].workload_id == "high"
+    assert decided.states == {"low": PRIO, "high": RunState.RUNNING}
+
+
+def test_wake_is_the_earliest_of_lease_end_period_end_and_hysteresis() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.STRICT)}
+    alone = NodeState(config=CONFIG, gpus=gpus, workloads=[wl("a", {"g0": 30})], period_start_ns=0)
+    assert plan(0, alone).wake_ns == 3 * MS  # a's budget of 3 ms ends its lease
+    spent = NodeState(
+        config=CONFIG, gpus=gpus, workloads=[wl("a", {"g0": 30}, used_ns=3 * MS)], period_start_ns=0
+    )
+    assert plan(5 * MS, spent).wake_ns == 100 * MS  # budget used: next period
+
+    paused = NodeState(
+        config=CONFIG,
+        gpus=gpus,
+        workloads=[
+            wl("a", {"g0": 30}),
+            wl("h", {"g0": 10}, priority=125, busy=False, idle_since_ns=0),
+        ],
+        period_start_ns=0,
+    )
+    decided = plan(0, paused)
+    assert decided.states["a"] is PRIO  # h went idle at 0: hysteresis until 50 ms
+    assert decided.wake_ns == 50 * MS
+    assert decided.blockers["a"] == "paused: h (priority 125) was busy on g0 less than 50 ms ago"
+    assert plan(50 * MS, paused).states["a"] is RunState.RUNNING
+
+
+def test_a_new_period_starts_counting_afresh() -> None:
+    gpus = {"g0": GpuPolicy(mode=ComputeMode.STRICT)}
+    spent = wl("a", {"g0": 500}, used_ns=50 * MS, state=SHARE)
+    state = NodeState(config=CONFIG, gpus=gpus, workloads=[spent], period_start_ns=0)
+
+    assert plan(99 * MS, state).states["a"] is SHARE
+    fresh = plan(230 * MS, state)
+    assert fresh.period_start_ns == 200 * MS
+    assert fresh.actions == (Thaw("a", "lease granted"),)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"period_ns": 0}, "positive"),
+        ({"period_ns": 100, "lease_ns": 30}, "divide"),
+        ({"min_lease_ns": 20 * MS}, "min_lease_ns"),
+        ({"resume_after_ns": -1}, "negative"),
+    ],
+    ids=["zero-period", "lease-not-dividing", "min-lease-too-long", "negative-hysteresis"],
+)
+def test_config_rejects_bad_constants(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PlannerConfig(**kwargs)
+
+
+def test_plan_rejects_unknown_gpu_and_duplicate_ids() -> None:
+    gpus = {"g0": GpuPolicy()}
+    with pytest.raises(ValueError, match="unknown GPU"):
+        plan(
+            0,
+            NodeState(config=CONFIG, gpus=gpus, workloads=[wl("a", {"gX": 1})], period_start_ns=0),
+        )
+    twice = [wl("a", {"g0": 1}), wl("a", {"g0": 2})]
+    with pytest.raises(ValueError, match="twice"):
+        plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=twice, period_start_ns=0))
+    with pytest.raises(ValueError, match="share"):
+        wl("a", {"g0": 0})

@@ -1,0 +1,35 @@
+"""The memory guard's arithmetic: per workload and GPU, summed over its processes."""
+
+from __future__ import annotations
+
+from fgpu.agent.backend import GpuProcess
+from fgpu.agent.memguard import MemoryViolation, find_violations
+
+G0, G1 = "GPU-0", "GPU-1"
+
+
+def test_sums_processes_per_workload_and_gpu() -> None:
+    usage = [
+        GpuProcess(10, G0, 3000),
+        GpuProcess(11, G0, 1500),  # same workload: 4500 > 4096
+        GpuProcess(20, G0, 4096),  # at quota: fine
+        GpuProcess(10, G1, 100),
+        GpuProcess(99, G0, 80000),  # nobody's
+    ]
+    owners = {10: "a", 11: "a", 20: "b"}
+    quotas = {"a": {G0: 4096, G1: 50}, "b": {G0: 4096}}
+
+    assert find_violations(usage, owners, quotas) == [
+        MemoryViolation("a", G0, 4500, 4096, (10, 11)),
+        MemoryViolation("a", G1, 100, 50, (10,)),
+    ]
+
+
+def test_ignores_gpus_without_a_quota() -> None:
+    usage = [GpuProcess(10, G1, 9000)]
+    assert find_violations(usage, {10: "a"}, {"a": {G0: 1}}) == []
+
+
+def test_message_names_used_and_allowed() -> None:
+    v = MemoryViolation("a", G0, 5000, 4096, (1,))
+    assert v.message == "GPU memory over quota on GPU-0: used 5000 MiB, allowed 4096 MiB"
