@@ -192,12 +192,22 @@ class QueueView(BaseModel):
 
 
 class GpuHolder(BaseModel):
-    """A workload's share of one GPU."""
+    """A workload's share of one GPU, and what the governor does with it (None where the
+    GPU is not governed)."""
 
     workload_id: str
     name: str
     compute_milli: int
     memory_mib: int
+    mode: str | None = Field(default=None, description="strict or fair")
+    state: str | None = Field(
+        default=None, description="running, frozen-by-share or frozen-by-priority"
+    )
+    busy: bool | None = Field(default=None, description="counts as busy now")
+    achieved_milli: int | None = Field(
+        default=None,
+        description="run time received while busy over the last minute, per mille",
+    )
 
 
 class MigInstanceView(BaseModel):

@@ -54,6 +54,9 @@ def crash(svc: Service) -> None:
     svc._state_lock.close()
     assert svc._db_claim is not None
     svc._db_claim.release()
+    # the governor's threads die with a real process; here they are stopped (which also
+    # thaws: a restarted agent thaws what it adopts anyway)
+    svc.enforcement.close()
 
 
 def make(tmp_path: Path, gpus: str) -> Service:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from fgpu.wire import (
     EventView,
+    GpuHolder,
     GpuView,
     NodeView,
     QueueView,
@@ -257,9 +258,18 @@ def _holders(gpu: GpuView) -> str:
         return "-"
     return "\n".join(
         f"{h.workload_id} {safe(h.name)}: {gpus_text(h.compute_milli)} "
-        f"({memory_text(h.memory_mib)})"
+        f"({memory_text(h.memory_mib)}){_governed(h)}"
         for h in gpu.holders
     )
+
+
+def _governed(holder: GpuHolder) -> str:
+    """`` fair, running, got 0.62`` (the governor's view), or nothing when not governed."""
+    if holder.state is None:
+        return ""
+    got = "" if holder.achieved_milli is None else f", got {gpus_text(holder.achieved_milli)}"
+    idle = "" if holder.busy is not False else ", idle"
+    return f" {holder.mode}, {holder.state}{idle}{got}"
 
 
 def _instances(gpu: GpuView) -> str:

@@ -140,6 +140,37 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help=f"Log level: {', '.join(LOG_LEVELS)}.")] = "info",
+    compute_mode: Annotated[
+        str,
+        typer.Option(
+            help="How a shared GPU's time is divided: fair (shares are minimums, idle time "
+            "goes to busy workloads) or strict (each gets its share, no more).",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "fair",
+    priority_policy: Annotated[
+        str,
+        typer.Option(
+            help="While a higher-priority workload on a GPU is busy, lower ones pause, or "
+            "compress to a 10% floor.",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "pause",
+    memory_policy: Annotated[
+        str,
+        typer.Option(
+            help="A workload over its GPU memory quota is killed, or only warned about.",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "kill",
+    no_governor: Annotated[
+        bool,
+        typer.Option(
+            "--no-governor",
+            help="Place only: no time slicing on shared GPUs (the memory guard stays).",
+            rich_help_panel="On the GPU",
+        ),
+    ] = False,
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -148,6 +179,7 @@ def serve(
             listen=listen,
             token_file=token_file,
             token_user=token_user,
+            enforcement=(compute_mode, priority_policy, memory_policy, not no_governor),
             db=db,
             simulate_gpus=simulate_gpus,
             policy=policy,
@@ -174,6 +206,7 @@ def run_serve(
     state_dir: Path | None,
     log_level: str,
     token_user: str | None = None,
+    enforcement: tuple[str, str, str, bool] = ("fair", "pause", "kill", True),
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -220,6 +253,13 @@ def run_serve(
         elif token_user is not None:
             raise ServeOptionError("--token-user is only used with --listen")
         admin_uids = resolve_admins(admins)
+        for option, value, allowed in (
+            ("--compute-mode", enforcement[0], ("fair", "strict")),
+            ("--priority-policy", enforcement[1], ("pause", "compress")),
+            ("--memory-policy", enforcement[2], ("kill", "warn")),
+        ):
+            if value not in allowed:
+                raise ServeOptionError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
     except ServeOptionError as exc:
@@ -227,7 +267,17 @@ def run_serve(
         return 2
     path = (socket_path or default_socket_path()).absolute()
     return _start(
-        path, address, token, db, simulate_gpus, policy, admin_uids, state_dir, level, token_uid
+        path,
+        address,
+        token,
+        db,
+        simulate_gpus,
+        policy,
+        admin_uids,
+        state_dir,
+        level,
+        token_uid,
+        enforcement,
     )
 
 
@@ -242,10 +292,14 @@ def _start(
     state_dir: Path | None,
     level: str,
     token_uid: int | None,
+    enforcement: tuple[str, str, str, bool],
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+    from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
+    from fgpu.agent.memguard import MemoryPolicy
     from fgpu.server.app import create_app
+    from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
 
@@ -265,6 +319,15 @@ def _start(
             policy=policy,
             state_dir=state_dir,
             admins=admins,
+            # beside the API socket: reachable by every user's workloads (0666; senders are
+            # authenticated by pid), unlike the private state folder
+            agent_socket=str(path.with_name("agent.sock")),
+            enforcement=EnforcementConfig(
+                compute_mode=ComputeMode(enforcement[0]),
+                priority_policy=PriorityPolicy(enforcement[1]),
+                memory_policy=MemoryPolicy(enforcement[2]),
+                governor=enforcement[3],
+            ),
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

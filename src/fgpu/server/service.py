@@ -44,6 +44,7 @@ from typing import IO, Any
 import numpy as np
 
 from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
+from fgpu.agent.events import AgentEvent
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.mig.device import MigDevice
@@ -64,6 +65,7 @@ from fgpu.sched.workload import (
     Workload,
 )
 from fgpu.server import views
+from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigCandidate, MigPool, QueueBudget
@@ -169,9 +171,11 @@ class Service:
         policy: placement policy name (``fgd`` learns its target from recent submissions).
         admins: uids allowed to manage queues and other users' work (root always is).
         config: decision-core knobs.
-        agent_socket: path given to workloads as ``FGPU_AGENT_SOCKET``.
+        agent_socket: where workloads send activity hints (``FGPU_AGENT_SOCKET``); empty:
+            none.
         clock: time source (seconds).
         mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
+        enforcement: governor and memory guard settings (default: fair, pause, kill).
     """
 
     def __init__(
@@ -187,6 +191,7 @@ class Service:
         agent_socket: str = "",
         clock: Callable[[], float] = time.time,
         mig_devices: Sequence[MigDevice] = (),
+        enforcement: EnforcementConfig | None = None,
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
         self.store = store
@@ -197,7 +202,6 @@ class Service:
         self.policy_name = policy
         self.admins = admins
         self.config = config or SchedulerConfig()
-        self.agent_socket = agent_socket
         self.clock = clock
         self.machine: Machine = discover(backend)
         self.mig = MigPool(self.machine.mig_gpus, mig_devices, self.machine.mig_node)
@@ -223,7 +227,19 @@ class Service:
         self._tree: QueueTree | None = None
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
+        self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
         self._register_inventory()
+        shared = {
+            d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
+        }
+        self.enforcement = Enforcement(
+            backend,
+            shared,
+            agent_socket=Path(agent_socket) if agent_socket else None,
+            config=enforcement or EnforcementConfig(),
+            record=self._store_agent_event,
+            kill=self._kill_over_quota,
+        )
 
     # ----------------------------------------------------------------- composition
     @classmethod
@@ -235,10 +251,15 @@ class Service:
         policy: str = "fgd",
         state_dir: Path | None = None,
         admins: frozenset[int] = frozenset(),
-        agent_socket: str = "",
+        agent_socket: str | None = None,
         config: SchedulerConfig | None = None,
+        enforcement: EnforcementConfig | None = None,
     ) -> Service:
         """The composition root: store, GPU backend, launcher, service.
+
+        ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
+        workloads of the server's own user only; ``fgpu serve`` puts it beside the API
+        socket instead).
 
         Raises:
             ValueError: a bad ``simulate_gpus`` spec or policy name.
@@ -272,8 +293,9 @@ class Service:
             policy=policy,
             admins=admins,
             config=config,
-            agent_socket=agent_socket,
+            agent_socket=str(folder / "agent.sock") if agent_socket is None else agent_socket,
             mig_devices=mig_devices_of(backend),
+            enforcement=enforcement,
         )
         service._state_lock = lock
         service._db_claim = claim
@@ -327,7 +349,9 @@ class Service:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._stopping = False
+        self.enforcement.start()
         await asyncio.to_thread(self._recover)
+        await asyncio.to_thread(self._enforce)
         self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
         self.wake()
 
@@ -346,6 +370,7 @@ class Service:
             for handle in self._handles.values():
                 with contextlib.suppress(Exception):
                     loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
+        self.enforcement.close()  # nothing stays frozen; events are written first
         self.store.close()
         if self._db_claim is not None:
             self._db_claim.release()
@@ -555,18 +580,25 @@ class Service:
         else:
             uuids, visible = [mig.gpu_uuid], [mig.uuid]
         self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids, mig=mig, reason=reason)
+        env = dict(record.env)
+        if mig is None:
+            env.update(
+                self.enforcement.launch_env(
+                    uuids, allocation.gpu_milli, allocation.gpu_memory_mib, record.env
+                )
+            )
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
             log_dir=self.log_dir,
             shell=record.shell,
             cwd=record.cwd,
-            env=dict(record.env),
+            env=env,
             uid=record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None,
             gpu_uuids=visible,
             compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
             memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
-            agent_socket=self.agent_socket,
+            agent_socket=str(self.enforcement.socket or ""),
         )
         try:
             handle = self.launcher.launch(spec)
@@ -599,6 +631,7 @@ class Service:
             )
             return
         self._watch(handle)
+        self._enforce()
 
     def _stop(self, workload_id: str, reason: str) -> None:
         """Record the stop, then signal the process (grace period, then SIGKILL).
@@ -613,6 +646,7 @@ class Service:
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
         self._terminating.add(workload_id)
+        self.enforcement.before_signal(workload_id)  # a frozen workload could not exit
         asked = record.stop_requested_at if record.stop_requested_at is not None else self.clock()
         grace = max(0.0, record.grace_s - max(0.0, self.clock() - asked))
         future = asyncio.run_coroutine_threadsafe(
@@ -670,6 +704,7 @@ class Service:
         with self._lock:
             self._handles.pop(workload_id, None)
             self._record_end(workload_id, state.exit_code, reason)
+        self._enforce()
         self.wake()
 
     def _record_end(self, workload_id: str, code: int | None, why: str | None) -> None:
@@ -679,7 +714,10 @@ class Service:
             return
         if record.phase not in ("running", "paused"):
             return
-        if record.cancelled_by is not None:
+        over_quota = self._fail_reasons.pop(workload_id, None)
+        if over_quota is not None:
+            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=over_quota)
+        elif record.cancelled_by is not None:
             self._tracked.mark_finished(
                 workload_id, CANCELLED, exit_code=code, reason=record.reason
             )
@@ -694,6 +732,42 @@ class Service:
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")
             self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
+
+    # ------------------------------------------------------------ on the GPU
+    def _enforce(self) -> None:
+        """Hand the governor and the memory guard the running shared-GPU workloads."""
+        running = []
+        for record in self.store.list_workloads(("running", "paused")):
+            handle = self._handles.get(record.id)
+            a = record.allocation
+            if handle is None or a is None or a.mig is not None or not a.gpu_uuids:
+                continue
+            if record.id in self._terminating:
+                continue
+            running.append(
+                Running(
+                    workload_id=record.id,
+                    handle=handle,
+                    gpu_uuids=tuple(a.gpu_uuids),
+                    compute_milli=tuple(a.gpu_milli),
+                    memory_mib=tuple(a.gpu_memory_mib),
+                    priority=record.priority,
+                )
+            )
+        self.enforcement.sync(running)
+
+    def _kill_over_quota(self, workload_id: str, message: str) -> None:
+        """The memory guard's ``kill``: remember why, thaw, SIGKILL (the exit is recorded as
+        failed with ``message``)."""
+        handle = self._handles.get(workload_id)
+        if handle is None:
+            return
+        self._fail_reasons[workload_id] = f"stopped: {message}"
+        self.enforcement.before_signal(workload_id)
+        self.launcher.signal(handle, signal.SIGKILL)
+
+    def _store_agent_event(self, event: AgentEvent) -> None:
+        self.store.record_event(event.workload_id, event.kind, event.reason, event.message)
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"
@@ -997,9 +1071,13 @@ class Service:
         util: dict[str, int] = {}
         with contextlib.suppress(Exception):
             util = self.backend.utilization()
+        governed = self.enforcement.views()
         shared = [
-            views.node(
-                node, self.machine.devices[node.name], running, usage, util, self.backend.kind
+            views.with_governor(
+                views.node(
+                    node, self.machine.devices[node.name], running, usage, util, self.backend.kind
+                ),
+                governed,
             )
             for node in self.machine.nodes
         ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from fgpu.agent.backend import GpuDevice
+from fgpu.agent.governor.runtime import WorkloadView as GovernorView
 from fgpu.model.types import Node
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
 from fgpu.server.mig_pool import MigPool, instance_milli
@@ -221,3 +222,26 @@ def mig_node(
             )
         )
     return NodeView(name=pool.node_name, backend=backend, cpu_milli=0, memory_mib=0, gpus=gpus)
+
+
+def with_governor(node: NodeView, governed: Mapping[str, GovernorView]) -> NodeView:
+    """``node`` with each holder's governor state (mode on that GPU, run state, busy,
+    achieved share) filled in where the governor knows the workload."""
+    gpus = []
+    for gpu in node.gpus:
+        holders = []
+        for h in gpu.holders:
+            v = governed.get(h.workload_id)
+            if v is not None and gpu.uuid in v.gpu_uuids:
+                mode = v.modes[v.gpu_uuids.index(gpu.uuid)]
+                h = h.model_copy(
+                    update={
+                        "mode": str(mode),
+                        "state": str(v.state),
+                        "busy": v.busy,
+                        "achieved_milli": v.achieved_milli,
+                    }
+                )
+            holders.append(h)
+        gpus.append(gpu.model_copy(update={"holders": holders}))
+    return node.model_copy(update={"gpus": gpus})
