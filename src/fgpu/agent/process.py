@@ -139,17 +139,25 @@ class ProcStat:
 DEAD_STATES = frozenset("ZXx")
 
 
-def proc_stat(pid: int) -> ProcStat | None:
-    """State, process group and start (clock ticks since boot) of ``pid`` from
-    ``/proc/<pid>/stat`` (Linux; fields 3, 5 and 22), or None."""
+def stat_after_name(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (index 0 is field 3,
+    the state; index ``n - 3`` is field ``n``), or None when the process is gone or
+    unreadable. The command name (field 2) may hold spaces and parentheses, so the fields
+    are taken after its last ``)``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # The command name (field 2) may hold spaces and parentheses; the rest follows the last
-    # ')'. After it, index 0 is field 3 (state), 2 is field 5 (pgrp), 19 is field 22.
-    fields = stat[stat.rfind(b")") + 2 :].split()
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """State, process group and start (clock ticks since boot) of ``pid`` from
+    ``/proc/<pid>/stat`` (Linux; fields 3, 5 and 22), or None."""
+    fields = stat_after_name(pid)
+    if fields is None:
+        return None
     try:
         return ProcStat(pid, fields[0].decode(), int(fields[2]), int(fields[19]))
     except (IndexError, ValueError):

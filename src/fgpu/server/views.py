@@ -123,6 +123,26 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
     )
 
 
+def _gpu_view(
+    device: GpuDevice,
+    holders: list[GpuHolder],
+    used_mib: Mapping[str, int],
+    utilization: Mapping[str, int],
+) -> GpuView:
+    """One GPU with its holders (allocated = what they hold) and live figures."""
+    return GpuView(
+        index=device.index,
+        uuid=device.uuid,
+        model=device.model,
+        memory_mib=device.memory_mib,
+        allocated_milli=sum(h.compute_milli for h in holders),
+        allocated_memory_mib=sum(h.memory_mib for h in holders),
+        holders=holders,
+        used_memory_mib=used_mib.get(device.uuid),
+        utilization_pct=utilization.get(device.uuid),
+    )
+
+
 def node(
     spec: Node,
     devices: Sequence[GpuDevice],
@@ -143,19 +163,7 @@ def node(
             )
             if g == index
         ]
-        gpus.append(
-            GpuView(
-                index=device.index,
-                uuid=device.uuid,
-                model=device.model,
-                memory_mib=device.memory_mib,
-                allocated_milli=sum(h.compute_milli for h in holders),
-                allocated_memory_mib=sum(h.memory_mib for h in holders),
-                holders=holders,
-                used_memory_mib=used_mib.get(device.uuid),
-                utilization_pct=utilization.get(device.uuid),
-            )
-        )
+        gpus.append(_gpu_view(device, holders, used_mib, utilization))
     return NodeView(
         name=spec.name,
         backend=backend,
@@ -207,18 +215,8 @@ def mig_node(
                 )
         device = gpu.device
         gpus.append(
-            GpuView(
-                index=device.index,
-                uuid=device.uuid,
-                model=device.model,
-                memory_mib=device.memory_mib,
-                allocated_milli=sum(h.compute_milli for h in holders),
-                allocated_memory_mib=sum(h.memory_mib for h in holders),
-                holders=holders,
-                used_memory_mib=used_mib.get(device.uuid),
-                utilization_pct=utilization.get(device.uuid),
-                mig_enabled=True,
-                mig_instances=instances,
+            _gpu_view(device, holders, used_mib, utilization).model_copy(
+                update={"mig_enabled": True, "mig_instances": instances}
             )
         )
     return NodeView(name=pool.node_name, backend=backend, cpu_milli=0, memory_mib=0, gpus=gpus)

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from fgpu.agent.process import DEAD_STATES, ProcessHandle, group_pids
+from fgpu.agent.process import DEAD_STATES, ProcessHandle, group_pids, stat_after_name
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,9 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 def stat_fields(pid: int) -> tuple[str, int, int, int] | None:
     """``(state, pgid, session, start_ticks)`` of ``pid`` from ``/proc/<pid>/stat`` (fields 3,
     5, 6 and 22), or None when the process is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
+    fields = stat_after_name(pid)
+    if fields is None:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return fields[0].decode(), int(fields[2]), int(fields[3]), int(fields[19])
     except (IndexError, ValueError):
