@@ -1,0 +1,351 @@
+"""The node agent's enforcement on real cgroups: pods are found by uid in both kubelet layouts,
+a low-priority pod is frozen through its own cgroup while a critical one is busy and thawed
+when it goes idle, close() leaves nothing frozen, and a new agent thaws what a dead one left
+frozen without moving or signalling anything.
+
+The cgroup tests build an imitation of the kubelet's tree in a directory of their own under
+the cgroup v2 mount (root only) and remove it afterwards. No assertion is about timing; waits
+have generous timeouts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
+from fgpu.agent.governor.freezer import cgroup2_mount
+from fgpu.agent.governor.plan import PlannerConfig
+from fgpu.agent.governor.runtime import GovernorConfig
+from fgpu.agent.memguard import MemoryPolicy
+from fgpu.k8s import wire
+from fgpu.k8s.agent import PlacedContainer
+from fgpu.k8s.enforce import GovernorEnforcer
+from fgpu.k8s.podcgroup import (
+    PodCgroupFreezer,
+    cgroup_pids,
+    find_pod_cgroup,
+    pod_cgroup_candidates,
+    pod_handle,
+)
+
+pytestmark = pytest.mark.k8s
+
+MS = 1_000_000
+TIMEOUT_S = 15.0
+GPU = "GPU-00000000-test-0000-000000000000"
+
+
+def wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# -- finding pod cgroups (plain directories: no cgroup needed) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layout", "relative"),
+    [
+        ("kubepods", "kubepods/pod{uid}"),
+        ("kubepods", "kubepods/burstable/pod{uid}"),
+        ("kubepods", "kubepods/besteffort/pod{uid}"),
+        ("kubepods.slice", "kubepods.slice/kubepods-pod{u}.slice"),
+        (
+            "kubepods.slice",
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice",
+        ),
+        (
+            "kubepods.slice",
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice",
+        ),
+        (
+            "kubelet.slice/kubelet-kubepods.slice",
+            "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/"
+            "kubelet-kubepods-burstable-pod{u}.slice",
+        ),
+    ],
+)
+def test_a_pod_cgroup_is_found_by_uid_in_each_layout(
+    tmp_path: Path, layout: str, relative: str
+) -> None:
+    uid = str(uuid.uuid4())
+    other = str(uuid.uuid4())
+    path = tmp_path / relative.format(uid=uid, u=uid.replace("-", "_"))
+    path.mkdir(parents=True)
+    assert find_pod_cgroup(tmp_path, uid) == path
+    assert path in pod_cgroup_candidates(tmp_path / layout, uid)
+    assert find_pod_cgroup(tmp_path, other) is None
+    assert find_pod_cgroup(tmp_path, "") is None
+
+
+def test_a_freezer_needs_a_cgroup_v2_directory(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="not a cgroup v2 directory"):
+        PodCgroupFreezer(tmp_path)
+
+
+def test_memory_policy_kill_needs_the_api(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.procs").touch()  # enough to pass the freezer's probe
+    (tmp_path / "cgroup.freeze").touch()
+    with pytest.raises(ValueError, match="pass api"):
+        GovernorEnforcer(
+            Backend(), [GPU], PodCgroupFreezer(tmp_path), memory_policy=MemoryPolicy.KILL
+        )
+
+
+# -- a fake kubelet tree under the cgroup v2 mount ----------------------------------------------
+
+
+@dataclass
+class Backend:
+    """A GPU backend whose per-process utilization the test sets: pids in ``busy`` keep
+    the GPU's SMs busy (the governor's NVML activity source)."""
+
+    busy: set[int] = field(default_factory=set)
+
+    @property
+    def kind(self) -> str:
+        return "test"
+
+    def gpus(self) -> list[GpuDevice]:
+        return [GpuDevice(0, GPU, "A100-40GB", 40960)]
+
+    def process_memory(self) -> list[GpuProcess]:
+        return []
+
+    def utilization(self) -> dict[str, int]:
+        return {}
+
+    def process_utilization(self) -> list[ProcessUtilization]:
+        return [ProcessUtilization(pid, GPU, 90) for pid in sorted(self.busy)]
+
+    def close(self) -> None:
+        pass
+
+
+class Kubelet:
+    """Pod cgroups (one container cgroup each, holding a sleeping process) in a test tree."""
+
+    def __init__(self, root: Path, layout: str) -> None:
+        self.root = root
+        self.layout = layout
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def pod(self, name: str, qos: str = "burstable") -> tuple[PlacedContainer, Path, int]:
+        uid = str(uuid.uuid4())
+        if self.layout == "systemd":
+            u = uid.replace("-", "_")
+            group = self.root / "kubepods.slice" / f"kubepods-{qos}.slice"
+            group = group / f"kubepods-{qos}-pod{u}.slice"
+        else:
+            group = self.root / "kubepods" / qos / f"pod{uid}"
+        container = group / "cri-containerd-0123.scope"
+        container.mkdir(parents=True)
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        self.procs.append(proc)
+        (container / "cgroup.procs").write_text(str(proc.pid))
+        return placed(name, uid), group, proc.pid
+
+    def cleanup(self) -> None:
+        for group in sorted(self.root.rglob("*"), key=lambda p: -len(p.parts)):
+            if group.is_dir():
+                with contextlib.suppress(OSError):
+                    (group / "cgroup.freeze").write_text("0")
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        deadline = time.monotonic() + TIMEOUT_S
+        while self.root.exists() and time.monotonic() < deadline:
+            for group in sorted(self.root.rglob("*"), key=lambda p: -len(p.parts)):
+                if group.is_dir():
+                    with contextlib.suppress(OSError):
+                        group.rmdir()
+            with contextlib.suppress(OSError):
+                self.root.rmdir()
+            time.sleep(0.01)
+
+
+def placed(name: str, uid: str, priority: int = 50, milli: int = 500) -> PlacedContainer:
+    return PlacedContainer(
+        f"default/{name}",
+        uid,
+        wire.Assignment(
+            node="n",
+            uuids=(GPU,),
+            gpus=(0,),
+            gpu_milli=(milli,),
+            gpu_memory_mib=(1024,),
+            cpu_milli=0,
+            memory_mib=0,
+            priority=priority,
+        ),
+    )
+
+
+def with_priority(p: PlacedContainer, priority: int) -> PlacedContainer:
+    a = p.assignment
+    return PlacedContainer(
+        p.workload_id,
+        p.uid,
+        wire.Assignment(
+            node=a.node,
+            uuids=a.uuids,
+            gpus=a.gpus,
+            gpu_milli=a.gpu_milli,
+            gpu_memory_mib=a.gpu_memory_mib,
+            cpu_milli=a.cpu_milli,
+            memory_mib=a.memory_mib,
+            priority=priority,
+        ),
+    )
+
+
+@pytest.fixture(params=["cgroupfs", "systemd"])
+def kubelet(request: pytest.FixtureRequest) -> Iterator[Kubelet]:
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy here")
+    if os.geteuid() != 0:
+        pytest.skip("making cgroups under the cgroup v2 mount needs root")
+    root = mount / f"fgpu-k8s-test-{os.getpid()}"
+    try:
+        root.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cgroup v2 not writable here: {exc}")
+    made = Kubelet(root, request.param)
+    if not (root / "cgroup.freeze").exists():
+        made.cleanup()
+        pytest.skip("no cgroup.freeze (kernel before 5.2)")
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def frozen(group: Path) -> bool:
+    return "frozen 1" in (group / "cgroup.events").read_text().split("\n")
+
+
+def freeze_file(group: Path) -> str:
+    return (group / "cgroup.freeze").read_text().strip()
+
+
+def enforcer(kubelet: Kubelet, backend: Backend) -> GovernorEnforcer:
+    config = GovernorConfig(planner=PlannerConfig(resume_after_ns=50 * MS), activity_poll_s=0.02)
+    return GovernorEnforcer(backend, [GPU], PodCgroupFreezer(kubelet.root), config=config)
+
+
+def test_a_low_pod_pauses_while_a_critical_one_is_busy_and_resumes_after(
+    kubelet: Kubelet,
+) -> None:
+    backend = Backend()
+    critical, critical_group, critical_pid = kubelet.pod("critical", qos="burstable")
+    low, low_group, low_pid = kubelet.pod("low", qos="besteffort")
+    critical = with_priority(critical, 125)
+    low = with_priority(low, 40)
+    backend.busy = {critical_pid, low_pid}
+    enf = enforcer(kubelet, backend)
+    assert enf.freezer.pids(pod_handle(critical.workload_id)) == []  # not bound yet
+    enf.start()
+    try:
+        enf.sync([critical, low])
+        assert enf.freezer.pids(pod_handle(low.workload_id)) == [low_pid]
+        wait_for(lambda: frozen(low_group), "the low pod's cgroup to freeze")
+        assert not frozen(critical_group)
+        paused = [e for e in enf.events.since() if e.workload_id == low.workload_id]
+        assert paused
+        assert paused[0].message == f"paused: default/critical (priority 125) is busy on {GPU}"
+
+        backend.busy = {low_pid}  # the critical pod goes idle
+        wait_for(lambda: not frozen(low_group), "the low pod's cgroup to thaw")
+        assert freeze_file(low_group) == "0"
+    finally:
+        enf.close()
+    for group in (critical_group, low_group):
+        assert freeze_file(group) == "0"
+        assert not frozen(group)
+    # nothing was moved out of the pods' containers
+    assert cgroup_pids(critical_group) == [critical_pid]
+    assert cgroup_pids(low_group) == [low_pid]
+
+
+def test_close_thaws_a_paused_pod_and_a_removed_pod_is_thawed(kubelet: Kubelet) -> None:
+    backend = Backend()
+    critical, _, critical_pid = kubelet.pod("critical")
+    low, low_group, low_pid = kubelet.pod("low")
+    backend.busy = {critical_pid, low_pid}
+    enf = enforcer(kubelet, backend)
+    enf.start()
+    try:
+        enf.sync([with_priority(critical, 125), with_priority(low, 40)])
+        wait_for(lambda: frozen(low_group), "the low pod's cgroup to freeze")
+        enf.sync([with_priority(low, 40)])  # the critical pod is gone
+        wait_for(lambda: not frozen(low_group), "the low pod's cgroup to thaw")
+        enf.sync([with_priority(critical, 125), with_priority(low, 40)])
+        wait_for(lambda: frozen(low_group), "the low pod's cgroup to freeze again")
+    finally:
+        enf.close()
+    assert freeze_file(low_group) == "0"
+    assert not frozen(low_group)
+
+
+def test_a_new_agent_thaws_a_pod_left_frozen_and_moves_nothing(kubelet: Kubelet) -> None:
+    left, left_group, left_pid = kubelet.pod("left", qos="besteffort")
+    other, other_group, _ = kubelet.pod("other", qos="burstable")
+    (left_group / "cgroup.freeze").write_text("1")  # an agent died holding it frozen
+    wait_for(lambda: frozen(left_group), "the test's own freeze")
+    enf = enforcer(kubelet, Backend())
+    try:
+        thawed = enf.start()
+        assert thawed == [left_group]
+        assert freeze_file(left_group) == "0"
+        wait_for(lambda: not frozen(left_group), "the thaw")
+        assert freeze_file(other_group) == "0"
+        assert cgroup_pids(left_group) == [left_pid]
+        with open(f"/proc/{left_pid}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] in "SR"
+        enf.sync([left, other])  # pods without NVML activity are idle: nobody is paused
+    finally:
+        enf.close()
+    assert not frozen(left_group)
+    assert not frozen(other_group)
+    os.kill(left_pid, signal.SIGKILL)  # the fixture reaps it
+
+
+def test_a_pod_without_a_cgroup_or_on_another_gpu_is_not_governed(kubelet: Kubelet) -> None:
+    enf = enforcer(kubelet, Backend())
+    present, group, _ = kubelet.pod("present")
+    missing = placed("missing", str(uuid.uuid4()))
+    elsewhere = PlacedContainer(
+        "default/elsewhere",
+        present.uid,
+        wire.Assignment(
+            node="n",
+            uuids=("GPU-other",),
+            gpus=(1,),
+            gpu_milli=(500,),
+            gpu_memory_mib=(1024,),
+            cpu_milli=0,
+            memory_mib=0,
+        ),
+    )
+    try:
+        enf.sync([present, missing, elsewhere])
+        ids = [w.workload_id for w in enf.governor.snapshot().workloads]
+        assert ids == ["default/present"]
+        assert enf.freezer.path(pod_handle("default/present")) == group
+    finally:
+        enf.close()
