@@ -349,3 +349,35 @@ def test_a_pod_without_a_cgroup_or_on_another_gpu_is_not_governed(kubelet: Kubel
         assert enf.freezer.path(pod_handle("default/present")) == group
     finally:
         enf.close()
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def node_agent(*args: str) -> tuple[int, str]:
+    from typer.testing import CliRunner
+
+    from fgpu.cli import app
+
+    base = ["k8s", "node-agent", "--node", "n", "--server", "http://127.0.0.1:9"]
+    result = CliRunner().invoke(app, [*base, "--simulate-gpus", "1xA100-40GB", *args])
+    return result.exit_code, result.output
+
+
+def test_enforce_fails_clearly_where_cgroup_v2_is_not_usable(tmp_path: Path) -> None:
+    code, output = node_agent("--enforce", "--cgroup-root", str(tmp_path))
+    assert code == 2
+    assert "--enforce: cgroup v2 not usable" in output
+    assert "is not a cgroup v2 directory" in output
+
+
+def test_unknown_policies_are_refused() -> None:
+    code, output = node_agent("--compute-mode", "greedy")
+    assert code == 2
+    assert "--compute-mode is fair or strict" in output
+
+
+def test_a_cgroup_root_without_kubepods_is_named_in_the_error(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.procs").touch()  # like the mount's root cgroup: no cgroup.freeze
+    with pytest.raises(OSError, match="no kubepods cgroup under"):
+        PodCgroupFreezer(tmp_path)

@@ -129,22 +129,91 @@ def node_agent(
         str | None, typer.Option(help="GPU indices fgpu owns, e.g. 0-3 (default: all).")
     ] = None,
     interval_s: Annotated[float, typer.Option(help="Seconds between usage reports.")] = 10.0,
+    enforce: Annotated[
+        bool | None,
+        typer.Option(
+            "--enforce/--no-enforce",
+            help="Run the governor and memory guard over the pods (default: when cgroup v2 "
+            "is usable; --enforce fails where it is not).",
+        ),
+    ] = None,
+    cgroup_root: Annotated[
+        str | None,
+        typer.Option(help="cgroup v2 directory holding kubepods (default: the v2 mount)."),
+    ] = None,
+    compute_mode: Annotated[
+        str, typer.Option(help="fair (shares are minimums) or strict (shares are caps).")
+    ] = "fair",
+    priority_policy: Annotated[
+        str, typer.Option(help="pause or compress lower priorities while a higher is busy.")
+    ] = "pause",
+    memory_policy: Annotated[
+        str, typer.Option(help="warn (log) or kill (evict) a pod over its memory quota.")
+    ] = "warn",
 ) -> None:
-    """Run the node agent: publish this node's GPUs, report usage, govern (hook)."""
+    """Run the node agent: publish this node's GPUs, report usage, govern the pods."""
+    from pathlib import Path
+
     from fgpu.agent.backend import detect_backend
+    from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
+    from fgpu.agent.memguard import MemoryPolicy
     from fgpu.k8s.agent import NodeAgent
+    from fgpu.k8s.enforce import GovernorEnforcer, pod_freezer
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
 
     _logging()
+    log = logging.getLogger("fgpu.k8s.agent")
     try:
-        backend = detect_backend(simulate_gpus, logging.getLogger("fgpu.k8s.agent"))
-        agent = NodeAgent(KubeApi(api_client(kubeconfig, server)), node, backend, gpus)
+        mode = ComputeMode(compute_mode)
+        ppolicy = PriorityPolicy(priority_policy)
+        mpolicy = MemoryPolicy(memory_policy)
+    except ValueError:
+        raise _fail(
+            "--compute-mode is fair or strict, --priority-policy pause or compress, "
+            "--memory-policy warn or kill"
+        ) from None
+    governing: GovernorEnforcer | None = None
+    try:
+        backend = detect_backend(simulate_gpus, log)
+        api = KubeApi(api_client(kubeconfig, server))
+        agent = NodeAgent(api, node, backend, gpus)
+        if enforce is not False:
+            try:
+                freezer = pod_freezer(Path(cgroup_root) if cgroup_root else None)
+            except OSError as exc:
+                if enforce:
+                    raise _fail(f"--enforce: cgroup v2 not usable: {exc}") from None
+                log.warning("not enforcing (log only): cgroup v2 not usable: %s", exc)
+            else:
+                governing = GovernorEnforcer(
+                    backend,
+                    [d.uuid for d in agent.devices],
+                    freezer,
+                    api=api,
+                    compute_mode=mode,
+                    priority_policy=ppolicy,
+                    memory_policy=mpolicy,
+                )
+                governing.start()
+                agent.enforcer = governing
+                log.info(
+                    "enforcing through pod cgroups under %s (compute %s, priority %s, memory %s)",
+                    freezer.root,
+                    mode,
+                    ppolicy,
+                    mpolicy,
+                )
+        else:
+            log.info("not enforcing (--no-enforce): log only")
     except (KubeError, ValueError) as exc:
         raise _fail(str(exc)) from None
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()
     agent.stop()
+    if governing is not None:
+        thread.join(timeout=30)  # no sync after the governor closes
+        governing.close()
 
 
 @k8s_app.command("standin")

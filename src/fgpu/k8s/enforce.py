@@ -29,13 +29,16 @@ froze. Processes are never moved or signalled.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fgpu.agent.backend import GpuBackend
 from fgpu.agent.events import AgentEvent, EventLog
+from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy, MemoryViolation
@@ -205,8 +208,30 @@ class GovernorEnforcer:
             log.warning("evicted %s: %s", wid, violation.message)
 
 
+def pod_freezer(cgroup_root: Path | None = None) -> PodCgroupFreezer:
+    """The pod cgroup freezer for this node.
+
+    Args:
+        cgroup_root: the cgroup v2 directory holding ``kubepods`` (default: where cgroup v2
+            is mounted, e.g. ``/sys/fs/cgroup``).
+
+    Raises:
+        OSError: no cgroup v2 mounted, ``cgroup_root`` is not a cgroup v2 directory, or the
+            kernel has no ``cgroup.freeze``; the message says which.
+    """
+    root = cgroup_root
+    if root is None:
+        root = cgroup2_mount()
+        if root is None:
+            raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
+    freezer = PodCgroupFreezer(root)
+    if not os.access(root, os.W_OK):
+        raise OSError(errno.EACCES, f"{root} is not writable (run privileged, as root)")
+    return freezer
+
+
 def _log_event(event: AgentEvent) -> None:
     log.info("%s %s: %s", event.workload_id, event.kind, event.message)
 
 
-__all__ = ["GovernorEnforcer"]
+__all__ = ["GovernorEnforcer", "pod_freezer"]

@@ -151,16 +151,23 @@ class PodCgroupFreezer:
             see :class:`~fgpu.agent.governor.freezer.Hastener`).
 
     Raises:
-        OSError: ``root`` is not a cgroup v2 directory with ``cgroup.freeze`` support (an
-            ``ENOTSUP`` error: kernel before 5.2, cgroup v1, or not mounted here).
+        OSError: ``root`` is not a cgroup v2 directory, holds no ``kubepods`` cgroup (and is
+            the mount's root), or the kernel has no ``cgroup.freeze`` (before 5.2).
     """
 
     def __init__(self, root: Path, *, hasten: bool = False) -> None:
         if not (root / "cgroup.procs").exists():
             raise OSError(errno.ENOTSUP, f"{root} is not a cgroup v2 directory")
-        probes = [root, *kubepods_dirs(root)]
-        if not any((p / "cgroup.freeze").exists() for p in probes):
-            raise OSError(errno.ENOTSUP, f"no cgroup.freeze under {root} (kernel < 5.2?)")
+        kubepods = kubepods_dirs(root)
+        if not (root / "cgroup.freeze").exists():  # the mount's root cgroup has none
+            if not kubepods:
+                raise OSError(
+                    errno.ENOENT,
+                    f"no kubepods cgroup under {root} (not a kubelet's cgroup root; see "
+                    "--cgroup-root)",
+                )
+            if not (kubepods[0] / "cgroup.freeze").exists():
+                raise OSError(errno.ENOTSUP, f"no cgroup.freeze in {kubepods[0]} (kernel < 5.2)")
         self.root = root
         self._hasten = hasten
         self._paths: dict[str, Path] = {}
