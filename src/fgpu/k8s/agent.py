@@ -4,18 +4,18 @@ It discovers the node's GPUs (NVML, or the simulated backend where there is none
 publishes them on its Node: label ``fgpu.io/managed=true``, labels ``fgpu.io/gpu-model``
 and ``fgpu.io/gpu-count``, and the annotation ``fgpu.io/inventory`` the scheduler reads.
 Every ``interval_s`` it reports per-GPU use (``fgpu.io/usage``: memory in use and
-utilization by GPU UUID) and runs the enforcement hook.
+utilization by GPU UUID) and passes its fgpu pods to the enforcer.
 
-Restart safety: the agent keeps no state and never touches pods or containers on start.
-It only patches its own Node's labels and annotations, and the inventory it publishes is
-keyed by GPU UUID, which the scheduler uses to find a running pod's GPUs; a restart that
-renumbers GPUs moves nobody. With ``--gpus`` it owns a subset of the GPUs (the rest stay
-with the NVIDIA device plugin on the same node).
+Restart safety: the agent keeps no state and never moves or signals pods' processes. It
+patches its own Node's labels and annotations, and the inventory it publishes is keyed by
+GPU UUID, which the scheduler uses to find a running pod's GPUs; a restart that renumbers
+GPUs moves nobody. With ``--gpus`` it owns a subset of the GPUs (the rest stay with the
+NVIDIA device plugin on the same node).
 
-Enforcement (the governor and memory guard, DESIGN.md section 7) is being built as
-``fgpu.agent.governor``; this agent calls it through :class:`Enforcer`, whose default does
-nothing but log what it would govern. Plugging the governor in is one constructor
-argument.
+Enforcement (the governor and memory guard, DESIGN.md section 7) is called through
+:class:`Enforcer`: ``fgpu k8s node-agent`` passes
+:class:`~fgpu.k8s.enforce.GovernorEnforcer` where pod cgroups are usable (it thaws pods a
+dead agent left frozen when it starts), and :class:`LogOnlyEnforcer` otherwise.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger("fgpu.k8s.agent")
 
 @dataclass(frozen=True, slots=True)
 class PlacedContainer:
-    """What the enforcement hook is told about one fgpu pod on this node.
+    """What the enforcer is told about one fgpu pod on this node.
 
     Attributes:
         workload_id: ``namespace/name``.
@@ -51,7 +51,8 @@ class PlacedContainer:
 
 
 class Enforcer(Protocol):
-    """The hook for the governor and memory guard (``fgpu.agent.governor``)."""
+    """What enforces the pods' shares on the node (:class:`~fgpu.k8s.enforce.GovernorEnforcer`,
+    or :class:`LogOnlyEnforcer`)."""
 
     def sync(self, placed: Sequence[PlacedContainer]) -> None:
         """The fgpu pods now on this node; called every interval."""
@@ -59,7 +60,7 @@ class Enforcer(Protocol):
 
 
 class LogOnlyEnforcer:
-    """The default hook until ``fgpu.agent.governor`` lands: logs, enforces nothing."""
+    """Enforces nothing, logs the pods it sees (``--no-enforce``, or no usable cgroup v2)."""
 
     def __init__(self) -> None:
         self._seen: frozenset[str] = frozenset()
@@ -69,7 +70,7 @@ class LogOnlyEnforcer:
         ids = frozenset(p.workload_id for p in placed)
         if ids != self._seen:
             self._seen = ids
-            log.info("governor hook (not enforcing yet): %d fgpu pod(s) here", len(ids))
+            log.info("not enforcing (log only): %d fgpu pod(s) here", len(ids))
 
 
 def select_gpus(devices: Sequence[GpuDevice], spec: str | None) -> list[GpuDevice]:
@@ -99,14 +100,14 @@ def select_gpus(devices: Sequence[GpuDevice], spec: str | None) -> list[GpuDevic
 
 
 class NodeAgent:
-    """Publishes a node's GPUs and usage; calls the enforcement hook.
+    """Publishes a node's GPUs and usage; calls the enforcer.
 
     Args:
         api: the Kubernetes API.
         node: this node's name (the DaemonSet passes ``spec.nodeName``).
         backend: GPU backend.
         gpus: the ``--gpus`` spec (None: all).
-        enforcer: the governor hook (default: :class:`LogOnlyEnforcer`).
+        enforcer: what enforces the pods' shares (default: :class:`LogOnlyEnforcer`).
     """
 
     def __init__(
@@ -153,7 +154,7 @@ class NodeAgent:
         )
 
     def report(self) -> None:
-        """Publish per-GPU memory in use (MiB) and utilization (%), and run the hook."""
+        """Publish per-GPU memory in use (MiB) and utilization (%), and sync the enforcer."""
         owned = {d.uuid for d in self.devices}
         memory: dict[str, int] = dict.fromkeys(owned, 0)
         try:
