@@ -589,6 +589,87 @@ TERM_IGNORING = (
 )
 
 
+def test_a_restart_with_another_gpu_in_the_same_place_requeues_its_work(
+    tmp_path: Path,
+) -> None:
+    """One H100 at index 0 before, one A100 at index 0 after: same node name and index,
+    another GPU (uuid): the workload is stopped and queued again, never re-adopted onto it."""
+
+    async def first() -> str:
+        svc = make(tmp_path, "1xH100-80GB")
+        await svc.start()
+        run = svc.submit(ME, job(60, gpu="0.5"))
+        await until(lambda: svc.store.get(run.id).pid is not None)
+        crash(svc)
+        return run.id
+
+    run_id = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            await until(lambda: svc.store.get(run_id).restarts == 1)
+            await until(lambda: svc.store.get(run_id).phase == "running")
+            allocation = svc.store.get(run_id).allocation
+            assert allocation is not None
+            assert list(allocation.gpu_uuids) == svc.machine.uuids("vm", (0,))
+            svc.cancel(ME, run_id)
+            await until(lambda: phases(svc)[run_id] == "cancelled")
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
+@pytest.mark.parametrize("outcome", ["still-running", "exited-0"])
+def test_gpus_gone_and_wrapper_dead_at_restart(tmp_path: Path, outcome: str) -> None:
+    """The wrapper died while the service was down and the workload's GPU is gone: a command
+    that still runs is killed and the workload queued again (one copy, never two); one that
+    had ended with 0 is recorded as succeeded, not run again."""
+    seconds = 60 if outcome == "still-running" else 1.5
+
+    async def first() -> tuple[str, int, int]:
+        svc = make(tmp_path, "2xA100-40GB")
+        await svc.start()
+        jobs = [svc.submit(ME, job(seconds, gpu="1")) for _ in range(2)]
+        await until(lambda: all(svc.store.get(j.id).pid for j in jobs))
+        # the one on GPU 1, which the restarted service will not have
+        (on_gpu_1,) = [
+            j.id for j in jobs if (a := svc.store.get(j.id).allocation) and a.gpus == (1,)
+        ]
+        handle = json.loads((tmp_path / "logs" / on_gpu_1 / "handle.json").read_text())
+        crash(svc)  # before the short job ends: it ends while the service is down
+        return on_gpu_1, int(handle["pid"]), int(handle["pgid"])
+
+    run_id, wrapper, command = asyncio.run(first())
+    if outcome == "still-running":
+        os.kill(wrapper, signal.SIGKILL)
+        os.waitpid(wrapper, 0)
+    else:
+        os.waitpid(wrapper, 0)  # the wrapper records exit code 0, then ends
+        assert json.loads((tmp_path / "logs" / run_id / "exit.json").read_text())["code"] == 0
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")  # GPU 1 is gone
+        await svc.start()
+        try:
+            record = svc.store.get(run_id)
+            if outcome == "exited-0":
+                assert (record.phase, record.exit_code) == ("succeeded", 0)
+            else:
+                assert record.restarts == 1
+                await until(lambda: not alive(command))
+            for wid, phase in phases(svc).items():
+                if phase in ("pending", "running"):
+                    svc.cancel(ME, wid)
+            await until(lambda: all(p not in ("pending", "running") for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+
+    asyncio.run(second())
+
+
 def test_views_round_trip(tmp_path: Path) -> None:
     svc = make(tmp_path, "1xA100-40GB")
     view = svc.submit(ME, job(1, gpu="0.25", name="tiny"))

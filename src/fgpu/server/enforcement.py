@@ -35,6 +35,7 @@ from pathlib import Path
 from fgpu.agent.backend import GpuBackend
 from fgpu.agent.events import AgentEvent, EventLog
 from fgpu.agent.governor.activity import HintListener
+from fgpu.agent.governor.freezer import detect_freezer
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import (
     GovernedWorkload,
@@ -103,6 +104,9 @@ class Enforcement:
         record: ``record(event)``: store an agent event (called from a background thread).
         kill: ``kill(workload_id, message)``: stop a workload over its memory quota now
             (the service records why, then kills it).
+        cgroup_name: this service's own cgroup subtree under ``<cgroup2 mount>/fgpu`` (the
+            freezer's recovery thaws and removes only what is under it), or None for the
+            shared ``fgpu`` folder.
     """
 
     def __init__(
@@ -114,6 +118,7 @@ class Enforcement:
         config: EnforcementConfig,
         record: Callable[[AgentEvent], None],
         kill: Callable[[str, str], None],
+        cgroup_name: str | None = None,
     ) -> None:
         self.config = config
         self._device_mib = dict(gpus)
@@ -135,6 +140,7 @@ class Enforcement:
         self.governor = Governor(
             list(gpus),
             config=GovernorConfig(gpu_policy=policy),
+            freezer=detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None),
             listener=self.listener,
             backend=backend,
             events=self.events,

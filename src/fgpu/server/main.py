@@ -321,7 +321,8 @@ def _start(
             admins=admins,
             # beside the API socket: reachable by every user's workloads (0666; senders are
             # authenticated by pid), unlike the private state folder
-            agent_socket=str(path.with_name("agent.sock")),
+            # named after the API socket, which is locked: two servers never share one
+            agent_socket=str(path.with_name(f"{path.stem}-agent.sock")),
             enforcement=EnforcementConfig(
                 compute_mode=ComputeMode(enforcement[0]),
                 priority_policy=PriorityPolicy(enforcement[1]),

@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -239,6 +240,8 @@ class Service:
             config=enforcement or EnforcementConfig(),
             record=self._store_agent_event,
             kill=self._kill_over_quota,
+            # one cgroup subtree per state folder: two services never thaw each other's work
+            cgroup_name=hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12],
         )
 
     # ----------------------------------------------------------------- composition
@@ -805,34 +808,19 @@ class Service:
                         a = record.allocation
                         if a.node_name not in index:
                             raise InvalidRequestError("node", f"no node {a.node_name}")
+                        here = self.machine.uuids(a.node_name, a.gpus)
+                        if a.gpu_uuids and list(a.gpu_uuids) != here:
+                            raise InvalidRequestError(
+                                "gpus", f"GPUs {', '.join(a.gpu_uuids)} are not at those places"
+                            )
                         check.allocate(record.request, index[a.node_name], a.gpus)
-                    except InvalidRequestError as exc:
+                    except (InvalidRequestError, IndexError) as exc:
                         fits = False
                         log.warning("workload %s no longer fits this machine: %s", record.id, exc)
-                if not fits and record.stop_requested_at is None:
-                    self._tracked.mark_stopping(record.id, gone)
-                    record = self.store.get(record.id)
-                path = self._handle_path(record.id)
-                handle = None
-                if path.is_file():
-                    with contextlib.suppress(ValueError, KeyError, OSError):
-                        handle = ProcessHandle.from_dict(json.loads(path.read_text()))
-                if handle is None or not self.launcher.is_same_process(handle):
-                    # killed between starting the wrapper and saving its handle?
-                    found = self.launcher.find(record.id, self.log_dir)
-                    if found is not None:
-                        log.info("found the unrecorded process of workload %s", record.id)
-                        handle = found
-                        self._save_handle(handle)
-                        if record.pid is None:
-                            record = self._tracked.attach_process(
-                                record.id,
-                                handle.pid,
-                                handle.create_time,
-                                stdout_path=str(handle.stdout_path),
-                                stderr_path=str(handle.stderr_path),
-                            )
+                handle = self._find_process(record)
                 if handle is not None and self.launcher.is_same_process(handle):
+                    if not fits and record.stop_requested_at is None:
+                        record = self._tracked.mark_stopping(record.id, gone)
                     log.info("re-adopted workload %s (pid %d)", record.id, handle.pid)
                     self.store.record_event(
                         record.id,
@@ -845,18 +833,47 @@ class Service:
                         self._handles[record.id] = handle
                         self._stop(record.id, record.reason)
                     continue
+                # the wrapper is gone: what it ran must not keep running untracked
+                killed = handle is not None and self.launcher.signal(handle, signal.SIGKILL)
                 exit_record = self.launcher.exit_record(handle) if handle is not None else None
-                if exit_record is not None:
+                if exit_record is not None:  # it ended while the service was down
                     self._record_end(record.id, exit_record.code, exit_record.reason)
-                elif record.stop_requested_at is not None and record.cancelled_by is None:
-                    self._tracked.mark_preempted(record.id, record.reason or "preempted")
-                elif handle is not None and self.launcher.signal(handle, signal.SIGKILL):
-                    # the wrapper died while the service was down, its command did not
+                elif not fits or (
+                    record.stop_requested_at is not None and record.cancelled_by is None
+                ):
+                    self._tracked.mark_preempted(record.id, record.reason or gone)
+                elif killed:
                     self._tracked.mark_lost(
                         record.id, f"{LOST_REASON}; its remaining processes were killed"
                     )
                 else:
                     self._tracked.mark_lost(record.id)
+
+    def _find_process(self, record: WorkloadRecord) -> ProcessHandle | None:
+        """The workload's process handle: the saved one, or, when that one is missing or
+        dead, a live wrapper found by its command line (an agent killed between starting it
+        and saving its handle); the latter is saved and attached to the record."""
+        path = self._handle_path(record.id)
+        handle = None
+        if path.is_file():
+            with contextlib.suppress(ValueError, KeyError, OSError):
+                handle = ProcessHandle.from_dict(json.loads(path.read_text()))
+        if handle is not None and self.launcher.is_same_process(handle):
+            return handle
+        found = self.launcher.find(record.id, self.log_dir)
+        if found is None:
+            return handle
+        log.info("found the unrecorded process of workload %s", record.id)
+        self._save_handle(found)
+        if record.pid is None:
+            self._tracked.attach_process(
+                record.id,
+                found.pid,
+                found.create_time,
+                stdout_path=str(found.stdout_path),
+                stderr_path=str(found.stderr_path),
+            )
+        return found
 
     # ------------------------------------------------------------------ use-cases
     def _is_admin(self, caller: Caller) -> bool:

@@ -455,7 +455,9 @@ def detect_freezer(
     Args:
         prefer: ``"auto"`` (cgroup v2 when usable, else signals), ``"cgroup"`` or
             ``"signal"``.
-        cgroup_root: parent cgroup for workloads (default ``<cgroup2 mount>/fgpu``).
+        cgroup_root: parent cgroup for workloads (default ``<cgroup2 mount>/fgpu``); a
+            relative path is taken under ``<cgroup2 mount>/fgpu`` (one subtree per agent,
+            so that one agent's recovery never thaws another's workloads).
         hasten: boost tasks that are asked to stop so they stop within about a millisecond
             rather than a scheduler tick (see :class:`Hastener`; default on, a no-op without
             CAP_SYS_NICE).
@@ -469,14 +471,15 @@ def detect_freezer(
     if prefer == "signal":
         return SignalFreezer(hasten=hasten)
     root = cgroup_root
-    if root is None:
+    if root is None or not root.is_absolute():
         mount = cgroup2_mount()
         if mount is None:
             if prefer == "cgroup":
                 raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
             return SignalFreezer(hasten=hasten)
-        root = mount / "fgpu"
+        root = mount / "fgpu" / root if root is not None else mount / "fgpu"
     try:
+        root.parent.mkdir(parents=True, exist_ok=True)
         freezer = CgroupFreezer(root, hasten=hasten)
     except OSError as exc:
         if prefer == "cgroup":
