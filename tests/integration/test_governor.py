@@ -28,7 +28,13 @@ from fgpu.agent.governor.freezer import (
     cgroup2_mount,
     stat_fields,
 )
-from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PlannerConfig, RunState
+from fgpu.agent.governor.plan import (
+    ComputeMode,
+    GpuPolicy,
+    PlannerConfig,
+    PriorityPolicy,
+    RunState,
+)
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle
 from fgpu.sdk.wire import Message, encode
@@ -351,5 +357,33 @@ def test_a_released_workload_relaunched_under_its_id_is_governed_again(
         gov.update([governed("w", second, 500)])
         assert [v.workload_id for v in gov.snapshot().workloads] == ["w"]
         assert gov.pids("w") == SignalFreezer().pids(second)
+    finally:
+        gov.close()
+
+
+def test_a_compressed_hold_is_one_paused_and_one_resumed_event(
+    freezer: Freezer, launched: Callable[..., ProcessHandle]
+) -> None:
+    """Under compress the low workload runs floor leases inside its hold; those are not
+    pauses and resumes of their own (they flooded the event log, ten pairs a second)."""
+    clock = FakeClock()
+    config = GovernorConfig(gpu_policy=GpuPolicy(priority_policy=PriorityPolicy.COMPRESS))
+    gov = Governor([GPU], config=config, freezer=freezer, clock=clock)
+    high, low = launched("high"), launched("low")
+    gov.update([governed("high", high, 500, priority=125), governed("low", low, 500)])
+    try:
+        lease_states = set()
+        for step in range(100):  # one second, both busy (no hints: assumed busy)
+            clock.now = step * 10 * MS
+            lease_states.add(gov.step().states["low"])
+        assert lease_states == {RunState.RUNNING, RunState.FROZEN_BY_PRIORITY}  # floor leases
+        kinds = [e.kind for e in gov.events.since(0, "low")]
+        assert kinds == ["paused"]
+        assert gov.events.since(0, "low")[0].reason == "compress"
+
+        gov.update([governed("low", low, 500)])  # the high one is gone: the hold ends
+        clock.now = 2_000 * MS
+        gov.step()
+        assert [e.kind for e in gov.events.since(0, "low")] == ["paused", "resumed"]
     finally:
         gov.close()

@@ -167,7 +167,9 @@ def serve(
         bool,
         typer.Option(
             "--no-governor",
-            help="Place only: no time slicing on shared GPUs (the memory guard stays).",
+            help="Place only: no time slicing on shared GPUs. The memory guard stays on NVML "
+            "GPUs; on simulated GPUs the pretend memory reports come through the governor's "
+            "hint socket, so there it is off too.",
             rich_help_panel="On the GPU",
         ),
     ] = False,

@@ -440,6 +440,11 @@ def plan(now: int, state: NodeState) -> Plan:
             states[wid] = RunState.FROZEN_BY_PRIORITY
         else:
             states[wid] = RunState.FROZEN_BY_SHARE
+    compressed = {
+        wid
+        for wid, w in by_id.items()
+        if any(slots[g][wid].compressed and not slots[g][wid].paused for g in w.shares)
+    }
     freezes: list[Action] = []
     thaws: list[Action] = []
     for wid in sorted(by_id):
@@ -447,7 +452,7 @@ def plan(now: int, state: NodeState) -> Plan:
         if before is after:
             continue
         if after is RunState.RUNNING:
-            thaws.append(Thaw(wid, _thaw_message(before, by_id[wid].busy)))
+            thaws.append(Thaw(wid, _thaw_message(before, by_id[wid].busy, wid in compressed)))
         else:
             message = blockers.get(wid, "") if after is RunState.FROZEN_BY_PRIORITY else ""
             freezes.append(Freeze(wid, after, message or "waiting for its share"))
@@ -470,7 +475,9 @@ def plan(now: int, state: NodeState) -> Plan:
     )
 
 
-def _thaw_message(before: RunState, busy: bool) -> str:
+def _thaw_message(before: RunState, busy: bool, compressed: bool = False) -> str:
+    if compressed and busy:
+        return "compressed lease granted"  # still held to the floor by a busier priority
     if before is RunState.FROZEN_BY_PRIORITY:
         return "resumed: no higher-priority workload is busy"
     if not busy:

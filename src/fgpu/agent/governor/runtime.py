@@ -199,6 +199,7 @@ class _Record:
     samples: deque[tuple[int, int]] = field(default_factory=deque)
     blocker: str | None = None
     slow_reported: bool = False
+    held: bool = False  # paused or compressed by priority (between a paused and a resumed)
 
     def charge(self, now: int) -> None:
         """Count the running time since the last mark (when busy) and move the mark."""
@@ -450,6 +451,7 @@ class Governor:
         )
         decided = plan(now, state)
         self._execute(decided)
+        self._end_holds(decided)
         self._leases = dict(decided.leases)
         self.last_plan = decided
         return decided
@@ -524,18 +526,26 @@ class Governor:
         message: str,
         stamp: int,
     ) -> None:
-        """Record priority transitions (share-based switches are too many to record)."""
-        was = before is RunState.FROZEN_BY_PRIORITY
-        now = after is RunState.FROZEN_BY_PRIORITY
-        if was == now:
-            return
+        """Record the start and the end of a priority hold: one ``paused`` when it begins,
+        one ``resumed`` when it ends. Share-based switches, and the floor leases of a
+        compressed workload inside its hold, are too many to record."""
         wid = record.spec.workload_id
-        if now:
-            reason = "compress" if message.startswith("compressed") else "priority"
-            self.events.add(self._wall(), stamp, wid, PAUSED, reason, message)
-        else:
-            text = "resumed: no higher-priority workload is busy on its GPUs"
-            self.events.add(self._wall(), stamp, wid, RESUMED, "priority", text)
+        if after is RunState.FROZEN_BY_PRIORITY:
+            if not record.held:
+                record.held = True
+                reason = "compress" if message.startswith("compressed") else "priority"
+                self.events.add(self._wall(), stamp, wid, PAUSED, reason, message)
+            return
+        # the end of a hold is seen in the plan's blockers (see _end_holds), not here: a
+        # compressed workload is thawed and frozen for its floor leases inside its hold
+
+    def _end_holds(self, decided: Plan) -> None:
+        """One ``resumed`` event for each workload whose priority hold ended in this plan."""
+        for wid, record in self._records.items():
+            if record.held and wid not in decided.blockers:
+                record.held = False
+                text = "resumed: no higher-priority workload is busy on its GPUs"
+                self.events.add(self._wall(), self._clock(), wid, RESUMED, "priority", text)
 
     def _drop(self, record: _Record) -> None:
         record.charge(self._clock())
