@@ -225,6 +225,21 @@ def test_apply_a_file_that_is_neither(tmp_path: Path) -> None:
     assert "neither an fgpu MIG plan" in err
 
 
+def test_apply_a_binary_file(tmp_path: Path) -> None:
+    binary = tmp_path / "random.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    code, _, err = fgpu("apply", str(binary), "--simulate-gpus", "A30")
+    assert code == 2
+    assert "is not text (UTF-8); give a plan JSON or a mig-parted YAML" in err
+    assert "Traceback" not in err
+
+
+def test_plan_refuses_more_gpus_than_a_plan_takes() -> None:
+    code, _, err = fgpu("plan", "--gpus", "1000000000xA100-80GB", "--demand", "1x1g.10gb")
+    assert code == 2
+    assert "--gpus: more than 1024 GPUs" in err
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a command as another user")
 def test_apply_yes_needs_root(tmp_path: Path) -> None:
     path = _plan_file(tmp_path)  # nobody cannot even read it: the root check comes first

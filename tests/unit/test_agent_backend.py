@@ -60,6 +60,11 @@ def test_good_specs(spec: str, groups: list[tuple[int, str]]) -> None:
             "--simulate-gpus: GPU count must be a positive integer, got 0 in '0xA100-40GB'",
         ),
         (
+            "99999xA100-80GB",
+            "--simulate-gpus: 99999 GPUs in '99999xA100-80GB'; at most 64 of one model "
+            "(a node's limit)",
+        ),
+        (
             "1xT4,-2xH100-80GB",
             "--simulate-gpus: GPU count must be a positive integer, got -2 in '-2xH100-80GB'",
         ),
@@ -70,7 +75,17 @@ def test_good_specs(spec: str, groups: list[tuple[int, str]]) -> None:
             f"--simulate-gpus: unknown GPU model '1.5xA100-40GB' in '1.5xA100-40GB'; {KNOWN}",
         ),
     ],
-    ids=["empty", "blank", "empty-part", "zero", "negative", "unknown", "no-model", "fraction"],
+    ids=[
+        "empty",
+        "blank",
+        "empty-part",
+        "zero",
+        "too-many",
+        "negative",
+        "unknown",
+        "no-model",
+        "fraction",
+    ],
 )
 def test_bad_specs_name_the_flag_and_the_part(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=r"^--simulate-gpus: ") as caught:

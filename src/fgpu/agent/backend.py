@@ -159,6 +159,10 @@ class SimulatedGpuGroup:
 _PART = re.compile(r"^(?:(?P<count>[+-]?\d+)\s*[xX]\s*)?(?P<model>.+)$")
 
 
+MAX_SIMULATED_GPUS = 64
+"""Most simulated GPUs of one model (one node per model, and a node has at most 64)."""
+
+
 def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
     """Parse a ``--simulate-gpus`` spec: comma-separated ``COUNTxMODEL[:mig]`` parts.
 
@@ -192,6 +196,11 @@ def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
         if count <= 0:
             raise ValueError(
                 f"--simulate-gpus: GPU count must be a positive integer, got {count} in {part!r}",
+            )
+        if count > MAX_SIMULATED_GPUS:
+            raise ValueError(
+                f"--simulate-gpus: {count} GPUs in {part[:40]!r}; at most "
+                f"{MAX_SIMULATED_GPUS} of one model (a node's limit)",
             )
         model_text, colon, flag = match.group("model").partition(":")
         model_text = model_text.strip()

@@ -145,9 +145,11 @@ def layouts(
 
 def _read(path: Path, option: str) -> str:
     try:
-        return path.read_text()
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         fail(f"{option}: cannot read {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError:
+        fail(f"{option}: {path} is not text (UTF-8); give a plan JSON or a mig-parted YAML")
 
 
 @mig_app.command("plan")

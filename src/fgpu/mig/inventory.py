@@ -129,12 +129,17 @@ def _reason(exc: Exception) -> str:
 _SPEC_PART = re.compile(r"^(?:(?P<count>\d+)\s*[xX]\s*)?(?P<model>\S.*)$")
 
 
+MAX_PLAN_GPUS = 1024
+"""Most GPUs one plan takes (a node has at most 64; a plan spans a few nodes)."""
+
+
 def parse_gpu_spec(spec: str, field: str = "--gpus") -> list[MigGpu]:
     """``"2xA100-80GB,1xH100-80GB"`` -> empty GPUs with MIG on, indexed from 0.
 
     Raises:
-        MigInputError: empty spec or part, a count that is not a positive integer, or a model
-            that is unknown or has no MIG profiles (the message lists the MIG models).
+        MigInputError: empty spec or part, a count that is not a positive integer, more than
+            :data:`MAX_PLAN_GPUS` GPUs, or a model that is unknown or has no MIG profiles
+            (the message lists the MIG models).
     """
     if not spec.strip():
         raise MigInputError(field, "empty; expected e.g. '2xA100-80GB'")
@@ -147,6 +152,10 @@ def parse_gpu_spec(spec: str, field: str = "--gpus") -> list[MigGpu]:
         count = int(match.group("count") or 1)
         if count <= 0:
             raise MigInputError(field, f"GPU count must be positive in {part!r}")
+        if len(gpus) + count > MAX_PLAN_GPUS:
+            raise MigInputError(
+                field, f"more than {MAX_PLAN_GPUS} GPUs in {spec[:80]!r}; plan fewer at a time"
+            )
         try:
             table = mig_profiles(match.group("model").strip())
         except (UnknownGpuModelError, NotMigCapableError) as exc:
