@@ -29,6 +29,10 @@ BAD = [
     pytest.param({"gpu": "2", "gpu_memory": "5Gi"}, "gpu_memory", wire.GPU_MEMORY, id="whole-mem"),
     pytest.param({"gpu": "0.5", "gpu_model": "Z9000"}, "gpu_model", wire.GPU_MODEL, id="model"),
     pytest.param({"gpu": "0.5", "priority": "urgent"}, "priority", wire.PRIORITY, id="priority"),
+    pytest.param({"gpu": "0.5", "priority": "-7"}, "priority", wire.PRIORITY, id="priority-neg"),
+    pytest.param(
+        {"gpu": "0.5", "priority": "5000"}, "priority", wire.PRIORITY, id="priority-above-max"
+    ),
     pytest.param(
         {"mig_profile": "3g.40gb", "gpu": "0.5"}, "mig_profile", wire.MIG_PROFILE, id="mig-with-gpu"
     ),
@@ -48,6 +52,15 @@ def test_bad_annotations_get_the_cli_and_api_reason(fields, api_field, annotatio
         pod_ask(body)
     assert k8s.value.field == annotation
     assert k8s.value.reason == api.value.reason
+
+
+def test_a_queue_annotation_that_is_not_a_queue_name_is_refused() -> None:
+    body = pod("p", None)
+    body["metadata"]["annotations"] = {"fgpu.io/gpu": "0.5", wire.QUEUE: "team-a\nx"}
+    with pytest.raises(PodRequestError) as caught:
+        pod_ask(body)
+    assert caught.value.field == wire.QUEUE
+    assert "is not a queue name" in caught.value.reason
 
 
 def test_a_bad_annotation_is_refused_at_admission_with_field_and_reason(make_cluster) -> None:

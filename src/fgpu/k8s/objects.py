@@ -20,7 +20,8 @@ from fgpu.k8s import wire
 from fgpu.model.types import InvalidRequestError, Node, Request
 from fgpu.sched.workload import PRIORITY_CLASSES, QueueSpec, QueueTree, Resources
 from fgpu.server.errors import BadRequest
-from fgpu.server.requests import ResourceAsk, parse_resources, queue_config
+from fgpu.server.requests import MAX_PRIORITY, ResourceAsk, parse_resources, queue_config
+from fgpu.store.validate import QUEUE_NAME
 from fgpu.wire import QueueBody
 
 Obj = Mapping[str, Any]
@@ -192,9 +193,19 @@ def pod_ask(pod: Obj) -> PodAsk:
         if text not in ("true", "false"):
             raise PodRequestError(wire.PREEMPTIBLE, f"must be true or false (got {text!r})")
         preemptible = text == "true"
+    if wire.PRIORITY in notes and priority > MAX_PRIORITY:
+        raise PodRequestError(
+            wire.PRIORITY, f"{priority} is above {MAX_PRIORITY}; classes go up to critical (125)"
+        )
     queue = notes.get(wire.QUEUE, wire.DEFAULT_QUEUE).strip()
     if not queue:
         raise PodRequestError(wire.QUEUE, "must name a queue")
+    if not QUEUE_NAME.fullmatch(queue):
+        raise PodRequestError(
+            wire.QUEUE,
+            f"{queue[:80]!r} is not a queue name (an ASCII letter or digit, then letters, "
+            "digits, '.', '_' or '-')",
+        )
     return PodAsk(request, priority, queue, preemptible)
 
 
