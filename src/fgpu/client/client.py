@@ -249,11 +249,13 @@ class Client:
 
     def update_queue(self, body: QueueBody) -> QueueView:
         """Replace a queue's settings (admins)."""
-        return self._json("PUT", f"/queues/{_segment(body.name)}", QueueView, json=self._body(body))
+        return self._json(
+            "PUT", f"/queues/{_segment(body.name, 'name')}", QueueView, json=self._body(body)
+        )
 
     def delete_queue(self, name: str) -> None:
         """Remove an empty queue (admins)."""
-        self._request("DELETE", f"/queues/{_segment(name)}")
+        self._request("DELETE", f"/queues/{_segment(name, 'name')}")
 
     def nodes(self) -> list[NodeView]:
         """Nodes and their GPUs."""
@@ -267,10 +269,17 @@ class Client:
         return self._json("GET", "/events", list[EventView], params=params)
 
 
-def _segment(text: str) -> str:
-    """A path segment, percent-encoded (an id or a name never changes the route)."""
+def _segment(text: str, field: str = "id") -> str:
+    """A path segment, percent-encoded (an id or a name never changes the route).
+
+    Raises:
+        ClientError: an empty id or name (``field``): it would name another route.
+    """
     from urllib.parse import quote
 
+    if not text.strip():
+        what = "a workload id (fgpu ls lists them)" if field == "id" else "a queue name"
+        raise ClientError(0, field, f"empty; give {what}")
     return quote(text, safe="")
 
 
