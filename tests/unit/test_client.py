@@ -233,6 +233,8 @@ def request(
         (request(2, None), "2 GPUs"),
         (request(2, 300), "2 x 0.3 GPU"),
         (request(1, 125, 5120), "0.125 GPU, 5GiB"),
+        (request(1, None, 4096), "4GiB share of a GPU"),
+        (request(2, None, 4096, ["A100-40GB"]), "4GiB share of each of 2 GPUs on A100-40GB"),
         (request(2, 1000, None, ["A100-80GB", "H100-80GB"]), "2 GPUs on A100-80GB or H100-80GB"),
         (request(0, None), "no GPU"),
         (
@@ -243,7 +245,18 @@ def request(
         ),
         (request(1, None, 18432).model_copy(update={"isolation": "mig"}), "MIG, 18GiB"),
     ],
-    ids=["fraction", "whole", "fraction-each", "memory", "models", "none", "mig", "mig-memory"],
+    ids=[
+        "fraction",
+        "whole",
+        "fraction-each",
+        "memory",
+        "memory-only",
+        "memory-only-each",
+        "models",
+        "none",
+        "mig",
+        "mig-memory",
+    ],
 )
 def test_request_text(req: ResourceRequest, text: str) -> None:
     assert render.request_text(req) == text

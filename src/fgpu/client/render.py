@@ -110,6 +110,14 @@ def request_text(request: ResourceRequest) -> str:
         return f"MIG, {memory_text(request.gpu_memory_mib)}"
     if request.gpu_count == 0:
         text = "no GPU"
+    elif request.gpu_milli is None and request.gpu_memory_mib is not None:
+        # --gpu-memory alone: a share sized by memory (its compute share follows the GPU)
+        many = request.gpu_count > 1
+        where = f"each of {request.gpu_count} GPUs" if many else "a GPU"
+        text = f"{memory_text(request.gpu_memory_mib)} share of {where}"
+        if request.gpu_models:
+            text += f" on {' or '.join(request.gpu_models)}"
+        return text
     elif request.gpu_milli is None or request.gpu_milli >= 1000:
         text = f"{request.gpu_count} GPU" + ("s" if request.gpu_count > 1 else "")
     elif request.gpu_count == 1:

@@ -255,6 +255,12 @@ def run_serve(
         elif token_user is not None:
             raise ServeOptionError("--token-user is only used with --listen")
         admin_uids = resolve_admins(admins)
+        enforcement = (
+            enforcement[0].strip().lower(),
+            enforcement[1].strip().lower(),
+            enforcement[2].strip().lower(),
+            enforcement[3],
+        )
         for option, value, allowed in (
             ("--compute-mode", enforcement[0], ("fair", "strict")),
             ("--priority-policy", enforcement[1], ("pause", "compress")),

@@ -165,7 +165,7 @@ def _mig(body: SubmitRequest) -> StoredMigRequest | None:
             ``isolation`` mig without ``--gpu-memory`` or with ``-g``; a MIG request with
             ``gpu_model``, ``cpu`` or ``memory``.
     """
-    isolation = body.isolation
+    isolation = body.isolation.strip().lower() if body.isolation is not None else None
     if isolation is not None and isolation not in ISOLATIONS:
         raise BadRequest("isolation", f"{isolation!r} is not one of {', '.join(ISOLATIONS)}")
     wanted: StoredMigRequest
