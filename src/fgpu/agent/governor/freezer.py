@@ -324,6 +324,7 @@ class CgroupFreezer:
             handle.write(text)
 
     def adopt(self, handle: ProcessHandle) -> None:
+        self._sweep()  # cgroups of ended workloads whose last members were still exiting
         group = self.path(handle)
         group.mkdir(exist_ok=True)
         self._write(group / "cgroup.freeze", "0")
