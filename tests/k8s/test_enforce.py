@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
+from fgpu.agent.events import AgentEvent
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.governor.plan import PlannerConfig
 from fgpu.agent.governor.runtime import GovernorConfig
@@ -265,8 +266,14 @@ def test_a_low_pod_pauses_while_a_critical_one_is_busy_and_resumes_after(
         assert enf.freezer.pids(pod_handle(low.workload_id)) == [low_pid]
         wait_for(lambda: frozen(low_group), "the low pod's cgroup to freeze")
         assert not frozen(critical_group)
-        paused = [e for e in enf.events.since() if e.workload_id == low.workload_id]
-        assert paused
+
+        def low_events() -> list[AgentEvent]:
+            return [e for e in enf.events.since() if e.workload_id == low.workload_id]
+
+        # the event follows the confirmed freeze (the kernel may report it first)
+        wait_for(lambda: bool(low_events()), "the paused event")
+        paused = low_events()
+        assert paused[0].kind == "paused"
         assert paused[0].message == f"paused: default/critical (priority 125) is busy on {GPU}"
 
         backend.busy = {low_pid}  # the critical pod goes idle
