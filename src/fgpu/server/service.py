@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -72,7 +71,7 @@ from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigCandidate, MigPool, QueueBudget
 from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
-from fgpu.store.claim import DatabaseClaim, claim_database
+from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import (
     ACTIVE_PHASES,
@@ -138,19 +137,12 @@ def claim_state_dir(folder: Path) -> IO[str]:
     Raises:
         ValueError: another process holds it (names its pid).
     """
-    handle = open(folder / "fgpu.lock", "a+")  # noqa: SIM115 - held until the process ends
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise ValueError(f"--state-dir: another fgpu serve (pid {holder}) uses {folder}") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
-    return handle
+        return hold_lock_file(folder / "fgpu.lock")
+    except LockHeld as held:
+        raise ValueError(
+            f"--state-dir: another fgpu serve (pid {held.holder}) uses {folder}"
+        ) from None
 
 
 def default_state_dir() -> Path:

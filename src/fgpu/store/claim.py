@@ -71,20 +71,43 @@ def claim_database(engine: Engine) -> DatabaseClaim:
     return DatabaseClaim(connection=connection)
 
 
-def _lock_file(database: Path) -> IO[str]:
-    path = database.with_name(database.name + ".lock")
-    handle = open(path, "a+")  # noqa: SIM115 - held for the claim's life
+class LockHeld(Exception):
+    """Another process holds the lock file; ``holder`` is the pid it wrote ("unknown" when
+    it wrote none)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(f"held by pid {holder}")
+        self.holder = holder
+
+
+def hold_lock_file(path: Path) -> IO[str]:
+    """An exclusive ``flock`` on ``path`` (created when missing), with this process's pid
+    written in it, held until the returned file is closed (or the process dies, even by
+    SIGKILL: the kernel drops the lock).
+
+    Raises:
+        LockHeld: another process holds it.
+        OSError: the file cannot be opened.
+    """
+    handle = open(path, "a+")  # noqa: SIM115 - held for the lock's life
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
-        raise StoreConflict(
-            f"another fgpu serve (pid {holder}) uses the database {database}"
-        ) from None
+        raise LockHeld(holder) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
     return handle
+
+
+def _lock_file(database: Path) -> IO[str]:
+    try:
+        return hold_lock_file(database.with_name(database.name + ".lock"))
+    except LockHeld as held:
+        raise StoreConflict(
+            f"another fgpu serve (pid {held.holder}) uses the database {database}"
+        ) from None
