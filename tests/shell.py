@@ -42,9 +42,10 @@ class Shell:
         priority: int = 50,
         at: float | None = None,
         preemptible: bool | None = None,
+        nodes: frozenset[str] | None = None,
     ) -> None:
         self.workloads[id_] = Workload(
-            id_, queue, request, priority, self.now if at is None else at, preemptible
+            id_, queue, request, priority, self.now if at is None else at, preemptible, nodes=nodes
         )
 
     def run(

@@ -307,3 +307,81 @@ def test_non_preemptible_use_outside_counts_against_the_quota() -> None:
             "milli-GPU, in use 700, needs 500)",
         )
     ]
+
+
+# ---------------------------------------------------------------- node constraints (rule 7)
+def test_a_workload_goes_only_to_its_allowed_nodes() -> None:
+    sh = Shell(cluster(node("a").gpus(2), node("b").gpus(2)), QueueTree.single())
+    sh.run("busy", "default", pod().gpu(0.5).build(), 0, [0])  # best-fit would pick a
+    sh.submit("free", "default", pod().gpu(0.5).build(), at=0.0)
+    sh.submit("pinned", "default", pod().gpu(0.5).build(), at=1.0, nodes=frozenset({"b"}))
+    assert actions(sh.round()) == [("place", "free", "a", "(0,)"), ("place", "pinned", "b", "(0,)")]
+
+
+def test_no_allowed_node_is_the_first_reason() -> None:
+    sh = Shell(cluster(node("a").gpus(1), node("b").gpus(1)), QueueTree.single())
+    sh.submit("nowhere", "default", pod().gpu(1).build(), nodes=frozenset({"gone"}))
+    sh.submit("one", "default", pod().gpu(4).build(), nodes=frozenset({"a"}))
+    d = sh.round()
+    assert d.actions == [
+        Wait("nowhere", "0/2 nodes fit: 2 excluded by the workload's node constraints"),
+        Wait(
+            "one",
+            "0/2 nodes fit: 1 excluded by the workload's node constraints, "
+            "1 have fewer than 4 GPUs",
+        ),
+    ]
+
+
+def test_same_request_other_nodes_is_not_taken_for_a_known_misfit() -> None:
+    # the round remembers shapes that found no node; the allowed nodes are part of the shape
+    sh = Shell(cluster(node("a").gpus(1), node("b").gpus(1)), QueueTree.single())
+    sh.run("full", "default", pod().gpu(1).build(), 0, [0])
+    sh.submit("on-a", "default", pod().gpu(1).build(), at=0.0, nodes=frozenset({"a"}))
+    sh.submit("on-b", "default", pod().gpu(1).build(), at=1.0, nodes=frozenset({"b"}))
+    assert actions(sh.round()) == [("wait", "on-a"), ("place", "on-b", "b", "(0,)")]
+
+
+def test_preemption_frees_capacity_only_where_the_preemptor_may_run() -> None:
+    sh = Shell(cluster(node("a").gpus(1), node("b").gpus(1)), QueueTree.single())
+    # the victim on a is the better choice by every rule (lower priority, started later) ...
+    sh.run("low-a", "default", pod().gpu(1).build(), 0, [0], priority=25, started=2.0)
+    sh.run("low-b", "default", pod().gpu(1).build(), 1, [0], priority=40, started=1.0)
+    # ... but the preemptor may only run on b
+    sh.submit("urgent", "default", pod().gpu(1).build(), priority=90, nodes=frozenset({"b"}))
+    d = sh.round()
+    assert actions(d) == [("preempt", "low-b", "urgent", "preemption"), ("wait", "urgent")]
+    assert d.holds["urgent"].node == "b"
+
+
+def test_no_victim_on_allowed_nodes_means_no_preemption() -> None:
+    sh = Shell(cluster(node("a").gpus(1), node("b").gpus(1)), QueueTree.single())
+    sh.run("low-a", "default", pod().gpu(1).build(), 0, [0], priority=25)
+    sh.run("guarded-b", "default", pod().gpu(1).build(), 1, [0], priority=25, preemptible=False)
+    sh.submit("urgent", "default", pod().gpu(1).build(), priority=90, nodes=frozenset({"b"}))
+    assert actions(sh.round()) == [("wait", "urgent")]
+    assert sh.evictions() == 0
+
+
+def test_reservation_only_on_an_allowed_node() -> None:
+    config = SchedulerConfig(reservation_after_s=10, reservation_min_gpus=2)
+    sh = Shell(cluster(node("a").gpus(4), node("b").gpus(2)), QueueTree.single(), config)
+    sh.run("small-b", "default", pod().gpu(1).build(), 1, [0], priority=50)
+    sh.run("small-a", "default", pod().gpu(1).build(), 0, [0], priority=50)
+    sh.submit("big", "default", pod().gpu(2).build(), at=0.0, nodes=frozenset({"b"}))
+    sh.now = 20.0
+    d = sh.round()
+    assert d.holds["big"].node == "b"
+    assert d.holds["big"].is_reservation
+
+
+def test_nodes_must_be_a_frozenset() -> None:
+    import pytest
+
+    from fgpu.model.types import InvalidRequestError
+    from fgpu.sched.workload import Workload
+
+    with pytest.raises(InvalidRequestError) as err:
+        Workload("w", "default", pod().gpu(1).build(), nodes="a")  # type: ignore[arg-type]
+    assert err.value.field == "nodes"
+    assert "frozenset" in str(err.value)

@@ -35,6 +35,7 @@ from typing import Any
 
 from fgpu.k8s import wire
 from fgpu.k8s.cache import ClusterCache, Snapshot
+from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.objects import (
@@ -51,7 +52,7 @@ from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
-from fgpu.sched.state import ClusterState, check_invariants
+from fgpu.sched.state import CONSTRAINED, ClusterState, check_invariants
 from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
 
 log = logging.getLogger("fgpu.k8s.scheduler")
@@ -73,6 +74,8 @@ class Round:
         pods: workload id -> pod object.
         refused: workload id -> why the pod cannot be considered (a bad annotation, not
             admitted by the webhook).
+        notes: workload id -> why some nodes are not allowed for the pod (its node
+            selector, affinity or taints), added to its reason when it waits.
     """
 
     infos: list[NodeInfo]
@@ -80,6 +83,7 @@ class Round:
     others: list[Workload] = field(default_factory=list)
     pods: dict[str, Obj] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def env_data(workload_id: str, uuids: list[str], milli: int, memory_mib: int) -> dict[str, str]:
@@ -150,6 +154,8 @@ class K8sScheduler:
         self._base_held: dict[str, tuple[Workload, Allocation]] = {}
         self._leading = False
         self._fast: dict[int, tuple[Obj, Workload, str, str, NodeInfo]] = {}
+        self._facts_memo: dict[str, tuple[Obj, NodeFacts]] = {}
+        self._constraints = ConstraintCache()
         self.last: Decision | None = None
         self.bound = 0
 
@@ -215,11 +221,14 @@ class K8sScheduler:
         evictions. Parsed nodes and running pods are remembered while unchanged (and
         forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
+        facts: list[NodeFacts] = []
         for obj in snap.nodes:
             info = self._node(obj)
             if info is not None:
                 infos.append(info)
+                facts.append(self._facts(obj))
         infos.sort(key=lambda i: i.node.name)
+        self._constraints.nodes(sorted(facts, key=lambda f: f.name))
         rnd = Round(infos)
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at = [{u: g for g, u in enumerate(info.uuids)} for info in infos]
@@ -290,6 +299,9 @@ class K8sScheduler:
                     "create it again once the webhook runs"
                 )
                 continue
+            allowed = self._constraints.allowed(pod)
+            if allowed.note:
+                rnd.notes[key] = allowed.note
             rnd.workloads.append(
                 Workload(
                     id=key,
@@ -298,6 +310,7 @@ class K8sScheduler:
                     priority=ask.priority,
                     submitted_at=created_at(pod),
                     preemptible=ask.preemptible,
+                    nodes=allowed.nodes,
                 )
             )
         # forget what was remembered of objects that are gone
@@ -305,11 +318,25 @@ class K8sScheduler:
             del self._running_memo[stale]
         for gone in self._reasons.keys() - rnd.pods.keys():
             del self._reasons[gone]
-        if len(self._node_memo) > len(snap.nodes):
+        if len(self._node_memo) > len(snap.nodes) or len(self._facts_memo) > len(snap.nodes):
             names = {n["metadata"]["name"] for n in snap.nodes}
             for name in self._node_memo.keys() - names:
                 del self._node_memo[name]
+            for name in self._facts_memo.keys() - names:
+                del self._facts_memo[name]
         return rnd
+
+    def _facts(self, obj: Obj) -> NodeFacts:
+        """:func:`node_facts`, remembered while the object is the same one."""
+        name = obj["metadata"]["name"]
+        memo = self._facts_memo.get(name)
+        if memo is not None and memo[0] is obj:
+            return memo[1]
+        facts = node_facts(obj)
+        if memo is not None and memo[1] == facts:
+            facts = memo[1]  # keep the object: equal tuples of the same objects compare fast
+        self._facts_memo[name] = (obj, facts)
+        return facts
 
     def _node(self, obj: Obj) -> NodeInfo | None:
         """:func:`node_info`, remembered while what it reads is unchanged (agents rewrite
@@ -534,7 +561,11 @@ class K8sScheduler:
                 elif isinstance(action, Preempt):
                     self._preempt(rnd, action, decision)
                 elif isinstance(action, Wait):
-                    self._wait(rnd, action.workload, action.reason)
+                    reason = action.reason
+                    note = rnd.notes.get(action.workload)
+                    if note and CONSTRAINED in reason:
+                        reason = reason.replace(CONSTRAINED, f"{CONSTRAINED} ({note})", 1)
+                    self._wait(rnd, action.workload, reason)
             for key, reason in rnd.refused.items():
                 self._wait(rnd, key, reason)
             if places and self.is_leader():

@@ -25,6 +25,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    other queues that are above their fair share, are preemptible and past
    ``min_runtime_s``, and a victim queue never drops below its guarantee
    ``min(quota, demand)`` (so in-quota work is not reclaimed, whatever the queue priorities).
+   Victim sets for 4 and 5 are looked for only on nodes the preemptor may use (its
+   ``nodes``, rule 7), so preemption never frees capacity where it cannot run.
    Victim sets for 4 and 5: per node, release candidates lowest priority first, then most
    recently started, until the preemptor fits on that node (the filter checks the same GPU
    for a share and the same node for several GPUs); then put back every victim that is not
@@ -37,6 +39,9 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    does not fit reserves the node with the most free GPU compute that could hold it when
    empty; other work is not placed there, so the node drains into it and it starts once the
    running work there ends. Small workloads can therefore not overtake it forever.
+
+7. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
+   preempts and reserves only there; the nodes left out are counted first in its reason.
 
 Every pending workload that is not placed gets a :class:`Wait` with a reason.
 
@@ -483,9 +488,9 @@ class Scheduler:
         cursor = dict.fromkeys(per_queue, 0)
         heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
         heapq.heapify(heap)
-        no_fit: dict[tuple[Request, bool], str] = {}
+        no_fit: dict[tuple[Request, bool, frozenset[str] | None], str] = {}
         resources_of: dict[Request, Vec] = {}
-        no_victims: set[tuple[Request, str, int]] = set()
+        no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
         searches = 0
 
         def admit(w: Workload, res: Vec) -> str | None:
@@ -530,14 +535,15 @@ class Scheduler:
             if own_reservation:
                 exclude = reserved.copy()
                 exclude[work.node_index[new_holds[w.id].node]] = False
+            allowed = work.node_mask(w.nodes) if w.nodes is not None else None
             # a shape that found no node in this round finds none later in it either: the
             # working state only fills up
-            key = (w.request, exclude is not None)
+            key = (w.request, exclude is not None, w.nodes)
             result: Allocation | Unschedulable
             if key in no_fit and not own_reservation:
                 result = Unschedulable(no_fit[key])
             else:
-                result = placer.place(w.request, explain=True, exclude=exclude)
+                result = placer.place(w.request, explain=True, exclude=exclude, allowed=allowed)
             if isinstance(result, Allocation):
                 actions.append(Place(w.id, result))
                 charge(q, allocation_resources(result))
@@ -554,7 +560,7 @@ class Scheduler:
             found: tuple[_Victims, str] | None = None
             if searches < cfg.max_preemptors_per_round:
                 for kind in ("preemption", "reclaim"):
-                    skey = (w.request, f"{w.queue}/{kind}", w.priority)
+                    skey = (w.request, f"{w.queue}/{kind}", w.priority, w.nodes)
                     if skey in no_victims:
                         continue
                     searches += 1
@@ -619,7 +625,7 @@ class Scheduler:
                 and now - w.submitted_at >= cfg.reservation_after_s
                 and w.id not in new_holds
             ):
-                spot = self._reservation_node(work, w.request, reserved)
+                spot = self._reservation_node(work, w.request, reserved, allowed)
                 if spot is not None:
                     reserved[spot] = True
                     new_holds[w.id] = Hold(w.id, work.node_names[spot], (), (), now)
@@ -699,8 +705,11 @@ class Scheduler:
         request = preemptor.request
         need = work.gpu_need(request)
         model_ok = work.model_mask(request.gpu_models) if request.gpu_count else None
+        allowed = work.node_mask(preemptor.nodes) if preemptor.nodes is not None else None
         for node, on_node in by_node.items():
             if model_ok is not None and not model_ok[node]:
+                continue
+            if allowed is not None and not allowed[node]:
                 continue
             view = _NodeView(work, node, request, need)
             on_node.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
@@ -736,8 +745,14 @@ class Scheduler:
         return best
 
     @staticmethod
-    def _reservation_node(work: ClusterState, request: Request, reserved: np.ndarray) -> int | None:
-        """The node to reserve: could hold ``request`` when empty, most free GPU first."""
+    def _reservation_node(
+        work: ClusterState,
+        request: Request,
+        reserved: np.ndarray,
+        allowed: np.ndarray | None = None,
+    ) -> int | None:
+        """The node to reserve: could hold ``request`` when empty, most free GPU first; only
+        among ``allowed`` nodes when given."""
         need = work.gpu_need(request)
         big_enough = (
             (work.cpu_capacity >= request.cpu_milli)
@@ -753,6 +768,8 @@ class Scheduler:
         )
         if request.gpu_models:
             big_enough &= work.model_mask(request.gpu_models)
+        if allowed is not None:
+            big_enough &= allowed
         candidates = np.flatnonzero(big_enough)
         if candidates.size == 0:
             return None

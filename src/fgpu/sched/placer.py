@@ -93,7 +93,11 @@ class Placer:
             raise InvalidRequestError("rank", f"need {state.num_nodes} ranks")
 
     def choose(
-        self, request: Request, explain: bool = True, exclude: BoolArray | None = None
+        self,
+        request: Request,
+        explain: bool = True,
+        exclude: BoolArray | None = None,
+        allowed: BoolArray | None = None,
     ) -> tuple[int, tuple[int, ...]] | Unschedulable:
         """Decide where ``request`` would go without binding it: ``(node, gpus)``.
 
@@ -102,6 +106,8 @@ class Placer:
             explain: with False an unschedulable result carries an empty reason (the
                 simulators skip the per-node accounting of why nothing fits).
             exclude: bool[N] nodes not to use (reserved for other work).
+            allowed: bool[N] nodes the workload may use at all (its node constraints;
+                None: every node).
 
         Raises:
             InvalidRequestError: ``request`` is not a :class:`Request`.
@@ -112,11 +118,13 @@ class Placer:
         feasible, gpus = state.feasible(request, need)
         if exclude is not None:
             feasible = feasible & ~exclude
+        if allowed is not None:
+            feasible = feasible & allowed
         candidates = np.flatnonzero(feasible)
         if candidates.size == 0:
             if not explain:
                 return Unschedulable("")
-            reason = state.explain(request)
+            reason = state.explain(request, allowed)
             if exclude is not None and exclude.any() and not reason.startswith("0/"):
                 reason = f"{reason}; {int(exclude.sum())} nodes are reserved for other work"
             return Unschedulable(reason)
@@ -125,9 +133,13 @@ class Placer:
         return node, chosen
 
     def place(
-        self, request: Request, explain: bool = True, exclude: BoolArray | None = None
+        self,
+        request: Request,
+        explain: bool = True,
+        exclude: BoolArray | None = None,
+        allowed: BoolArray | None = None,
     ) -> PlacementResult:
-        """Choose a node and GPUs for ``request`` and bind it.
+        """Choose a node and GPUs for ``request`` and bind it (arguments as :meth:`choose`).
 
         Returns:
             The :class:`Allocation`, or :class:`Unschedulable` with the reason (empty when
@@ -136,7 +148,7 @@ class Placer:
         Raises:
             InvalidRequestError: ``request`` is not a :class:`Request`.
         """
-        choice = self.choose(request, explain, exclude)
+        choice = self.choose(request, explain, exclude, allowed)
         if isinstance(choice, Unschedulable):
             return choice
         node, chosen = choice

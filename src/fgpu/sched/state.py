@@ -57,6 +57,10 @@ class GpuNeed:
     node_milli: IntArray
 
 
+CONSTRAINED = "excluded by the workload's node constraints"
+"""How :meth:`ClusterState.explain` counts nodes a workload may not use (its ``nodes``)."""
+
+
 class ClusterState:
     """Free and total resources of every node and GPU.
 
@@ -113,6 +117,7 @@ class ClusterState:
         """GPU compute of the largest node in milli-GPU."""
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self._model_mask_cache: dict[frozenset[str], BoolArray] = {}
+        self._node_mask_cache: dict[frozenset[str], BoolArray] = {}
         self._need_cache: dict[tuple[int | None, int | None], GpuNeed] = {}
 
     # ----------------------------------------------------------------- sizes
@@ -155,6 +160,19 @@ class ClusterState:
                 ok = np.array([m in allowed for m in self.model_names] + [False])
                 mask = ok[self.node_model]  # index -1 picks the trailing False
             self._model_mask_cache[allowed] = mask
+        return mask
+
+    def node_mask(self, allowed: frozenset[str]) -> BoolArray:
+        """bool[N]: nodes whose name is in ``allowed`` (names of no node are ignored)."""
+        mask = self._node_mask_cache.get(allowed)
+        if mask is None:
+            mask = np.zeros(self.num_nodes, dtype=np.bool_)
+            index = self.node_index
+            picked = [index[name] for name in allowed if name in index]
+            mask[picked] = True
+            if len(self._node_mask_cache) >= 1024:  # shapes of constraints repeat; stay bounded
+                self._node_mask_cache.clear()
+            self._node_mask_cache[allowed] = mask
         return mask
 
     def gpu_need(self, request: Request) -> GpuNeed:
@@ -220,8 +238,12 @@ class ClusterState:
             ok &= count_per_node(gpus) >= request.gpu_count
         return ok, gpus
 
-    def explain(self, request: Request) -> str:
+    def explain(self, request: Request, allowed: BoolArray | None = None) -> str:
         """Why no node fits ``request``: counts of nodes per first failing check.
+
+        ``allowed`` (bool[N], optional) are the nodes the workload may use at all (its node
+        constraints); the others are counted first, as ``"N excluded by the workload's node
+        constraints"``.
 
         The reason is meant for users as it is, e.g. ``"0/3 nodes fit: 1 GPU model not
         allowed, 2 insufficient GPU (need 1 GPU with 500 milli and 20480 MiB free)"``. A
@@ -243,6 +265,8 @@ class ClusterState:
                 parts.append(f"{count} {text}")
             remaining &= mask
 
+        if allowed is not None:
+            take(allowed, CONSTRAINED)
         if request.gpu_count:
             take(self.gpu_count >= request.gpu_count, f"have fewer than {request.gpu_count} GPUs")
             take(self.model_mask(request.gpu_models), "GPU model not allowed")

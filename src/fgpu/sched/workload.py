@@ -199,6 +199,12 @@ class Workload:
         allocation: where it runs (None while pending).
         started_at: when it started, for running workloads.
         terminating: a running workload already told to stop (a victim on its way out).
+        nodes: the names of the nodes it may use (its node constraints: on Kubernetes the
+            pod's node selector, required node affinity and tolerated taints); None: any
+            node. A frozenset of names; names of no node are ignored.
+
+    Raises:
+        InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``).
     """
 
     id: str
@@ -210,6 +216,14 @@ class Workload:
     allocation: Allocation | None = None
     started_at: float | None = None
     terminating: bool = False
+    nodes: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        nodes: object = self.nodes
+        if nodes is not None and type(nodes) is not frozenset:  # elements: names, unchecked
+            raise InvalidRequestError(
+                "nodes", f"must be a frozenset of node names or None (got {type(nodes).__name__})"
+            )
 
     @property
     def is_preemptible(self) -> bool:
