@@ -24,6 +24,7 @@ Lease acts (:class:`fgpu.k8s.leader.LeaseElector`).
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -60,6 +61,8 @@ log = logging.getLogger("fgpu.k8s.scheduler")
 Obj = dict[str, Any]
 COMPONENT = "fgpu-scheduler"
 _TERMINAL = ("Succeeded", "Failed")
+SETTLE_EVERY_S = 60.0
+"""How often the loop runs :meth:`K8sScheduler.settle_memory` (seconds)."""
 
 
 @dataclass(slots=True)
@@ -158,6 +161,7 @@ class K8sScheduler:
         self._constraints = ConstraintCache()
         self.last: Decision | None = None
         self.bound = 0
+        self._settled = time.monotonic()
 
     def _make(self, target: Any) -> Scheduler:
         import numpy as np
@@ -173,9 +177,28 @@ class K8sScheduler:
         """Rebuild the cache from the cluster (what a start does). Raises KubeError."""
         self.cache.sync()
 
+    def settle_memory(self) -> float:
+        """Collect garbage, then move every object alive to the collector's permanent
+        generation (:func:`gc.freeze`), so that later full collections skip the cache's
+        tens of thousands of long-lived objects. Without it a full collection at 1,000 nodes
+        and 4,500 pods pauses a round for ~150 ms on a 2-core machine
+        (bench/k8s.py). Objects frozen and later dropped are still freed by reference
+        counting. Called after the first sync and every :data:`SETTLE_EVERY_S` by the
+        loop.
+
+        Returns:
+            Seconds it took.
+        """
+        started = time.perf_counter()
+        gc.collect()
+        gc.freeze()
+        self._settled = time.monotonic()
+        return time.perf_counter() - started
+
     def start(self, tick_s: float = 5.0, debounce_s: float = 0.05) -> None:
         """List, then run watches, leader election and rounds in background threads."""
         self.sync()
+        self.settle_memory()
         self.cache.start()
         self._stop.clear()
         self._thread = threading.Thread(
@@ -210,6 +233,8 @@ class K8sScheduler:
                 self.run_once()
             except Exception:  # keep scheduling; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
+            if time.monotonic() - self._settled >= SETTLE_EVERY_S:
+                self.settle_memory()
 
     def is_leader(self) -> bool:
         """Whether this replica may act now."""
@@ -231,7 +256,7 @@ class K8sScheduler:
         self._constraints.nodes(sorted(facts, key=lambda f: f.name))
         rnd = Round(infos)
         index = {info.node.name: i for i, info in enumerate(infos)}
-        gpu_at = [{u: g for g, u in enumerate(info.uuids)} for info in infos]
+        gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed
         now = self.clock()
         fast = self._fast
         self._fast = {}
@@ -441,18 +466,21 @@ class K8sScheduler:
         node: str,
         text: str | None,
         index: Mapping[str, int],
-        gpu_at: list[dict[str, int]],
+        gpu_at: dict[int, dict[str, int]],
         now: float,
     ) -> None:
         if node not in index:
             return  # a node fgpu does not manage (or that is gone): nothing to count
         n = index[node]
+        at = gpu_at.get(n)
+        if at is None:
+            at = gpu_at[n] = {u: g for g, u in enumerate(rnd.infos[n].uuids)}
         try:
             if text is None:
                 raise wire.WireError(wire.ASSIGNMENT, "missing")
             a = wire.Assignment.from_json(text)
             pairs = sorted(
-                (gpu_at[n][u], m, mm)
+                (at[u], m, mm)
                 for u, m, mm in zip(a.uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
             )
         except (wire.WireError, KeyError) as exc:

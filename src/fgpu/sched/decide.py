@@ -333,22 +333,27 @@ class Scheduler:
         nonpreempt: dict[str, int] = defaultdict(int)
         pending_demand: dict[str, Vec] = defaultdict(lambda: [0, 0, 0])
         pending: list[Workload] = []
+        known = queues.specs
         for w in workloads:
-            if w.queue not in queues:
+            if w.queue not in known:
                 if w.allocation is None:
                     actions.append(Wait(w.id, f"unknown queue {w.queue!r}"))
                     decided.add(w.id)
                 continue
-            if w.allocation is not None:
-                res = allocation_resources(w.allocation)
+            running = w.allocation
+            if running is not None:
                 if w.terminating:
                     pending_demand[w.queue] = _add(
                         pending_demand[w.queue], request_resources(w.request, largest_mem)
                     )
                     continue
-                allocated[w.queue] = _add(allocated[w.queue], res)
+                gpu = sum(running.gpu_milli)
+                acc = allocated[w.queue]  # in place: this loop sees every running workload
+                acc[0] += gpu
+                acc[1] += running.cpu_milli
+                acc[2] += running.memory_mib
                 if not w.is_preemptible:
-                    nonpreempt[w.queue] += res[0]
+                    nonpreempt[w.queue] += gpu
             else:
                 pending.append(w)
                 pending_demand[w.queue] = _add(
@@ -462,21 +467,29 @@ class Scheduler:
                 if not w.is_preemptible:
                     nonpreempt[w.queue] += allocation_resources(allocation)[0]
 
-        # victims at all: preemptible, not terminating, past min_runtime_s, per queue
+        # victims at all: preemptible, not terminating, past min_runtime_s, per queue;
+        # gathered at the first victim search (most rounds need none)
         candidates: dict[str, list[Workload]] = defaultdict(list)
-        for w in workloads:
-            if (
-                w.allocation is not None
-                and not w.terminating
-                and w.is_preemptible
-                and w.queue in queues
-                and not (
-                    cfg.min_runtime_s > 0
-                    and w.started_at is not None
-                    and now - w.started_at < cfg.min_runtime_s
-                )
-            ):
-                candidates[w.queue].append(w)
+        gathered = False
+
+        def victim_candidates() -> dict[str, list[Workload]]:
+            nonlocal gathered
+            if not gathered:
+                gathered = True
+                for w in workloads:
+                    if (
+                        w.allocation is not None
+                        and not w.terminating
+                        and w.is_preemptible
+                        and w.queue in known
+                        and not (
+                            cfg.min_runtime_s > 0
+                            and w.started_at is not None
+                            and now - w.started_at < cfg.min_runtime_s
+                        )
+                    ):
+                        candidates[w.queue].append(w)
+            return candidates
 
         # ---- rule 2: order
         per_queue: dict[str, list[Workload]] = defaultdict(list)
@@ -577,7 +590,7 @@ class Scheduler:
                         res,
                         rank,
                         reserved,
-                        candidates,
+                        victim_candidates(),
                         victimized,
                     )
                     if victims is None:
