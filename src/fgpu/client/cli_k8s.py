@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from fgpu.k8s import wire
+
 k8s_app = typer.Typer(
     help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
 )
@@ -150,6 +152,13 @@ def node_agent(
     memory_policy: Annotated[
         str, typer.Option(help="warn (log) or kill (evict) a pod over its memory quota.")
     ] = "warn",
+    agent_socket: Annotated[
+        str,
+        typer.Option(
+            help="Where to receive the pods' activity hints (fgpu.sdk) while enforcing; pods "
+            "reach the host's /run/fgpu/agent.sock through the webhook's mount. '' for none."
+        ),
+    ] = wire.AGENT_SOCKET,
 ) -> None:
     """Run the node agent: publish this node's GPUs, report usage, govern the pods."""
     from pathlib import Path
@@ -193,6 +202,7 @@ def node_agent(
                     compute_mode=mode,
                     priority_policy=ppolicy,
                     memory_policy=mpolicy,
+                    agent_socket=Path(agent_socket) if agent_socket else None,
                 )
                 governing.start()
                 agent.enforcer = governing
