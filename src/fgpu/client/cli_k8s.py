@@ -108,13 +108,21 @@ def webhook(
     port: Annotated[int, typer.Option(help="Port.")] = 8443,
     tls_cert_file: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
     tls_key_file: Annotated[str | None, typer.Option(help="TLS key (PEM).")] = None,
+    agent_socket_volume: Annotated[
+        bool,
+        typer.Option(
+            "--agent-socket-volume/--no-agent-socket-volume",
+            help="Mount the host's /run/fgpu (the node agent's hint socket) read only into "
+            "fgpu pods; off where pods may not use hostPath (they then send no hints).",
+        ),
+    ] = True,
 ) -> None:
     """Run the admission webhook (POST /mutate)."""
     from fgpu.k8s.webhook import serve
 
     _logging()
     try:
-        serve(host, port, tls_cert_file, tls_key_file)
+        serve(host, port, tls_cert_file, tls_key_file, agent_socket_volume=agent_socket_volume)
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
