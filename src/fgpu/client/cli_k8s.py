@@ -238,14 +238,85 @@ def node_agent(
 def standin(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8001,
     kubelet: Annotated[bool, typer.Option(help="Pretend to be every node's kubelet.")] = True,
+    webhook: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Admission webhook URL called on pod creation, e.g. "
+            "http://127.0.0.1:8443/mutate (repeat for several, called in order).",
+        ),
+    ] = None,
+    webhook_ca: Annotated[
+        str | None, typer.Option(help="CA bundle (PEM) that signed https webhooks.")
+    ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Register a Ready node of this name (128 CPUs, 1Ti memory), as its kubelet "
+            "would (repeat for several).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the Kubernetes API TEST STAND-IN on 127.0.0.1 (demos and tests only)."""
+    from urllib.parse import urlsplit
+
     from fgpu.k8s.standin import Options, StandIn
 
-    server = StandIn(Options(kubelet=kubelet), port=port).start()
+    urls = list(webhook or [])
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _fail(f"--webhook: {url!r} is not an http:// or https:// URL")
+    if webhook_ca is not None:
+        if not urls:
+            raise _fail("--webhook-ca: give a --webhook too")
+        if not os.path.isfile(webhook_ca):
+            raise _fail(f"--webhook-ca: no file {webhook_ca}")
+    try:
+        server = StandIn(
+            Options(kubelet=kubelet, webhooks=urls, webhook_ca=webhook_ca), port=port
+        ).start()
+    except RuntimeError as exc:
+        raise _fail(f"{exc} (is port {port} free?)") from None
+    try:
+        for name in node or []:
+            _register_node(server.url, name)
+    except ValueError as exc:
+        server.stop()
+        raise _fail(str(exc)) from None
     typer.echo(f"TEST STAND-IN (not Kubernetes) serving on {server.url}", err=True)
+    for url in urls:
+        typer.echo(f"admission webhook: {url}", err=True)
+    for name in node or []:
+        typer.echo(f"node: {name} (Ready)", err=True)
     try:
         _wait_for_signal()
     finally:
         server.stop()
         time.sleep(0)
+
+
+def _register_node(url: str, name: str) -> None:
+    """Create Node ``name`` on the stand-in at ``url`` with the capacity and Ready condition
+    a kubelet registers.
+
+    Raises:
+        ValueError: the stand-in refused it (the message says why, e.g. a bad name or one
+            given twice).
+    """
+    import httpx
+
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "nodeInfo": {"kubeletVersion": "v1.32.0-fgpu-standin"},
+        },
+    }
+    reply = httpx.post(f"{url}/api/v1/nodes", json=body, timeout=10)
+    if reply.status_code != 201:
+        raise ValueError(f"--node {name}: {reply.json().get('message', reply.text)}")
