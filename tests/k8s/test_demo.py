@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -196,3 +197,27 @@ def test_the_documented_kubectl_create_line_works(demo: Demo, tmp_path: Path) ->
         check=True,
     ).stdout.split()
     assert sorted(collections.Counter(shown).values()) == [2] * 8
+
+
+def test_the_scheduler_stops_cleanly_when_the_api_server_went_first(tmp_path: Path) -> None:
+    """Ctrl-C in the demo's terminals in any order: a scheduler whose API server is gone
+    says it could not give the lease up, without a traceback, and exits 0."""
+    from fgpu.k8s.standin import StandIn
+
+    standin = StandIn().start()
+    log_path = tmp_path / "scheduler.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fgpu", "k8s", "scheduler", "--server", standin.url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: "acquired lease" in log_path.read_text(), "the lease", limit_s=60)
+    finally:
+        standin.stop()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    text = log_path.read_text()
+    assert "stopped without giving the lease up (it expires after 15 s)" in text
+    assert "Traceback" not in text

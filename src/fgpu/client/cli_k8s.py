@@ -99,7 +99,14 @@ def scheduler(
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
     _wait_for_signal()
-    sched.stop()
+    try:
+        sched.stop()
+    except Exception as exc:  # e.g. the API server went first: the lease just runs out
+        logging.getLogger("fgpu.k8s.scheduler").warning(
+            "stopped without giving the lease up (it expires after %.0f s): %s",
+            lease_s,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
 
 
 @k8s_app.command("webhook")
