@@ -264,6 +264,32 @@ except OSError as exc:
         shutil.rmtree(view_dir, ignore_errors=True)
 
 
+def test_an_old_agent_stopping_leaves_a_new_agents_socket_alone(sock: Path) -> None:
+    """A DaemonSet update may start the new agent before the old one exits: the old one's
+    exit must not remove the socket the new one bound at the same path."""
+    old = HintListener(sock)
+    new = HintListener(sock)  # replaces the old socket file with its own
+    try:
+        old.close()
+        assert sock.exists()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_")}
+        env |= {"FGPU_AGENT_SOCKET": str(sock), "FGPU_WORKLOAD_ID": "default/p"}
+        sent = subprocess.run(
+            [sys.executable, "-c", "import fgpu.sdk; print(fgpu.sdk.mark_idle())"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert sent.stdout.strip() == "True"
+        hints: list = []
+        wait_for(lambda: bool(hints.extend(new.receive()) or hints), "the hint on the new socket")
+        assert [h.message.kind for h in hints] == ["idle"]
+    finally:
+        new.close()
+    assert not sock.exists()
+
+
 # -- the node agent as a process, against the API stand-in ---------------------------------
 
 
