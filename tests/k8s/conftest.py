@@ -26,8 +26,10 @@ from typing import Any
 import pytest
 import uvicorn
 
+from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.standin import Options, StandIn
+from tests.k8s.podtree import Kubelet
 
 pytestmark = pytest.mark.k8s
 
@@ -119,3 +121,28 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
 def cluster(make_cluster: Callable[..., Cluster]) -> Cluster:
     """A cluster with the stand-in's default behaviour."""
     return make_cluster()
+
+
+@pytest.fixture(params=["cgroupfs", "systemd"])
+def kubelet(request: pytest.FixtureRequest) -> Iterator[Kubelet]:
+    """An imitation of the kubelet's pod cgroups (:class:`tests.k8s.podtree.Kubelet`) in each
+    layout, in a directory of its own under the cgroup v2 mount, removed afterwards. Skips
+    where that cannot be made (no cgroup v2, not root, no ``cgroup.freeze``)."""
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy here")
+    if os.geteuid() != 0:
+        pytest.skip("making cgroups under the cgroup v2 mount needs root")
+    root = mount / f"fgpu-k8s-test-{os.getpid()}-{secrets.token_hex(3)}"
+    try:
+        root.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cgroup v2 not writable here: {exc}")
+    made = Kubelet(root, request.param)
+    if not (root / "cgroup.freeze").exists():
+        made.cleanup()
+        pytest.skip("no cgroup.freeze (kernel before 5.2)")
+    try:
+        yield made
+    finally:
+        made.cleanup()

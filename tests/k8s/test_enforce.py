@@ -9,22 +9,14 @@ have generous timeouts."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
 from fgpu.agent.events import AgentEvent
-from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.governor.plan import PlannerConfig
 from fgpu.agent.governor.runtime import GovernorConfig
 from fgpu.agent.memguard import MemoryPolicy
@@ -38,20 +30,20 @@ from fgpu.k8s.podcgroup import (
     pod_cgroup_candidates,
     pod_handle,
 )
+from tests.k8s.podtree import (
+    GPU,
+    Backend,
+    Kubelet,
+    freeze_file,
+    frozen,
+    placed,
+    wait_for,
+    with_priority,
+)
 
 pytestmark = pytest.mark.k8s
 
 MS = 1_000_000
-TIMEOUT_S = 15.0
-GPU = "GPU-00000000-test-0000-000000000000"
-
-
-def wait_for(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # -- finding pod cgroups (plain directories: no cgroup needed) --------------------------------
@@ -106,142 +98,7 @@ def test_memory_policy_kill_needs_the_api(tmp_path: Path) -> None:
         )
 
 
-# -- a fake kubelet tree under the cgroup v2 mount ----------------------------------------------
-
-
-@dataclass
-class Backend:
-    """A GPU backend whose per-process utilization the test sets: pids in ``busy`` keep
-    the GPU's SMs busy (the governor's NVML activity source)."""
-
-    busy: set[int] = field(default_factory=set)
-
-    @property
-    def kind(self) -> str:
-        return "test"
-
-    def gpus(self) -> list[GpuDevice]:
-        return [GpuDevice(0, GPU, "A100-40GB", 40960)]
-
-    def process_memory(self) -> list[GpuProcess]:
-        return []
-
-    def utilization(self) -> dict[str, int]:
-        return {}
-
-    def process_utilization(self) -> list[ProcessUtilization]:
-        return [ProcessUtilization(pid, GPU, 90) for pid in sorted(self.busy)]
-
-    def close(self) -> None:
-        pass
-
-
-class Kubelet:
-    """Pod cgroups (one container cgroup each, holding a sleeping process) in a test tree."""
-
-    def __init__(self, root: Path, layout: str) -> None:
-        self.root = root
-        self.layout = layout
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def pod(self, name: str, qos: str = "burstable") -> tuple[PlacedContainer, Path, int]:
-        uid = str(uuid.uuid4())
-        if self.layout == "systemd":
-            u = uid.replace("-", "_")
-            group = self.root / "kubepods.slice" / f"kubepods-{qos}.slice"
-            group = group / f"kubepods-{qos}-pod{u}.slice"
-        else:
-            group = self.root / "kubepods" / qos / f"pod{uid}"
-        container = group / "cri-containerd-0123.scope"
-        container.mkdir(parents=True)
-        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        self.procs.append(proc)
-        (container / "cgroup.procs").write_text(str(proc.pid))
-        return placed(name, uid), group, proc.pid
-
-    def cleanup(self) -> None:
-        for group in sorted(self.root.rglob("*"), key=lambda p: -len(p.parts)):
-            if group.is_dir():
-                with contextlib.suppress(OSError):
-                    (group / "cgroup.freeze").write_text("0")
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait()
-        deadline = time.monotonic() + TIMEOUT_S
-        while self.root.exists() and time.monotonic() < deadline:
-            for group in sorted(self.root.rglob("*"), key=lambda p: -len(p.parts)):
-                if group.is_dir():
-                    with contextlib.suppress(OSError):
-                        group.rmdir()
-            with contextlib.suppress(OSError):
-                self.root.rmdir()
-            time.sleep(0.01)
-
-
-def placed(name: str, uid: str, priority: int = 50, milli: int = 500) -> PlacedContainer:
-    return PlacedContainer(
-        f"default/{name}",
-        uid,
-        wire.Assignment(
-            node="n",
-            uuids=(GPU,),
-            gpus=(0,),
-            gpu_milli=(milli,),
-            gpu_memory_mib=(1024,),
-            cpu_milli=0,
-            memory_mib=0,
-            priority=priority,
-        ),
-    )
-
-
-def with_priority(p: PlacedContainer, priority: int) -> PlacedContainer:
-    a = p.assignment
-    return PlacedContainer(
-        p.workload_id,
-        p.uid,
-        wire.Assignment(
-            node=a.node,
-            uuids=a.uuids,
-            gpus=a.gpus,
-            gpu_milli=a.gpu_milli,
-            gpu_memory_mib=a.gpu_memory_mib,
-            cpu_milli=a.cpu_milli,
-            memory_mib=a.memory_mib,
-            priority=priority,
-        ),
-    )
-
-
-@pytest.fixture(params=["cgroupfs", "systemd"])
-def kubelet(request: pytest.FixtureRequest) -> Iterator[Kubelet]:
-    mount = cgroup2_mount()
-    if mount is None:
-        pytest.skip("no cgroup v2 hierarchy here")
-    if os.geteuid() != 0:
-        pytest.skip("making cgroups under the cgroup v2 mount needs root")
-    root = mount / f"fgpu-k8s-test-{os.getpid()}"
-    try:
-        root.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cgroup v2 not writable here: {exc}")
-    made = Kubelet(root, request.param)
-    if not (root / "cgroup.freeze").exists():
-        made.cleanup()
-        pytest.skip("no cgroup.freeze (kernel before 5.2)")
-    try:
-        yield made
-    finally:
-        made.cleanup()
-
-
-def frozen(group: Path) -> bool:
-    return "frozen 1" in (group / "cgroup.events").read_text().split("\n")
-
-
-def freeze_file(group: Path) -> str:
-    return (group / "cgroup.freeze").read_text().strip()
+# -- a fake kubelet tree under the cgroup v2 mount (the kubelet fixture) ---------------------
 
 
 def enforcer(kubelet: Kubelet, backend: Backend) -> GovernorEnforcer:

@@ -3,15 +3,18 @@ creation: bad fgpu annotations are refused with the CLI's and API's reason."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.objects import PodRequestError, pod_ask
+from fgpu.k8s.standin.patch import json_patch
 from fgpu.k8s.webhook import create_app, mutate
 from fgpu.server.errors import BadRequest
 from fgpu.server.requests import parse_submission
@@ -81,6 +84,12 @@ def test_a_bad_annotation_is_refused_at_admission_with_field_and_reason(make_clu
     assert good["spec"]["schedulerName"] == "fgpu"
     assert good["spec"]["containers"][0]["envFrom"] == [
         {"configMapRef": {"name": notes[wire.ENV_CONFIGMAP], "optional": False}}
+    ]
+    assert good["spec"]["volumes"] == [
+        {"name": "fgpu-agent", "hostPath": {"path": "/run/fgpu", "type": "DirectoryOrCreate"}}
+    ]
+    assert good["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "fgpu-agent", "mountPath": "/run/fgpu", "readOnly": True}
     ]
 
 
@@ -164,3 +173,150 @@ def test_the_webhook_serves_tls_from_certificate_files(make_cluster, tmp_path: P
         good = create(cluster, pod("good", "0.5"), admit=False)
     assert "fgpu.io/gpu-memory" in err.value.message
     assert good["spec"]["schedulerName"] == "fgpu"
+
+
+# -- the node agent's socket folder ------------------------------------------------------------
+
+AGENT_VOLUME = {
+    "name": "fgpu-agent",
+    "hostPath": {"path": "/run/fgpu", "type": "DirectoryOrCreate"},
+}
+AGENT_MOUNT = {"name": "fgpu-agent", "mountPath": "/run/fgpu", "readOnly": True}
+
+
+def busy_pod() -> dict[str, Any]:
+    """A pod with an init container, two containers, a volume and a mount of its own."""
+    body = pod("p", "0.5")
+    body["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+    body["spec"]["containers"].append(
+        {
+            "name": "side",
+            "image": "busybox",
+            "volumeMounts": [{"name": "data", "mountPath": "/run"}],  # above /run/fgpu: fine
+        }
+    )
+    body["spec"]["volumes"] = [{"name": "data", "emptyDir": {}}]
+    return body
+
+
+def test_the_agent_socket_folder_is_mounted_read_only_in_every_container() -> None:
+    from kubernetes import client
+
+    admitted = json_patch(busy_pod(), mutate(busy_pod()))
+    spec = admitted["spec"]
+    assert spec["volumes"] == [{"name": "data", "emptyDir": {}}, AGENT_VOLUME]
+    assert spec["initContainers"][0]["volumeMounts"] == [AGENT_MOUNT]
+    assert spec["containers"][0]["volumeMounts"] == [AGENT_MOUNT]
+    assert spec["containers"][1]["volumeMounts"] == [
+        {"name": "data", "mountPath": "/run"},
+        AGENT_MOUNT,
+    ]
+    # the environment the scheduler writes names the socket in that folder
+    assert wire.AGENT_SOCKET == "/run/fgpu/agent.sock"
+    # a valid pod for the official client's model (no field lost in a round trip)
+    api = client.ApiClient()
+    model = api.deserialize(json.dumps(admitted), "V1Pod", "application/json")
+    assert api.sanitize_for_serialization(model)["spec"]["volumes"][1] == AGENT_VOLUME
+
+
+def test_a_pod_copied_from_an_admitted_one_is_admitted_unchanged() -> None:
+    admitted = json_patch(busy_pod(), mutate(busy_pod()))
+    again = json_patch(admitted, mutate(admitted))
+    assert again == admitted
+
+
+def test_without_the_socket_volume_nothing_is_mounted() -> None:
+    admitted = json_patch(busy_pod(), mutate(busy_pod(), agent_socket_volume=False))
+    assert admitted["spec"]["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert "volumeMounts" not in admitted["spec"]["containers"][0]
+    assert admitted["spec"]["containers"][0]["envFrom"]  # the environment is still there
+
+
+def _with_volume(volume: dict[str, Any]) -> dict[str, Any]:
+    body = pod("p", "0.5")
+    body["spec"]["volumes"] = [volume]
+    return body
+
+
+def _with_mount(mount: dict[str, Any], group: str = "containers") -> dict[str, Any]:
+    body = pod("p", "0.5")
+    body["spec"]["volumes"] = [{"name": "mine", "emptyDir": {}}]
+    if group == "initContainers":
+        body["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+    body["spec"][group][0]["volumeMounts"] = [{"name": "other", "mountPath": "/data"}, mount]
+    return body
+
+
+CONFLICTS = [
+    pytest.param(
+        _with_volume({"name": "fgpu-agent", "emptyDir": {}}),
+        "spec.volumes[0].name",
+        "fgpu-agent is the volume fgpu adds for the node agent's socket (hostPath /run/fgpu, "
+        "DirectoryOrCreate); rename this volume",
+        id="volume-name-taken",
+    ),
+    pytest.param(
+        _with_volume({"name": "fgpu-agent", "hostPath": {"path": "/"}}),
+        "spec.volumes[0].name",
+        "fgpu-agent is the volume fgpu adds",
+        id="volume-name-other-host-path",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/run/fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts the node agent's socket folder "
+        "(FGPU_AGENT_SOCKET=/run/fgpu/agent.sock, volume fgpu-agent, read only); mount this "
+        "volume elsewhere",
+        id="another-volume-at-run-fgpu",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/run/fgpu/cache"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="below-run-fgpu",
+    ),
+    pytest.param(
+        _with_mount({"name": "fgpu-agent", "mountPath": "/run/fgpu/"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="writable",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/run//fgpu"}, group="initContainers"),
+        "spec.initContainers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="init-container",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "reason"), CONFLICTS)
+def test_a_volume_or_mount_in_the_agent_sockets_place_is_refused(
+    body: dict[str, Any], field: str, reason: str
+) -> None:
+    with pytest.raises(PodRequestError) as err:
+        mutate(body)
+    assert err.value.field == field
+    assert err.value.reason.startswith(reason)
+    assert mutate(body, agent_socket_volume=False)  # admitted when the webhook adds nothing
+
+
+def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off(
+    make_cluster,
+) -> None:
+    body = _with_mount({"name": "mine", "mountPath": "/run/fgpu"})
+    with Served(create_app()) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        with pytest.raises(KubeError) as err:
+            create(cluster, body, admit=False)
+    assert err.value.status == 422
+    assert (
+        "denied the request: spec.containers[0].volumeMounts[1].mountPath: /run/fgpu is where "
+        "fgpu mounts the node agent's socket folder" in err.value.message
+    )
+    with Served(create_app(agent_socket_volume=False)) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        made = create(cluster, body, admit=False)
+    assert made["spec"]["volumes"] == [{"name": "mine", "emptyDir": {}}]

@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from fgpu.k8s import wire
+
 k8s_app = typer.Typer(
     help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
 )
@@ -97,7 +99,14 @@ def scheduler(
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
     _wait_for_signal()
-    sched.stop()
+    try:
+        sched.stop()
+    except Exception as exc:  # e.g. the API server went first: the lease just runs out
+        logging.getLogger("fgpu.k8s.scheduler").warning(
+            "stopped without giving the lease up (it expires after %.0f s): %s",
+            lease_s,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
 
 
 @k8s_app.command("webhook")
@@ -106,13 +115,21 @@ def webhook(
     port: Annotated[int, typer.Option(help="Port.")] = 8443,
     tls_cert_file: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
     tls_key_file: Annotated[str | None, typer.Option(help="TLS key (PEM).")] = None,
+    agent_socket_volume: Annotated[
+        bool,
+        typer.Option(
+            "--agent-socket-volume/--no-agent-socket-volume",
+            help="Mount the host's /run/fgpu (the node agent's hint socket) read only into "
+            "fgpu pods; off where pods may not use hostPath (they then send no hints).",
+        ),
+    ] = True,
 ) -> None:
     """Run the admission webhook (POST /mutate)."""
     from fgpu.k8s.webhook import serve
 
     _logging()
     try:
-        serve(host, port, tls_cert_file, tls_key_file)
+        serve(host, port, tls_cert_file, tls_key_file, agent_socket_volume=agent_socket_volume)
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
@@ -150,6 +167,13 @@ def node_agent(
     memory_policy: Annotated[
         str, typer.Option(help="warn (log) or kill (evict) a pod over its memory quota.")
     ] = "warn",
+    agent_socket: Annotated[
+        str,
+        typer.Option(
+            help="Where to receive the pods' activity hints (fgpu.sdk) while enforcing; pods "
+            "reach the host's /run/fgpu/agent.sock through the webhook's mount. '' for none."
+        ),
+    ] = wire.AGENT_SOCKET,
 ) -> None:
     """Run the node agent: publish this node's GPUs, report usage, govern the pods."""
     from pathlib import Path
@@ -193,6 +217,7 @@ def node_agent(
                     compute_mode=mode,
                     priority_policy=ppolicy,
                     memory_policy=mpolicy,
+                    agent_socket=Path(agent_socket) if agent_socket else None,
                 )
                 governing.start()
                 agent.enforcer = governing
@@ -220,14 +245,85 @@ def node_agent(
 def standin(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8001,
     kubelet: Annotated[bool, typer.Option(help="Pretend to be every node's kubelet.")] = True,
+    webhook: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Admission webhook URL called on pod creation, e.g. "
+            "http://127.0.0.1:8443/mutate (repeat for several, called in order).",
+        ),
+    ] = None,
+    webhook_ca: Annotated[
+        str | None, typer.Option(help="CA bundle (PEM) that signed https webhooks.")
+    ] = None,
+    node: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Register a Ready node of this name (128 CPUs, 1Ti memory), as its kubelet "
+            "would (repeat for several).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the Kubernetes API TEST STAND-IN on 127.0.0.1 (demos and tests only)."""
+    from urllib.parse import urlsplit
+
     from fgpu.k8s.standin import Options, StandIn
 
-    server = StandIn(Options(kubelet=kubelet), port=port).start()
+    urls = list(webhook or [])
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _fail(f"--webhook: {url!r} is not an http:// or https:// URL")
+    if webhook_ca is not None:
+        if not urls:
+            raise _fail("--webhook-ca: give a --webhook too")
+        if not os.path.isfile(webhook_ca):
+            raise _fail(f"--webhook-ca: no file {webhook_ca}")
+    try:
+        server = StandIn(
+            Options(kubelet=kubelet, webhooks=urls, webhook_ca=webhook_ca), port=port
+        ).start()
+    except RuntimeError as exc:
+        raise _fail(f"{exc} (is port {port} free?)") from None
+    try:
+        for name in node or []:
+            _register_node(server.url, name)
+    except ValueError as exc:
+        server.stop()
+        raise _fail(str(exc)) from None
     typer.echo(f"TEST STAND-IN (not Kubernetes) serving on {server.url}", err=True)
+    for url in urls:
+        typer.echo(f"admission webhook: {url}", err=True)
+    for name in node or []:
+        typer.echo(f"node: {name} (Ready)", err=True)
     try:
         _wait_for_signal()
     finally:
         server.stop()
         time.sleep(0)
+
+
+def _register_node(url: str, name: str) -> None:
+    """Create Node ``name`` on the stand-in at ``url`` with the capacity and Ready condition
+    a kubelet registers.
+
+    Raises:
+        ValueError: the stand-in refused it (the message says why, e.g. a bad name or one
+            given twice).
+    """
+    import httpx
+
+    resources = {"cpu": "128", "memory": "1Ti", "pods": "110"}
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "nodeInfo": {"kubeletVersion": "v1.32.0-fgpu-standin"},
+        },
+    }
+    reply = httpx.post(f"{url}/api/v1/nodes", json=body, timeout=10)
+    if reply.status_code != 201:
+        raise ValueError(f"--node {name}: {reply.json().get('message', reply.text)}")

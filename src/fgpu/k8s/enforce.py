@@ -7,9 +7,10 @@
 - governs them with a :class:`~fgpu.agent.governor.runtime.Governor` over the agent's GPUs:
   each pod's compute share and priority come from its ``fgpu.io/assignment`` (what was
   granted, not the editable annotations); a pod is frozen and thawed through its own cgroup
-  (:class:`~fgpu.k8s.podcgroup.PodCgroupFreezer`). Activity: there is no hint socket in the
-  pods, so on NVML GPUs a pod is busy while one of its processes (host pids from the pod's
-  cgroup) keeps the GPU's SMs busy; on simulated GPUs every pod counts as busy;
+  (:class:`~fgpu.k8s.podcgroup.PodCgroupFreezer`). Activity: the pods' :mod:`fgpu.sdk`
+  hints, received on the agent socket (below); a pod that has sent none is busy, on NVML
+  GPUs, while one of its processes (host pids from the pod's cgroup) keeps the GPU's SMs
+  busy, and on simulated GPUs always;
 - guards their GPU memory with a :class:`~fgpu.agent.memguard.MemoryGuard`: the quota on
   each GPU UUID is the assignment's ``gpu_memory_mib``, the pod's processes are those in its
   cgroup. Policy ``warn`` (default) only records it; ``kill`` thaws the pod and asks the API
@@ -20,6 +21,18 @@
 
 Pods whose cgroup is not found yet (not started) or whose GPUs this agent does not own are
 left alone until a later sync. Events (paused, resumed, memory) go to the log.
+
+Activity hints from pods: the agent binds the hint socket
+(:class:`~fgpu.agent.governor.activity.HintListener`, ``SO_PASSCRED``) at ``agent_socket``,
+in the host directory ``/run/fgpu`` that the admission webhook mounts (read only) into every
+fgpu pod, where ``FGPU_AGENT_SOCKET`` names it. The kernel attaches each sender's pid, in
+the agent's pid namespace (the host's: the enforcing DaemonSet has ``hostPID``). The
+governor (the same code as on one machine) takes a hint only when that pid is in the
+cgroup of the pod the hint names (``cgroup.procs`` of the pod cgroup and its container
+cgroups: :meth:`PodCgroupFreezer.owns`), so a pod speaks only for itself; a hint from any
+other process (no pod, another pod, a pod not governed here) is dropped and counted
+(:attr:`GovernorEnforcer.dropped_hints`, logged at each sync when it grows). Once a pod has
+sent a hint, hints decide its activity instead of NVML or "always busy".
 
 Restart safety: :meth:`GovernorEnforcer.start` thaws every pod cgroup it finds frozen (left
 by an agent that died holding a lease) and touches nothing else; :meth:`close` thaws what it
@@ -38,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from fgpu.agent.backend import GpuBackend
 from fgpu.agent.events import AgentEvent, EventLog
+from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
@@ -65,6 +79,10 @@ class GovernorEnforcer:
         memory_policy: ``warn`` (default) or ``kill`` (evict).
         memory_interval_s: seconds between two looks at per-process GPU memory.
         config: governor settings other than the GPU policy (default: the governor's).
+        agent_socket: where to receive the pods' activity hints (``/run/fgpu/agent.sock``
+            on a node: the pods' ``FGPU_AGENT_SOCKET``), or None for none. Its directory is
+            made if missing; a socket that cannot be bound is logged and enforcement goes
+            on without hints.
 
     Raises:
         ValueError: ``memory_policy=kill`` without an ``api``.
@@ -82,9 +100,11 @@ class GovernorEnforcer:
         memory_policy: MemoryPolicy = MemoryPolicy.WARN,
         memory_interval_s: float = 1.0,
         config: GovernorConfig | None = None,
+        agent_socket: Path | None = None,
     ) -> None:
         if memory_policy is MemoryPolicy.KILL and api is None:
             raise ValueError("memory policy kill evicts through the API: pass api")
+        self.listener = _bind_hints(agent_socket) if agent_socket is not None else None
         self.gpus = frozenset(gpus)
         self.freezer = freezer
         self.api = api
@@ -105,7 +125,7 @@ class GovernorEnforcer:
                 achieved_window_s=base.achieved_window_s,
             ),
             freezer=freezer,
-            listener=None,
+            listener=self.listener,
             backend=backend,
             events=self.events,
         )
@@ -120,7 +140,14 @@ class GovernorEnforcer:
         )
         self._uids: dict[str, str] = {}
         self._last: list[GovernedWorkload] = []
+        self._dropped_logged = 0
         self._started = False
+
+    @property
+    def dropped_hints(self) -> int:
+        """Hints refused since the start: malformed, without credentials, or from a process
+        that is not in the cgroup of the governed pod the hint names."""
+        return self.listener.dropped if self.listener is not None else 0
 
     def start(self) -> list[Path]:
         """Thaw pod cgroups a previous agent left frozen, then start the governor's loop and
@@ -176,6 +203,15 @@ class GovernorEnforcer:
                 )
             )
         self._update(governed, guarded)
+        dropped = self.dropped_hints
+        if dropped > self._dropped_logged:
+            log.info(
+                "%d activity hint(s) dropped since the last sync (%d in all): not from a "
+                "process of the governed pod they name, or malformed",
+                dropped - self._dropped_logged,
+                dropped,
+            )
+            self._dropped_logged = dropped
 
     def close(self) -> None:
         """Stop the guard and the governor; every pod it froze is thawed. Idempotent."""
@@ -228,6 +264,19 @@ def pod_freezer(cgroup_root: Path | None = None) -> PodCgroupFreezer:
     if not os.access(root, os.W_OK):
         raise OSError(errno.EACCES, f"{root} is not writable (run privileged, as root)")
     return freezer
+
+
+def _bind_hints(path: Path) -> HintListener | None:
+    """The hint socket at ``path`` (its directory made if missing), or None with a warning
+    (enforcement goes on without hints)."""
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        listener = HintListener(path)
+    except OSError as exc:
+        log.warning("no activity hints from pods: cannot bind %s: %s", path, exc)
+        return None
+    log.info("activity hints from pods on %s", path)
+    return listener
 
 
 def _log_event(event: AgentEvent) -> None:

@@ -12,11 +12,22 @@ and the reason. A good pod gets, as one JSON patch:
   ``generateName`` has no name yet when admission runs;
 - in every container and init container, ``envFrom`` that ConfigMap (not optional: the
   kubelet does not start the container before the scheduler has written it, and the
-  scheduler writes it before the bind).
+  scheduler writes it before the bind);
+- the node agent's socket folder: a ``hostPath`` volume ``fgpu-agent`` of the host's
+  ``/run/fgpu`` (``DirectoryOrCreate``), mounted read only at ``/run/fgpu`` in every
+  container and init container, where ``FGPU_AGENT_SOCKET`` (``/run/fgpu/agent.sock``)
+  points, so that :mod:`fgpu.sdk` hints reach the agent. Read only is enough to send on a
+  Unix socket and keeps the pod from removing or replacing the agent's socket. The folder,
+  not the socket file, is mounted so that a restarted agent's new socket is seen. Off with
+  ``agent_socket_volume=False`` (``--no-agent-socket-volume``; e.g. namespaces whose Pod
+  Security level forbids ``hostPath``): pods then send no hints.
 
 A pod that sets ``NVIDIA_VISIBLE_DEVICES``, ``CUDA_VISIBLE_DEVICES`` or ``FGPU_*`` in a
 container's own ``env`` is refused: ``env`` wins over ``envFrom``, and the container would
-see GPUs it was not given.
+see GPUs it was not given. With the socket volume on, a pod is refused when it has another
+volume named ``fgpu-agent`` or a container mounts anything else at or below ``/run/fgpu``;
+the exact volume and mounts the webhook adds are accepted as they are (a pod copied from an
+admitted one).
 
 Which pods come here is the webhook configuration's choice (deploy/: pods whose
 ``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation).
@@ -27,6 +38,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import posixpath
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +53,21 @@ log = logging.getLogger("fgpu.k8s.webhook")
 
 Obj = Mapping[str, Any]
 
+AGENT_DIR = posixpath.dirname(wire.AGENT_SOCKET)
+"""The host folder of the node agent's socket, mounted at the same path in pods."""
+AGENT_VOLUME = "fgpu-agent"
+"""The name of the pod volume that holds it."""
+
+
+def agent_volume() -> dict[str, Any]:
+    """The ``hostPath`` volume of the agent's socket folder."""
+    return {"name": AGENT_VOLUME, "hostPath": {"path": AGENT_DIR, "type": "DirectoryOrCreate"}}
+
+
+def agent_mount() -> dict[str, Any]:
+    """Its mount in a container (read only: sending on a Unix socket needs no more)."""
+    return {"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True}
+
 
 def _escape(key: str) -> str:
     """A JSON pointer segment (RFC 6901)."""
@@ -54,17 +81,21 @@ def wants_fgpu(pod: Obj) -> bool:
     return any(k in wire.USER_ANNOTATIONS for k in wire.annotations_of(pod))
 
 
-def mutate(pod: Obj, configmap_name: str | None = None) -> list[dict[str, Any]]:
+def mutate(
+    pod: Obj, configmap_name: str | None = None, *, agent_socket_volume: bool = True
+) -> list[dict[str, Any]]:
     """The JSON patch that admits ``pod`` (empty for a pod that is not fgpu's).
 
     Args:
         pod: the pod as submitted.
         configmap_name: the environment ConfigMap's name (default: ``fgpu-env-`` and 10
             random hex digits).
+        agent_socket_volume: mount the agent's socket folder (module docstring).
 
     Raises:
-        PodRequestError: a bad annotation (naming it and the reason, as the CLI would), or
-            a container that sets a variable the ConfigMap owns.
+        PodRequestError: a bad annotation (naming it and the reason, as the CLI would), a
+            container that sets a variable the ConfigMap owns, or a volume or mount that
+            takes the agent socket's name or place.
     """
     if not wants_fgpu(pod):
         return []
@@ -106,11 +137,69 @@ def mutate(pod: Obj, configmap_name: str | None = None) -> list[dict[str, Any]]:
                 ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom/-", "value": source})
             else:
                 ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom", "value": [source]})
+    if agent_socket_volume:
+        ops.extend(_agent_socket_ops(spec))
     return ops
 
 
-def review(body: Obj) -> dict[str, Any]:
-    """Answer an ``AdmissionReview`` (admission.k8s.io/v1)."""
+def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
+    """The ops that add the agent socket's volume and mounts (none where the pod has them
+    exactly as the webhook would add them).
+
+    Raises:
+        PodRequestError: another volume named ``fgpu-agent``, or another mount at or below
+            ``/run/fgpu``.
+    """
+    ops: list[dict[str, Any]] = []
+    volumes = spec.get("volumes") or []
+    have_volume = False
+    for i, volume in enumerate(volumes):
+        if volume.get("name") != AGENT_VOLUME:
+            continue
+        if volume.get("hostPath") != agent_volume()["hostPath"] or set(volume) != {
+            "name",
+            "hostPath",
+        }:
+            raise PodRequestError(
+                f"spec.volumes[{i}].name",
+                f"{AGENT_VOLUME} is the volume fgpu adds for the node agent's socket "
+                f"(hostPath {AGENT_DIR}, DirectoryOrCreate); rename this volume",
+            )
+        have_volume = True
+    if not have_volume:
+        if volumes:
+            ops.append({"op": "add", "path": "/spec/volumes/-", "value": agent_volume()})
+        else:
+            ops.append({"op": "add", "path": "/spec/volumes", "value": [agent_volume()]})
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            mounts = c.get("volumeMounts") or []
+            mounted = False
+            for j, m in enumerate(mounts):
+                where = posixpath.normpath(str(m.get("mountPath", "")))
+                if where != AGENT_DIR and not where.startswith(AGENT_DIR + "/"):
+                    continue
+                if dict(m, mountPath=where) != agent_mount():
+                    raise PodRequestError(
+                        f"spec.{group}[{i}].volumeMounts[{j}].mountPath",
+                        f"{AGENT_DIR} is where fgpu mounts the node agent's socket folder "
+                        f"(FGPU_AGENT_SOCKET={wire.AGENT_SOCKET}, volume {AGENT_VOLUME}, read "
+                        "only); mount this volume elsewhere",
+                    )
+                mounted = True
+            if mounted:
+                continue
+            path = f"/spec/{group}/{i}/volumeMounts"
+            if mounts:
+                ops.append({"op": "add", "path": f"{path}/-", "value": agent_mount()})
+            else:
+                ops.append({"op": "add", "path": path, "value": [agent_mount()]})
+    return ops
+
+
+def review(body: Obj, *, agent_socket_volume: bool = True) -> dict[str, Any]:
+    """Answer an ``AdmissionReview`` (admission.k8s.io/v1); ``agent_socket_volume`` as in
+    :func:`mutate`."""
     request = body.get("request") or {}
     uid = request.get("uid", "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
@@ -120,7 +209,7 @@ def review(body: Obj) -> dict[str, Any]:
         and request.get("kind", {}).get("kind", "Pod") == "Pod"
     ):
         try:
-            ops = mutate(pod)
+            ops = mutate(pod, agent_socket_volume=agent_socket_volume)
         except PodRequestError as exc:
             response = {
                 "uid": uid,
@@ -134,8 +223,9 @@ def review(body: Obj) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def create_app() -> FastAPI:
-    """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``."""
+def create_app(*, agent_socket_volume: bool = True) -> FastAPI:
+    """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
+    ``agent_socket_volume`` as in :func:`mutate`."""
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
     @app.post("/mutate")
@@ -144,7 +234,7 @@ def create_app() -> FastAPI:
             body = json.loads(await request.body())
         except ValueError:
             return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        return JSONResponse(review(body))
+        return JSONResponse(review(body, agent_socket_volume=agent_socket_volume))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -153,9 +243,17 @@ def create_app() -> FastAPI:
     return app
 
 
-def serve(host: str, port: int, cert_file: str | None, key_file: str | None) -> None:
+def serve(
+    host: str,
+    port: int,
+    cert_file: str | None,
+    key_file: str | None,
+    *,
+    agent_socket_volume: bool = True,
+) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
-    requires; the files come from a Secret mounted in the pod).
+    requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
+    in :func:`mutate`.
 
     Raises:
         ValueError: only one of ``cert_file`` and ``key_file``.
@@ -165,7 +263,7 @@ def serve(host: str, port: int, cert_file: str | None, key_file: str | None) -> 
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     uvicorn.run(
-        create_app(),
+        create_app(agent_socket_volume=agent_socket_volume),
         host=host,
         port=port,
         ssl_certfile=cert_file,

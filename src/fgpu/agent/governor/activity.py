@@ -69,10 +69,12 @@ class HintListener:
             sock.bind(str(self.path))
             os.chmod(self.path, mode)
             sock.setblocking(False)
+            bound = self.path.lstat()
         except BaseException:
             sock.close()
             raise
         self._sock = sock
+        self._file = (bound.st_dev, bound.st_ino)
         self.dropped = 0
         """Datagrams that were not valid messages or came without credentials."""
 
@@ -109,12 +111,15 @@ class HintListener:
         return hints
 
     def close(self) -> None:
-        """Close the socket and remove its file; idempotent."""
+        """Close the socket and remove its file, unless another listener (a new agent that
+        started before this one stopped) has bound that path since; idempotent."""
         if self._sock.fileno() < 0:
             return
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+            now = self.path.lstat()
+            if (now.st_dev, now.st_ino) == self._file:
+                self.path.unlink()
 
 
 __all__ = ["Hint", "HintListener"]

@@ -20,7 +20,13 @@ with the semantics they rely on:
   PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
   the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
 - admission webhooks on pod creation (AdmissionReview v1 over HTTP or HTTPS, JSON patch
-  responses, denials answered as the API server words them).
+  responses, denials answered as the API server words them);
+- enough for ``kubectl``: discovery (``/api``, ``/apis``, resource lists, ``/version``),
+  ``Table`` answers for ``kubectl get``, event field selectors for ``kubectl describe``,
+  and ``fieldValidation`` (unknown fields, from the official client's models) with the
+  OpenAPI v3 documents that tell ``kubectl`` the server checks them
+  (:mod:`~fgpu.k8s.standin.discovery`, :mod:`~fgpu.k8s.standin.tables`,
+  :mod:`~fgpu.k8s.standin.fields`).
 
 Everything else — authentication, RBAC, most validation, schema checks of custom
 resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), controllers — is

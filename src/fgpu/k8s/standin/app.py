@@ -24,6 +24,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from fgpu.k8s.standin import discovery, fields, tables
 from fgpu.k8s.standin.patch import PatchError, json_patch, merge_patch
 from fgpu.k8s.standin.selectors import (
     SelectorError,
@@ -103,6 +104,24 @@ def _route(path: str) -> _Route:
 
 def _status_response(exc: ApiStatusError) -> JSONResponse:
     return JSONResponse(exc.status(), status_code=exc.code)
+
+
+def _check_fields(kind: Kind, obj: Any, query: dict[str, str]) -> dict[str, str]:
+    """``fieldValidation``: refuse unknown fields (``Strict``), or the ``Warning`` header
+    that names them (``Warn``); nothing for ``Ignore`` or none.
+
+    Raises:
+        ApiStatusError: 400 under ``Strict`` when ``obj`` has a field ``kind`` does not.
+    """
+    mode = query.get("fieldValidation", "")
+    if mode not in ("Strict", "Warn"):
+        return {}
+    unknown = fields.unknown_fields(kind, obj)
+    if not unknown:
+        return {}
+    if mode == "Strict":
+        raise ApiStatusError(400, "BadRequest", fields.message(kind, unknown))
+    return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
 
 
 def _success(code: int = 201) -> JSONResponse:
@@ -368,6 +387,9 @@ class StandInApi:
         """Serve one request."""
         self.calls += 1
         try:
+            host = request.headers.get("host", "")
+            if request.method == "GET" and (found := discovery.document(path, KINDS, host)):
+                return JSONResponse(found)
             route = _route(path)
             query = dict(request.query_params)
             method = request.method
@@ -375,13 +397,18 @@ class StandInApi:
             if method in ("POST", "PUT", "PATCH", "DELETE"):
                 raw = await request.body()
                 body = json.loads(raw) if raw else None
+            as_table = tables.wants_table(request.headers.get("accept", ""))
             if route.name is None:
                 if method == "GET":
                     if query.get("watch") in ("true", "1"):
-                        return self._watch(route, query)
-                    return JSONResponse(self._list(route, query))
+                        return self._watch(route, query, as_table)
+                    listed = self._list(route, query)
+                    if as_table:
+                        rv = listed["metadata"]["resourceVersion"]
+                        return JSONResponse(tables.table(route.kind, listed["items"], rv))
+                    return JSONResponse(listed)
                 if method == "POST":
-                    return await self._create(route, body or {})
+                    return await self._create(route, body or {}, query)
                 raise ApiStatusError(405, "MethodNotAllowed", f"{method} on a collection")
             return await self._object(route, method, body, request.headers, query)
         except ApiStatusError as exc:
@@ -389,8 +416,9 @@ class StandInApi:
         except json.JSONDecodeError as exc:
             return _status_response(ApiStatusError(400, "BadRequest", f"bad JSON: {exc}"))
 
-    async def _create(self, route: _Route, body: Obj) -> JSONResponse:
+    async def _create(self, route: _Route, body: Obj, query: dict[str, str]) -> JSONResponse:
         kind = route.kind
+        warnings = _check_fields(kind, body, query)
         ns = route.namespace or ""
         if kind.namespaced and not route.namespace:
             raise ApiStatusError(405, "MethodNotAllowed", "create needs a namespace")
@@ -405,7 +433,7 @@ class StandInApi:
         if kind.plural == "pods":
             body = await self._admit(body, ns)
             self._pod_defaults(body)
-        return JSONResponse(self.store.create(kind, ns, body), status_code=201)
+        return JSONResponse(self.store.create(kind, ns, body), status_code=201, headers=warnings)
 
     async def _object(
         self, route: _Route, method: str, body: Any, headers: Any, query: dict[str, str]
@@ -418,7 +446,10 @@ class StandInApi:
         if sub is not None and (sub != "status" or not kind.status_subresource):
             raise ApiStatusError(404, "NotFound", f"no subresource {sub} of {kind.plural}")
         if method == "GET":
-            return JSONResponse(self.store.get(kind, ns, name))
+            found = self.store.get(kind, ns, name)
+            if sub is None and tables.wants_table(headers.get("accept", "")):
+                return JSONResponse(tables.table(kind, [found], str(self.store.rv)))
+            return JSONResponse(found)
         if method == "DELETE":
             options = body or {}
             if "gracePeriodSeconds" in query:
@@ -461,6 +492,7 @@ class StandInApi:
             raise ApiStatusError(405, "MethodNotAllowed", method)
         if not isinstance(new, dict):
             raise ApiStatusError(400, "BadRequest", "the object must be a JSON object")
+        warnings = _check_fields(kind, new, query)
         if kind.status_subresource:
             if sub == "status":  # only status changes through /status
                 new = {
@@ -482,11 +514,21 @@ class StandInApi:
                 f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
                 "other than the mutable ones (the stand-in allows none)",
             )
-        return JSONResponse(self.store.replace(kind, ns, name, new, check_rv=check_rv))
+        return JSONResponse(
+            self.store.replace(kind, ns, name, new, check_rv=check_rv), headers=warnings
+        )
 
     # ------------------------------------------------------------------- watch
-    def _watch(self, route: _Route, query: dict[str, str]) -> Response:
+    def _watch(self, route: _Route, query: dict[str, str], as_table: bool = False) -> Response:
         kind = route.kind
+
+        def shape(obj: Obj) -> Obj:
+            return (
+                tables.table(kind, [obj], obj["metadata"].get("resourceVersion", ""))
+                if (as_table)
+                else obj
+            )
+
         try:
             labels = label_selector(query.get("labelSelector"))
             fields = field_selector(query.get("fieldSelector"), kind.fields)
@@ -538,7 +580,7 @@ class StandInApi:
                 type_ = None
             if type_ is None:
                 return None
-            return json.dumps({"type": type_, "object": event.new}) + "\n"
+            return json.dumps({"type": type_, "object": shape(event.new)}) + "\n"
 
         async def stream() -> AsyncIterator[str]:
             loop = asyncio.get_running_loop()
@@ -546,7 +588,7 @@ class StandInApi:
             try:
                 for obj in initial:
                     if visible(obj):
-                        yield json.dumps({"type": "ADDED", "object": obj}) + "\n"
+                        yield json.dumps({"type": "ADDED", "object": shape(obj)}) + "\n"
                 for past in start:
                     if (line := render(past)) is not None:
                         yield line

@@ -43,12 +43,31 @@ POD_FIELDS = frozenset(
     {"metadata.name", "metadata.namespace", "spec.nodeName", "spec.schedulerName", "status.phase"}
 )
 
+EVENT_FIELDS = frozenset(
+    {
+        "metadata.name",
+        "metadata.namespace",
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "type",
+    }
+)
+"""The field selectors the API server supports on events (``kubectl describe`` uses the
+``involvedObject`` ones)."""
+
 KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "namespaces", "Namespace", False, status_subresource=True),
     Kind("", "v1", "nodes", "Node", False, status_subresource=True),
     Kind("", "v1", "pods", "Pod", True, POD_FIELDS, status_subresource=True),
     Kind("", "v1", "configmaps", "ConfigMap", True),
-    Kind("", "v1", "events", "Event", True),
+    Kind("", "v1", "events", "Event", True, EVENT_FIELDS),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
     Kind(
         "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, status_subresource=True

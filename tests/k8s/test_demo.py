@@ -1,0 +1,223 @@
+"""The "Try it without a cluster" demo of docs/kubernetes.md, run from that page: its four
+``fgpu k8s`` commands (stand-in, webhook, simulated node agent, scheduler) as processes on
+free ports, and its half-GPU pod sixteen times; the pods land two per GPU, each with its own
+GPU in its environment ConfigMap. The first test creates the pods through the official
+client; the second runs the page's ``kubectl create`` line (skipped without kubectl)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from fgpu.k8s import wire
+from fgpu.k8s.kube import KubeApi, KubeError, api_client
+from tests.k8s.conftest import REAL, free_port
+from tests.k8s.kube import wait_until
+
+pytestmark = pytest.mark.k8s
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+NODE = "gpu-node-1"
+
+
+def section() -> str:
+    text = DOC.read_text()
+    start = text.index("## Try it without a cluster")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def on_ports(text: str, api_port: int, webhook_port: int) -> str:
+    return re.sub(r"\b8443\b", str(webhook_port), re.sub(r"\b8001\b", str(api_port), text))
+
+
+@dataclass
+class Demo:
+    api: KubeApi
+    url: str
+    api_port: int
+    webhook_port: int
+    logs: Path
+
+
+@pytest.fixture
+def demo(tmp_path: Path) -> Iterator[Demo]:
+    """The page's four processes, running, the node published, the webhook answering."""
+    if REAL:
+        pytest.skip("the demo runs its own API stand-in")
+    api_port, webhook_port = free_port(), free_port()
+    commands = [
+        line for line in blocks(section(), "sh")[0].splitlines() if line.startswith("fgpu k8s ")
+    ]
+    assert [c.split()[2] for c in commands] == ["standin", "webhook", "node-agent", "scheduler"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_")}
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    url = f"http://127.0.0.1:{api_port}"
+    try:
+        for command in commands:
+            argv = shlex.split(on_ports(command, api_port, webhook_port))
+            name = argv[2]
+            with open(logs / f"{name}.log", "wb") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "fgpu", *argv[1:]],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=tmp_path,
+                )
+            procs.append((name, proc))
+        api = KubeApi(api_client(host=url))
+
+        def up() -> bool:
+            for name, proc in procs:
+                assert proc.poll() is None, f"{name} exited: {(logs / f'{name}.log').read_text()}"
+            try:  # plain HTTP first: the official client retries a refused connection
+                httpx.get(f"{url}/version", timeout=1).raise_for_status()
+                httpx.get(f"http://127.0.0.1:{webhook_port}/healthz", timeout=1).raise_for_status()
+                node = api.get_node(NODE)
+            except (KubeError, httpx.HTTPError):
+                return False
+            return wire.INVENTORY in wire.annotations_of(node)
+
+        wait_until(up, "the stand-in, webhook and node agent to come up", limit_s=120)
+        yield Demo(api, url, api_port, webhook_port, logs)
+    finally:
+        for _, proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        for _, proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def half_pod() -> str:
+    heredoc = re.search(r"cat > half\.yaml <<'EOF'\n(.*?)\nEOF\n", section(), flags=re.S)
+    assert heredoc is not None, "no half.yaml in the page"
+    return heredoc.group(1)
+
+
+def check_two_per_gpu(demo: Demo) -> None:
+    """16 pods bound to the node, two per GPU, each ConfigMap naming the pod's own GPU."""
+
+    def pods() -> list[dict[str, Any]]:
+        return [
+            p
+            for p in demo.api.list_pods(namespace="default").items
+            if p["metadata"]["name"].startswith("half-")
+        ]
+
+    def bound() -> bool:
+        return len([p for p in pods() if wire.GPU_UUIDS in wire.annotations_of(p)]) == 16
+
+    wait_until(bound, "the scheduler to bind the 16 pods", limit_s=120)
+    inventory = wire.Inventory.from_json(
+        wire.annotations_of(demo.api.get_node(NODE))[wire.INVENTORY]
+    )
+    listed = pods()
+    per_gpu = collections.Counter(wire.annotations_of(p)[wire.GPU_UUIDS] for p in listed)
+    assert per_gpu == {g.uuid: 2 for g in inventory.gpus}
+    assert len(inventory.gpus) == 8
+    for p in listed:
+        notes = wire.annotations_of(p)
+        name = p["metadata"]["name"]
+        assert p["spec"]["nodeName"] == NODE
+        assert p["spec"]["schedulerName"] == "fgpu"
+        assert p["status"]["phase"] == "Running"
+        data = demo.api.get_config_map("default", notes[wire.ENV_CONFIGMAP])["data"]
+        assert data["NVIDIA_VISIBLE_DEVICES"] == notes[wire.GPU_UUIDS], name
+        assert data["FGPU_WORKLOAD_ID"] == f"default/{name}"
+        assert data["FGPU_GPU_COMPUTE_MILLI"] == "500"
+        assert {"name": "fgpu-agent", "mountPath": "/run/fgpu", "readOnly": True} in p["spec"][
+            "containers"
+        ][0]["volumeMounts"]
+
+
+def test_the_documented_demo_places_sixteen_half_gpu_pods_two_per_gpu(demo: Demo) -> None:
+    template = half_pod()
+    for i in range(1, 17):
+        body = yaml.safe_load(template.replace("NN", f"{i:02d}"))
+        demo.api._call(demo.api.core.create_namespaced_pod, "default", body)
+    check_two_per_gpu(demo)
+    bad = yaml.safe_load(template.replace("NN", "bad").replace('"0.5"', '"1.5"'))
+    with pytest.raises(KubeError) as err:
+        demo.api._call(demo.api.core.create_namespaced_pod, "default", bad)
+    assert err.value.status == 422
+    assert "fgpu.io/gpu: above 1 a GPU request is a whole number of GPUs" in err.value.message
+
+
+def test_the_documented_kubectl_create_line_works(demo: Demo, tmp_path: Path) -> None:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    script = on_ports(blocks(section(), "sh")[1], demo.api_port, demo.webhook_port)
+    done = subprocess.run(
+        ["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"pod/half-{i:02d} created" for i in range(1, 17)]
+    check_two_per_gpu(demo)
+    # the page's listing of GPUs per pod
+    shown = subprocess.run(
+        [
+            "kubectl",
+            "--server",
+            demo.url,
+            "get",
+            "pods",
+            "-o",
+            r"custom-columns=GPU:.metadata.annotations.fgpu\.io/gpu-uuids",
+            "--no-headers",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert sorted(collections.Counter(shown).values()) == [2] * 8
+
+
+def test_the_scheduler_stops_cleanly_when_the_api_server_went_first(tmp_path: Path) -> None:
+    """Ctrl-C in the demo's terminals in any order: a scheduler whose API server is gone
+    says it could not give the lease up, without a traceback, and exits 0."""
+    from fgpu.k8s.standin import StandIn
+
+    standin = StandIn().start()
+    log_path = tmp_path / "scheduler.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fgpu", "k8s", "scheduler", "--server", standin.url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: "acquired lease" in log_path.read_text(), "the lease", limit_s=60)
+    finally:
+        standin.stop()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    text = log_path.read_text()
+    assert "stopped without giving the lease up (it expires after 15 s)" in text
+    assert "Traceback" not in text
