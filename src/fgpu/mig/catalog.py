@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fgpu.model.catalog import GPU_CATALOG, UnknownGpuModelError, canonical_name
+from fgpu.model.units import MILLI_PER_GPU
 
 MEDIA_SUFFIX = "+me"
 """Profiles whose name ends with this include the media engines (decoders, JPEG, OFA); only
@@ -239,6 +240,13 @@ def mig_profiles(model: str, field: str = "gpu_model") -> MigProfileTable:
     if table is None:
         raise NotMigCapableError(name, field)
     return table
+
+
+def instance_milli(table: MigProfileTable, profile: MigProfile) -> int:
+    """Milli-GPU a MIG instance counts against its queue: ``1000 * compute slices // the
+    GPU's compute slices``, rounded down so that the instances of a GPU never add up to more
+    than 1000 (seven 1g instances of an A100 are 7 x 142 = 994)."""
+    return MILLI_PER_GPU * profile.compute_slices // table.compute_slices
 
 
 def check_catalog() -> None:

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, defaultdict, deque
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TypeVar
 
 from fgpu.mig.catalog import MigProfileTable
 from fgpu.mig.demand import MigRequest, fitting_profiles
@@ -562,6 +563,26 @@ def _why_unserved(gpus: Sequence[MigGpu], request: MigRequest, served: int) -> s
         f"no room left: {'GPU' if one else 'GPUs'} {where} could hold it, but "
         f"{'its' if one else 'their'} memory slices go to {' and '.join(takers)}"
     )
+
+
+Requester = TypeVar("Requester", bound=Hashable)
+
+
+def hand_out(
+    planned: MigPlan, demand: Sequence[tuple[Requester, MigRequest]]
+) -> dict[Requester, Assignment]:
+    """Give the plan's assignments to the requesters whose requests made the demand: the
+    requesters of one request (same text) take its assignments in demand order, so the
+    earlier ones are served first. Requesters left out are not served by the plan."""
+    waiting: dict[str, deque[Requester]] = defaultdict(deque)
+    for who, request in demand:
+        waiting[request.text].append(who)
+    served: dict[Requester, Assignment] = {}
+    for a in planned.assignments:
+        line = waiting.get(a.request)
+        if line:
+            served[line.popleft()] = a
+    return served
 
 
 def plan_layout(gpu: MigGpu, counts: dict[str, int], field: str = "mig-devices") -> GpuPlan:

@@ -8,10 +8,11 @@ much, :func:`fgpu.mig.demand.smallest_fitting`). Each scheduling round, after th
 core's round, :meth:`MigPool.schedule` takes the pending MIG workloads in order (priority,
 then submission time, then id) and:
 
-1. admits each against its queue (:class:`QueueBudget`: the queue's and its ancestors' GPU
-   limits, and non-preemptible work within its queue's quota, as the core does); a MIG
+1. admits each against its queue (:class:`fgpu.sched.budget.QueueBudget`: the queue's and
+   its ancestors' GPU limits, and non-preemptible work within its queue's quota, as the core
+   does); a MIG
    instance counts ``1000 * compute slices // the GPU's compute slices`` milli-GPU
-   (:func:`instance_milli`: 3g on an A100 is 428, 7g is 1000);
+   (:func:`fgpu.mig.catalog.instance_milli`: 3g on an A100 is 428, 7g is 1000);
 2. gives it a **free instance** of its profile when there is one: free means no workload of
    the service holds it and the device does not report processes on it. Among free ones it
    takes one on a GPU that already has instances in use (the most busy slices first), then
@@ -34,19 +35,18 @@ reads both back.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fgpu.agent.backend import GpuDevice
-from fgpu.mig.catalog import MIG_TABLES, MigProfile, MigProfileTable
+from fgpu.mig.catalog import MIG_TABLES, MigProfileTable, instance_milli
 from fgpu.mig.demand import MigRequest, fitting_profiles, smallest_fitting
 from fgpu.mig.device import MigDevice, MigInstance, apply_plan, gpu_from_device
 from fgpu.mig.inventory import MigInputError
-from fgpu.mig.planner import MigPlan, plan
+from fgpu.mig.planner import MigPlan, hand_out, plan
 from fgpu.model.types import Allocation, Request
 from fgpu.model.units import MILLI_PER_GPU, format_mib
-from fgpu.sched.workload import QueueTree
+from fgpu.sched.budget import QueueBudget
 from fgpu.server.errors import BadRequest
 from fgpu.store.records import StoredMigInstance, StoredMigRequest
 
@@ -54,13 +54,6 @@ log = logging.getLogger("fgpu.server.mig")
 
 EventSink = Callable[[str, str, str, str], None]
 """``(workload_id, kind, reason, message)``: records an event (the service's store)."""
-
-
-def instance_milli(table: MigProfileTable, profile: MigProfile) -> int:
-    """Milli-GPU a MIG instance counts against its queue: ``1000 * compute slices // the
-    GPU's compute slices``, rounded down so that the instances of a GPU never add up to more
-    than 1000 (seven 1g instances of an A100 are 7 x 142 = 994)."""
-    return MILLI_PER_GPU * profile.compute_slices // table.compute_slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,65 +124,6 @@ class MigRound:
     places: list[MigPlace] = field(default_factory=list)
     waits: dict[str, str] = field(default_factory=dict)
     changes: list[str] = field(default_factory=list)
-
-
-class QueueBudget:
-    """GPU milli-GPU per queue, for admitting MIG workloads by the core's rules (DESIGN.md
-    section 5): a placement keeps the queue and its ancestors within their GPU limits, and
-    non-preemptible work within its queue's GPU quota.
-
-    Args:
-        tree: the queue tree.
-        held: leaf queue -> milli-GPU its workloads hold now (shares and MIG instances).
-        nonpreemptible: leaf queue -> the part of that held by non-preemptible work.
-    """
-
-    def __init__(
-        self, tree: QueueTree, held: Mapping[str, int], nonpreemptible: Mapping[str, int]
-    ) -> None:
-        self._tree = tree
-        self._subtree: dict[str, int] = defaultdict(int)
-        self._nonpreemptible: dict[str, int] = defaultdict(int, nonpreemptible)
-        for queue, milli in held.items():
-            if queue in tree:
-                for name in self._ancestors(queue):
-                    self._subtree[name] += milli
-
-    def _ancestors(self, queue: str) -> list[str]:
-        out = [queue]
-        parent = self._tree[queue].parent
-        while parent is not None:
-            out.append(parent)
-            parent = self._tree[parent].parent
-        return out
-
-    def admit(self, queue: str, milli: int, preemptible: bool) -> str | None:
-        """Why ``milli`` more for ``queue`` is refused, or None when it is admitted."""
-        if queue not in self._tree:
-            return f"unknown queue {queue!r}"
-        for name in self._ancestors(queue):
-            limit = self._tree[name].limit
-            after = self._subtree[name] + milli
-            if limit is not None and after > limit.gpu_milli:
-                return (
-                    f"queue {name} would exceed its limit (GPU milli: {after} > {limit.gpu_milli})"
-                )
-        if not preemptible:
-            quota = self._tree[queue].quota.gpu_milli
-            used = self._nonpreemptible[queue]
-            if used + milli > quota:
-                return (
-                    f"non-preemptible work must stay within the quota of queue {queue} "
-                    f"(quota {quota} milli-GPU, in use {used}, needs {milli})"
-                )
-        return None
-
-    def charge(self, queue: str, milli: int, preemptible: bool, sign: int = 1) -> None:
-        """Count ``milli`` (``sign`` -1: give it back) for ``queue`` and its ancestors."""
-        for name in self._ancestors(queue):
-            self._subtree[name] += sign * milli
-        if not preemptible:
-            self._nonpreemptible[queue] += sign * milli
 
 
 class MigPool:
@@ -527,15 +461,10 @@ class MigPool:
     ) -> dict[MigCandidate, tuple[int, str, int, bool]]:
         """Hand the plan's assignments to the workloads, in their order: workload ->
         (GPU index, profile, start, created by the plan)."""
-        queues: dict[str, deque[MigCandidate]] = defaultdict(deque)
-        for c, ask in demand:
-            queues[ask.text].append(c)
-        served: dict[MigCandidate, tuple[int, str, int, bool]] = {}
-        for a in planned.assignments:
-            waiting = queues.get(a.request)
-            if waiting:
-                served[waiting.popleft()] = (a.gpu_index, a.profile, a.start, a.new)
-        return served
+        return {
+            c: (a.gpu_index, a.profile, a.start, a.new)
+            for c, a in hand_out(planned, demand).items()
+        }
 
     @staticmethod
     def _unserved(planned: MigPlan, ask: MigRequest) -> str:
@@ -552,6 +481,4 @@ __all__ = [
     "MigPool",
     "MigRound",
     "PoolGpu",
-    "QueueBudget",
-    "instance_milli",
 ]

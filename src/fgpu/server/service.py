@@ -50,6 +50,7 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
+from fgpu.sched.budget import QueueBudget
 from fgpu.sched.decide import Decision, OutsideUse, Scheduler, SchedulerConfig, allocation_resources
 from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.frag import TargetWorkload
@@ -68,7 +69,7 @@ from fgpu.server import views
 from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
-from fgpu.server.mig_pool import MigCandidate, MigPool, QueueBudget
+from fgpu.server.mig_pool import MigCandidate, MigPool
 from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file

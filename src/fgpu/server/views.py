@@ -6,9 +6,10 @@ from collections.abc import Mapping, Sequence
 
 from fgpu.agent.backend import GpuDevice
 from fgpu.agent.governor.runtime import WorkloadView as GovernorView
+from fgpu.mig.catalog import instance_milli
 from fgpu.model.types import Node
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
-from fgpu.server.mig_pool import MigPool, instance_milli
+from fgpu.server.mig_pool import MigPool
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
     EventView,
