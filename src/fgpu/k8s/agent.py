@@ -12,6 +12,17 @@ GPU UUID, which the scheduler uses to find a running pod's GPUs; a restart that 
 GPUs moves nobody. With ``--gpus`` it owns a subset of the GPUs (the rest stay with the
 NVIDIA device plugin on the same node).
 
+GPUs in MIG mode are published with their instances (``mig`` in the inventory), for MIG
+pods only. The agent lays them out as the scheduler asks (:meth:`NodeAgent.reconcile_mig`):
+the scheduler writes the whole layout it wants on idle MIG GPUs into the Node's
+``fgpu.io/mig-request`` with a new generation; the agent reads it from the Node it gets back
+from every usage report, and for each GPU named, if no fgpu pod bound to this node holds an
+instance of that GPU, destroys the instances the layout does not keep and creates the missing
+ones (:func:`fgpu.mig.device.apply_plan`, which also refuses to destroy an instance with
+processes on it). Then it publishes the inventory and ``fgpu.io/mig-status`` (the generation,
+and per GPU the error when it did not change it) in one patch. Applying a request twice
+changes nothing the second time, so an agent that dies in between does no harm.
+
 Enforcement (the governor and memory guard, DESIGN.md section 7) is called through
 :class:`Enforcer`: ``fgpu k8s node-agent`` passes
 :class:`~fgpu.k8s.enforce.GovernorEnforcer` where pod cgroups are usable (it thaws pods a
@@ -26,11 +37,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from fgpu.agent.backend import GpuBackend, GpuDevice
+from fgpu.agent.backend import GpuBackend, GpuDevice, mig_devices_of
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError
+from fgpu.mig.device import MigDevice, apply_plan
+from fgpu.mig.inventory import MigInputError
+from fgpu.mig.layout import Placement
+from fgpu.mig.planner import GpuPlan
 
 log = logging.getLogger("fgpu.k8s.agent")
 
@@ -121,37 +136,68 @@ class NodeAgent:
         self.api = api
         self.node = node
         self.backend = backend
-        self.devices = select_gpus(backend.gpus(), gpus)
+        owned = select_gpus(backend.gpus(), gpus)
+        by_index = {d.index: d for d in mig_devices_of(backend)}
+        self.mig: dict[str, MigDevice] = {}
+        """GPU uuid -> its MIG device, for the owned GPUs in MIG mode."""
+        self.devices: list[GpuDevice] = []
+        for d in owned:
+            if d.mig_enabled:
+                device = by_index.get(d.index)
+                if device is None:
+                    log.warning(
+                        "GPU %d (%s, %s) is in MIG mode but fgpu cannot lay out its MIG "
+                        "instances; it is not published",
+                        d.index,
+                        d.model,
+                        d.uuid,
+                    )
+                    continue
+                self.mig[d.uuid] = device
+            self.devices.append(d)
         self.enforcer = enforcer or LogOnlyEnforcer()
         self._stop = threading.Event()
+        self._published: str | None = None
 
     def inventory(self) -> wire.Inventory:
-        """What this agent publishes (indices renumbered 0.. over the owned GPUs)."""
-        return wire.Inventory(
-            tuple(
-                wire.InventoryGpu(i, d.uuid, d.model, d.memory_mib)
-                for i, d in enumerate(self.devices)
-            ),
-            self.backend.kind,
-        )
+        """What this agent publishes (indices renumbered 0.. over the owned GPUs; GPUs in
+        MIG mode with their instances)."""
+        gpus: list[wire.InventoryGpu] = []
+        for i, d in enumerate(self.devices):
+            device = self.mig.get(d.uuid)
+            mig = (
+                None
+                if device is None
+                else tuple(
+                    wire.InventoryMigInstance(m.uuid, m.profile, m.start)
+                    for m in device.instances()
+                    if m.uuid  # a GPU instance without a compute instance is no use
+                )
+            )
+            gpus.append(wire.InventoryGpu(i, d.uuid, d.model, d.memory_mib, mig))
+        return wire.Inventory(tuple(gpus), self.backend.kind)
 
-    def publish(self) -> None:
-        """Write the labels and the inventory on the Node (one merge patch).
+    def publish(self, status: wire.MigLayoutStatus | None = None) -> None:
+        """Write the labels and the inventory on the Node (one merge patch), with the MIG
+        status when given (so the scheduler sees the acknowledgement and the instances
+        together).
 
         Raises:
             KubeError: the patch failed.
         """
         inv = self.inventory()
+        text = inv.to_json()
         models = sorted({g.model for g in inv.gpus})
         labels = {
             wire.MANAGED_LABEL: "true",
             wire.COUNT_LABEL: str(len(inv.gpus)),
             wire.MODEL_LABEL: models[0] if len(models) == 1 else ("mixed" if models else "none"),
         }
-        self.api.patch_node(
-            self.node,
-            {"metadata": {"labels": labels, "annotations": {wire.INVENTORY: inv.to_json()}}},
-        )
+        notes = {wire.INVENTORY: text}
+        if status is not None:
+            notes[wire.MIG_STATUS] = status.to_json()
+        self.api.patch_node(self.node, {"metadata": {"labels": labels, "annotations": notes}})
+        self._published = text
 
     def report(self) -> None:
         """Publish per-GPU memory in use (MiB) and utilization (%), and sync the enforcer."""
@@ -166,10 +212,112 @@ class NodeAgent:
             log.warning("reading GPU usage failed: %s", exc)
             util = {}
         usage = {"memory_mib": memory, "utilization": util, "time": int(time.time())}
-        self.api.patch_node(
+        node = self.api.patch_node(
             self.node, {"metadata": {"annotations": {wire.USAGE: json.dumps(usage)}}}
         )
-        self.enforcer.sync(self.placed())
+        placed = self.placed()
+        if self.mig:
+            status = self.reconcile_mig(node, placed)
+            if status is None and self.inventory().to_json() != self._published:
+                self.publish()  # instances changed outside fgpu (e.g. nvidia-smi)
+        self.enforcer.sync(placed)
+
+    def reconcile_mig(
+        self, node: Any | None = None, placed: Sequence[PlacedContainer] | None = None
+    ) -> wire.MigLayoutStatus | None:
+        """Carry out the scheduler's pending MIG layout request (module docstring), then
+        publish the inventory with the status.
+
+        Args:
+            node: this agent's Node object as just read (None: get it).
+            placed: the fgpu pods bound here (None: list them).
+
+        Returns:
+            The status written, or None when no request was pending.
+
+        Raises:
+            KubeError: reading the Node, listing pods or publishing failed.
+        """
+        if not self.mig:
+            return None
+        if node is None:
+            node = self.api.get_node(self.node)
+        notes = wire.annotations_of(node)
+        text = notes.get(wire.MIG_REQUEST)
+        if not text:
+            return None
+        try:
+            request = wire.MigLayoutRequest.from_json(text)
+        except wire.WireError as exc:
+            log.warning("%s", exc)
+            return None
+        done = 0
+        if notes.get(wire.MIG_STATUS):
+            try:
+                done = wire.MigLayoutStatus.from_json(notes[wire.MIG_STATUS]).generation
+            except wire.WireError as exc:
+                log.warning("%s; handling the request again", exc)
+        if request.generation <= done:
+            return None
+        if placed is None:
+            placed = self.placed()
+        errors: dict[str, str] = {}
+        for uuid, layout in sorted(request.gpus.items()):
+            error = self._lay_out(uuid, layout, placed)
+            if error is not None:
+                log.warning(
+                    "MIG request %d: GPU %s not changed: %s", request.generation, uuid, error
+                )
+                errors[uuid] = error
+        status = wire.MigLayoutStatus(request.generation, errors, time.time())
+        self.publish(status)
+        return status
+
+    def _lay_out(
+        self, uuid: str, layout: Sequence[tuple[str, int]], placed: Sequence[PlacedContainer]
+    ) -> str | None:
+        """Make ``layout`` the instances of GPU ``uuid``; None when done, else why not."""
+        device = self.mig.get(uuid)
+        if device is None:
+            return f"GPU {uuid} is not a GPU in MIG mode that this agent owns"
+        holders = sorted(
+            p.workload_id
+            for p in placed
+            if p.assignment.mig is not None and p.assignment.mig.gpu_uuid == uuid
+        )
+        if holders:
+            return (
+                f"pods hold instances of it ({', '.join(holders)}); a GPU with instances "
+                "held is never reconfigured"
+            )
+        table = device.profiles()
+        wanted: set[Placement] = set()
+        for profile, start in layout:
+            found = table.find(profile)
+            if found is None:
+                return f"{profile!r} is not a MIG profile of {table.model}"
+            wanted.add(Placement(start, found.name))
+        now = device.instances()
+        have = {i.placement for i in now}
+        gpu_plan = GpuPlan(
+            index=device.index,
+            model=device.model,
+            mig_enabled=device.mig_enabled(),
+            enable_mig=False,
+            before=tuple(i.state() for i in now),
+            destroy=tuple(i.state() for i in now if i.placement not in wanted),
+            create=tuple(sorted(wanted - have, key=lambda p: (p.start, p.profile))),
+            assignments=(),
+        )
+        if not gpu_plan.changed:
+            return None
+        try:
+            report = apply_plan([gpu_plan], [device], dry_run=False)
+        except MigInputError as exc:
+            return exc.reason
+        for step in report.steps:
+            log.info("MIG: %s", step)
+        return report.error
 
     def placed(self) -> list[PlacedContainer]:
         """The fgpu pods bound to this node, with what they were granted."""
@@ -191,6 +339,8 @@ class NodeAgent:
         while not self._stop.is_set():
             try:
                 self.publish()
+                if self.mig:
+                    self.reconcile_mig()
                 break
             except KubeError as exc:
                 log.warning("publishing the inventory of %s failed: %s", self.node, exc)

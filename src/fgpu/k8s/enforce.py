@@ -34,6 +34,9 @@ other process (no pod, another pod, a pod not governed here) is dropped and coun
 (:attr:`GovernorEnforcer.dropped_hints`, logged at each sync when it grows). Once a pod has
 sent a hint, hints decide its activity instead of NVML or "always busy".
 
+MIG pods (an assignment with ``mig``) are never governed or guarded: their instance's
+compute and memory are isolated in hardware.
+
 Restart safety: :meth:`GovernorEnforcer.start` thaws every pod cgroup it finds frozen (left
 by an agent that died holding a lease) and touches nothing else; :meth:`close` thaws what it
 froze. Processes are never moved or signalled.
@@ -169,6 +172,8 @@ class GovernorEnforcer:
         current: dict[str, PlacedContainer] = {}
         for p in placed:
             a = p.assignment
+            if a.mig is not None:
+                continue  # a MIG instance: isolated in hardware, nothing to time-slice or guard
             if not a.uuids or any(u not in self.gpus for u in a.uuids):
                 continue
             current[p.workload_id] = p

@@ -17,10 +17,25 @@ from typing import Any
 from pydantic import ValidationError
 
 from fgpu.k8s import wire
+from fgpu.mig.catalog import MIG_TABLES
 from fgpu.model.types import InvalidRequestError, Node, Request
-from fgpu.sched.workload import PRIORITY_CLASSES, QueueSpec, QueueTree, Resources
+from fgpu.sched.workload import (
+    PRIORITY_CLASSES,
+    QueueSpec,
+    QueueTree,
+    Resources,
+    parse_priority,
+)
 from fgpu.server.errors import BadRequest
-from fgpu.server.requests import MAX_PRIORITY, ResourceAsk, parse_resources, queue_config
+from fgpu.server.requests import (
+    MAX_PRIORITY,
+    MIG_COMBINED,
+    MIG_NO_MODEL,
+    ResourceAsk,
+    mig_profile_name,
+    parse_resources,
+    queue_config,
+)
 from fgpu.store.validate import QUEUE_NAME
 from fgpu.wire import QueueBody
 
@@ -63,12 +78,16 @@ class PodAsk:
         priority: numeric priority.
         queue: leaf queue name.
         preemptible: None (default rule), True or False.
+        mig_profile: for a MIG pod (``fgpu.io/mig-profile``), the profile in lower case;
+            its ``request`` then holds only the containers' CPU and memory (the instance is
+            placed by the MIG pass, :mod:`fgpu.k8s.mig`, not by the decision core).
     """
 
     request: Request
     priority: int
     queue: str
     preemptible: bool | None
+    mig_profile: str | None = None
 
 
 def _ceil(value: Decimal) -> int:
@@ -135,7 +154,8 @@ def pod_ask(pod: Obj) -> PodAsk:
             API's wording.
     """
     notes = wire.annotations_of(pod)
-    spec = pod.get("spec") or {}
+    if wire.MIG_PROFILE in notes:
+        return _mig_ask(pod, notes)
     gpu = notes.get(wire.GPU)
     count = notes.get(wire.GPU_COUNT)
     fraction: str | None = None
@@ -159,12 +179,7 @@ def pod_ask(pod: Obj) -> PodAsk:
             fraction = gpu
         gpu = text
     cpu_milli, memory_mib = container_requests(pod)
-    priority_text = notes.get(wire.PRIORITY)
-    if priority_text is None:
-        if spec.get("priorityClassName"):
-            priority_text = str(int(spec.get("priority") or 0))
-        else:
-            priority_text = "normal"
+    priority_text = _priority_text(pod, notes)
     ask = ResourceAsk(
         gpu=gpu,
         gpu_fraction=fraction,
@@ -187,6 +202,54 @@ def pod_ask(pod: Obj) -> PodAsk:
         raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
     except InvalidRequestError as exc:
         raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+    return _finish(notes, request, priority)
+
+
+def _priority_text(pod: Obj, notes: Mapping[str, str]) -> str:
+    """``fgpu.io/priority``, else the PriorityClass's value, else ``normal``."""
+    text = notes.get(wire.PRIORITY)
+    if text is not None:
+        return text
+    spec = pod.get("spec") or {}
+    if spec.get("priorityClassName"):
+        return str(int(spec.get("priority") or 0))
+    return "normal"
+
+
+def _mig_ask(pod: Obj, notes: Mapping[str, str]) -> PodAsk:
+    """:func:`pod_ask` for a pod with ``fgpu.io/mig-profile``: the CLI's rules for
+    ``--mig-profile`` (not with ``-g``/``--gpu-memory``/``--gpu-model``), and the profile
+    must be one of some model in fgpu's catalog (whether a node has that model is the
+    scheduler's question: nodes may join later). The containers' CPU and memory requests
+    are kept: on Kubernetes they are the pod's, counted on its node."""
+    if any(k in notes for k in (wire.GPU, wire.GPU_COUNT, wire.GPU_MEMORY)):
+        raise PodRequestError(wire.MIG_PROFILE, MIG_COMBINED)
+    if wire.GPU_MODEL in notes:
+        raise PodRequestError(wire.GPU_MODEL, MIG_NO_MODEL)
+    try:
+        profile = mig_profile_name(notes[wire.MIG_PROFILE])
+    except BadRequest as exc:
+        raise PodRequestError(wire.MIG_PROFILE, exc.reason) from None
+    if not any(t.find(profile) is not None for t in MIG_TABLES.values()):
+        valid = "; ".join(f"{m}: {', '.join(t.names())}" for m, t in MIG_TABLES.items())
+        raise PodRequestError(
+            wire.MIG_PROFILE,
+            f"{profile[:40]!r} is not a MIG profile of any GPU model fgpu knows; valid: {valid}",
+        )
+    cpu_milli, memory_mib = container_requests(pod)
+    try:
+        priority = parse_priority(_priority_text(pod, notes))
+        request = Request(cpu_milli, memory_mib)
+    except InvalidRequestError as exc:
+        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+    return _finish(notes, request, priority, profile)
+
+
+def _finish(
+    notes: Mapping[str, str], request: Request, priority: int, mig_profile: str | None = None
+) -> PodAsk:
+    """The checks every fgpu pod gets: ``fgpu.io/preemptible``, the priority's ceiling and
+    ``fgpu.io/queue``."""
     preemptible: bool | None = None
     if wire.PREEMPTIBLE in notes:
         text = notes[wire.PREEMPTIBLE].strip().lower()
@@ -206,7 +269,7 @@ def pod_ask(pod: Obj) -> PodAsk:
             f"{queue[:80]!r} is not a queue name (an ASCII letter or digit, then letters, "
             "digits, '.', '_' or '-')",
         )
-    return PodAsk(request, priority, queue, preemptible)
+    return PodAsk(request, priority, queue, preemptible, mig_profile)
 
 
 def created_at(obj: Obj) -> float:
@@ -235,6 +298,7 @@ def node_info(obj: Obj) -> NodeInfo | None:
 
     GPUs of one model only: a node whose agent reports several models is given the model
     of most of its GPUs (the core gives each node one model), the others are left out.
+    GPUs in MIG mode are left out too: only MIG pods get their instances (:mod:`fgpu.k8s.mig`).
 
     Raises:
         WireError: an inventory annotation that is not the agent's JSON.
@@ -256,7 +320,8 @@ def node_info(obj: Obj) -> NodeInfo | None:
     memory = _ceil(quantity(alloc.get("memory", "0"), "status.allocatable.memory") / (1 << 20))
     by_model: dict[str, list[wire.InventoryGpu]] = {}
     for g in sorted(inventory.gpus, key=lambda g: g.index):
-        by_model.setdefault(g.model, []).append(g)
+        if g.mig is None:
+            by_model.setdefault(g.model, []).append(g)
     if not by_model:
         return NodeInfo(Node(meta["name"], cpu, memory, 0, None, 0), ())
     model, gpus = max(by_model.items(), key=lambda kv: (len(kv[1]), kv[0]))

@@ -15,6 +15,9 @@ Each round (after a change, debounced, or on a slow tick) turns the cache
 - **Wait**: ``PodScheduled=False`` (reason ``Unschedulable``) with the core's reason, and a
   ``FailedScheduling`` event, both only when the reason changed.
 
+Pods that ask for a MIG instance (``fgpu.io/mig-profile``) are placed by the MIG pass after
+the core's round (:mod:`fgpu.k8s.mig`), bound the same way (ConfigMap, then Binding).
+
 The ledger is the cluster itself: a bound pod holds what its ``fgpu.io/assignment`` says
 until it is deleted or finishes; its GPUs are found by UUID, so an agent restart that
 renumbers GPUs does not move anybody. Holds (capacity freed by preemption) are kept on the
@@ -39,6 +42,7 @@ from fgpu.k8s.cache import ClusterCache, Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.mig import MigDecision, MigPass
 from fgpu.k8s.objects import (
     NodeInfo,
     PodRequestError,
@@ -79,6 +83,7 @@ class Round:
             admitted by the webhook).
         notes: workload id -> why some nodes are not allowed for the pod (its node
             selector, affinity or taints), added to its reason when it waits.
+        mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
     """
 
     infos: list[NodeInfo]
@@ -87,6 +92,7 @@ class Round:
     pods: dict[str, Obj] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    mig: MigDecision | None = None
 
 
 def env_data(workload_id: str, uuids: list[str], milli: int, memory_mib: int) -> dict[str, str]:
@@ -137,6 +143,7 @@ class K8sScheduler:
         self.clock = clock
         self.protect_s = protect_s
         self.cache = ClusterCache(api, on_change=self._changed)
+        self.mig = MigPass(clock)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fgpu-bind")
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -479,6 +486,9 @@ class K8sScheduler:
             if text is None:
                 raise wire.WireError(wire.ASSIGNMENT, "missing")
             a = wire.Assignment.from_json(text)
+            if a.mig is not None:  # a MIG instance (fgpu.k8s.mig): the core counts its CPU
+                self._other(rnd, key, pod, n)
+                return
             pairs = sorted(
                 (at[u], m, mm)
                 for u, m, mm in zip(a.uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
@@ -551,8 +561,9 @@ class K8sScheduler:
         """Build a round from the cache and decide, without acting."""
         snap = self.cache.snapshot()
         rnd = self.build(snap)
+        mig = self.mig.view(snap.nodes, rnd, self._assumed)  # takes the MIG pods out
         state = self._state(rnd)
-        capacity = int(state.gpu_milli_capacity.sum())
+        capacity = int(state.gpu_milli_capacity.sum()) + mig.capacity_milli
         tree, problems = queue_tree(snap.queues, capacity)
         for p in problems:
             log.warning("%s", p)
@@ -565,8 +576,9 @@ class K8sScheduler:
                     self._target = target
                     self._scheduler = self._make(target)
         decision = self._scheduler.decide(
-            self.clock(), state, tree, rnd.workloads, self._holds_from(rnd)
+            self.clock(), state, tree, rnd.workloads, self._holds_from(rnd), mig.outside()
         )
+        rnd.mig = self.mig.decide(rnd, mig, state, tree, decision)
         return rnd, decision
 
     def run_once(self) -> Decision | None:
@@ -599,6 +611,8 @@ class K8sScheduler:
             if places and self.is_leader():
                 results = list(self._pool.map(lambda a: self._place(rnd, a), places))
                 self.bound += sum(results)
+            if rnd.mig is not None:
+                self._act_mig(rnd, rnd.mig)
             self._save_holds(rnd, decision.holds)
             return decision
 
@@ -621,8 +635,6 @@ class K8sScheduler:
     # -------------------------------------------------------------------- actions
     def _place(self, rnd: Round, action: Place) -> bool:
         pod = rnd.pods[action.workload]
-        meta = pod["metadata"]
-        ns, name, uid = meta.get("namespace", "default"), meta["name"], meta["uid"]
         alloc = action.allocation
         info = rnd.infos[alloc.node]
         uuids = [info.uuids[g] for g in alloc.gpus]
@@ -639,12 +651,20 @@ class K8sScheduler:
             priority=ask.priority,
             preemptible=ask.preemptible,
         )
+        return self._bind(action.workload, pod, assignment)
+
+    def _bind(self, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs") -> bool:
+        """Write the pod's environment ConfigMap, then bind it with its assignment, and
+        assume the placement until the watch shows it."""
+        meta = pod["metadata"]
+        ns, name, uid = meta.get("namespace", "default"), meta["name"], meta["uid"]
+        uuids = list(assignment.uuids)
         cm_name = (meta.get("annotations") or {})[wire.ENV_CONFIGMAP]
         data = env_data(
-            action.workload,
+            key,
             uuids,
-            alloc.gpu_milli[0] if alloc.gpu_milli else 0,
-            alloc.gpu_memory_mib[0] if alloc.gpu_memory_mib else 0,
+            assignment.gpu_milli[0] if assignment.gpu_milli else 0,
+            assignment.gpu_memory_mib[0] if assignment.gpu_memory_mib else 0,
         )
         try:
             self._write_env(ns, cm_name, uid, name, data)
@@ -654,21 +674,58 @@ class K8sScheduler:
                 ns,
                 name,
                 uid,
-                alloc.node_name,
+                assignment.node,
                 {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)},
             )
         except KubeError as exc:
-            log.warning("binding %s to %s failed: %s", action.workload, alloc.node_name, exc)
+            log.warning("binding %s to %s failed: %s", key, assignment.node, exc)
             return False
-        self._assumed[action.workload] = (uid, assignment)
+        self._assumed[key] = (uid, assignment)
         self._event(
             pod,
             "Normal",
             "Scheduled",
-            f"Successfully assigned {action.workload} to {alloc.node_name}"
-            + (f" (GPUs {', '.join(uuids)})" if uuids else ""),
+            f"Successfully assigned {key} to {assignment.node}"
+            + (f" ({what} {', '.join(uuids)})" if uuids else ""),
         )
         return True
+
+    def _act_mig(self, rnd: Round, mig: MigDecision) -> None:
+        """Carry out the MIG pass: layout requests on nodes, binds, reasons."""
+        waits = dict(mig.waits)
+        for write in mig.writes:
+            if not self.is_leader():
+                return
+            try:
+                node = self.api.patch_node(
+                    write.node,
+                    {
+                        "metadata": {
+                            "resourceVersion": write.resource_version,
+                            "annotations": {wire.MIG_REQUEST: write.request.to_json()},
+                        }
+                    },
+                )
+            except KubeError as exc:  # e.g. 409: the node changed; the next round sees it
+                log.info("MIG layout request on %s not written: %s", write.node, exc)
+                for key in write.pods:
+                    waits[key] = (
+                        f"no free MIG instance; asking node {write.node} for a new MIG layout "
+                        f"failed ({exc.message or exc.reason}); trying again"
+                    )
+                continue
+            self.cache.apply("nodes", "MODIFIED", node)  # the next round sees it pending
+            log.info("MIG layout request on %s: %s", write.node, write.request.to_json())
+        if mig.binds and self.is_leader():
+            done = list(
+                self._pool.map(
+                    lambda b: self._bind(b.key, rnd.pods[b.key], b.assignment, "MIG instance"),
+                    mig.binds,
+                )
+            )
+            self.bound += sum(done)
+        for key, reason in waits.items():
+            self._wait(rnd, key, reason)
 
     def _write_env(
         self, ns: str, cm_name: str, uid: str, pod_name: str, data: dict[str, str]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEDULER_NAME = "fgpu"
@@ -68,6 +68,8 @@ MODEL_LABEL = "fgpu.io/gpu-model"
 COUNT_LABEL = "fgpu.io/gpu-count"
 INVENTORY = "fgpu.io/inventory"
 USAGE = "fgpu.io/usage"
+MIG_REQUEST = "fgpu.io/mig-request"
+MIG_STATUS = "fgpu.io/mig-status"
 
 DEFAULT_QUEUE = "default"
 AGENT_SOCKET = "/run/fgpu/agent.sock"
@@ -96,6 +98,21 @@ class WireError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class MigHeld:
+    """The MIG instance an assignment holds.
+
+    Attributes:
+        gpu_uuid: the instance's GPU (``GPU-...``).
+        profile: its profile (``3g.40gb``).
+        start: its first memory slice.
+    """
+
+    gpu_uuid: str
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
 class Assignment:
     """Where a pod was placed, carried in the Binding as ``fgpu.io/assignment``.
 
@@ -110,6 +127,9 @@ class Assignment:
         queue: the queue it was admitted to.
         priority: its priority when placed.
         preemptible: None (default rule), True or False.
+        mig: for a MIG pod, the instance it holds (then ``uuids`` is the instance's
+            ``MIG-...`` uuid, ``gpus`` its GPU's index, ``gpu_milli`` and
+            ``gpu_memory_mib`` the instance's share and memory); None for a share of GPUs.
 
     The queue and priority are kept here rather than read again from the pod's annotations,
     which stay editable after the bind: the ledger counts what was granted.
@@ -125,24 +145,29 @@ class Assignment:
     queue: str = DEFAULT_QUEUE
     priority: int = 50
     preemptible: bool | None = None
+    mig: MigHeld | None = None
 
     def to_json(self) -> str:
         """The annotation's text."""
-        return json.dumps(
-            {
-                "node": self.node,
-                "queue": self.queue,
-                "priority": self.priority,
-                "preemptible": self.preemptible,
-                "uuids": list(self.uuids),
-                "gpus": list(self.gpus),
-                "gpu_milli": list(self.gpu_milli),
-                "gpu_memory_mib": list(self.gpu_memory_mib),
-                "cpu_milli": self.cpu_milli,
-                "memory_mib": self.memory_mib,
-            },
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "node": self.node,
+            "queue": self.queue,
+            "priority": self.priority,
+            "preemptible": self.preemptible,
+            "uuids": list(self.uuids),
+            "gpus": list(self.gpus),
+            "gpu_milli": list(self.gpu_milli),
+            "gpu_memory_mib": list(self.gpu_memory_mib),
+            "cpu_milli": self.cpu_milli,
+            "memory_mib": self.memory_mib,
+        }
+        if self.mig is not None:
+            data["mig"] = {
+                "gpu_uuid": self.mig.gpu_uuid,
+                "profile": self.mig.profile,
+                "start": self.mig.start,
+            }
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Assignment:
@@ -153,6 +178,7 @@ class Assignment:
         """
         try:
             data = json.loads(text)
+            mig = data.get("mig")
             out = cls(
                 node=str(data["node"]),
                 uuids=tuple(str(u) for u in data["uuids"]),
@@ -164,22 +190,80 @@ class Assignment:
                 queue=str(data.get("queue", DEFAULT_QUEUE)),
                 priority=int(data.get("priority", 50)),
                 preemptible=None if data.get("preemptible") is None else bool(data["preemptible"]),
+                mig=None
+                if mig is None
+                else MigHeld(str(mig["gpu_uuid"]), str(mig["profile"]), int(mig["start"])),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WireError(ASSIGNMENT, f"not an fgpu assignment: {exc}") from None
         if not (len(out.uuids) == len(out.gpus) == len(out.gpu_milli) == len(out.gpu_memory_mib)):
             raise WireError(ASSIGNMENT, "uuids, gpus and shares differ in length")
+        if out.mig is not None and len(out.uuids) != 1:
+            raise WireError(ASSIGNMENT, "a MIG assignment holds exactly one instance")
         return out
 
 
 @dataclass(frozen=True, slots=True)
+class InventoryMigInstance:
+    """A MIG instance of a GPU in MIG mode, as the node agent publishes it."""
+
+    uuid: str
+    profile: str
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
 class InventoryGpu:
-    """One GPU the node agent publishes."""
+    """One GPU the node agent publishes.
+
+    Attributes:
+        index: its index in the inventory (0.. over the GPUs fgpu owns on the node).
+        uuid: ``GPU-...``.
+        model: catalog model name.
+        memory_mib: its memory.
+        mig: None for a GPU not in MIG mode (a GPU the decision core shares out); for a GPU
+            in MIG mode, its instances (possibly none), which only MIG pods get.
+    """
 
     index: int
     uuid: str
     model: str
     memory_mib: int
+    mig: tuple[InventoryMigInstance, ...] | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """The GPU's JSON object."""
+        data: dict[str, Any] = {
+            "index": self.index,
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory_mib": self.memory_mib,
+        }
+        if self.mig is not None:
+            data["mig"] = {
+                "instances": [
+                    {"uuid": i.uuid, "profile": i.profile, "start": i.start} for i in self.mig
+                ]
+            }
+        return data
+
+    @classmethod
+    def from_data(cls, g: Any) -> InventoryGpu:
+        """Inverse of :meth:`to_data` (raises what bad data raises: KeyError, TypeError,
+        ValueError, AttributeError)."""
+        mig = g.get("mig")
+        return cls(
+            int(g["index"]),
+            str(g["uuid"]),
+            str(g["model"]),
+            int(g["memory_mib"]),
+            None
+            if mig is None
+            else tuple(
+                InventoryMigInstance(str(i["uuid"]), str(i["profile"]), int(i["start"]))
+                for i in mig["instances"]
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +285,7 @@ class Inventory:
         """The annotation's text."""
         return json.dumps(
             {
-                "gpus": [
-                    {"index": g.index, "uuid": g.uuid, "model": g.model, "memory_mib": g.memory_mib}
-                    for g in self.gpus
-                ],
+                "gpus": [g.to_data() for g in self.gpus],
                 "backend": self.backend,
                 "agent": self.agent,
             },
@@ -220,13 +301,101 @@ class Inventory:
         """
         try:
             data: Any = json.loads(text)
-            gpus = tuple(
-                InventoryGpu(int(g["index"]), str(g["uuid"]), str(g["model"]), int(g["memory_mib"]))
-                for g in data["gpus"]
-            )
+            gpus = tuple(InventoryGpu.from_data(g) for g in data["gpus"])
             return cls(gpus, str(data.get("backend", "")), str(data.get("agent", "")))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WireError(INVENTORY, f"not an fgpu inventory: {exc}") from None
+
+
+def _placement(text: str) -> tuple[str, int]:
+    profile, at, start = text.rpartition("@")
+    if not at or not profile or not start.isdigit():
+        raise ValueError(f"{text!r} is not PROFILE@START")
+    return profile, int(start)
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayoutRequest:
+    """The MIG layouts the scheduler wants on a node (``fgpu.io/mig-request`` on the Node).
+
+    Attributes:
+        generation: increases with every request written for the node; the request is
+            pending while the agent's :class:`MigLayoutStatus` has a lower generation.
+        gpus: GPU uuid -> the whole layout wanted on it, ``(profile, start)`` pairs: the
+            agent destroys the instances not in it and creates the missing ones (so applying
+            it twice changes nothing the second time).
+        time: when the scheduler wrote it (seconds since the epoch).
+    """
+
+    generation: int
+    gpus: Mapping[str, tuple[tuple[str, int], ...]]
+    time: float = 0.0
+
+    def to_json(self) -> str:
+        """The annotation's text: ``{"generation": 3, "gpus": {"GPU-...": ["3g.40gb@4"]},
+        "time": ...}``."""
+        return json.dumps(
+            {
+                "generation": self.generation,
+                "gpus": {u: [f"{p}@{s}" for p, s in layout] for u, layout in self.gpus.items()},
+                "time": self.time,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> MigLayoutRequest:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            WireError: not the JSON the scheduler writes.
+        """
+        try:
+            data = json.loads(text)
+            gpus = {
+                str(u): tuple(_placement(str(p)) for p in layout)
+                for u, layout in dict(data["gpus"]).items()
+            }
+            return cls(int(data["generation"]), gpus, float(data.get("time", 0.0)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WireError(MIG_REQUEST, f"not an fgpu MIG request: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayoutStatus:
+    """What the node agent did with the last MIG request (``fgpu.io/mig-status`` on the
+    Node, written in one patch with the inventory that shows the result).
+
+    Attributes:
+        generation: the request's generation.
+        errors: GPU uuid -> why that GPU was not changed (empty: all done).
+        time: when the agent wrote it (seconds since the epoch).
+    """
+
+    generation: int
+    errors: Mapping[str, str] = field(default_factory=dict)
+    time: float = 0.0
+
+    def to_json(self) -> str:
+        """The annotation's text."""
+        return json.dumps(
+            {"generation": self.generation, "errors": dict(self.errors), "time": self.time},
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> MigLayoutStatus:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            WireError: not the JSON the agent writes.
+        """
+        try:
+            data = json.loads(text)
+            errors = {str(u): str(e) for u, e in dict(data.get("errors") or {}).items()}
+            return cls(int(data["generation"]), errors, float(data.get("time", 0.0)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise WireError(MIG_STATUS, f"not an fgpu MIG status: {exc}") from None
 
 
 def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:

@@ -176,15 +176,8 @@ def _mig(body: SubmitRequest) -> StoredMigRequest | None:
                 "a MIG profile asks for a MIG instance; use --isolation mig or leave it out",
             )
         if body.gpu is not None or body.gpu_memory is not None or body.gpu_fraction is not None:
-            raise BadRequest(
-                "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
-            )
-        _text("mig_profile", body.mig_profile)
-        _printable("mig_profile", body.mig_profile)
-        profile = body.mig_profile.strip().lower()
-        if not profile:
-            raise BadRequest("mig_profile", "empty profile name")
-        wanted = StoredMigRequest(profile=profile)
+            raise BadRequest("mig_profile", MIG_COMBINED)
+        wanted = StoredMigRequest(profile=mig_profile_name(body.mig_profile))
     elif isolation == "mig":
         if body.gpu is not None or body.gpu_fraction is not None:
             raise BadRequest(
@@ -200,9 +193,7 @@ def _mig(body: SubmitRequest) -> StoredMigRequest | None:
     else:
         return None
     if body.gpu_model:
-        raise BadRequest(
-            "gpu_model", "a MIG request cannot name GPU models (the profile decides the model)"
-        )
+        raise BadRequest("gpu_model", MIG_NO_MODEL)
     for field in ("cpu", "memory"):
         if getattr(body, field):
             raise BadRequest(
@@ -211,6 +202,25 @@ def _mig(body: SubmitRequest) -> StoredMigRequest | None:
                 "leave out --cpu and --memory",
             )
     return wanted
+
+
+MIG_COMBINED = "--mig-profile cannot be combined with -g or --gpu-memory"
+MIG_NO_MODEL = "a MIG request cannot name GPU models (the profile decides the model)"
+
+
+def mig_profile_name(text: str) -> str:
+    """A ``--mig-profile`` value checked as text and put in lower case (whether a model has
+    it is for the caller, who knows the models).
+
+    Raises:
+        BadRequest: field ``mig_profile``: not UTF-8, a NUL or control character, or empty.
+    """
+    _text("mig_profile", text)
+    _printable("mig_profile", text)
+    profile = text.strip().lower()
+    if not profile:
+        raise BadRequest("mig_profile", "empty profile name")
+    return profile
 
 
 def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
@@ -227,9 +237,7 @@ def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
     """
     if ask.mig_profile is not None:
         if ask.gpu is not None or ask.gpu_memory is not None:
-            raise BadRequest(
-                "mig_profile", "--mig-profile cannot be combined with -g or --gpu-memory"
-            )
+            raise BadRequest("mig_profile", MIG_COMBINED)
         raise BadRequest("mig_profile", "MIG instances are not supported by this scheduler yet")
     count = 0
     milli: int | None = None
