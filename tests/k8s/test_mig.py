@@ -27,7 +27,7 @@ from fgpu.server.requests import parse_submission
 from fgpu.wire import SubmitRequest
 from tests.k8s import test_enforce
 from tests.k8s.conftest import Cluster, Served
-from tests.k8s.kube import add_node, assignment, bound, create, pod, wait_until
+from tests.k8s.kube import add_node, assignment, bound, create, pod, pods, wait_until
 from tests.k8s.test_agent import bare_node
 from tests.k8s.test_enforce import (
     GPU,
@@ -252,10 +252,10 @@ def test_two_pods_never_get_the_same_instance(cluster) -> None:
     round_(scheduler)
     round_(K8sScheduler(cluster.api))  # a new scheduler reads them back from the pods
     assert len(bound(cluster)) == 2
-    waiting = [p["metadata"]["name"] for p in cluster.api.list_pods().items if p not in placed]
+    waiting = [p["metadata"]["name"] for p in pods(cluster) if not p["spec"].get("nodeName")]
+    assert len(waiting) == 2
     for name in waiting:
-        if not cluster.api.get_pod(cluster.namespace, name)["spec"].get("nodeName"):
-            assert condition(cluster, name).startswith("no free MIG instance of 1g.10gb")
+        assert condition(cluster, name).startswith("no free MIG instance of 1g.10gb")
     assert wire.MIG_REQUEST not in node_notes(cluster, "mig-a")  # its GPU has holders
 
 
