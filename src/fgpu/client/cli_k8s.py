@@ -140,7 +140,11 @@ def node_agent(
     kubeconfig: KubeconfigOption = None,
     server: ServerOption = None,
     simulate_gpus: Annotated[
-        str | None, typer.Option(help="Simulated GPUs instead of NVML, e.g. 8xA100-80GB.")
+        str | None,
+        typer.Option(
+            help="Simulated GPUs instead of NVML, e.g. 8xA100-80GB; 2xA100-80GB:mig puts "
+            "two in MIG mode (their instances live in the agent's memory)."
+        ),
     ] = None,
     gpus: Annotated[
         str | None, typer.Option(help="GPU indices fgpu owns, e.g. 0-3 (default: all).")
