@@ -14,7 +14,7 @@ import pytest
 from fgpu.agent.backend import SimulatedBackend
 from fgpu.k8s import wire
 from fgpu.k8s.agent import NodeAgent, PlacedContainer
-from fgpu.k8s.kube import KubeError
+from fgpu.k8s.kube import MERGE_PATCH, KubeError
 from fgpu.k8s.objects import PodRequestError, node_info, pod_ask
 from fgpu.k8s.podcgroup import pod_handle
 from fgpu.k8s.scheduler import K8sScheduler
@@ -416,6 +416,46 @@ def test_deleting_a_mig_pod_frees_its_instance_even_when_the_scheduler_was_down(
     cluster.api.delete_pod(cluster.namespace, "first", grace_s=0)
     round_(K8sScheduler(cluster.api))
     assert assignment(cluster.api.get_pod(cluster.namespace, "second")).uuids == (whole.uuid,)
+
+
+def test_mig_pods_go_only_where_their_node_selector_and_taints_allow(cluster) -> None:
+    a = mig_node(cluster, "mig-a")
+    b = mig_node(cluster, "mig-b")
+    c = mig_node(cluster, "mig-c")
+    for agent, zone in ((a, "1"), (b, "2"), (c, "2")):
+        device(agent).create("3g.40gb", 4)  # a free instance everywhere
+        agent.publish()
+        cluster.api.patch_node(agent.node, {"metadata": {"labels": {"zone": zone}}})
+    cluster.api._call(
+        cluster.api.core.patch_node,
+        "mig-b",
+        {"spec": {"taints": [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]}},
+        _content_type=MERGE_PATCH,
+    )
+    picky = mig_pod("picky", "3g.40gb")
+    picky["spec"]["nodeSelector"] = {"zone": "2"}
+    create(cluster, picky)
+    wide = mig_pod("wide", "4g.40gb")  # needs a change: only on a node it may use
+    wide["spec"]["nodeSelector"] = {"zone": "2"}
+    create(cluster, wide)
+    scheduler = K8sScheduler(cluster.api)
+    round_(scheduler)
+    got = cluster.api.get_pod(cluster.namespace, "picky")
+    assert got["spec"]["nodeName"] == "mig-c"  # mig-a: other zone; mig-b: tainted
+    assert assignment(got).uuids == (device(c).instances()[0].uuid,)
+    for node in ("mig-a", "mig-b", "mig-c"):
+        assert wire.MIG_REQUEST not in node_notes(cluster, node)  # mig-c's GPU is held now
+    reason = condition(cluster, "wide")
+    assert reason.startswith(
+        "no free MIG instance of 4g.40gb on the nodes the pod's node selector, affinity and "
+        "tolerations allow (1 did not match the pod's node selector or affinity, 1 has the "
+        "untolerated taint dedicated=x:NoSchedule)"
+    )
+    cluster.api.patch_node("mig-a", {"metadata": {"labels": {"zone": "2"}}})
+    round_(scheduler)
+    request = wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST])
+    assert dict(request.gpus) == {a.devices[0].uuid: (("4g.40gb", 0), ("3g.40gb", 4))}
+    assert wire.MIG_REQUEST not in node_notes(cluster, "mig-b")
 
 
 def test_a_deletion_seen_through_the_watch_frees_the_instance(cluster) -> None:

@@ -12,18 +12,25 @@ and, as the single-machine service's MIG pool does (:mod:`fgpu.server.mig_pool`)
    counts :func:`fgpu.mig.catalog.instance_milli` milli-GPU (3g on an A100: 428);
 2. binds it to a **free instance** of its profile: one no bound pod's ``fgpu.io/assignment``
    names and no placement of this round took, on a GPU with no layout request pending, on a
-   node with room for the pod's CPU and memory requests. Among several, one on a GPU that
-   already has instances held (the most held compute slices first), then by node name, GPU
-   index and start: idle GPUs stay idle, and only idle GPUs are reconfigured (3);
+   node the pod's node constraints allow (``Workload.nodes``: node selector, required
+   affinity, tolerated taints) with room for the pod's CPU and memory requests. Among
+   several, one on a GPU that already has instances held (the most held compute slices
+   first), then by node name, GPU index and start: idle GPUs stay idle, and only idle GPUs
+   are reconfigured (4);
 3. else counts on an instance a **pending layout request** will make (the pod waits, with a
    reason naming the GPU being reconfigured);
 4. else asks :func:`fgpu.mig.planner.plan` for a plan over the **idle** MIG GPUs (no
    instance held by any pod, no request pending, not refused by the agent in the last
-   ``retry_s``) with the remaining pods as the demand, and writes each changed GPU's whole
-   new layout into its Node's ``fgpu.io/mig-request`` (:class:`fgpu.k8s.wire.MigLayoutRequest`,
-   a new generation). The node agent applies it (:meth:`fgpu.k8s.agent.NodeAgent.reconcile_mig`)
-   and republishes its inventory with ``fgpu.io/mig-status`` acknowledging the generation; the
-   next round finds the new instances free and binds (2).
+   ``retry_s``, on nodes the pods may use; pods with other allowed nodes are planned
+   separately) with the remaining pods as the demand, and writes each changed GPU's whole
+   new layout into its Node's ``fgpu.io/mig-request``
+   (:class:`fgpu.k8s.wire.MigLayoutRequest`, a new generation). The node agent applies it
+   (:meth:`fgpu.k8s.agent.NodeAgent.reconcile_mig`) and republishes its inventory with
+   ``fgpu.io/mig-status`` acknowledging the generation; the next round finds the new
+   instances free and binds (2).
+
+GPUs and instances are told apart by node and uuid (simulated agents repeat uuids across
+nodes).
 
 A bound MIG pod is held as its assignment says until it is deleted or finishes; its CPU and
 memory count on its node for the core (as a pod the core does not schedule). MIG instances
@@ -94,6 +101,11 @@ class MigGpuState:
     pending: tuple[tuple[str, int], ...] | None = None
     failed: str | None = None
 
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(node, uuid)``: unique in the cluster (simulated uuids repeat across nodes)."""
+        return (self.node, self.uuid)
+
 
 @dataclass(frozen=True, slots=True)
 class NodeMig:
@@ -145,8 +157,11 @@ class MigView:
     Attributes:
         gpus: MIG GPUs of usable nodes, by node name then index.
         nodes: node name -> its request and status (nodes with MIG GPUs).
-        holders: instance uuid -> the pod holding it.
-        gpu_holders: GPU uuid -> the pods holding one of its instances.
+        holders: (node, instance uuid) -> the pod holding it.
+        gpu_holders: (node, GPU uuid) -> the pods holding one of its instances.
+
+    GPUs and instances are keyed by node and uuid: real uuids are unique anyway, but
+    simulated agents give the same uuids on every node.
         held_milli: leaf queue -> milli-GPU its MIG pods hold on usable nodes.
         nonpreemptible_milli: leaf queue -> the part of that held by non-preemptible pods.
         pending: the pending MIG pods (taken out of the round's workloads).
@@ -154,8 +169,8 @@ class MigView:
 
     gpus: list[MigGpuState] = field(default_factory=list)
     nodes: dict[str, NodeMig] = field(default_factory=dict)
-    holders: dict[str, str] = field(default_factory=dict)
-    gpu_holders: dict[str, list[str]] = field(default_factory=dict)
+    holders: dict[tuple[str, str], str] = field(default_factory=dict)
+    gpu_holders: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     held_milli: dict[str, int] = field(default_factory=dict)
     nonpreemptible_milli: dict[str, int] = field(default_factory=dict)
     pending: list[MigPending] = field(default_factory=list)
@@ -319,8 +334,8 @@ class MigPass:
 
         def hold(key: str, a: wire.Assignment, preemptible: bool) -> None:
             assert a.mig is not None
-            view.holders[a.uuids[0]] = key
-            view.gpu_holders.setdefault(a.mig.gpu_uuid, []).append(key)
+            view.holders[(a.node, a.uuids[0])] = key
+            view.gpu_holders.setdefault((a.node, a.mig.gpu_uuid), []).append(key)
             if a.node not in usable:
                 return  # counted nowhere, as the core counts pods on such nodes
             milli = a.gpu_milli[0]  # what was granted
@@ -410,8 +425,8 @@ class MigPass:
         taken = set(view.holders)
         # instances pending requests will make: (gpu, profile, start), claimed in order
         future = [(g, p, s) for g in view.gpus if g.pending is not None for p, s in g.pending]
-        claimed: set[tuple[str, str, int]] = set()
-        busy = {g.uuid: self._held_slices(g, taken) for g in view.gpus}
+        claimed: set[tuple[str, str, str, int]] = set()
+        busy = {g.key: self._held_slices(g, taken) for g in view.gpus}
         models = sorted({g.table.model for g in view.gpus})
         left: list[tuple[MigPending, int]] = []
         ordered = sorted(
@@ -434,8 +449,8 @@ class MigPass:
                 gpu, instance = found
                 profile = gpu.table.get(instance.profile)
                 milli = instance_milli(gpu.table, profile)
-                taken.add(instance.uuid)
-                busy[gpu.uuid] += profile.compute_slices
+                taken.add((gpu.node, instance.uuid))
+                busy[gpu.key] += profile.compute_slices
                 cpu_free[gpu.node_index] -= w.request.cpu_milli
                 mem_free[gpu.node_index] -= w.request.memory_mib
                 budget.charge(w.queue, milli, w.is_preemptible)
@@ -462,13 +477,13 @@ class MigPass:
                 (
                     (g, p, s)
                     for g, p, s in future
-                    if p == c.profile and (g.uuid, p, s) not in claimed
+                    if p == c.profile and (*g.key, p, s) not in claimed and _allows(c, g)
                 ),
                 None,
             )
             if coming is not None:
                 g, p, s = coming
-                claimed.add((g.uuid, p, s))
+                claimed.add((*g.key, p, s))
                 budget.charge(w.queue, least, w.is_preemptible)
                 state_ = view.nodes[g.node]
                 assert state_.request is not None
@@ -483,7 +498,7 @@ class MigPass:
             budget.charge(w.queue, least, w.is_preemptible)
             left.append((c, least))
         if left:
-            self._reconfigure(left, view, taken, budget, cpu_free, mem_free, out)
+            self._reconfigure(left, view, taken, budget, cpu_free, mem_free, rnd.notes, out)
         return out
 
     @staticmethod
@@ -497,19 +512,19 @@ class MigPass:
         )
 
     @staticmethod
-    def _held_slices(gpu: MigGpuState, taken: set[str]) -> int:
+    def _held_slices(gpu: MigGpuState, taken: set[tuple[str, str]]) -> int:
         return sum(
             p.compute_slices
             for i in gpu.instances
-            if i.uuid in taken and (p := gpu.table.find(i.profile)) is not None
+            if (gpu.node, i.uuid) in taken and (p := gpu.table.find(i.profile)) is not None
         )
 
     @staticmethod
     def _free(
         c: MigPending,
         gpus: Sequence[MigGpuState],
-        taken: set[str],
-        busy: Mapping[str, int],
+        taken: set[tuple[str, str]],
+        busy: Mapping[tuple[str, str], int],
         cpu_free: Any,
         mem_free: Any,
     ) -> tuple[MigGpuState, wire.InventoryMigInstance] | None:
@@ -519,15 +534,17 @@ class MigPass:
         for g in gpus:
             if g.pending is not None:
                 continue  # being reconfigured: its instances may go
+            if not _allows(c, g):
+                continue
             found = g.table.find(c.profile)
             if found is None:
                 continue
             if cpu_free[g.node_index] < req.cpu_milli or mem_free[g.node_index] < req.memory_mib:
                 continue
             for i in g.instances:
-                if i.profile != found.name or not i.uuid or i.uuid in taken:
+                if i.profile != found.name or not i.uuid or (g.node, i.uuid) in taken:
                     continue
-                key = (0 if busy[g.uuid] else 1, -busy[g.uuid], g.node, g.index, i.start)
+                key = (0 if busy[g.key] else 1, -busy[g.key], g.node, g.index, i.start)
                 if best is None or key < best[0]:
                     best = (key, g, i)
         return None if best is None else (best[1], best[2])
@@ -536,44 +553,29 @@ class MigPass:
         self,
         left: list[tuple[MigPending, int]],
         view: MigView,
-        taken: set[str],
+        taken: set[tuple[str, str]],
         budget: QueueBudget,
         cpu_free: Any,
         mem_free: Any,
+        notes: Mapping[str, str],
         out: MigDecision,
     ) -> None:
-        """Plan on the idle MIG GPUs for the pods left, and ask their agents to make it."""
-        min_cpu = min(c.workload.request.cpu_milli for c, _ in left)
-        min_mem = min(c.workload.request.memory_mib for c, _ in left)
+        """Plan on the idle MIG GPUs for the pods left, and ask their agents to make it.
+
+        Pods with the same allowed nodes (their node selector, affinity and tolerations) are
+        planned together, groups in the order of their first pod; a GPU one group's plan
+        changes is not offered to the next."""
         held_gpus = sorted(
-            f"GPU {g.index} of {g.node}" for g in view.gpus if view.gpu_holders.get(g.uuid)
+            f"GPU {g.index} of {g.node}" for g in view.gpus if view.gpu_holders.get(g.key)
         )
-        failed = {g.uuid: g for g in view.gpus if g.failed is not None}
-        wanted = {c.profile for c, _ in left}
-        need: dict[str, int] = {}
-        for c, _ in left:
-            for t in {g.table for g in view.gpus}:
-                if t.find(c.profile) is not None:
-                    need[t.model] = need.get(t.model, 0) + 1
-        idle: list[MigGpuState] = []
-        per_model: dict[str, int] = {}
-        for g in view.gpus:
-            if view.gpu_holders.get(g.uuid) or g.pending is not None or g.uuid in failed:
-                continue
-            if any(i.uuid in taken for i in g.instances):
-                continue
-            if not any(g.table.find(p) is not None for p in wanted):
-                continue
-            if cpu_free[g.node_index] < min_cpu or mem_free[g.node_index] < min_mem:
-                continue
-            model = g.table.model
-            if per_model.get(model, 0) >= need.get(model, 0):
-                continue  # enough GPUs of this model to serve every pod left
-            per_model[model] = per_model.get(model, 0) + 1
-            idle.append(g)
+        failed = [g for g in view.gpus if g.failed is not None]
 
         def waiting(c: MigPending, why: str) -> str:
             text = f"no free MIG instance of {c.profile}"
+            if c.workload.nodes is not None:
+                note = notes.get(c.key)
+                text += " on the nodes the pod's node selector, affinity and tolerations allow"
+                text += f" ({note})" if note else ""
             if held_gpus:
                 text += (
                     f"; MIG GPUs with instances held by pods ({', '.join(held_gpus[:8])}"
@@ -582,12 +584,88 @@ class MigPass:
             if failed:
                 text += "; " + "; ".join(
                     f"the node agent of {g.node} could not change GPU {g.index}: {g.failed}"
-                    for g in list(failed.values())[:3]
+                    for g in failed[:3]
                 )
             return f"{text}; {why}"
 
-        demand: list[tuple[MigPending, MigRequest]] = []
+        groups: dict[frozenset[str] | None, list[tuple[MigPending, int]]] = {}
         for c, least in left:
+            groups.setdefault(c.workload.nodes, []).append((c, least))
+        changed: set[tuple[str, str]] = set()
+        writes: dict[str, dict[str, tuple[tuple[str, int], ...]]] = {}
+        waiters: dict[str, list[str]] = {}
+        for group in groups.values():
+            self._plan_group(
+                group,
+                view,
+                taken,
+                budget,
+                cpu_free,
+                mem_free,
+                changed,
+                waiting,
+                writes,
+                waiters,
+                out,
+            )
+        now = self.clock()
+        for node, layouts in sorted(writes.items()):
+            state = view.nodes[node]
+            merged: dict[str, tuple[tuple[str, int], ...]] = {}
+            if state.outstanding and state.request is not None:
+                merged.update(state.request.gpus)  # still to do: keep it in the new request
+            merged.update(layouts)
+            request = wire.MigLayoutRequest(state.generation + 1, merged, now)
+            out.writes.append(
+                LayoutWrite(node, request, state.resource_version, tuple(waiters[node]))
+            )
+
+    def _plan_group(
+        self,
+        group: list[tuple[MigPending, int]],
+        view: MigView,
+        taken: set[tuple[str, str]],
+        budget: QueueBudget,
+        cpu_free: Any,
+        mem_free: Any,
+        changed: set[tuple[str, str]],
+        waiting: Callable[[MigPending, str], str],
+        writes: dict[str, dict[str, tuple[tuple[str, int], ...]]],
+        waiters: dict[str, list[str]],
+        out: MigDecision,
+    ) -> None:
+        """Plan for pods that may use the same nodes (``group[0]``'s)."""
+        first = group[0][0]
+        min_cpu = min(c.workload.request.cpu_milli for c, _ in group)
+        min_mem = min(c.workload.request.memory_mib for c, _ in group)
+        wanted = {c.profile for c, _ in group}
+        need: dict[str, int] = {}
+        for c, _ in group:
+            for t in {g.table for g in view.gpus}:
+                if t.find(c.profile) is not None:
+                    need[t.model] = need.get(t.model, 0) + 1
+        idle: list[MigGpuState] = []
+        per_model: dict[str, int] = {}
+        for g in view.gpus:
+            if view.gpu_holders.get(g.key) or g.pending is not None or g.failed is not None:
+                continue
+            if g.key in changed or not _allows(first, g):
+                continue
+            if any((g.node, i.uuid) in taken for i in g.instances):
+                continue
+            if not any(g.table.find(p) is not None for p in wanted):
+                continue
+            if cpu_free[g.node_index] < min_cpu or mem_free[g.node_index] < min_mem:
+                continue
+            model = g.table.model
+            if per_model.get(model, 0) >= need.get(model, 0):
+                continue  # enough GPUs of this model to serve every pod of the group
+            per_model[model] = per_model.get(model, 0) + 1
+            idle.append(g)
+        demand: list[tuple[MigPending, MigRequest]] = []
+        leasts: dict[str, int] = {}
+        for c, least in group:
+            leasts[c.key] = least
             if any(g.table.find(c.profile) is not None for g in idle):
                 demand.append((c, MigRequest(profile=c.profile)))
             else:
@@ -611,9 +689,6 @@ class MigPass:
             log.error("MIG planner refused the input: %s", exc)
             planned = None
         served = hand_out(planned, demand) if planned is not None else {}
-        leasts = dict((c.key, least) for c, least in left)
-        writes: dict[str, dict[str, tuple[tuple[str, int], ...]]] = {}
-        waiters: dict[str, list[str]] = {}
         for c, ask in demand:
             a = served.get(c)
             gpu_plan = planned.gpus[a.gpu_index] if planned is not None and a else None
@@ -625,6 +700,7 @@ class MigPass:
                 out.waits[c.key] = waiting(c, reason)
                 continue
             g = idle[a.gpu_index]
+            changed.add(g.key)
             layout = tuple((p.profile, p.start) for p in gpu_plan.after)
             writes.setdefault(g.node, {})[g.uuid] = layout
             waiters.setdefault(g.node, []).append(c.key)
@@ -633,17 +709,6 @@ class MigPass:
                 f"reconfigured to {_placements(layout)}; this pod gets "
                 f"{a.profile}@{a.start} once the node agent has made it"
             )
-        now = self.clock()
-        for node, layouts in sorted(writes.items()):
-            state = view.nodes[node]
-            merged: dict[str, tuple[tuple[str, int], ...]] = {}
-            if state.outstanding and state.request is not None:
-                merged.update(state.request.gpus)  # still to do: keep it in the new request
-            merged.update(layouts)
-            request = wire.MigLayoutRequest(state.generation + 1, merged, now)
-            out.writes.append(
-                LayoutWrite(node, request, state.resource_version, tuple(waiters[node]))
-            )
 
     @staticmethod
     def _unserved(planned: MigPlan, ask: MigRequest) -> str:
@@ -651,6 +716,11 @@ class MigPass:
             if u.request == ask.text:
                 return u.reason
         return "the pods before it take the room"
+
+
+def _allows(c: MigPending, gpu: MigGpuState) -> bool:
+    """Whether the pod's node constraints allow the GPU's node."""
+    return c.workload.nodes is None or gpu.node in c.workload.nodes
 
 
 def _preemptible(a: wire.Assignment) -> bool:
