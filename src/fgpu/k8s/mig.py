@@ -245,12 +245,15 @@ class MigPass:
     def __init__(self, clock: Callable[[], float], retry_s: float = RETRY_S) -> None:
         self.clock = clock
         self.retry_s = retry_s
-        self._memo: dict[str, tuple[tuple[Any, ...], list[wire.InventoryGpu], NodeMig]] = {}
+        self._memo: dict[str, tuple[Obj, tuple[Any, ...], list[wire.InventoryGpu], NodeMig]] = {}
 
     # ------------------------------------------------------------------ reading
     def _node(self, obj: Obj) -> tuple[list[wire.InventoryGpu], NodeMig]:
         """A node's MIG GPUs and its request and status, remembered while unchanged."""
         meta = obj["metadata"]
+        memo = self._memo.get(meta["name"])
+        if memo is not None and memo[0] is obj:
+            return memo[2], memo[3]  # the very object of the last round
         notes = meta.get("annotations") or {}
         sig = (
             notes.get(wire.INVENTORY),
@@ -258,9 +261,9 @@ class MigPass:
             notes.get(wire.MIG_STATUS),
             meta.get("resourceVersion"),
         )
-        memo = self._memo.get(meta["name"])
-        if memo is not None and memo[0] == sig:
-            return memo[1], memo[2]
+        if memo is not None and memo[1] == sig:
+            self._memo[meta["name"]] = (obj, sig, memo[2], memo[3])
+            return memo[2], memo[3]
         gpus: list[wire.InventoryGpu] = []
         if sig[0] is not None and '"mig"' in sig[0]:
             try:
@@ -276,23 +279,17 @@ class MigPass:
         except wire.WireError as exc:
             log.warning("node %s: %s", meta["name"], exc)
         state = NodeMig(request, status, str(meta.get("resourceVersion") or ""))
-        self._memo[meta["name"]] = (sig, gpus, state)
+        self._memo[meta["name"]] = (obj, sig, gpus, state)
         return gpus, state
 
-    def view(
-        self,
-        nodes: Sequence[Obj],
-        rnd: Round,
-        assumed: Mapping[str, tuple[str, wire.Assignment]],
-    ) -> MigView:
+    def view(self, nodes: Sequence[Obj], rnd: Round) -> MigView:
         """The MIG GPUs, who holds their instances, and the pending MIG pods, which are
         taken out of ``rnd.workloads`` (the core never places them).
 
         Args:
             nodes: the Node objects of the snapshot.
-            rnd: the round built from the same snapshot.
-            assumed: the scheduler's binds not yet seen through the watch (pod -> uid,
-                assignment).
+            rnd: the round built from the same snapshot; ``rnd.mig_held`` lists the MIG
+                pods bound (or assumed bound) to its nodes with their assignments.
         """
         view = MigView()
         usable = {info.node.name: n for n, info in enumerate(rnd.infos)}
@@ -336,8 +333,6 @@ class MigPass:
             assert a.mig is not None
             view.holders[(a.node, a.uuids[0])] = key
             view.gpu_holders.setdefault((a.node, a.mig.gpu_uuid), []).append(key)
-            if a.node not in usable:
-                return  # counted nowhere, as the core counts pods on such nodes
             milli = a.gpu_milli[0]  # what was granted
             view.held_milli[a.queue] = view.held_milli.get(a.queue, 0) + milli
             if not preemptible:
@@ -345,24 +340,8 @@ class MigPass:
                     view.nonpreemptible_milli.get(a.queue, 0) + milli
                 )
 
-        for key, pod in rnd.pods.items():
-            if not (pod.get("spec") or {}).get("nodeName"):
-                continue
-            text = (pod["metadata"].get("annotations") or {}).get(wire.ASSIGNMENT)
-            if not text or '"mig"' not in text:
-                continue
-            try:
-                a = wire.Assignment.from_json(text)
-            except wire.WireError:
-                continue
-            if a.mig is not None:
-                hold(key, a, _preemptible(a))
-        for key, (uid, a) in assumed.items():
-            mine = rnd.pods.get(key)
-            if a.mig is None or mine is None or (mine.get("spec") or {}).get("nodeName"):
-                continue
-            if mine["metadata"].get("uid") == uid:
-                hold(key, a, _preemptible(a))
+        for key, a in rnd.mig_held:
+            hold(key, a, _preemptible(a))
         if any(is_mig_pod(rnd.pods[w.id]) for w in rnd.workloads if w.allocation is None):
             kept: list[Workload] = []
             for w in rnd.workloads:

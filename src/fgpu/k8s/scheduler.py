@@ -83,6 +83,8 @@ class Round:
             admitted by the webhook).
         notes: workload id -> why some nodes are not allowed for the pod (its node
             selector, affinity or taints), added to its reason when it waits.
+        mig_held: MIG pods bound (or assumed bound) to fgpu nodes, with their assignments
+            (:mod:`fgpu.k8s.mig`; the core sees only their CPU and memory, in ``others``).
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
     """
 
@@ -92,6 +94,7 @@ class Round:
     pods: dict[str, Obj] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    mig_held: list[tuple[str, wire.Assignment]] = field(default_factory=list)
     mig: MigDecision | None = None
 
 
@@ -487,6 +490,7 @@ class K8sScheduler:
                 raise wire.WireError(wire.ASSIGNMENT, "missing")
             a = wire.Assignment.from_json(text)
             if a.mig is not None:  # a MIG instance (fgpu.k8s.mig): the core counts its CPU
+                rnd.mig_held.append((key, a))
                 self._other(rnd, key, pod, n)
                 return
             pairs = sorted(
@@ -561,7 +565,7 @@ class K8sScheduler:
         """Build a round from the cache and decide, without acting."""
         snap = self.cache.snapshot()
         rnd = self.build(snap)
-        mig = self.mig.view(snap.nodes, rnd, self._assumed)  # takes the MIG pods out
+        mig = self.mig.view(snap.nodes, rnd)  # takes the pending MIG pods out
         state = self._state(rnd)
         capacity = int(state.gpu_milli_capacity.sum()) + mig.capacity_milli
         tree, problems = queue_tree(snap.queues, capacity)
