@@ -27,7 +27,16 @@ from fgpu.server.requests import parse_submission
 from fgpu.wire import SubmitRequest
 from tests.k8s import test_enforce
 from tests.k8s.conftest import Cluster, Served
-from tests.k8s.kube import add_node, assignment, bound, create, pod, pods, wait_until
+from tests.k8s.kube import (
+    add_node,
+    assignment,
+    bound,
+    create,
+    events,
+    pod,
+    pods,
+    wait_until,
+)
 from tests.k8s.test_agent import bare_node
 from tests.k8s.test_enforce import (
     GPU,
@@ -209,6 +218,16 @@ def test_the_agent_applies_a_request_once_and_reports_what_it_could_not_do(clust
     assert device(agent).log == made
 
 
+def test_instances_made_outside_fgpu_are_published_at_the_next_report(cluster) -> None:
+    agent = mig_node(cluster, "mig-a")
+    made = device(agent).create("2g.20gb", 2)  # e.g. `fgpu mig apply` on the node
+    before = node_notes(cluster, "mig-a")[wire.INVENTORY]
+    agent.report()
+    after = wire.Inventory.from_json(node_notes(cluster, "mig-a")[wire.INVENTORY])
+    assert after.to_json() != before
+    assert after.gpus[0].mig == (wire.InventoryMigInstance(made.uuid, "2g.20gb", 2),)
+
+
 # ------------------------------------------------------------------ scheduling
 
 
@@ -311,7 +330,13 @@ def test_an_idle_gpu_is_reconfigured_through_the_node_and_the_agent_then_the_pod
     round_(scheduler)  # the request is pending: the pods wait for it, nothing new is asked
     again = wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST])
     assert again == request
-    assert "(request generation 1, asked" in condition(cluster, "mid")
+    assert "(request generation 1, not yet applied by the node agent)" in condition(cluster, "mid")
+    said = lambda: [  # noqa: E731
+        e for e in events(cluster, "FailedScheduling") if e["involvedObject"]["name"] == "mid"
+    ]
+    assert len(said()) == 2  # planned, then waiting for the agent
+    round_(scheduler)
+    assert len(said()) == 2  # the same reason is not said again
     status = agent.reconcile_mig()
     assert status == wire.MigLayoutStatus(1, {}, status.time)
     made = {i.profile: i.uuid for i in device(agent).instances()}

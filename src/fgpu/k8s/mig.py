@@ -469,9 +469,8 @@ class MigPass:
                 out.waits[c.key] = (
                     f"waiting for MIG GPU {g.uuid} (GPU {g.index} of node {g.node}) to be "
                     f"reconfigured to {_placements(g.pending or ())} (request generation "
-                    f"{state_.request.generation}, asked "
-                    f"{max(0, int(self.clock() - state_.request.time))} s ago); this pod gets "
-                    f"{p}@{s} once the node agent has made it"
+                    f"{state_.request.generation}, not yet applied by the node agent); this "
+                    f"pod gets {p}@{s} once the node agent has made it"
                 )
                 continue
             budget.charge(w.queue, least, w.is_preemptible)
