@@ -25,7 +25,6 @@ from fgpu.mig.layout import is_valid, make_layout
 from fgpu.server.errors import BadRequest
 from fgpu.server.requests import parse_submission
 from fgpu.wire import SubmitRequest
-from tests.k8s import test_enforce
 from tests.k8s.conftest import Cluster, Served
 from tests.k8s.kube import (
     add_node,
@@ -37,21 +36,13 @@ from tests.k8s.kube import (
     pods,
     wait_until,
 )
+from tests.k8s.podtree import GPU, Backend, Kubelet, frozen, placed, with_priority
 from tests.k8s.test_agent import bare_node
-from tests.k8s.test_enforce import (
-    GPU,
-    Backend,
-    Kubelet,
-    enforcer,
-    frozen,
-    placed,
-    with_priority,
-)
+from tests.k8s.test_enforce import enforcer
 
 pytestmark = pytest.mark.k8s
 
 A100 = mig_profiles("A100-80GB")
-kubelet = test_enforce.kubelet  # the fixture: pod cgroups under the cgroup v2 mount
 
 
 def mig_node(cluster: Cluster, name: str, spec: str = "1xA100-80GB:mig") -> NodeAgent:
