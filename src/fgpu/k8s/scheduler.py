@@ -52,6 +52,7 @@ from fgpu.k8s.objects import (
     pod_ask,
     queue_tree,
 )
+from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
@@ -63,7 +64,6 @@ from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
 log = logging.getLogger("fgpu.k8s.scheduler")
 
 Obj = dict[str, Any]
-COMPONENT = "fgpu-scheduler"
 _TERMINAL = ("Succeeded", "Failed")
 SETTLE_EVERY_S = 60.0
 """How often the loop runs :meth:`K8sScheduler.settle_memory` (seconds)."""
@@ -96,21 +96,6 @@ class Round:
     notes: dict[str, str] = field(default_factory=dict)
     mig_held: list[tuple[str, wire.Assignment]] = field(default_factory=list)
     mig: MigDecision | None = None
-
-
-def env_data(workload_id: str, uuids: list[str], milli: int, memory_mib: int) -> dict[str, str]:
-    """What a placed pod's containers see (DESIGN.md section 7): the GPUs by UUID and the
-    limits the governor and memory guard enforce. A pod without GPUs gets
-    ``NVIDIA_VISIBLE_DEVICES=void`` (no GPU at all)."""
-    devices = ",".join(uuids) if uuids else "void"
-    return {
-        "NVIDIA_VISIBLE_DEVICES": devices,
-        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
-        "FGPU_WORKLOAD_ID": workload_id,
-        "FGPU_GPU_COMPUTE_MILLI": str(milli),
-        "FGPU_GPU_MEMORY_MIB": str(memory_mib),
-        "FGPU_AGENT_SOCKET": wire.AGENT_SOCKET,
-    }
 
 
 class K8sScheduler:
@@ -671,7 +656,7 @@ class K8sScheduler:
             assignment.gpu_memory_mib[0] if assignment.gpu_memory_mib else 0,
         )
         try:
-            self._write_env(ns, cm_name, uid, name, data)
+            write_env(self.api, ns, cm_name, uid, name, data)
             if not self.is_leader():
                 return False
             self.api.bind(
@@ -685,7 +670,8 @@ class K8sScheduler:
             log.warning("binding %s to %s failed: %s", key, assignment.node, exc)
             return False
         self._assumed[key] = (uid, assignment)
-        self._event(
+        post_event(
+            self.api,
             pod,
             "Normal",
             "Scheduled",
@@ -731,45 +717,6 @@ class K8sScheduler:
         for key, reason in waits.items():
             self._wait(rnd, key, reason)
 
-    def _write_env(
-        self, ns: str, cm_name: str, uid: str, pod_name: str, data: dict[str, str]
-    ) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": cm_name,
-                "namespace": ns,
-                "labels": {wire.MANAGED_LABEL: "true"},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "name": pod_name,
-                        "uid": uid,
-                        "blockOwnerDeletion": False,
-                        "controller": False,
-                    }
-                ],
-            },
-            "data": data,
-        }
-        try:
-            self.api.create_config_map(ns, body)
-        except KubeError as exc:
-            if exc.status != 409:
-                raise
-            # left by an earlier attempt at this pod (the bind failed, or the scheduler
-            # stopped between the two writes): make it say this placement
-            old = self.api.get_config_map(ns, cm_name)
-            owners = {r.get("uid") for r in old["metadata"].get("ownerReferences") or []}
-            if uid not in owners:
-                raise KubeError(
-                    409, "Conflict", f"ConfigMap {ns}/{cm_name} belongs to another pod"
-                ) from None
-            self.api.delete_config_map(ns, cm_name)
-            self.api.create_config_map(ns, body)
-
     def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
         victim = rnd.pods.get(action.victim)
         if victim is None:
@@ -785,7 +732,8 @@ class K8sScheduler:
             decision.holds.pop(action.preemptor, None)
             preemptor = rnd.pods.get(action.preemptor)
             if preemptor is not None:
-                self._event(
+                post_event(
+                    self.api,
                     preemptor,
                     "Warning",
                     "PreemptionBlocked",
@@ -793,7 +741,7 @@ class K8sScheduler:
                 )
             return
         self._evicting[action.victim] = meta["uid"]
-        self._event(victim, "Normal", "Preempted", action.reason)
+        post_event(self.api, victim, "Normal", "Preempted", action.reason)
 
     def _wait(self, rnd: Round, key: str, reason: str) -> None:
         if self._reasons.get(key) == reason:
@@ -816,24 +764,9 @@ class K8sScheduler:
             and current.get("message") == reason
         ):
             return  # written before (by this replica or another): nothing new to say
-        meta = pod["metadata"]
-        condition = {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": reason,
-            "lastTransitionTime": _now_rfc3339(),
-        }
-        try:
-            self.api.patch_pod_status(
-                meta.get("namespace", "default"),
-                meta["name"],
-                {"status": {"conditions": [condition]}},
-            )
-        except KubeError as exc:
-            log.debug("condition on %s: %s", key, exc)
+        if not mark_unschedulable(self.api, pod, reason):
             return
-        self._event(pod, "Warning", "FailedScheduling", reason)
+        post_event(self.api, pod, "Warning", "FailedScheduling", reason)
 
     def _save_holds(self, rnd: Round, holds: dict[str, Hold]) -> None:
         old = self._holds or {}
@@ -847,54 +780,8 @@ class K8sScheduler:
                         "since": hold.since,
                     }
                 )
-                self._annotate(rnd.pods[key], {wire.HOLD: text})
+                annotate(self.api, rnd.pods[key], {wire.HOLD: text})
         for key in old:
             if key not in holds and key in rnd.pods and not rnd.pods[key]["spec"].get("nodeName"):
-                self._annotate(rnd.pods[key], {wire.HOLD: None})
+                annotate(self.api, rnd.pods[key], {wire.HOLD: None})
         self._holds = dict(holds)
-
-    def _annotate(self, pod: Obj, notes: Mapping[str, str | None]) -> None:
-        meta = pod["metadata"]
-        try:
-            self.api.patch_pod(
-                meta.get("namespace", "default"),
-                meta["name"],
-                {"metadata": {"annotations": dict(notes)}},
-            )
-        except KubeError as exc:
-            log.debug("annotating %s: %s", meta["name"], exc)
-
-    def _event(self, pod: Obj, type_: str, reason: str, message: str) -> None:
-        meta = pod["metadata"]
-        ns = meta.get("namespace", "default")
-        now = _now_rfc3339()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta["name"],
-                "namespace": ns,
-                "uid": meta.get("uid"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            self.api.create_event(ns, body)
-        except KubeError as exc:
-            log.debug("event on %s: %s", meta["name"], exc)
-
-
-def _now_rfc3339() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
