@@ -63,7 +63,7 @@ def test_a_queue_annotation_that_is_not_a_queue_name_is_refused() -> None:
     with pytest.raises(PodRequestError) as caught:
         pod_ask(body)
     assert caught.value.field == wire.QUEUE
-    assert "is not a queue name" in caught.value.reason
+    assert "cannot name a Queue object" in caught.value.reason
 
 
 def test_a_bad_annotation_is_refused_at_admission_with_field_and_reason(make_cluster) -> None:

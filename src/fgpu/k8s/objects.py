@@ -9,6 +9,7 @@ name the annotation (or container field) instead of the flag.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
@@ -21,6 +22,7 @@ from fgpu.mig.catalog import MIG_TABLES
 from fgpu.model.types import InvalidRequestError, Node, Request
 from fgpu.sched.workload import (
     PRIORITY_CLASSES,
+    RESOURCES,
     QueueSpec,
     QueueTree,
     Resources,
@@ -36,10 +38,13 @@ from fgpu.server.requests import (
     parse_resources,
     queue_config,
 )
-from fgpu.store.validate import QUEUE_NAME
 from fgpu.wire import QueueBody
 
 Obj = Mapping[str, Any]
+
+QUEUE_OBJECT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+"""What a ``Queue`` object may be named (a DNS subdomain, as for any Kubernetes object), so
+what ``fgpu.io/queue`` may say."""
 
 _FIELD_TO_ANNOTATION = {
     "gpu": wire.GPU,
@@ -90,6 +95,12 @@ class PodAsk:
     mig_profile: str | None = None
 
 
+def _shown(value: object) -> str:
+    """A value for a message: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}... ({len(str(value))} characters)"
+
+
 def _ceil(value: Decimal) -> int:
     return int(value.to_integral_value(rounding=ROUND_CEILING))
 
@@ -105,7 +116,7 @@ def quantity(text: object, field: str) -> Decimal:
     try:
         value: Decimal = parse_quantity(text)
     except (ValueError, TypeError, InvalidOperation):
-        raise PodRequestError(field, f"not a Kubernetes quantity: {text!r}") from None
+        raise PodRequestError(field, f"not a Kubernetes quantity: {_shown(text)}") from None
     return value
 
 
@@ -161,9 +172,9 @@ def pod_ask(pod: Obj) -> PodAsk:
     fraction: str | None = None
     if count is not None:
         text = count.strip()
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()) or len(text) > 6 or int(text) < 1:
             raise PodRequestError(
-                wire.GPU_COUNT, f"must be a positive whole number (got {count!r})"
+                wire.GPU_COUNT, f"must be a positive whole number (got {_shown(count)})"
             )
         if gpu is not None:
             try:
@@ -174,7 +185,7 @@ def pod_ask(pod: Obj) -> PodAsk:
                 raise PodRequestError(
                     wire.GPU,
                     f"with {wire.GPU_COUNT}, give the share of each GPU, a fraction below 1 "
-                    f"(got {gpu!r})",
+                    f"(got {_shown(gpu)})",
                 )
             fraction = gpu
         gpu = text
@@ -198,21 +209,39 @@ def pod_ask(pod: Obj) -> PodAsk:
             request.gpu_memory_mib,
             request.gpu_models,
         )
-    except BadRequest as exc:
-        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
-    except InvalidRequestError as exc:
-        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+    except (BadRequest, InvalidRequestError) as exc:
+        raise PodRequestError(_annotation_for(exc.field, notes), exc.reason) from None
     return _finish(notes, request, priority)
 
 
+def _annotation_for(field: str, notes: Mapping[str, str]) -> str:
+    """The annotation (or pod field) a parser's field name stands for in this pod: a GPU
+    count comes from ``fgpu.io/gpu`` unless the pod gave ``fgpu.io/gpu-count``."""
+    if field in ("gpu_count", "gpu") and wire.GPU_COUNT not in notes:
+        return wire.GPU
+    if field == "priority" and wire.PRIORITY not in notes:
+        return "spec.priority"
+    return _FIELD_TO_ANNOTATION.get(field, field)
+
+
 def _priority_text(pod: Obj, notes: Mapping[str, str]) -> str:
-    """``fgpu.io/priority``, else the PriorityClass's value, else ``normal``."""
+    """``fgpu.io/priority``, else the PriorityClass's value, else ``normal``.
+
+    Kubernetes priorities range over about -2e9..1e9 (the system classes are 2e9 and
+    2e9+1000); fgpu's over 0..:data:`MAX_PRIORITY`. A PriorityClass value below 0 counts as
+    0, one above the ceiling as the ceiling (the system classes are non-preemptible either
+    way). ``fgpu.io/priority``, when given, wins over the class.
+    """
     text = notes.get(wire.PRIORITY)
     if text is not None:
         return text
     spec = pod.get("spec") or {}
     if spec.get("priorityClassName"):
-        return str(int(spec.get("priority") or 0))
+        try:
+            value = int(spec.get("priority") or 0)
+        except (TypeError, ValueError):
+            value = 0
+        return str(max(0, min(value, MAX_PRIORITY)))
     return "normal"
 
 
@@ -241,7 +270,7 @@ def _mig_ask(pod: Obj, notes: Mapping[str, str]) -> PodAsk:
         priority = parse_priority(_priority_text(pod, notes))
         request = Request(cpu_milli, memory_mib)
     except InvalidRequestError as exc:
-        raise PodRequestError(_FIELD_TO_ANNOTATION.get(exc.field, exc.field), exc.reason) from None
+        raise PodRequestError(_annotation_for(exc.field, notes), exc.reason) from None
     return _finish(notes, request, priority, profile)
 
 
@@ -254,7 +283,7 @@ def _finish(
     if wire.PREEMPTIBLE in notes:
         text = notes[wire.PREEMPTIBLE].strip().lower()
         if text not in ("true", "false"):
-            raise PodRequestError(wire.PREEMPTIBLE, f"must be true or false (got {text!r})")
+            raise PodRequestError(wire.PREEMPTIBLE, f"must be true or false (got {_shown(text)})")
         preemptible = text == "true"
     if wire.PRIORITY in notes and priority > MAX_PRIORITY:
         raise PodRequestError(
@@ -263,11 +292,11 @@ def _finish(
     queue = notes.get(wire.QUEUE, wire.DEFAULT_QUEUE).strip()
     if not queue:
         raise PodRequestError(wire.QUEUE, "must name a queue")
-    if not QUEUE_NAME.fullmatch(queue):
+    if len(queue) > 253 or not QUEUE_OBJECT_NAME.fullmatch(queue):
         raise PodRequestError(
             wire.QUEUE,
-            f"{queue[:80]!r} is not a queue name (an ASCII letter or digit, then letters, "
-            "digits, '.', '_' or '-')",
+            f"{queue[:80]!r} cannot name a Queue object (lowercase letters, digits, '-' and "
+            "'.', starting and ending with a letter or digit, at most 253 characters)",
         )
     return PodAsk(request, priority, queue, preemptible, mig_profile)
 
@@ -366,26 +395,92 @@ def queue_spec(obj: Obj) -> QueueSpec:
         raise PodRequestError(f"spec.{exc.field}", exc.reason) from None
 
 
-def queue_tree(objects: Sequence[Obj], capacity_milli: int) -> tuple[QueueTree, list[str]]:
+@dataclass(frozen=True, slots=True)
+class Queues:
+    """The queue tree built from ``Queue`` objects.
+
+    Attributes:
+        tree: the valid queues (with ``default``).
+        problems: one line per queue left out, for the log.
+        left_out: queue name -> why it is left out (for the reasons of its pods).
+    """
+
+    tree: QueueTree
+    problems: list[str]
+    left_out: dict[str, str]
+
+
+def queue_tree(objects: Sequence[Obj], capacity_milli: int) -> Queues:
     """The queue tree from ``Queue`` objects, with a ``default`` queue owning the whole
     cluster added when none is defined (as ``fgpu serve`` keeps one).
 
-    Returns:
-        The tree and a list of problems (bad objects are left out; when the tree as a whole
-        is invalid, only ``default`` is kept).
+    A bad object does not take the others down: a queue whose spec is invalid, whose parent
+    is missing or left out (a child created before its parent is ordinary), that is in a
+    parent cycle, or whose siblings' quotas add up to more than their parent's, is left out
+    with its descendants, and the rest is used.
     """
-    problems: list[str] = []
-    specs: list[QueueSpec] = []
+    left_out: dict[str, str] = {}
+    specs: dict[str, QueueSpec] = {}
     for obj in objects:
+        name = str((obj.get("metadata") or {}).get("name", ""))
         try:
-            specs.append(queue_spec(obj))
+            specs[name] = queue_spec(obj)
         except PodRequestError as exc:
-            problems.append(f"queue {obj['metadata']['name']}: {exc}")
-    if not any(s.name == wire.DEFAULT_QUEUE for s in specs):
-        specs.append(QueueSpec(wire.DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity_milli)))
+            left_out[name] = str(exc)
+    if wire.DEFAULT_QUEUE not in specs:
+        specs[wire.DEFAULT_QUEUE] = QueueSpec(
+            wire.DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity_milli)
+        )
+
+    def drop(name: str, why: str) -> None:
+        specs.pop(name, None)
+        left_out.setdefault(name, why)
+
+    changed = True
+    while changed:  # each pass drops what the last one orphaned
+        changed = False
+        for name, spec in list(specs.items()):
+            parent = spec.parent
+            if parent is None:
+                continue
+            if parent not in specs:
+                drop(
+                    name,
+                    f"its parent queue {parent!r} "
+                    + ("is left out" if parent in left_out else "does not exist"),
+                )
+                changed = True
+                continue
+            seen = [name]
+            while parent is not None and parent in specs and parent not in seen:
+                seen.append(parent)
+                parent = specs[parent].parent
+            if parent == name:
+                drop(name, "its parents form a cycle: " + " -> ".join([*seen, name]))
+                changed = True
+        if changed:
+            continue  # orphans first: quotas are checked on a tree whose parents all exist
+        children: dict[str, list[str]] = {}
+        for name, spec in specs.items():
+            if spec.parent is not None:
+                children.setdefault(spec.parent, []).append(name)
+        for parent, kids in children.items():
+            quota = specs[parent].quota.as_tuple()
+            for dim, cap in enumerate(quota):
+                total = sum(specs[k].quota.as_tuple()[dim] for k in kids)
+                if cap and total > cap:
+                    for k in kids:
+                        drop(
+                            k,
+                            f"the quotas of {parent}'s children add up to {total}, above its "
+                            f"{cap} ({RESOURCES[dim]})",
+                        )
+                    changed = True
+                    break
+    problems = [f"queue {name}: left out: {why}" for name, why in sorted(left_out.items())]
     try:
-        return QueueTree(specs), problems
-    except InvalidRequestError as exc:
+        return Queues(QueueTree(specs.values()), problems, left_out)
+    except InvalidRequestError as exc:  # not expected after the checks above
         problems.append(f"queues: {exc}")
         default = QueueSpec(wire.DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity_milli))
-        return QueueTree([default]), problems
+        return Queues(QueueTree([default]), problems, left_out)

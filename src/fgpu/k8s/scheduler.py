@@ -83,6 +83,7 @@ class Round:
             admitted by the webhook).
         notes: workload id -> why some nodes are not allowed for the pod (its node
             selector, affinity or taints), added to its reason when it waits.
+        left_out: queue name -> why its ``Queue`` object is not used.
         mig_held: MIG pods bound (or assumed bound) to fgpu nodes, with their assignments
             (:mod:`fgpu.k8s.mig`; the core sees only their CPU and memory, in ``others``).
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
@@ -94,6 +95,7 @@ class Round:
     pods: dict[str, Obj] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
     mig_held: list[tuple[str, wire.Assignment]] = field(default_factory=list)
     mig: MigDecision | None = None
 
@@ -153,6 +155,9 @@ class K8sScheduler:
         self._leading = False
         self._fast: dict[int, tuple[Obj, Workload, str, str, NodeInfo]] = {}
         self._facts_memo: dict[str, tuple[Obj, NodeFacts]] = {}
+        self._granted: dict[str, tuple[str, wire.Assignment]] = {}  # id -> (uid, assignment)
+        self._said: dict[str, str] = {}  # id -> the last warning logged about it
+        self._queue_problems: list[str] = []
         self._constraints = ConstraintCache()
         self.last: Decision | None = None
         self.bound = 0
@@ -313,6 +318,10 @@ class K8sScheduler:
             except PodRequestError as exc:
                 rnd.refused[key] = f"bad request: {exc}"
                 continue
+            except Exception as exc:  # a bug must cost this pod, not every pod's round
+                log.exception("reading pod %s failed", key)
+                rnd.refused[key] = f"fgpu could not read this pod ({type(exc).__name__}: {exc})"
+                continue
             if not (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP):
                 rnd.refused[key] = (
                     "not admitted by the fgpu webhook (no fgpu.io/env-configmap annotation); "
@@ -336,6 +345,10 @@ class K8sScheduler:
         # forget what was remembered of objects that are gone
         for stale in self._running_memo.keys() - rnd.pods.keys():
             del self._running_memo[stale]
+        for stale in self._granted.keys() - rnd.pods.keys():
+            del self._granted[stale]
+        for stale in self._said.keys() - rnd.pods.keys():
+            del self._said[stale]
         for gone in self._reasons.keys() - rnd.pods.keys():
             del self._reasons[gone]
         if len(self._node_memo) > len(snap.nodes) or len(self._facts_memo) > len(snap.nodes):
@@ -470,36 +483,52 @@ class K8sScheduler:
         at = gpu_at.get(n)
         if at is None:
             at = gpu_at[n] = {u: g for g, u in enumerate(rnd.infos[n].uuids)}
+        meta = pod["metadata"]
+        uid = meta.get("uid", "")
         try:
             if text is None:
                 raise wire.WireError(wire.ASSIGNMENT, "missing")
-            a = wire.Assignment.from_json(text)
-            if a.mig is not None:  # a MIG instance (fgpu.k8s.mig): the core counts its CPU
-                rnd.mig_held.append((key, a))
-                self._other(rnd, key, pod, n)
-                return
+            read: wire.Assignment | None = wire.Assignment.from_json(text)
+        except wire.WireError as exc:
+            read, problem = None, str(exc)
+        a = self._granted_to(key, uid, read)
+        if a is None:
+            # bound by fgpu but its assignment is not readable and was never seen: count
+            # its CPU and memory only, and say so (once)
+            self._complain(key, f"pod {key} on {node}: {problem}; counting CPU and memory only")
+            self._other(rnd, key, pod, n)
+            return
+        if a.mig is not None:  # a MIG instance (fgpu.k8s.mig): the core counts its CPU
+            rnd.mig_held.append((key, a))
+            self._other(rnd, key, pod, n)
+            return
+        try:
             pairs = sorted(
                 (at[u], m, mm)
                 for u, m, mm in zip(a.uuids, a.gpu_milli, a.gpu_memory_mib, strict=True)
             )
-        except (wire.WireError, KeyError) as exc:
-            # bound by fgpu but not readable, or its GPUs are gone from the inventory:
-            # count its CPU and memory only, and say so
-            log.warning("pod %s on %s: %s; counting CPU and memory only", key, node, exc)
+            gpus = tuple(p[0] for p in pairs)
+            milli = tuple(p[1] for p in pairs)
+            memory = tuple(p[2] for p in pairs)
+            request = Request(
+                a.cpu_milli,
+                a.memory_mib,
+                len(gpus),
+                milli[0] if milli else None,
+                memory[0] if memory else None,
+            )
+        except KeyError as exc:
+            self._complain(
+                key,
+                f"pod {key} on {node}: GPU {exc.args[0]} is not in the node's inventory any "
+                "more; counting CPU and memory only",
+            )
             self._other(rnd, key, pod, n)
             return
-        gpus = tuple(p[0] for p in pairs)
-        milli = tuple(p[1] for p in pairs)
-        memory = tuple(p[2] for p in pairs)
-        request = Request(
-            a.cpu_milli,
-            a.memory_mib,
-            len(gpus),
-            milli[0] if milli else None,
-            memory[0] if memory else None,
-        )
-        meta = pod["metadata"]
-        uid = meta.get("uid", "")
+        except ValueError as exc:  # an assignment fgpu never wrote (edited by hand)
+            self._complain(key, f"pod {key} on {node}: {exc}; counting CPU and memory only")
+            self._other(rnd, key, pod, n)
+            return
         terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
         protected = self._protected.get(key, 0.0) > now
         started = created_at(
@@ -523,6 +552,32 @@ class K8sScheduler:
                 terminating=terminating,
             )
         )
+
+    def _granted_to(
+        self, key: str, uid: str, read: wire.Assignment | None
+    ) -> wire.Assignment | None:
+        """What a bound pod holds: what fgpu granted it (its bind, or its assignment as
+        first seen), whatever its annotation says now. An assignment removed or changed by
+        hand after the bind (the webhook refuses that, but the API allows it without the
+        webhook) is reported once and ignored while this scheduler runs."""
+        granted = self._granted.get(key)
+        if granted is not None and granted[0] == uid:
+            if read != granted[1]:
+                self._complain(
+                    key,
+                    f"pod {key}: {wire.ASSIGNMENT} was removed or changed after the bind; "
+                    "counting what fgpu granted",
+                )
+            return granted[1]
+        if read is not None:
+            self._granted[key] = (uid, read)
+        return read
+
+    def _complain(self, key: str, message: str) -> None:
+        """Log a warning about a pod once (again only when it changes)."""
+        if self._said.get(key) != message:
+            self._said[key] = message
+            log.warning("%s", message)
 
     def _holds_from(self, rnd: Round) -> dict[str, Hold]:
         if self._holds is not None:
@@ -553,9 +608,13 @@ class K8sScheduler:
         mig = self.mig.view(snap.nodes, rnd)  # takes the pending MIG pods out
         state = self._state(rnd)
         capacity = int(state.gpu_milli_capacity.sum()) + mig.capacity_milli
-        tree, problems = queue_tree(snap.queues, capacity)
-        for p in problems:
-            log.warning("%s", p)
+        queues = queue_tree(snap.queues, capacity)
+        tree = queues.tree
+        rnd.left_out = queues.left_out
+        if queues.problems != self._queue_problems:  # said once, again when they change
+            self._queue_problems = queues.problems
+            for p in queues.problems:
+                log.warning("%s", p)
         if self.policy_name.startswith("fgd"):
             requests = target_key(rnd.workloads)
             if requests != self._target_key:
@@ -667,9 +726,10 @@ class K8sScheduler:
                 {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)},
             )
         except KubeError as exc:
-            log.warning("binding %s to %s failed: %s", key, assignment.node, exc)
+            self._complain(key, f"binding {key} to {assignment.node} failed: {exc}")
             return False
         self._assumed[key] = (uid, assignment)
+        self._granted[key] = (uid, assignment)
         post_event(
             self.api,
             pod,
@@ -744,6 +804,11 @@ class K8sScheduler:
         post_event(self.api, victim, "Normal", "Preempted", action.reason)
 
     def _wait(self, rnd: Round, key: str, reason: str) -> None:
+        if reason.startswith("unknown queue ") and rnd.left_out:
+            for name, why in rnd.left_out.items():
+                if reason == f"unknown queue {name!r}":
+                    reason = f"queue {name!r} is left out: {why}"
+                    break
         if self._reasons.get(key) == reason:
             return
         pod = rnd.pods.get(key)

@@ -36,7 +36,23 @@ class UnitError(ValueError):
         self.field = field
         self.value = value
         self.reason = reason
-        super().__init__(f"{field}: {reason} (got {value!r})")
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = f"{shown[:40]}... ({len(str(value))} characters)"
+        super().__init__(f"{field}: {reason} (got {shown})")
+
+
+MAX_NUMBER_CHARS = 40
+"""Longest number text accepted (longer ones are refused before any conversion: a
+thousands-of-digits value would otherwise cost time and hit Python's integer conversion
+limit)."""
+
+
+def _short_enough(field: str, text: object) -> None:
+    if isinstance(text, str) and len(text.strip()) > MAX_NUMBER_CHARS:
+        raise UnitError(
+            field, text, f"too long for a number (at most {MAX_NUMBER_CHARS} characters)"
+        )
 
 
 _PLAIN_NUMBER = re.compile(r"^-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)$")
@@ -44,6 +60,7 @@ _PLAIN_NUMBER = re.compile(r"^-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)$")
 
 def _decimal(field: str, text: str) -> Decimal:
     """A plain decimal number (digits, one optional point, optional minus; no exponent)."""
+    _short_enough(field, text)
     raw = text.strip()
     if not _PLAIN_NUMBER.match(raw):
         raise UnitError(field, text, "not a plain decimal number")
@@ -108,6 +125,7 @@ def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
         if text <= 0:
             raise UnitError(field, text, "memory must be positive")
         return text
+    _short_enough(field, text)
     match = _NUMBER_UNIT.match(text) if isinstance(text, str) else None
     if match is None:
         if isinstance(text, str) and text.strip().startswith("-"):

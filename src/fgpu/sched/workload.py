@@ -54,12 +54,17 @@ def parse_priority(value: int | str, field_name: str = "priority") -> int:
             raise InvalidRequestError(field_name, "must not be negative")
         return value
     text = str(value).strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
+        if len(text) > 12:
+            raise InvalidRequestError(field_name, f"{text[:20]}... is not a usable priority")
         return int(text)
     if text in PRIORITY_CLASSES:
         return PRIORITY_CLASSES[text]
     names = ", ".join(f"{k} ({v})" for k, v in PRIORITY_CLASSES.items())
-    raise InvalidRequestError(field_name, f"unknown priority {value!r}; use a number or {names}")
+    if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
+        raise InvalidRequestError(field_name, "must not be negative")
+    shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}..."
+    raise InvalidRequestError(field_name, f"unknown priority {shown}; use a number or {names}")
 
 
 @dataclass(frozen=True, slots=True)
