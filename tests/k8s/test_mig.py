@@ -604,3 +604,28 @@ def test_the_governor_never_time_slices_or_guards_a_mig_pod(kubelet: Kubelet) ->
     finally:
         enf.close()
     assert not frozen(mig_group)
+
+
+def test_a_batch_seen_over_two_rounds_gets_every_instance_two_gpus_can_hold(cluster) -> None:
+    # 14 x 1g.10gb fit two A100s (7 each). The first round sees 5 of them; the GPU it
+    # reconfigures is filled with 1g.10gb instances, so that the 9 seen later find 2 free
+    # there (a GPU holding pods is never changed again) and 7 on the other GPU.
+    agent = mig_node(cluster, "mig-a", "2xA100-80GB:mig")
+    scheduler = K8sScheduler(cluster.api)
+    for i in range(5):
+        create(cluster, mig_pod(f"early-{i}", "1g.10gb"))
+    round_(scheduler)
+    request = wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST])
+    (layout,) = request.gpus.values()
+    assert [p for p, _ in layout] == ["1g.10gb"] * 7
+    agent.reconcile_mig()
+    round_(scheduler)
+    assert len(bound(cluster)) == 5
+    for i in range(9):
+        create(cluster, mig_pod(f"late-{i}", "1g.10gb"))
+    round_(scheduler)  # 2 bind on the first GPU, 7 wait for the second
+    agent.reconcile_mig()
+    round_(scheduler)
+    placed = bound(cluster)
+    assert len(placed) == 14
+    assert len({assignment(p).uuids[0] for p in placed}) == 14

@@ -326,3 +326,17 @@ def test_no_room_says_why() -> None:
 def test_layout_text() -> None:
     assert layout_text(L("3g.40gb@4", "4g.40gb@0")) == "4g.40gb@0 + 3g.40gb@4"
     assert layout_text(()) == "(empty)"
+
+
+def test_fill_layout_makes_the_free_slices_into_the_profiles_asked_for() -> None:
+    from fgpu.mig.catalog import mig_profiles
+    from fgpu.mig.layout import fill_layout, is_valid, make_layout
+
+    a100 = mig_profiles("A100-80GB")
+    full = fill_layout(a100, (), ["1g.10gb"])
+    assert [p.profile for p in full] == ["1g.10gb"] * 7
+    beside = fill_layout(a100, make_layout([("3g.40gb", 4)]), ["2g.20gb", "1g.10gb"])
+    assert is_valid(a100, beside)
+    assert sorted(str(p) for p in beside) == ["2g.20gb@0", "2g.20gb@2", "3g.40gb@4"]
+    # a profile that does not fit leaves the layout as it was
+    assert fill_layout(a100, full, ["7g.80gb"]) == full

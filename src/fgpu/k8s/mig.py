@@ -47,6 +47,7 @@ all of it back.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,7 @@ from fgpu.k8s.objects import PodRequestError, pod_ask
 from fgpu.mig.catalog import MIG_TABLES, MigProfileTable, instance_milli
 from fgpu.mig.demand import MigRequest
 from fgpu.mig.inventory import MigGpu, MigInputError, MigInstanceState
+from fgpu.mig.layout import Layout, fill_layout
 from fgpu.mig.planner import MigPlan, hand_out, plan
 from fgpu.model.units import MILLI_PER_GPU
 from fgpu.sched.budget import QueueBudget
@@ -667,6 +669,12 @@ class MigPass:
             log.error("MIG planner refused the input: %s", exc)
             planned = None
         served = hand_out(planned, demand) if planned is not None else {}
+        demand_on: dict[int, list[tuple[MigPending, Any]]] = {}
+        for c, _ in demand:
+            got = served.get(c)
+            if got is not None:
+                demand_on.setdefault(got.gpu_index, []).append((c, got))
+        filled_after: dict[int, Layout] = {}
         for c, ask in demand:
             a = served.get(c)
             gpu_plan = planned.gpus[a.gpu_index] if planned is not None and a else None
@@ -679,7 +687,15 @@ class MigPass:
                 continue
             g = idle[a.gpu_index]
             changed.add(g.key)
-            layout = tuple((p.profile, p.start) for p in gpu_plan.after)
+            filled = filled_after.get(a.gpu_index)
+            if filled is None:
+                # the slices the plan leaves free become instances of the profiles this
+                # group asks for (most asked first): once the GPU holds a pod it is never
+                # changed again, so slices left bare would stay unused until it empties
+                counts = Counter(p.profile for _, p in demand_on.get(a.gpu_index, []))
+                order = [p for p, _ in counts.most_common()]
+                filled = filled_after[a.gpu_index] = fill_layout(g.table, gpu_plan.after, order)
+            layout = tuple((p.profile, p.start) for p in filled)
             writes.setdefault(g.node, {})[g.uuid] = layout
             waiters.setdefault(g.node, []).append(c.key)
             out.waits[c.key] = (

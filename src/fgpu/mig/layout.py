@@ -334,3 +334,25 @@ def place_instance(
             f"every allowed start ({', '.join(str(s) for s in chosen.starts)}) is taken"
         )
     return Placement(best[1], chosen.name)
+
+
+def fill_layout(
+    table: MigProfileTable, layout: Sequence[Placement], profiles: Sequence[str]
+) -> Layout:
+    """``layout`` with as many more instances of ``profiles`` as fit, taken in that order
+    (each as many times as it fits, where :func:`place_instance` puts it), so that the rest
+    of a GPU being reconfigured for some instances is made into free instances of the
+    profiles in demand rather than left as slices no instance covers.
+
+    Raises:
+        UnknownMigProfileError: a profile the model does not have.
+        ValueError: ``layout`` is not valid.
+    """
+    out = make_layout(layout)
+    for profile in profiles:
+        while True:
+            spot = place_instance(table, out, profile)
+            if isinstance(spot, NoRoom):
+                break
+            out = make_layout([*out, spot])
+    return out
