@@ -87,7 +87,12 @@ def test_an_agent_that_owns_some_gpus_publishes_only_those(cluster) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "message"),
-    [("0-9", "no GPU 8"), ("x", "'x' is not an index"), ("1-", "'1-' is not an index")],
+    [
+        ("0-9", "no GPU 8"),
+        ("x", "'x' is not an index"),
+        ("1-", "'1-' is not an index"),
+        ("3-1", "'3-1' is an empty range"),
+    ],
 )
 def test_bad_gpu_selections_are_refused(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

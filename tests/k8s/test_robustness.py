@@ -149,3 +149,20 @@ def test_bad_values_name_the_annotation_the_user_wrote(notes, field, words) -> N
         pod_ask(body)
     assert err.value.field == field
     assert words in err.value.reason
+
+
+def test_a_cordoned_node_is_named_in_the_reason_not_silently_left_out(cluster) -> None:
+    add_node(cluster, "node-a", gpus=1)
+    add_node(cluster, "node-b", gpus=4)
+    cluster.api._call(
+        cluster.api.core.patch_node,
+        "node-b",
+        {"spec": {"unschedulable": True}},
+        _content_type="application/merge-patch+json",
+    )
+    create(cluster, pod("four", "4"))
+    round_(K8sScheduler(cluster.api))
+    assert reason(cluster, "four") == (
+        "0/1 nodes fit: 1 have fewer than 4 GPUs "
+        "(and 1 fgpu node cordoned, not Ready or with an unreadable inventory)"
+    )

@@ -97,16 +97,21 @@ def select_gpus(devices: Sequence[GpuDevice], spec: str | None) -> list[GpuDevic
     if not spec:
         return list(devices)
     wanted: set[int] = set()
+    empty: list[str] = []
     for part in spec.split(","):
         part = part.strip()
         try:
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if lo > hi:
+                    empty.append(part)  # said below, outside this try
                 wanted.update(range(lo, hi + 1))
             else:
                 wanted.add(int(part))
         except ValueError:
             raise ValueError(f"--gpus: {part!r} is not an index or a range like 0-3") from None
+    if empty:
+        raise ValueError(f"--gpus: {empty[0]!r} is an empty range (low above high)")
     have = {d.index for d in devices}
     missing = sorted(wanted - have)
     if missing:

@@ -84,6 +84,8 @@ class Round:
         notes: workload id -> why some nodes are not allowed for the pod (its node
             selector, affinity or taints), added to its reason when it waits.
         left_out: queue name -> why its ``Queue`` object is not used.
+        unavailable: fgpu nodes not counted (cordoned, not Ready, or an unreadable
+            inventory), named in the reasons of pods that fit nowhere.
         mig_held: MIG pods bound (or assumed bound) to fgpu nodes, with their assignments
             (:mod:`fgpu.k8s.mig`; the core sees only their CPU and memory, in ``others``).
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
@@ -96,6 +98,7 @@ class Round:
     refused: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+    unavailable: int = 0
     mig_held: list[tuple[str, wire.Assignment]] = field(default_factory=list)
     mig: MigDecision | None = None
 
@@ -247,14 +250,17 @@ class K8sScheduler:
         forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
         facts: list[NodeFacts] = []
+        unavailable = 0
         for obj in snap.nodes:
             info = self._node(obj)
             if info is not None:
                 infos.append(info)
                 facts.append(self._facts(obj))
+            elif wire.INVENTORY in ((obj.get("metadata") or {}).get("annotations") or {}):
+                unavailable += 1  # an fgpu node, cordoned or not Ready (or unreadable)
         infos.sort(key=lambda i: i.node.name)
         self._constraints.nodes(sorted(facts, key=lambda f: f.name))
-        rnd = Round(infos)
+        rnd = Round(infos, unavailable=unavailable)
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed
         now = self.clock()
@@ -804,6 +810,12 @@ class K8sScheduler:
         post_event(self.api, victim, "Normal", "Preempted", action.reason)
 
     def _wait(self, rnd: Round, key: str, reason: str) -> None:
+        if rnd.unavailable and " nodes fit: " in reason:
+            n = rnd.unavailable
+            reason += (
+                f" (and {n} fgpu node{'s' if n > 1 else ''} cordoned, not Ready or with an "
+                "unreadable inventory)"
+            )
         if reason.startswith("unknown queue ") and rnd.left_out:
             for name, why in rnd.left_out.items():
                 if reason == f"unknown queue {name!r}":
