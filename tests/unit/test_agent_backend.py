@@ -311,3 +311,12 @@ def test_a_broken_state_file_starts_empty_with_a_note(tmp_path: Path) -> None:
     assert note.startswith(f"{state}: not a simulated MIG state")
     assert backend.mig_devices()[0].instances() == []
     assert json.loads(state.read_text()) == {"gpus": {simulated_uuid(0, "A100-80GB"): []}}
+
+
+def test_simulated_gpus_of_two_hosts_have_different_uuids() -> None:
+    alone = SimulatedBackend("2xA100-80GB").gpus()
+    a = SimulatedBackend("2xA100-80GB", host="node-a").gpus()
+    b = SimulatedBackend("2xA100-80GB", host="node-b").gpus()
+    assert {g.uuid for g in a}.isdisjoint(g.uuid for g in b)
+    assert [g.uuid for g in a] == [g.uuid for g in SimulatedBackend("2xA100-80GB", "node-a").gpus()]
+    assert alone[0].uuid.startswith("GPU-00000000-sim0-")  # one machine: as before

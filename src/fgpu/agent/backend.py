@@ -230,17 +230,20 @@ def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
     return groups
 
 
-def simulated_uuid(index: int, model: str) -> str:
-    """Deterministic uuid of simulated GPU ``index`` of catalog ``model``.
+def simulated_uuid(index: int, model: str, host: str = "") -> str:
+    """Deterministic uuid of simulated GPU ``index`` of catalog ``model`` on ``host``.
 
-    Shape ``GPU-00000000-sim0-MMMM-IIIIIIIIIIII``: ``MMMM`` is a CRC-32 of the model name
-    (low 16 bits, hex) and ``I...`` the index. The same spec gives the same uuids in every
-    process, so workloads can be re-adopted after a restart; a spec that puts a different
-    model at an index gives that GPU a different uuid, so a workload is never re-adopted onto
-    a GPU of another model.
+    Shape ``GPU-HHHHHHHH-sim0-MMMM-IIIIIIIIIIII``: ``HHHHHHHH`` is a CRC-32 of the host name
+    (``00000000`` without one), ``MMMM`` a CRC-32 of the model name (low 16 bits, hex) and
+    ``I...`` the index. The same spec gives the same uuids in every process, so workloads can
+    be re-adopted after a restart; a spec that puts a different model at an index gives that
+    GPU a different uuid, so a workload is never re-adopted onto a GPU of another model; and
+    simulated nodes of one cluster (each agent names its node) have different uuids, as real
+    GPUs do.
     """
     tag = zlib.crc32(model.encode()) & 0xFFFF
-    return f"GPU-00000000-sim0-{tag:04x}-{index:012d}"
+    where = zlib.crc32(host.encode()) if host else 0
+    return f"GPU-{where:08x}-sim0-{tag:04x}-{index:012d}"
 
 
 class SimulatedBackend:
@@ -257,12 +260,14 @@ class SimulatedBackend:
     Args:
         spec: e.g. ``"2xA100-40GB,1xH100-80GB,2xA100-80GB:mig"``; see
             :func:`parse_simulate_spec`.
+        host: the machine (or Kubernetes node) the GPUs are on, part of their uuids
+            (:func:`simulated_uuid`); empty for a single machine.
 
     Raises:
         ValueError: the spec is invalid (message names ``--simulate-gpus``).
     """
 
-    def __init__(self, spec: str) -> None:
+    def __init__(self, spec: str, host: str = "") -> None:
         self.spec = spec
         devices: list[GpuDevice] = []
         for group in parse_simulate_spec(spec):
@@ -272,7 +277,7 @@ class SimulatedBackend:
                 devices.append(
                     GpuDevice(
                         index=index,
-                        uuid=simulated_uuid(index, group.model),
+                        uuid=simulated_uuid(index, group.model, host),
                         model=group.model,
                         memory_mib=entry.memory_mib,
                         sm_count=entry.sm_count,
@@ -430,6 +435,7 @@ def detect_backend(
     log: logging.Logger,
     *,
     nvml: NvmlApi | None = None,
+    host: str = "",
 ) -> GpuBackend:
     """Choose the GPU backend for this process (the composition root calls this once).
 
@@ -443,12 +449,13 @@ def detect_backend(
         simulate: the ``--simulate-gpus`` value, or None.
         log: where the fallback warning and an INFO line on the choice go.
         nvml: stand-in for the ``pynvml`` module (tests); None uses the real one.
+        host: for simulated GPUs, the machine or node they are on (:func:`simulated_uuid`).
 
     Raises:
         ValueError: ``simulate`` is not a valid spec.
     """
     if simulate is not None:
-        backend = SimulatedBackend(simulate)
+        backend = SimulatedBackend(simulate, host)
         log.info("GPU backend: simulated GPUs %s", _describe(backend.gpus()))
         return backend
 
@@ -467,7 +474,7 @@ def detect_backend(
         real.close()
         reason = "NVML reports no GPUs"
 
-    fallback = SimulatedBackend(FALLBACK_SIMULATED_GPUS)
+    fallback = SimulatedBackend(FALLBACK_SIMULATED_GPUS, host)
     device = fallback.gpus()[0]
     log.warning(
         "NVML is unavailable (%s); using one simulated %s GPU (%s) instead. "

@@ -202,7 +202,7 @@ def node_agent(
         ) from None
     governing: GovernorEnforcer | None = None
     try:
-        backend = detect_backend(simulate_gpus, log)
+        backend = detect_backend(simulate_gpus, log, host=node)
         api = KubeApi(api_client(kubeconfig, server))
         agent = NodeAgent(api, node, backend, gpus)
         if enforce is not False:
