@@ -219,10 +219,75 @@ def test_the_agent_socket_folder_is_mounted_read_only_in_every_container() -> No
     assert api.sanitize_for_serialization(model)["spec"]["volumes"][1] == AGENT_VOLUME
 
 
-def test_a_pod_copied_from_an_admitted_one_is_admitted_unchanged() -> None:
+def placed_copy() -> dict[str, Any]:
+    """``kubectl get pod -o json`` of an admitted pod the scheduler placed, with the fields
+    the API server refuses on creation (and ``spec.nodeName``, refused below) taken out."""
     admitted = json_patch(busy_pod(), mutate(busy_pod()))
-    again = json_patch(admitted, mutate(admitted))
-    assert again == admitted
+    notes = admitted["metadata"]["annotations"]
+    notes[wire.ASSIGNMENT] = '{"node":"n1"}'
+    notes[wire.GPU_UUIDS] = "GPU-1"
+    notes[wire.HOLD] = '{"node":"n1"}'
+    return admitted
+
+
+def test_a_pod_copied_from_a_placed_one_gets_its_own_configmap_and_no_placement() -> None:
+    copy = placed_copy()
+    given = copy["metadata"]["annotations"][wire.ENV_CONFIGMAP]
+    again = json_patch(copy, mutate(copy))
+    notes = again["metadata"]["annotations"]
+    fresh = notes[wire.ENV_CONFIGMAP]
+    assert fresh.startswith("fgpu-env-")
+    assert fresh != given
+    assert not set(wire.SCHEDULER_ANNOTATIONS) & set(notes)
+    assert notes[wire.GPU] == "0.5"
+    ref = {"configMapRef": {"name": fresh, "optional": False}}
+    for group in ("initContainers", "containers"):
+        for c in again["spec"][group]:
+            assert c["envFrom"] == [ref]  # the copied reference replaced, not duplicated
+    # the rest is as it was: the agent socket's volume and mounts are not added twice
+    assert again["spec"]["volumes"] == copy["spec"]["volumes"]
+    for group in ("initContainers", "containers"):
+        for old, new in zip(copy["spec"][group], again["spec"][group], strict=True):
+            assert new["volumeMounts"] == old["volumeMounts"]
+
+
+def test_a_given_configmap_name_is_replaced_and_other_env_sources_kept() -> None:
+    body = pod("p", "0.5")
+    body["metadata"]["annotations"][wire.ENV_CONFIGMAP] = "someone-elses"
+    mine = {"configMapRef": {"name": "settings"}}
+    body["spec"]["containers"][0]["envFrom"] = [
+        mine,
+        {"configMapRef": {"name": "someone-elses", "optional": False}},
+    ]
+    admitted = json_patch(body, mutate(body, "fgpu-env-new"))
+    assert admitted["metadata"]["annotations"][wire.ENV_CONFIGMAP] == "fgpu-env-new"
+    assert admitted["spec"]["containers"][0]["envFrom"] == [
+        mine,
+        {"configMapRef": {"name": "fgpu-env-new", "optional": False}},
+    ]
+
+
+def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
+    make_cluster,
+) -> None:
+    with Served(create_app()) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        first = create(cluster, pod("first", "0.5"), admit=False)
+        copy = json.loads(json.dumps(first))
+        for field in ("uid", "resourceVersion", "creationTimestamp"):
+            copy["metadata"].pop(field, None)
+        copy["metadata"]["name"] = "second"
+        copy["metadata"]["annotations"][wire.ASSIGNMENT] = '{"node":"n1"}'
+        copy.pop("status", None)
+        second = create(cluster, copy, admit=False)
+    a, b = (p["metadata"]["annotations"] for p in (first, second))
+    assert b[wire.ENV_CONFIGMAP] != a[wire.ENV_CONFIGMAP]
+    assert wire.ASSIGNMENT not in b
+    assert second["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": b[wire.ENV_CONFIGMAP], "optional": False}}
+    ]
 
 
 def test_without_the_socket_volume_nothing_is_mounted() -> None:
@@ -287,6 +352,30 @@ CONFLICTS = [
         "/run/fgpu is where fgpu mounts",
         id="init-container",
     ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "//run//fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="leading-double-slash",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/run/fgpu/../fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="dot-dot",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/var/run/fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="var-run-link",
+    ),
+    pytest.param(
+        _with_mount({"name": "fgpu-agent", "mountPath": "//run/fgpu/x", "readOnly": True}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="agent-volume-below",
+    ),
 ]
 
 
@@ -320,3 +409,136 @@ def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         made = create(cluster, body, admit=False)
     assert made["spec"]["volumes"] == [{"name": "mine", "emptyDir": {}}]
+
+
+# -- what an fgpu pod may not ask for ----------------------------------------------------------
+
+
+def _pod_with(change: Any) -> dict[str, Any]:
+    body = pod("p", "0.5")
+    change(body)
+    return body
+
+
+def _resources(group: str, part: str, resource: str) -> Any:
+    def change(body: dict[str, Any]) -> None:
+        if group == "initContainers":
+            body["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+        body["spec"][group][0]["resources"] = {part: {resource: "1"}}
+
+    return change
+
+
+REFUSED = [
+    pytest.param(
+        _pod_with(lambda b: b["spec"].update(nodeName="gpu-node-1")),
+        "spec.nodeName",
+        "'gpu-node-1' is set: a pod that names its node skips the scheduler",
+        id="node-name",
+    ),
+    pytest.param(
+        _pod_with(lambda b: b["spec"].update(schedulerName="volcano")),
+        "spec.schedulerName",
+        "'volcano' is another scheduler, but the pod's fgpu.io/ annotations ask for the fgpu "
+        "scheduler (fgpu); remove the fgpu.io/ annotations or the schedulerName",
+        id="other-scheduler",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "limits", "nvidia.com/gpu")),
+        "spec.containers[0].resources.limits",
+        "nvidia.com/gpu comes from the NVIDIA device plugin; a pod takes its GPUs from fgpu",
+        id="device-plugin-limit",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "requests", "nvidia.com/gpu")),
+        "spec.containers[0].resources.requests",
+        "nvidia.com/gpu comes from the NVIDIA device plugin",
+        id="device-plugin-request",
+    ),
+    pytest.param(
+        _pod_with(_resources("initContainers", "limits", "nvidia.com/gpu")),
+        "spec.initContainers[0].resources.limits",
+        "nvidia.com/gpu comes from the NVIDIA device plugin",
+        id="device-plugin-init-container",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "limits", "nvidia.com/mig-3g.40gb")),
+        "spec.containers[0].resources.limits",
+        "nvidia.com/mig-3g.40gb comes from the NVIDIA device plugin",
+        id="device-plugin-mig",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "reason"), REFUSED)
+def test_an_fgpu_pod_that_bypasses_fgpu_is_refused(
+    body: dict[str, Any], field: str, reason: str
+) -> None:
+    with pytest.raises(PodRequestError) as err:
+        mutate(body)
+    assert err.value.field == field
+    assert err.value.reason.startswith(reason)
+
+
+@pytest.mark.parametrize("scheduler", [None, "", "default-scheduler", "fgpu"])
+def test_the_default_scheduler_or_fgpu_becomes_fgpu(scheduler: str | None) -> None:
+    body = pod("p", "0.5")
+    body["spec"].pop("schedulerName")
+    if scheduler is not None:
+        body["spec"]["schedulerName"] = scheduler
+    assert json_patch(body, mutate(body))["spec"]["schedulerName"] == "fgpu"
+
+
+def test_a_plain_pod_may_name_its_node_scheduler_and_device_plugin_gpus() -> None:
+    body = pod("plain", None)
+    body["spec"].update(nodeName="n1", schedulerName="volcano")
+    body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert mutate(body) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("fgpu.io/gpus", "fgpu.io/gpu"),
+        ("fgpu.io/GPU", "fgpu.io/gpu"),
+        ("fgpu.io/gpu-modle", "fgpu.io/gpu-model"),
+        ("fgpu.io/Queue", "fgpu.io/queue"),
+        ("fgpu.io/inventory", None),
+    ],
+)
+def test_an_unknown_fgpu_annotation_is_refused_with_the_closest_one(
+    key: str, suggestion: str | None
+) -> None:
+    body = pod("p", None)
+    body["spec"].pop("schedulerName")
+    body["metadata"]["annotations"] = {key: "0.5"}  # the typo alone makes it fgpu's
+    with pytest.raises(PodRequestError) as err:
+        mutate(body)
+    assert err.value.field == key
+    assert err.value.reason.startswith("not an fgpu annotation; ")
+    if suggestion:
+        assert f"did you mean {suggestion}? " in err.value.reason
+    else:
+        assert "did you mean" not in err.value.reason
+    assert "fgpu reads fgpu.io/gpu, fgpu.io/gpu-count" in err.value.reason
+
+
+def test_the_bypasses_are_refused_at_admission(make_cluster) -> None:
+    with Served(create_app()) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        body = pod("typo", None)
+        body["spec"].pop("schedulerName")
+        body["metadata"]["annotations"] = {"fgpu.io/gpus": "0.5"}
+        with pytest.raises(KubeError) as typo:
+            create(cluster, body, admit=False)
+        with pytest.raises(KubeError) as pinned:
+            create(cluster, _pod_with(lambda b: b["spec"].update(nodeName="n1")), admit=False)
+    assert typo.value.status == 422
+    assert (
+        "denied the request: fgpu.io/gpus: not an fgpu annotation; did you mean fgpu.io/gpu?"
+        in typo.value.message
+    )
+    assert "denied the request: spec.nodeName: 'n1' is set" in pinned.value.message
+    assert cluster.api.list_pods().items == []

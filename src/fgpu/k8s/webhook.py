@@ -36,6 +36,7 @@ Which pods come here is the webhook configuration's choice (deploy/: pods whose
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import logging
 import posixpath
@@ -57,6 +58,16 @@ AGENT_DIR = posixpath.dirname(wire.AGENT_SOCKET)
 """The host folder of the node agent's socket, mounted at the same path in pods."""
 AGENT_VOLUME = "fgpu-agent"
 """The name of the pod volume that holds it."""
+_AGENT_DIRS = (AGENT_DIR, "/var" + AGENT_DIR)
+"""Where a mount would take the folder's place (``/var/run`` is a link to ``/run`` in most
+images, and the container runtime follows it)."""
+
+
+def normal_path(path: str) -> str:
+    """``path`` with ``.``, ``..`` and repeated slashes resolved as a mount destination is
+    (``//run//fgpu``, ``/run/fgpu/../fgpu`` and ``/run/fgpu/`` are all ``/run/fgpu``;
+    :func:`posixpath.normpath` alone keeps a leading ``//``)."""
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 def agent_volume() -> dict[str, Any]:
@@ -75,10 +86,84 @@ def _escape(key: str) -> str:
 
 
 def wants_fgpu(pod: Obj) -> bool:
-    """Whether the pod is fgpu's: ``schedulerName: fgpu`` or an ``fgpu.io/`` user annotation."""
+    """Whether the pod is fgpu's: ``schedulerName: fgpu`` or any ``fgpu.io/`` annotation
+    (a misspelt one included: :func:`check_annotation_keys` refuses it with a suggestion
+    rather than letting the pod run without the GPU it asked for)."""
     if (pod.get("spec") or {}).get("schedulerName") == wire.SCHEDULER_NAME:
         return True
-    return any(k in wire.USER_ANNOTATIONS for k in wire.annotations_of(pod))
+    return any(k.startswith(wire.PREFIX) for k in wire.annotations_of(pod))
+
+
+def check_annotation_keys(pod: Obj) -> None:
+    """Refuse ``fgpu.io/`` annotation keys that fgpu neither reads nor writes.
+
+    Raises:
+        PodRequestError: naming the key and the closest annotation a user writes.
+    """
+    known = set(wire.USER_ANNOTATIONS) | set(wire.FGPU_ANNOTATIONS)
+    for key in sorted(wire.annotations_of(pod)):
+        if not key.startswith(wire.PREFIX) or key in known:
+            continue
+        names = {k.removeprefix(wire.PREFIX): k for k in wire.USER_ANNOTATIONS}
+        word = key.removeprefix(wire.PREFIX).lower()
+        close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+        hint = f"did you mean {names[close[0]]}? " if close else ""
+        raise PodRequestError(
+            key,
+            f"not an fgpu annotation; {hint}fgpu reads {', '.join(wire.USER_ANNOTATIONS)}",
+        )
+
+
+SCHEDULERS_FOR_FGPU = ("", "default-scheduler", wire.SCHEDULER_NAME)
+"""The ``schedulerName`` values an fgpu pod may come with (the webhook sets ``fgpu``)."""
+
+DEVICE_PLUGIN_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+"""Extended resources of the NVIDIA device plugin (``nvidia.com/gpu``, its renamed shared
+forms ``nvidia.com/gpu.shared``, and MIG strategy ``mixed``'s ``nvidia.com/mig-*``)."""
+
+
+def check_spec(pod: Obj) -> None:
+    """The spec checks of an fgpu pod at creation: no node of its own, no other scheduler,
+    no GPUs from the NVIDIA device plugin, no variable the environment ConfigMap owns.
+
+    Raises:
+        PodRequestError: naming the field and the reason.
+    """
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        raise PodRequestError(
+            "spec.nodeName",
+            f"{spec['nodeName']!r} is set: a pod that names its node skips the scheduler, so "
+            "fgpu never gives it GPUs and it waits forever; remove spec.nodeName (choose "
+            "nodes with nodeSelector or node affinity, which fgpu honours)",
+        )
+    scheduler = spec.get("schedulerName") or ""
+    if scheduler not in SCHEDULERS_FOR_FGPU:
+        raise PodRequestError(
+            "spec.schedulerName",
+            f"{scheduler!r} is another scheduler, but the pod's fgpu.io/ annotations ask for "
+            f"the fgpu scheduler ({wire.SCHEDULER_NAME}); remove the fgpu.io/ annotations or "
+            "the schedulerName",
+        )
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            for part in ("requests", "limits"):
+                asked = (c.get("resources") or {}).get(part) or {}
+                for resource in asked:
+                    if str(resource).startswith(DEVICE_PLUGIN_PREFIXES):
+                        raise PodRequestError(
+                            f"spec.{group}[{i}].resources.{part}",
+                            f"{resource} comes from the NVIDIA device plugin; a pod takes its "
+                            "GPUs from fgpu (fgpu.io/ annotations) or from the device plugin, "
+                            f"not both: remove {resource} or the fgpu.io/ annotations",
+                        )
+            for env in c.get("env") or []:
+                name = env.get("name", "")
+                if name in wire.RESERVED_ENV:
+                    raise PodRequestError(
+                        f"spec.{group}[{i}].env",
+                        f"{name} is set by fgpu from the GPUs the pod is given; remove it",
+                    )
 
 
 def mutate(
@@ -99,21 +184,17 @@ def mutate(
     """
     if not wants_fgpu(pod):
         return []
+    check_annotation_keys(pod)
+    check_spec(pod)
     pod_ask(pod)  # the same checks as `fgpu submit`
     spec = pod.get("spec") or {}
-    for group in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(group) or []):
-            for env in c.get("env") or []:
-                name = env.get("name", "")
-                if name in wire.RESERVED_ENV:
-                    raise PodRequestError(
-                        f"spec.{group}[{i}].env",
-                        f"{name} is set by fgpu from the GPUs the pod is given; remove it",
-                    )
     notes = wire.annotations_of(pod)
     ops: list[dict[str, Any]] = []
     if not (pod.get("metadata") or {}).get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    for key in wire.SCHEDULER_ANNOTATIONS:  # copied from a placed pod: not this pod's
+        if key in notes:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"})
     if wire.QUEUE not in notes:
         ops.append(
             {
@@ -122,21 +203,26 @@ def mutate(
                 "value": wire.DEFAULT_QUEUE,
             }
         )
-    name = notes.get(wire.ENV_CONFIGMAP) or configmap_name or f"fgpu-env-{secrets.token_hex(5)}"
+    # always a fresh name (a given one is another pod's: the scheduler would never bind
+    # this one); "add" replaces a member that exists
+    name = configmap_name or f"fgpu-env-{secrets.token_hex(5)}"
     ops.append(
         {"op": "add", "path": f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}", "value": name}
     )
     ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     source = {"configMapRef": {"name": name, "optional": False}}
+    copied = notes.get(wire.ENV_CONFIGMAP)
+    ours = [{"configMapRef": {"name": n, "optional": False}} for n in (copied, name) if n]
     for group in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(group) or []):
             refs = c.get("envFrom") or []
-            if any((r.get("configMapRef") or {}).get("name") == name for r in refs):
-                continue
-            if refs:
+            kept = [r for r in refs if r not in ours]
+            if len(kept) == len(refs) and refs:
                 ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom/-", "value": source})
-            else:
-                ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom", "value": [source]})
+            else:  # none yet, or the copied pod's reference: replaced, not duplicated
+                ops.append(
+                    {"op": "add", "path": f"/spec/{group}/{i}/envFrom", "value": [*kept, source]}
+                )
     if agent_socket_volume:
         ops.extend(_agent_socket_ops(spec))
     return ops
@@ -176,17 +262,18 @@ def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
             mounts = c.get("volumeMounts") or []
             mounted = False
             for j, m in enumerate(mounts):
-                where = posixpath.normpath(str(m.get("mountPath", "")))
-                if where != AGENT_DIR and not where.startswith(AGENT_DIR + "/"):
+                where = normal_path(str(m.get("mountPath", "")))
+                if not any(where == d or where.startswith(d + "/") for d in _AGENT_DIRS):
                     continue
-                if dict(m, mountPath=where) != agent_mount():
-                    raise PodRequestError(
-                        f"spec.{group}[{i}].volumeMounts[{j}].mountPath",
-                        f"{AGENT_DIR} is where fgpu mounts the node agent's socket folder "
-                        f"(FGPU_AGENT_SOCKET={wire.AGENT_SOCKET}, volume {AGENT_VOLUME}, read "
-                        "only); mount this volume elsewhere",
-                    )
-                mounted = True
+                if dict(m, mountPath=where) == agent_mount():
+                    mounted = True  # exactly the webhook's (a pod copied from an admitted one)
+                    continue
+                raise PodRequestError(
+                    f"spec.{group}[{i}].volumeMounts[{j}].mountPath",
+                    f"{AGENT_DIR} is where fgpu mounts the node agent's socket folder "
+                    f"(FGPU_AGENT_SOCKET={wire.AGENT_SOCKET}, volume {AGENT_VOLUME}, read "
+                    "only); mount this volume elsewhere",
+                )
             if mounted:
                 continue
             path = f"/spec/{group}/{i}/volumeMounts"

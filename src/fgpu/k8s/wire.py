@@ -62,6 +62,12 @@ ENV_CONFIGMAP = "fgpu.io/env-configmap"
 ASSIGNMENT = "fgpu.io/assignment"
 GPU_UUIDS = "fgpu.io/gpu-uuids"
 HOLD = "fgpu.io/hold"
+WEBHOOK_ANNOTATIONS = (ENV_CONFIGMAP,)
+"""Pod annotations the webhook writes at creation."""
+SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD)
+"""Pod annotations the scheduler writes (the Binding, or a pod patch for the hold)."""
+FGPU_ANNOTATIONS = WEBHOOK_ANNOTATIONS + SCHEDULER_ANNOTATIONS
+"""Pod annotations fgpu writes; users may not set or change them (the webhook refuses)."""
 
 MANAGED_LABEL = "fgpu.io/managed"
 MODEL_LABEL = "fgpu.io/gpu-model"
