@@ -284,35 +284,89 @@ def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
     return ops
 
 
-def review(body: Obj, *, agent_socket_volume: bool = True) -> dict[str, Any]:
-    """Answer an ``AdmissionReview`` (admission.k8s.io/v1); ``agent_socket_volume`` as in
-    :func:`mutate`."""
+SCHEDULER_USER = wire.SCHEDULER_USER
+
+
+def check_update(
+    old: Obj, new: Obj, username: str, *, scheduler_user: str = SCHEDULER_USER
+) -> None:
+    """Refuse an update of a pod that adds, changes or removes an annotation fgpu writes
+    (``fgpu.io/assignment`` is the scheduler's record of what a bound pod holds: editing it
+    would let a pod hold GPUs the ledger does not count) unless ``username`` is the
+    scheduler's. The user annotations stay editable: a bound pod is counted by its
+    assignment, not by them.
+
+    Raises:
+        PodRequestError: naming the annotation and the reason.
+    """
+    if username == scheduler_user:
+        return
+    before, after = wire.annotations_of(old), wire.annotations_of(new)
+    for key in wire.FGPU_ANNOTATIONS:
+        if before.get(key) == after.get(key):
+            continue
+        change = "remove" if key not in after else "add" if key not in before else "change"
+        writer = "webhook" if key in wire.WEBHOOK_ANNOTATIONS else "scheduler"
+        raise PodRequestError(
+            key,
+            f"written by the fgpu {writer} ({_WHAT[key]}); only the fgpu scheduler "
+            f"({scheduler_user}) may change it, so {username or 'an unknown user'} may not "
+            f"{change} it",
+        )
+
+
+_WHAT = {
+    wire.ASSIGNMENT: "its ledger of the GPUs the pod holds",
+    wire.GPU_UUIDS: "the GPUs the pod was given",
+    wire.HOLD: "the capacity held for the pod while others are preempted",
+    wire.ENV_CONFIGMAP: "the ConfigMap of the pod's GPU environment",
+}
+
+
+def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "allowed": False,
+        "status": {"code": 422, "reason": "Invalid", "message": str(exc)},
+    }
+
+
+def review(
+    body: Obj, *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+) -> dict[str, Any]:
+    """Answer an ``AdmissionReview`` (admission.k8s.io/v1): pod CREATE is checked and
+    mutated (:func:`mutate`; ``agent_socket_volume`` as there), pod UPDATE only checked
+    (:func:`check_update`, never a patch); anything else is allowed as it is."""
     request = body.get("request") or {}
     uid = request.get("uid", "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     pod = request.get("object") or {}
-    if (
-        request.get("operation", "CREATE") == "CREATE"
-        and request.get("kind", {}).get("kind", "Pod") == "Pod"
-    ):
+    operation = request.get("operation", "CREATE")
+    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not request.get("subResource")
+    if is_pod and operation == "CREATE":
         try:
             ops = mutate(pod, agent_socket_volume=agent_socket_volume)
         except PodRequestError as exc:
-            response = {
-                "uid": uid,
-                "allowed": False,
-                "status": {"code": 422, "reason": "Invalid", "message": str(exc)},
-            }
+            response = _refusal(uid, exc)
         else:
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    elif is_pod and operation == "UPDATE":
+        user = str((request.get("userInfo") or {}).get("username") or "")
+        try:
+            check_update(request.get("oldObject") or {}, pod, user, scheduler_user=scheduler_user)
+        except PodRequestError as exc:
+            response = _refusal(uid, exc)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def create_app(*, agent_socket_volume: bool = True) -> FastAPI:
+def create_app(
+    *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+) -> FastAPI:
     """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
-    ``agent_socket_volume`` as in :func:`mutate`."""
+    ``agent_socket_volume`` as in :func:`mutate`, ``scheduler_user`` as in
+    :func:`check_update`."""
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
     @app.post("/mutate")
@@ -321,7 +375,9 @@ def create_app(*, agent_socket_volume: bool = True) -> FastAPI:
             body = json.loads(await request.body())
         except ValueError:
             return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        return JSONResponse(review(body, agent_socket_volume=agent_socket_volume))
+        return JSONResponse(
+            review(body, agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user)
+        )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -337,10 +393,11 @@ def serve(
     key_file: str | None,
     *,
     agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
 ) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
     requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
-    in :func:`mutate`.
+    in :func:`mutate`, ``scheduler_user`` as in :func:`check_update`.
 
     Raises:
         ValueError: only one of ``cert_file`` and ``key_file``.
@@ -350,7 +407,7 @@ def serve(
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     uvicorn.run(
-        create_app(agent_socket_volume=agent_socket_volume),
+        create_app(agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user),
         host=host,
         port=port,
         ssl_certfile=cert_file,

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEDULER_NAME = "fgpu"
+SCHEDULER_USER = "system:serviceaccount:fgpu-system:fgpu-scheduler"
+"""The user the scheduler's API calls come as by default (its service account in
+deploy/base); the webhook lets only it change :data:`FGPU_ANNOTATIONS` on a pod."""
 PREFIX = "fgpu.io/"
 
 GPU = "fgpu.io/gpu"
