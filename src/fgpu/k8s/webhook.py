@@ -3,13 +3,19 @@
 On pod creation it checks the ``fgpu.io/*`` annotations with the rules and the wording of
 the CLI and the API (:func:`fgpu.k8s.objects.pod_ask`, which calls
 :func:`fgpu.server.requests.parse_resources`), and refuses a bad pod naming the annotation
-and the reason. A good pod gets, as one JSON patch:
+and the reason; also an ``fgpu.io/`` annotation fgpu neither reads nor writes (with the
+closest one it reads), ``spec.nodeName`` (the pod would skip the scheduler), a
+``schedulerName`` other than empty, ``default-scheduler`` or ``fgpu``, and ``nvidia.com/gpu``
+resources (GPUs from the device plugin as well). A good pod gets, as one JSON patch:
 
 - ``spec.schedulerName: fgpu``;
 - ``fgpu.io/queue`` when absent (``default``);
 - ``fgpu.io/env-configmap: fgpu-env-<random>``: the name of the pod's environment
-  ConfigMap. It is chosen here, not from the pod's name, because a pod made from
-  ``generateName`` has no name yet when admission runs;
+  ConfigMap, always a fresh one (a given name is another pod's: a copied pod). It is chosen
+  here, not from the pod's name, because a pod made from ``generateName`` has no name yet
+  when admission runs;
+- the annotations the scheduler writes (``fgpu.io/assignment``, ``fgpu.io/gpu-uuids``,
+  ``fgpu.io/hold``) removed: in a copied pod they are the other pod's placement;
 - in every container and init container, ``envFrom`` that ConfigMap (not optional: the
   kubelet does not start the container before the scheduler has written it, and the
   scheduler writes it before the bind);
@@ -29,8 +35,13 @@ volume named ``fgpu-agent`` or a container mounts anything else at or below ``/r
 the exact volume and mounts the webhook adds are accepted as they are (a pod copied from an
 admitted one).
 
-Which pods come here is the webhook configuration's choice (deploy/: pods whose
-``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation).
+On pod update it only checks (never patches): a change to an annotation fgpu writes
+(:data:`fgpu.k8s.wire.FGPU_ANNOTATIONS`) is refused unless the request's user is the
+scheduler's (:func:`check_update`).
+
+Which pods come here is the webhook configuration's choice (deploy/: the creation of pods
+whose ``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation, and updates
+that change one of those annotations).
 """
 
 from __future__ import annotations

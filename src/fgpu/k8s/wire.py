@@ -24,6 +24,8 @@ What fgpu writes:
   (JSON, :class:`Assignment`) and ``fgpu.io/gpu-uuids``; before the Binding, the ConfigMap
   with ``NVIDIA_VISIBLE_DEVICES`` and the ``FGPU_*`` limits; ``fgpu.io/hold`` on a
   preemptor while capacity is held for it;
+- only the scheduler may change the pod annotations above after creation (the webhook
+  refuses anyone else's update);
 - node agent, on its Node: label ``fgpu.io/managed=true``, labels ``fgpu.io/gpu-model`` and
   ``fgpu.io/gpu-count``, annotation ``fgpu.io/inventory`` (JSON, :class:`Inventory`) and
   ``fgpu.io/usage``.
