@@ -31,7 +31,10 @@ from tests.k8s.kube import wait_until
 
 pytestmark = pytest.mark.k8s
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "kubernetes.md"
+FGPU = ".venv/bin/fgpu"
+"""How the page runs fgpu: the README installs it into the repository's ``.venv``."""
 NODE = "gpu-node-1"
 
 
@@ -65,9 +68,9 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
     if REAL:
         pytest.skip("the demo runs its own API stand-in")
     api_port, webhook_port = free_port(), free_port()
-    commands = [
-        line for line in blocks(section(), "sh")[0].splitlines() if line.startswith("fgpu k8s ")
-    ]
+    commands = [line for line in blocks(section(), "sh")[0].splitlines() if " k8s " in line]
+    # as written after the README's setup (the virtual environment is not activated)
+    assert all(c.startswith(f"{FGPU} k8s ") for c in commands), commands
     assert [c.split()[2] for c in commands] == ["standin", "webhook", "node-agent", "scheduler"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_")}
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -78,9 +81,11 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
         for command in commands:
             argv = shlex.split(on_ports(command, api_port, webhook_port))
             name = argv[2]
+            # the page's own command where this checkout has it, else this interpreter's fgpu
+            exe = [str(ROOT / FGPU)] if (ROOT / FGPU).is_file() else [sys.executable, "-m", "fgpu"]
             with open(logs / f"{name}.log", "wb") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "fgpu", *argv[1:]],
+                    [*exe, *argv[1:]],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,

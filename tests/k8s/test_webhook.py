@@ -4,18 +4,20 @@ creation: bad fgpu annotations are refused with the CLI's and API's reason."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Request
 
 from fgpu.k8s import wire
-from fgpu.k8s.kube import KubeError
+from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.objects import PodRequestError, pod_ask
 from fgpu.k8s.standin.patch import json_patch
-from fgpu.k8s.webhook import create_app, mutate
+from fgpu.k8s.webhook import create_app, mutate, review
 from fgpu.server.errors import BadRequest
 from fgpu.server.requests import parse_submission
 from fgpu.wire import SubmitRequest
@@ -219,10 +221,75 @@ def test_the_agent_socket_folder_is_mounted_read_only_in_every_container() -> No
     assert api.sanitize_for_serialization(model)["spec"]["volumes"][1] == AGENT_VOLUME
 
 
-def test_a_pod_copied_from_an_admitted_one_is_admitted_unchanged() -> None:
+def placed_copy() -> dict[str, Any]:
+    """``kubectl get pod -o json`` of an admitted pod the scheduler placed, with the fields
+    the API server refuses on creation (and ``spec.nodeName``, refused below) taken out."""
     admitted = json_patch(busy_pod(), mutate(busy_pod()))
-    again = json_patch(admitted, mutate(admitted))
-    assert again == admitted
+    notes = admitted["metadata"]["annotations"]
+    notes[wire.ASSIGNMENT] = '{"node":"n1"}'
+    notes[wire.GPU_UUIDS] = "GPU-1"
+    notes[wire.HOLD] = '{"node":"n1"}'
+    return admitted
+
+
+def test_a_pod_copied_from_a_placed_one_gets_its_own_configmap_and_no_placement() -> None:
+    copy = placed_copy()
+    given = copy["metadata"]["annotations"][wire.ENV_CONFIGMAP]
+    again = json_patch(copy, mutate(copy))
+    notes = again["metadata"]["annotations"]
+    fresh = notes[wire.ENV_CONFIGMAP]
+    assert fresh.startswith("fgpu-env-")
+    assert fresh != given
+    assert not set(wire.SCHEDULER_ANNOTATIONS) & set(notes)
+    assert notes[wire.GPU] == "0.5"
+    ref = {"configMapRef": {"name": fresh, "optional": False}}
+    for group in ("initContainers", "containers"):
+        for c in again["spec"][group]:
+            assert c["envFrom"] == [ref]  # the copied reference replaced, not duplicated
+    # the rest is as it was: the agent socket's volume and mounts are not added twice
+    assert again["spec"]["volumes"] == copy["spec"]["volumes"]
+    for group in ("initContainers", "containers"):
+        for old, new in zip(copy["spec"][group], again["spec"][group], strict=True):
+            assert new["volumeMounts"] == old["volumeMounts"]
+
+
+def test_a_given_configmap_name_is_replaced_and_other_env_sources_kept() -> None:
+    body = pod("p", "0.5")
+    body["metadata"]["annotations"][wire.ENV_CONFIGMAP] = "someone-elses"
+    mine = {"configMapRef": {"name": "settings"}}
+    body["spec"]["containers"][0]["envFrom"] = [
+        mine,
+        {"configMapRef": {"name": "someone-elses", "optional": False}},
+    ]
+    admitted = json_patch(body, mutate(body, "fgpu-env-new"))
+    assert admitted["metadata"]["annotations"][wire.ENV_CONFIGMAP] == "fgpu-env-new"
+    assert admitted["spec"]["containers"][0]["envFrom"] == [
+        mine,
+        {"configMapRef": {"name": "fgpu-env-new", "optional": False}},
+    ]
+
+
+def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
+    make_cluster,
+) -> None:
+    with Served(create_app()) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        first = create(cluster, pod("first", "0.5"), admit=False)
+        copy = json.loads(json.dumps(first))
+        for field in ("uid", "resourceVersion", "creationTimestamp"):
+            copy["metadata"].pop(field, None)
+        copy["metadata"]["name"] = "second"
+        copy["metadata"]["annotations"][wire.ASSIGNMENT] = '{"node":"n1"}'
+        copy.pop("status", None)
+        second = create(cluster, copy, admit=False)
+    a, b = (p["metadata"]["annotations"] for p in (first, second))
+    assert b[wire.ENV_CONFIGMAP] != a[wire.ENV_CONFIGMAP]
+    assert wire.ASSIGNMENT not in b
+    assert second["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": b[wire.ENV_CONFIGMAP], "optional": False}}
+    ]
 
 
 def test_without_the_socket_volume_nothing_is_mounted() -> None:
@@ -287,6 +354,30 @@ CONFLICTS = [
         "/run/fgpu is where fgpu mounts",
         id="init-container",
     ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "//run//fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="leading-double-slash",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/run/fgpu/../fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="dot-dot",
+    ),
+    pytest.param(
+        _with_mount({"name": "mine", "mountPath": "/var/run/fgpu"}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="var-run-link",
+    ),
+    pytest.param(
+        _with_mount({"name": "fgpu-agent", "mountPath": "//run/fgpu/x", "readOnly": True}),
+        "spec.containers[0].volumeMounts[1].mountPath",
+        "/run/fgpu is where fgpu mounts",
+        id="agent-volume-below",
+    ),
 ]
 
 
@@ -320,3 +411,343 @@ def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         made = create(cluster, body, admit=False)
     assert made["spec"]["volumes"] == [{"name": "mine", "emptyDir": {}}]
+
+
+# -- what an fgpu pod may not ask for ----------------------------------------------------------
+
+
+def _pod_with(change: Any) -> dict[str, Any]:
+    body = pod("p", "0.5")
+    change(body)
+    return body
+
+
+def _resources(group: str, part: str, resource: str) -> Any:
+    def change(body: dict[str, Any]) -> None:
+        if group == "initContainers":
+            body["spec"]["initContainers"] = [{"name": "init", "image": "busybox"}]
+        body["spec"][group][0]["resources"] = {part: {resource: "1"}}
+
+    return change
+
+
+REFUSED = [
+    pytest.param(
+        _pod_with(lambda b: b["spec"].update(nodeName="gpu-node-1")),
+        "spec.nodeName",
+        "'gpu-node-1' is set: a pod that names its node skips the scheduler",
+        id="node-name",
+    ),
+    pytest.param(
+        _pod_with(lambda b: b["spec"].update(schedulerName="volcano")),
+        "spec.schedulerName",
+        "'volcano' is another scheduler, but the pod's fgpu.io/ annotations ask for the fgpu "
+        "scheduler (fgpu); remove the fgpu.io/ annotations or the schedulerName",
+        id="other-scheduler",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "limits", "nvidia.com/gpu")),
+        "spec.containers[0].resources.limits",
+        "nvidia.com/gpu comes from the NVIDIA device plugin; a pod takes its GPUs from fgpu",
+        id="device-plugin-limit",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "requests", "nvidia.com/gpu")),
+        "spec.containers[0].resources.requests",
+        "nvidia.com/gpu comes from the NVIDIA device plugin",
+        id="device-plugin-request",
+    ),
+    pytest.param(
+        _pod_with(_resources("initContainers", "limits", "nvidia.com/gpu")),
+        "spec.initContainers[0].resources.limits",
+        "nvidia.com/gpu comes from the NVIDIA device plugin",
+        id="device-plugin-init-container",
+    ),
+    pytest.param(
+        _pod_with(_resources("containers", "limits", "nvidia.com/mig-3g.40gb")),
+        "spec.containers[0].resources.limits",
+        "nvidia.com/mig-3g.40gb comes from the NVIDIA device plugin",
+        id="device-plugin-mig",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "reason"), REFUSED)
+def test_an_fgpu_pod_that_bypasses_fgpu_is_refused(
+    body: dict[str, Any], field: str, reason: str
+) -> None:
+    with pytest.raises(PodRequestError) as err:
+        mutate(body)
+    assert err.value.field == field
+    assert err.value.reason.startswith(reason)
+
+
+@pytest.mark.parametrize("scheduler", [None, "", "default-scheduler", "fgpu"])
+def test_the_default_scheduler_or_fgpu_becomes_fgpu(scheduler: str | None) -> None:
+    body = pod("p", "0.5")
+    body["spec"].pop("schedulerName")
+    if scheduler is not None:
+        body["spec"]["schedulerName"] = scheduler
+    assert json_patch(body, mutate(body))["spec"]["schedulerName"] == "fgpu"
+
+
+def test_a_plain_pod_may_name_its_node_scheduler_and_device_plugin_gpus() -> None:
+    body = pod("plain", None)
+    body["spec"].update(nodeName="n1", schedulerName="volcano")
+    body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert mutate(body) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("fgpu.io/gpus", "fgpu.io/gpu"),
+        ("fgpu.io/GPU", "fgpu.io/gpu"),
+        ("fgpu.io/gpu-modle", "fgpu.io/gpu-model"),
+        ("fgpu.io/Queue", "fgpu.io/queue"),
+        ("fgpu.io/inventory", None),
+    ],
+)
+def test_an_unknown_fgpu_annotation_is_refused_with_the_closest_one(
+    key: str, suggestion: str | None
+) -> None:
+    body = pod("p", None)
+    body["spec"].pop("schedulerName")
+    body["metadata"]["annotations"] = {key: "0.5"}  # the typo alone makes it fgpu's
+    with pytest.raises(PodRequestError) as err:
+        mutate(body)
+    assert err.value.field == key
+    assert err.value.reason.startswith("not an fgpu annotation; ")
+    if suggestion:
+        assert f"did you mean {suggestion}? " in err.value.reason
+    else:
+        assert "did you mean" not in err.value.reason
+    assert "fgpu reads fgpu.io/gpu, fgpu.io/gpu-count" in err.value.reason
+
+
+def test_the_bypasses_are_refused_at_admission(make_cluster) -> None:
+    with Served(create_app()) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        body = pod("typo", None)
+        body["spec"].pop("schedulerName")
+        body["metadata"]["annotations"] = {"fgpu.io/gpus": "0.5"}
+        with pytest.raises(KubeError) as typo:
+            create(cluster, body, admit=False)
+        with pytest.raises(KubeError) as pinned:
+            create(cluster, _pod_with(lambda b: b["spec"].update(nodeName="n1")), admit=False)
+    assert typo.value.status == 422
+    assert (
+        "denied the request: fgpu.io/gpus: not an fgpu annotation; did you mean fgpu.io/gpu?"
+        in typo.value.message
+    )
+    assert "denied the request: spec.nodeName: 'n1' is set" in pinned.value.message
+    assert cluster.api.list_pods().items == []
+
+
+# -- updates: the annotations fgpu writes --------------------------------------------------------
+
+
+def _review(old: dict[str, Any], new: dict[str, Any], user: str) -> dict[str, Any]:
+    body = {
+        "request": {
+            "uid": "u1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "UPDATE",
+            "userInfo": {"username": user},
+            "object": new,
+            "oldObject": old,
+        }
+    }
+    response: dict[str, Any] = review(body)["response"]
+    return response
+
+
+def _placed() -> dict[str, Any]:
+    admitted = json_patch(pod("p", "0.5"), mutate(pod("p", "0.5")))
+    admitted["spec"]["nodeName"] = "n1"
+    admitted["metadata"]["annotations"][wire.ASSIGNMENT] = '{"node":"n1"}'
+    admitted["metadata"]["annotations"][wire.GPU_UUIDS] = "GPU-1"
+    return admitted
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "change"),
+    [
+        (wire.ASSIGNMENT, None, "remove"),
+        (wire.ASSIGNMENT, '{"node":"n1","gpu_milli":[1]}', "change"),
+        (wire.GPU_UUIDS, None, "remove"),
+        (wire.ENV_CONFIGMAP, "fgpu-env-other", "change"),
+        (wire.HOLD, '{"node":"n1"}', "add"),
+    ],
+)
+def test_only_the_scheduler_may_change_what_fgpu_wrote(
+    key: str, value: str | None, change: str
+) -> None:
+    old = _placed()
+    new = json.loads(json.dumps(old))
+    if value is None:
+        del new["metadata"]["annotations"][key]
+    else:
+        new["metadata"]["annotations"][key] = value
+    refused = _review(old, new, "alice")
+    assert refused["allowed"] is False
+    message = refused["status"]["message"]
+    assert message.startswith(f"{key}: written by the fgpu ")
+    assert f"only the fgpu scheduler ({wire.SCHEDULER_USER}) may change it" in message
+    assert message.endswith(f"so alice may not {change} it")
+    allowed = _review(old, new, wire.SCHEDULER_USER)
+    assert allowed == {"uid": "u1", "allowed": True}  # never a patch on UPDATE
+
+
+def test_other_updates_are_allowed_without_a_patch() -> None:
+    old = _placed()
+    new = json.loads(json.dumps(old))
+    new["metadata"]["annotations"][wire.QUEUE] = "team-b"  # counted by the assignment
+    new["metadata"]["annotations"][wire.GPU] = "1"
+    new["metadata"]["labels"] = {"app": "x"}
+    assert _review(old, new, "alice") == {"uid": "u1", "allowed": True}
+    plain = pod("plain", None)
+    plain["spec"].pop("schedulerName")
+    assert _review(plain, plain, "") == {"uid": "u1", "allowed": True}
+
+
+class Recorder:
+    """The webhook's app, recording the AdmissionReview requests it answers."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.app = FastAPI()
+
+        @self.app.post("/mutate")
+        async def route(request: Request) -> dict[str, Any]:
+            body = json.loads(await request.body())
+            self.requests.append(body["request"])
+            return review(body)
+
+
+def _as(cluster: Any, user: str) -> KubeApi:
+    """The cluster's API as ``user`` (the stand-in trusts ``Impersonate-User``)."""
+    client = api_client(host=cluster.standin.url)
+    client.set_default_header("Impersonate-User", user)
+    return KubeApi(client)
+
+
+def test_the_standin_sends_pod_updates_and_a_user_cannot_edit_the_assignment(
+    make_cluster,
+) -> None:
+    hook = Recorder()
+    with Served(hook.app) as webhook:
+        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        if cluster.real:
+            pytest.skip("a real cluster calls the webhook through its own configuration")
+        made = create(cluster, pod("p", "0.5"), admit=False)
+        assert [r["operation"] for r in hook.requests] == ["CREATE"]
+        assert hook.requests[0]["userInfo"]["username"] == "system:anonymous"
+        assert hook.requests[0]["oldObject"] is None
+        # the Binding (pods/binding) and status writes (pods/status) are subresources
+        cluster.api.bind("default", "p", made["metadata"]["uid"], "n1", {wire.ASSIGNMENT: "{}"})
+        cluster.api.patch_pod_status("default", "p", {"status": {"message": "hi"}})
+        assert len(hook.requests) == 1
+        with pytest.raises(KubeError) as err:  # kubectl annotate pod p fgpu.io/assignment-
+            cluster.api.patch_pod(
+                "default", "p", {"metadata": {"annotations": {wire.ASSIGNMENT: None}}}
+            )
+        assert err.value.status == 422
+        assert (
+            "denied the request: fgpu.io/assignment: written by the fgpu scheduler"
+            in err.value.message
+        )
+        assert "so system:anonymous may not remove it" in err.value.message
+        update = hook.requests[-1]
+        assert update["operation"] == "UPDATE"
+        assert update["oldObject"]["metadata"]["annotations"][wire.ASSIGNMENT] == "{}"
+        assert wire.ASSIGNMENT not in update["object"]["metadata"]["annotations"]
+        # a user annotation and a label may change; the scheduler may write the hold
+        cluster.api.patch_pod("default", "p", {"metadata": {"annotations": {wire.QUEUE: "b"}}})
+        alice = _as(cluster, "alice")
+        with pytest.raises(KubeError):
+            alice.patch_pod("default", "p", {"metadata": {"annotations": {wire.HOLD: "{}"}}})
+        assert hook.requests[-1]["userInfo"]["username"] == "alice"
+        _as(cluster, wire.SCHEDULER_USER).patch_pod(
+            "default", "p", {"metadata": {"annotations": {wire.HOLD: "{}"}}}
+        )
+        # a replace (PUT) goes through the webhook too
+        now = cluster.api.get_pod("default", "p")
+        now["metadata"]["annotations"][wire.ENV_CONFIGMAP] = "fgpu-env-mine"
+        with pytest.raises(KubeError) as put:
+            cluster.api._call(cluster.api.core.replace_namespaced_pod, "p", "default", now)
+        assert "fgpu.io/env-configmap: written by the fgpu webhook" in put.value.message
+    notes = cluster.api.get_pod("default", "p")["metadata"]["annotations"]
+    assert notes[wire.ASSIGNMENT] == "{}"
+    assert notes[wire.QUEUE] == "b"
+    assert notes[wire.HOLD] == "{}"
+    assert notes[wire.ENV_CONFIGMAP] == made["metadata"]["annotations"][wire.ENV_CONFIGMAP]
+
+
+# -- the webhook configuration (deploy/base/webhook.yaml) ----------------------------------------
+
+DEPLOY_WEBHOOK = Path(__file__).resolve().parents[2] / "deploy" / "base" / "webhook.yaml"
+
+
+def _configured_webhook() -> dict[str, Any]:
+    import yaml
+
+    docs = list(yaml.safe_load_all(DEPLOY_WEBHOOK.read_text()))
+    config = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    (hook,) = config["webhooks"]  # one entry: the overlays set its caBundle
+    return dict(hook)
+
+
+def test_the_configuration_sends_pod_creates_and_updates_but_no_subresources() -> None:
+    hook = _configured_webhook()
+    (rule,) = hook["rules"]
+    assert rule["operations"] == ["CREATE", "UPDATE"]
+    assert rule["resources"] == ["pods"]  # not pods/status (the kubelet) nor pods/binding
+    assert hook["failurePolicy"] == "Fail"
+    update = next(c for c in hook["matchConditions"] if "UPDATE" in c["expression"])
+    # the annotations the UPDATE condition watches are the ones the webhook guards
+    named = set(re.findall(r"'(fgpu\.io/[a-z-]+)'", update["expression"]))
+    assert named == set(wire.FGPU_ANNOTATIONS)
+
+
+def _condition_cases() -> list[Any]:
+    def p(notes: dict[str, str] | None, scheduler: str = "default-scheduler") -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "p"} if notes is None else {"annotations": notes}
+        return {"metadata": meta, "spec": {"schedulerName": scheduler}}
+
+    a = {wire.ASSIGNMENT: "x"}
+    return [
+        pytest.param("CREATE", p(None), None, False, id="create-plain"),
+        pytest.param("CREATE", p({"app": "x"}), None, False, id="create-other-annotation"),
+        pytest.param("CREATE", p({"fgpu.io/gpus": "1"}), None, True, id="create-fgpu-typo"),
+        pytest.param("CREATE", p(None, "fgpu"), None, True, id="create-fgpu-scheduler"),
+        pytest.param("UPDATE", p(None), p(None), False, id="update-plain"),
+        pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, id="update-label-like"),
+        pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, id="update-queue"),
+        pytest.param("UPDATE", p({}), p(a), True, id="update-remove-assignment"),
+        pytest.param("UPDATE", p(None), p(a), True, id="update-remove-all-annotations"),
+        pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, id="update-change"),
+        pytest.param("UPDATE", p({wire.HOLD: ""}), p(None), True, id="update-add-empty-hold"),
+    ]
+
+
+@pytest.mark.parametrize(("operation", "new", "old", "called"), _condition_cases())
+def test_the_match_conditions_send_only_fgpu_creates_and_fgpu_annotation_changes(
+    operation: str, new: dict[str, Any], old: dict[str, Any] | None, called: bool
+) -> None:
+    """With a CEL interpreter (``pip install cel-python``; skipped without): an outage of
+    the webhook blocks nothing but these (failurePolicy Fail)."""
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    activation = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"operation": operation}),
+    }
+    results = [
+        bool(env.program(env.compile(c["expression"])).evaluate(activation))
+        for c in _configured_webhook()["matchConditions"]
+    ]
+    assert all(results) is called

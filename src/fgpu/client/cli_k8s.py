@@ -123,13 +123,30 @@ def webhook(
             "fgpu pods; off where pods may not use hostPath (they then send no hints).",
         ),
     ] = True,
+    scheduler_user: Annotated[
+        str,
+        typer.Option(
+            help="The user the fgpu scheduler's API calls come as: the only one that may "
+            "change the annotations fgpu writes on pods (fgpu.io/assignment, "
+            "fgpu.io/gpu-uuids, fgpu.io/hold, fgpu.io/env-configmap).",
+        ),
+    ] = wire.SCHEDULER_USER,
 ) -> None:
     """Run the admission webhook (POST /mutate)."""
     from fgpu.k8s.webhook import serve
 
     _logging()
+    if not scheduler_user:
+        raise _fail("--scheduler-user: give the scheduler's user name")
     try:
-        serve(host, port, tls_cert_file, tls_key_file, agent_socket_volume=agent_socket_volume)
+        serve(
+            host,
+            port,
+            tls_cert_file,
+            tls_key_file,
+            agent_socket_volume=agent_socket_volume,
+            scheduler_user=scheduler_user,
+        )
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
@@ -252,7 +269,7 @@ def standin(
     webhook: Annotated[
         list[str] | None,
         typer.Option(
-            help="Admission webhook URL called on pod creation, e.g. "
+            help="Admission webhook URL called on pod creation and update, e.g. "
             "http://127.0.0.1:8443/mutate (repeat for several, called in order).",
         ),
     ] = None,

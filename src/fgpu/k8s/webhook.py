@@ -3,13 +3,19 @@
 On pod creation it checks the ``fgpu.io/*`` annotations with the rules and the wording of
 the CLI and the API (:func:`fgpu.k8s.objects.pod_ask`, which calls
 :func:`fgpu.server.requests.parse_resources`), and refuses a bad pod naming the annotation
-and the reason. A good pod gets, as one JSON patch:
+and the reason; also an ``fgpu.io/`` annotation fgpu neither reads nor writes (with the
+closest one it reads), ``spec.nodeName`` (the pod would skip the scheduler), a
+``schedulerName`` other than empty, ``default-scheduler`` or ``fgpu``, and ``nvidia.com/gpu``
+resources (GPUs from the device plugin as well). A good pod gets, as one JSON patch:
 
 - ``spec.schedulerName: fgpu``;
 - ``fgpu.io/queue`` when absent (``default``);
 - ``fgpu.io/env-configmap: fgpu-env-<random>``: the name of the pod's environment
-  ConfigMap. It is chosen here, not from the pod's name, because a pod made from
-  ``generateName`` has no name yet when admission runs;
+  ConfigMap, always a fresh one (a given name is another pod's: a copied pod). It is chosen
+  here, not from the pod's name, because a pod made from ``generateName`` has no name yet
+  when admission runs;
+- the annotations the scheduler writes (``fgpu.io/assignment``, ``fgpu.io/gpu-uuids``,
+  ``fgpu.io/hold``) removed: in a copied pod they are the other pod's placement;
 - in every container and init container, ``envFrom`` that ConfigMap (not optional: the
   kubelet does not start the container before the scheduler has written it, and the
   scheduler writes it before the bind);
@@ -29,13 +35,19 @@ volume named ``fgpu-agent`` or a container mounts anything else at or below ``/r
 the exact volume and mounts the webhook adds are accepted as they are (a pod copied from an
 admitted one).
 
-Which pods come here is the webhook configuration's choice (deploy/: pods whose
-``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation).
+On pod update it only checks (never patches): a change to an annotation fgpu writes
+(:data:`fgpu.k8s.wire.FGPU_ANNOTATIONS`) is refused unless the request's user is the
+scheduler's (:func:`check_update`).
+
+Which pods come here is the webhook configuration's choice (deploy/: the creation of pods
+whose ``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation, and updates
+that change one of those annotations).
 """
 
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import logging
 import posixpath
@@ -57,6 +69,16 @@ AGENT_DIR = posixpath.dirname(wire.AGENT_SOCKET)
 """The host folder of the node agent's socket, mounted at the same path in pods."""
 AGENT_VOLUME = "fgpu-agent"
 """The name of the pod volume that holds it."""
+_AGENT_DIRS = (AGENT_DIR, "/var" + AGENT_DIR)
+"""Where a mount would take the folder's place (``/var/run`` is a link to ``/run`` in most
+images, and the container runtime follows it)."""
+
+
+def normal_path(path: str) -> str:
+    """``path`` with ``.``, ``..`` and repeated slashes resolved as a mount destination is
+    (``//run//fgpu``, ``/run/fgpu/../fgpu`` and ``/run/fgpu/`` are all ``/run/fgpu``;
+    :func:`posixpath.normpath` alone keeps a leading ``//``)."""
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 def agent_volume() -> dict[str, Any]:
@@ -75,10 +97,84 @@ def _escape(key: str) -> str:
 
 
 def wants_fgpu(pod: Obj) -> bool:
-    """Whether the pod is fgpu's: ``schedulerName: fgpu`` or an ``fgpu.io/`` user annotation."""
+    """Whether the pod is fgpu's: ``schedulerName: fgpu`` or any ``fgpu.io/`` annotation
+    (a misspelt one included: :func:`check_annotation_keys` refuses it with a suggestion
+    rather than letting the pod run without the GPU it asked for)."""
     if (pod.get("spec") or {}).get("schedulerName") == wire.SCHEDULER_NAME:
         return True
-    return any(k in wire.USER_ANNOTATIONS for k in wire.annotations_of(pod))
+    return any(k.startswith(wire.PREFIX) for k in wire.annotations_of(pod))
+
+
+def check_annotation_keys(pod: Obj) -> None:
+    """Refuse ``fgpu.io/`` annotation keys that fgpu neither reads nor writes.
+
+    Raises:
+        PodRequestError: naming the key and the closest annotation a user writes.
+    """
+    known = set(wire.USER_ANNOTATIONS) | set(wire.FGPU_ANNOTATIONS)
+    for key in sorted(wire.annotations_of(pod)):
+        if not key.startswith(wire.PREFIX) or key in known:
+            continue
+        names = {k.removeprefix(wire.PREFIX): k for k in wire.USER_ANNOTATIONS}
+        word = key.removeprefix(wire.PREFIX).lower()
+        close = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+        hint = f"did you mean {names[close[0]]}? " if close else ""
+        raise PodRequestError(
+            key,
+            f"not an fgpu annotation; {hint}fgpu reads {', '.join(wire.USER_ANNOTATIONS)}",
+        )
+
+
+SCHEDULERS_FOR_FGPU = ("", "default-scheduler", wire.SCHEDULER_NAME)
+"""The ``schedulerName`` values an fgpu pod may come with (the webhook sets ``fgpu``)."""
+
+DEVICE_PLUGIN_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+"""Extended resources of the NVIDIA device plugin (``nvidia.com/gpu``, its renamed shared
+forms ``nvidia.com/gpu.shared``, and MIG strategy ``mixed``'s ``nvidia.com/mig-*``)."""
+
+
+def check_spec(pod: Obj) -> None:
+    """The spec checks of an fgpu pod at creation: no node of its own, no other scheduler,
+    no GPUs from the NVIDIA device plugin, no variable the environment ConfigMap owns.
+
+    Raises:
+        PodRequestError: naming the field and the reason.
+    """
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName"):
+        raise PodRequestError(
+            "spec.nodeName",
+            f"{spec['nodeName']!r} is set: a pod that names its node skips the scheduler, so "
+            "fgpu never gives it GPUs and it waits forever; remove spec.nodeName (choose "
+            "nodes with nodeSelector or node affinity, which fgpu honours)",
+        )
+    scheduler = spec.get("schedulerName") or ""
+    if scheduler not in SCHEDULERS_FOR_FGPU:
+        raise PodRequestError(
+            "spec.schedulerName",
+            f"{scheduler!r} is another scheduler, but the pod's fgpu.io/ annotations ask for "
+            f"the fgpu scheduler ({wire.SCHEDULER_NAME}); remove the fgpu.io/ annotations or "
+            "the schedulerName",
+        )
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            for part in ("requests", "limits"):
+                asked = (c.get("resources") or {}).get(part) or {}
+                for resource in asked:
+                    if str(resource).startswith(DEVICE_PLUGIN_PREFIXES):
+                        raise PodRequestError(
+                            f"spec.{group}[{i}].resources.{part}",
+                            f"{resource} comes from the NVIDIA device plugin; a pod takes its "
+                            "GPUs from fgpu (fgpu.io/ annotations) or from the device plugin, "
+                            f"not both: remove {resource} or the fgpu.io/ annotations",
+                        )
+            for env in c.get("env") or []:
+                name = env.get("name", "")
+                if name in wire.RESERVED_ENV:
+                    raise PodRequestError(
+                        f"spec.{group}[{i}].env",
+                        f"{name} is set by fgpu from the GPUs the pod is given; remove it",
+                    )
 
 
 def mutate(
@@ -99,21 +195,17 @@ def mutate(
     """
     if not wants_fgpu(pod):
         return []
+    check_annotation_keys(pod)
+    check_spec(pod)
     pod_ask(pod)  # the same checks as `fgpu submit`
     spec = pod.get("spec") or {}
-    for group in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(group) or []):
-            for env in c.get("env") or []:
-                name = env.get("name", "")
-                if name in wire.RESERVED_ENV:
-                    raise PodRequestError(
-                        f"spec.{group}[{i}].env",
-                        f"{name} is set by fgpu from the GPUs the pod is given; remove it",
-                    )
     notes = wire.annotations_of(pod)
     ops: list[dict[str, Any]] = []
     if not (pod.get("metadata") or {}).get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    for key in wire.SCHEDULER_ANNOTATIONS:  # copied from a placed pod: not this pod's
+        if key in notes:
+            ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"})
     if wire.QUEUE not in notes:
         ops.append(
             {
@@ -122,21 +214,26 @@ def mutate(
                 "value": wire.DEFAULT_QUEUE,
             }
         )
-    name = notes.get(wire.ENV_CONFIGMAP) or configmap_name or f"fgpu-env-{secrets.token_hex(5)}"
+    # always a fresh name (a given one is another pod's: the scheduler would never bind
+    # this one); "add" replaces a member that exists
+    name = configmap_name or f"fgpu-env-{secrets.token_hex(5)}"
     ops.append(
         {"op": "add", "path": f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}", "value": name}
     )
     ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     source = {"configMapRef": {"name": name, "optional": False}}
+    copied = notes.get(wire.ENV_CONFIGMAP)
+    ours = [{"configMapRef": {"name": n, "optional": False}} for n in (copied, name) if n]
     for group in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(group) or []):
             refs = c.get("envFrom") or []
-            if any((r.get("configMapRef") or {}).get("name") == name for r in refs):
-                continue
-            if refs:
+            kept = [r for r in refs if r not in ours]
+            if len(kept) == len(refs) and refs:
                 ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom/-", "value": source})
-            else:
-                ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom", "value": [source]})
+            else:  # none yet, or the copied pod's reference: replaced, not duplicated
+                ops.append(
+                    {"op": "add", "path": f"/spec/{group}/{i}/envFrom", "value": [*kept, source]}
+                )
     if agent_socket_volume:
         ops.extend(_agent_socket_ops(spec))
     return ops
@@ -176,17 +273,18 @@ def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
             mounts = c.get("volumeMounts") or []
             mounted = False
             for j, m in enumerate(mounts):
-                where = posixpath.normpath(str(m.get("mountPath", "")))
-                if where != AGENT_DIR and not where.startswith(AGENT_DIR + "/"):
+                where = normal_path(str(m.get("mountPath", "")))
+                if not any(where == d or where.startswith(d + "/") for d in _AGENT_DIRS):
                     continue
-                if dict(m, mountPath=where) != agent_mount():
-                    raise PodRequestError(
-                        f"spec.{group}[{i}].volumeMounts[{j}].mountPath",
-                        f"{AGENT_DIR} is where fgpu mounts the node agent's socket folder "
-                        f"(FGPU_AGENT_SOCKET={wire.AGENT_SOCKET}, volume {AGENT_VOLUME}, read "
-                        "only); mount this volume elsewhere",
-                    )
-                mounted = True
+                if dict(m, mountPath=where) == agent_mount():
+                    mounted = True  # exactly the webhook's (a pod copied from an admitted one)
+                    continue
+                raise PodRequestError(
+                    f"spec.{group}[{i}].volumeMounts[{j}].mountPath",
+                    f"{AGENT_DIR} is where fgpu mounts the node agent's socket folder "
+                    f"(FGPU_AGENT_SOCKET={wire.AGENT_SOCKET}, volume {AGENT_VOLUME}, read "
+                    "only); mount this volume elsewhere",
+                )
             if mounted:
                 continue
             path = f"/spec/{group}/{i}/volumeMounts"
@@ -197,35 +295,89 @@ def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
     return ops
 
 
-def review(body: Obj, *, agent_socket_volume: bool = True) -> dict[str, Any]:
-    """Answer an ``AdmissionReview`` (admission.k8s.io/v1); ``agent_socket_volume`` as in
-    :func:`mutate`."""
+SCHEDULER_USER = wire.SCHEDULER_USER
+
+
+def check_update(
+    old: Obj, new: Obj, username: str, *, scheduler_user: str = SCHEDULER_USER
+) -> None:
+    """Refuse an update of a pod that adds, changes or removes an annotation fgpu writes
+    (``fgpu.io/assignment`` is the scheduler's record of what a bound pod holds: editing it
+    would let a pod hold GPUs the ledger does not count) unless ``username`` is the
+    scheduler's. The user annotations stay editable: a bound pod is counted by its
+    assignment, not by them.
+
+    Raises:
+        PodRequestError: naming the annotation and the reason.
+    """
+    if username == scheduler_user:
+        return
+    before, after = wire.annotations_of(old), wire.annotations_of(new)
+    for key in wire.FGPU_ANNOTATIONS:
+        if before.get(key) == after.get(key):
+            continue
+        change = "remove" if key not in after else "add" if key not in before else "change"
+        writer = "webhook" if key in wire.WEBHOOK_ANNOTATIONS else "scheduler"
+        raise PodRequestError(
+            key,
+            f"written by the fgpu {writer} ({_WHAT[key]}); only the fgpu scheduler "
+            f"({scheduler_user}) may change it, so {username or 'an unknown user'} may not "
+            f"{change} it",
+        )
+
+
+_WHAT = {
+    wire.ASSIGNMENT: "its ledger of the GPUs the pod holds",
+    wire.GPU_UUIDS: "the GPUs the pod was given",
+    wire.HOLD: "the capacity held for the pod while others are preempted",
+    wire.ENV_CONFIGMAP: "the ConfigMap of the pod's GPU environment",
+}
+
+
+def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "allowed": False,
+        "status": {"code": 422, "reason": "Invalid", "message": str(exc)},
+    }
+
+
+def review(
+    body: Obj, *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+) -> dict[str, Any]:
+    """Answer an ``AdmissionReview`` (admission.k8s.io/v1): pod CREATE is checked and
+    mutated (:func:`mutate`; ``agent_socket_volume`` as there), pod UPDATE only checked
+    (:func:`check_update`, never a patch); anything else is allowed as it is."""
     request = body.get("request") or {}
     uid = request.get("uid", "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     pod = request.get("object") or {}
-    if (
-        request.get("operation", "CREATE") == "CREATE"
-        and request.get("kind", {}).get("kind", "Pod") == "Pod"
-    ):
+    operation = request.get("operation", "CREATE")
+    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not request.get("subResource")
+    if is_pod and operation == "CREATE":
         try:
             ops = mutate(pod, agent_socket_volume=agent_socket_volume)
         except PodRequestError as exc:
-            response = {
-                "uid": uid,
-                "allowed": False,
-                "status": {"code": 422, "reason": "Invalid", "message": str(exc)},
-            }
+            response = _refusal(uid, exc)
         else:
             if ops:
                 response["patchType"] = "JSONPatch"
                 response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
+    elif is_pod and operation == "UPDATE":
+        user = str((request.get("userInfo") or {}).get("username") or "")
+        try:
+            check_update(request.get("oldObject") or {}, pod, user, scheduler_user=scheduler_user)
+        except PodRequestError as exc:
+            response = _refusal(uid, exc)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def create_app(*, agent_socket_volume: bool = True) -> FastAPI:
+def create_app(
+    *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+) -> FastAPI:
     """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
-    ``agent_socket_volume`` as in :func:`mutate`."""
+    ``agent_socket_volume`` as in :func:`mutate`, ``scheduler_user`` as in
+    :func:`check_update`."""
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
     @app.post("/mutate")
@@ -234,7 +386,9 @@ def create_app(*, agent_socket_volume: bool = True) -> FastAPI:
             body = json.loads(await request.body())
         except ValueError:
             return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        return JSONResponse(review(body, agent_socket_volume=agent_socket_volume))
+        return JSONResponse(
+            review(body, agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user)
+        )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -250,10 +404,11 @@ def serve(
     key_file: str | None,
     *,
     agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
 ) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
     requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
-    in :func:`mutate`.
+    in :func:`mutate`, ``scheduler_user`` as in :func:`check_update`.
 
     Raises:
         ValueError: only one of ``cert_file`` and ``key_file``.
@@ -263,7 +418,7 @@ def serve(
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     uvicorn.run(
-        create_app(agent_socket_volume=agent_socket_volume),
+        create_app(agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user),
         host=host,
         port=port,
         ssl_certfile=cert_file,

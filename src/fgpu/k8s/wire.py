@@ -24,6 +24,8 @@ What fgpu writes:
   (JSON, :class:`Assignment`) and ``fgpu.io/gpu-uuids``; before the Binding, the ConfigMap
   with ``NVIDIA_VISIBLE_DEVICES`` and the ``FGPU_*`` limits; ``fgpu.io/hold`` on a
   preemptor while capacity is held for it;
+- only the scheduler may change the pod annotations above after creation (the webhook
+  refuses anyone else's update);
 - node agent, on its Node: label ``fgpu.io/managed=true``, labels ``fgpu.io/gpu-model`` and
   ``fgpu.io/gpu-count``, annotation ``fgpu.io/inventory`` (JSON, :class:`Inventory`) and
   ``fgpu.io/usage``.
@@ -37,6 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SCHEDULER_NAME = "fgpu"
+SCHEDULER_USER = "system:serviceaccount:fgpu-system:fgpu-scheduler"
+"""The user the scheduler's API calls come as by default (its service account in
+deploy/base); the webhook lets only it change :data:`FGPU_ANNOTATIONS` on a pod."""
 PREFIX = "fgpu.io/"
 
 GPU = "fgpu.io/gpu"
@@ -62,6 +67,12 @@ ENV_CONFIGMAP = "fgpu.io/env-configmap"
 ASSIGNMENT = "fgpu.io/assignment"
 GPU_UUIDS = "fgpu.io/gpu-uuids"
 HOLD = "fgpu.io/hold"
+WEBHOOK_ANNOTATIONS = (ENV_CONFIGMAP,)
+"""Pod annotations the webhook writes at creation."""
+SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD)
+"""Pod annotations the scheduler writes (the Binding, or a pod patch for the hold)."""
+FGPU_ANNOTATIONS = WEBHOOK_ANNOTATIONS + SCHEDULER_ANNOTATIONS
+"""Pod annotations fgpu writes; users may not set or change them (the webhook refuses)."""
 
 MANAGED_LABEL = "fgpu.io/managed"
 MODEL_LABEL = "fgpu.io/gpu-model"

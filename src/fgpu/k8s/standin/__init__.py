@@ -19,8 +19,9 @@ with the semantics they rely on:
 - Leases, Events, ConfigMaps (deleted with their owner pod, as the garbage collector does),
   PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
   the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
-- admission webhooks on pod creation (AdmissionReview v1 over HTTP or HTTPS, JSON patch
-  responses, denials answered as the API server words them);
+- admission webhooks on pod creation and update (AdmissionReview v1 over HTTP or HTTPS,
+  JSON patch responses, denials answered as the API server words them; the requester named
+  by ``Impersonate-User``, trusted unchecked, else ``system:anonymous``);
 - enough for ``kubectl``: discovery (``/api``, ``/apis``, resource lists, ``/version``),
   ``Table`` answers for ``kubectl get``, event field selectors for ``kubectl describe``,
   and ``fieldValidation`` (unknown fields, from the official client's models) with the

@@ -51,15 +51,38 @@ class Options:
         graceful_delete: deleting a bound pod only marks it (``deletionTimestamp``) until a
             delete with ``gracePeriodSeconds=0`` (its containers are still stopping), as the
             API server does while the kubelet works; off: it goes at once.
-        webhooks: mutating/validating admission webhook URLs called on pod CREATE, in
-            order (AdmissionReview v1), as a MutatingWebhookConfiguration would.
+        webhooks: mutating/validating admission webhook URLs called on pod CREATE and
+            UPDATE (a PUT or PATCH of the pod itself; not ``pods/status`` or
+            ``pods/binding``, which are subresources), in order (AdmissionReview v1), as a
+            MutatingWebhookConfiguration for ``pods`` with operations CREATE and UPDATE
+            would (its ``matchConditions`` are not evaluated: every pod request is sent).
         webhook_ca: CA bundle file for ``https`` webhook URLs.
+
+    The requester's identity (``userInfo`` in the AdmissionReview) comes from the
+    ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
+    TRUSTED WITHOUT ANY CHECK (test stand-in: no authentication, no RBAC); without them a
+    request is ``system:anonymous`` (:data:`ANONYMOUS`).
     """
 
     kubelet: bool = False
     graceful_delete: bool = False
     webhooks: list[str] = field(default_factory=list)
     webhook_ca: str | None = None
+
+
+ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
+"""The ``userInfo`` of a request without ``Impersonate-User``, as an API server that allows
+anonymous requests gives it."""
+
+
+def user_info(headers: Any) -> dict[str, Any]:
+    """The requester, from the impersonation headers. TEST ONLY: trusted as they come (a real
+    API server authenticates the caller and checks its RBAC ``impersonate`` permission)."""
+    name = headers.get("impersonate-user")
+    if not name:
+        return copy.deepcopy(ANONYMOUS)
+    groups = [g for g in headers.getlist("impersonate-group") if g]
+    return {"username": name, "groups": [*groups, "system:authenticated"]}
 
 
 def _kind(group: str, version: str, plural: str) -> Kind:
@@ -178,21 +201,28 @@ class StandInApi:
         }
 
     # ------------------------------------------------------------------- pods
-    async def _admit(self, obj: Obj, namespace: str) -> Obj:
+    async def _admit(self, obj: Obj, namespace: str, user: Obj, old: Obj | None = None) -> Obj:
+        """Call the webhooks on a pod CREATE (``old`` None) or UPDATE (``old``: the pod as
+        stored) and apply their patches; a denial raises as the API server words it."""
         for url in self.options.webhooks:
+            request: dict[str, Any] = {
+                "uid": str(uuid.uuid4()),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": namespace,
+                "name": (obj.get("metadata") or {}).get("name", ""),
+                "operation": "CREATE" if old is None else "UPDATE",
+                "userInfo": user,
+                "object": obj,
+                "oldObject": old,
+                "dryRun": False,
+            }
             review = {
                 "apiVersion": "admission.k8s.io/v1",
                 "kind": "AdmissionReview",
-                "request": {
-                    "uid": str(uuid.uuid4()),
-                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                    "resource": {"group": "", "version": "v1", "resource": "pods"},
-                    "namespace": namespace,
-                    "name": obj["metadata"].get("name", ""),
-                    "operation": "CREATE",
-                    "object": obj,
-                    "dryRun": False,
-                },
+                "request": request,
             }
             if self._http is None:
                 verify: ssl.SSLContext | bool = True
@@ -408,7 +438,7 @@ class StandInApi:
                         return JSONResponse(tables.table(route.kind, listed["items"], rv))
                     return JSONResponse(listed)
                 if method == "POST":
-                    return await self._create(route, body or {}, query)
+                    return await self._create(route, body or {}, query, request.headers)
                 raise ApiStatusError(405, "MethodNotAllowed", f"{method} on a collection")
             return await self._object(route, method, body, request.headers, query)
         except ApiStatusError as exc:
@@ -416,7 +446,9 @@ class StandInApi:
         except json.JSONDecodeError as exc:
             return _status_response(ApiStatusError(400, "BadRequest", f"bad JSON: {exc}"))
 
-    async def _create(self, route: _Route, body: Obj, query: dict[str, str]) -> JSONResponse:
+    async def _create(
+        self, route: _Route, body: Obj, query: dict[str, str], headers: Any
+    ) -> JSONResponse:
         kind = route.kind
         warnings = _check_fields(kind, body, query)
         ns = route.namespace or ""
@@ -431,7 +463,7 @@ class StandInApi:
                 "the request",
             )
         if kind.plural == "pods":
-            body = await self._admit(body, ns)
+            body = await self._admit(body, ns, user_info(headers))
             self._pod_defaults(body)
         return JSONResponse(self.store.create(kind, ns, body), status_code=201, headers=warnings)
 
@@ -507,6 +539,8 @@ class StandInApi:
                 }
             else:  # and status never through the main resource
                 new["status"] = old.get("status", {})
+        if kind.plural == "pods" and sub is None:  # admission of UPDATE (not of /status)
+            new = await self._admit(new, ns, user_info(headers), old=copy.deepcopy(old))
         if kind.plural == "pods" and sub is None and new.get("spec") != old.get("spec"):
             raise ApiStatusError(
                 422,
