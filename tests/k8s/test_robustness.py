@@ -166,3 +166,22 @@ def test_a_cordoned_node_is_named_in_the_reason_not_silently_left_out(cluster) -
         "0/1 nodes fit: 1 have fewer than 4 GPUs "
         "(and 1 fgpu node cordoned, not Ready or with an unreadable inventory)"
     )
+
+
+def test_a_restarted_scheduler_reads_a_lost_assignment_back_from_the_pods_environment(
+    cluster,
+) -> None:
+    add_node(cluster, "node-a", gpus=1)
+    create(cluster, pod("first", "0.5"))
+    create(cluster, pod("second", "0.5"))
+    round_(K8sScheduler(cluster.api))
+    assert len(bound(cluster)) == 2
+    # removed by someone the webhook trusts (or with no webhook in the way), then a new
+    # scheduler that never saw the grant
+    annotate(cluster, "first", {wire.ASSIGNMENT: None, wire.GPU_UUIDS: None})
+    create(cluster, pod("third", "0.5"))
+    heir = K8sScheduler(cluster.api)
+    round_(heir)
+    round_(heir)
+    assert sorted(p["metadata"]["name"] for p in bound(cluster)) == ["first", "second"]
+    assert "insufficient GPU" in reason(cluster, "third")

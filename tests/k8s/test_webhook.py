@@ -269,6 +269,20 @@ def test_a_given_configmap_name_is_replaced_and_other_env_sources_kept() -> None
     ]
 
 
+def test_a_copied_reference_in_another_spelling_is_replaced_too() -> None:
+    # kubectl output edited by hand: the "optional" field dropped, or an older pod's name
+    body = pod("p", "0.5")
+    body["metadata"]["annotations"][wire.ENV_CONFIGMAP] = "fgpu-env-0123456789"
+    body["spec"]["containers"][0]["envFrom"] = [
+        {"configMapRef": {"name": "fgpu-env-0123456789"}},
+        {"configMapRef": {"name": "fgpu-env-aaaaaaaaaa", "optional": True}},
+    ]
+    admitted = json_patch(body, mutate(body, "fgpu-env-new"))
+    assert admitted["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": "fgpu-env-new", "optional": False}},
+    ]
+
+
 def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
     make_cluster,
 ) -> None:

@@ -244,3 +244,17 @@ def test_word_counts_match_numpy(width: int) -> None:
     assert any_per_node(mask).tolist() == mask.any(axis=1).tolist()
     full = np.ones((3, width), dtype=np.bool_)
     assert count_per_node(full).tolist() == [width] * 3
+
+
+def test_a_model_mismatch_says_what_was_asked_and_what_the_nodes_have() -> None:
+    from fgpu.model.types import Node, Request
+    from fgpu.sched.state import ClusterState
+
+    state = ClusterState(
+        [Node("a", 1000, 1000, 2, "A100-80GB", 81920), Node("b", 1000, 1000, 2, "H100-80GB", 81920)]
+    )
+    # "A100" is the catalog's alias of A100-40GB: the reason shows what it became
+    asked = Request(gpu_count=1, gpu_milli=500, gpu_models=frozenset({"A100"}))
+    assert state.explain(asked) == (
+        "0/2 nodes fit: 2 GPU model not allowed (asked A100-40GB; they have A100-80GB, H100-80GB)"
+    )

@@ -161,6 +161,7 @@ class K8sScheduler:
         self._granted: dict[str, tuple[str, wire.Assignment]] = {}  # id -> (uid, assignment)
         self._said: dict[str, str] = {}  # id -> the last warning logged about it
         self._queue_problems: list[str] = []
+        self._env_missed: dict[str, str] = {}  # id -> uid whose environment had no grant
         self._constraints = ConstraintCache()
         self.last: Decision | None = None
         self.bound = 0
@@ -355,6 +356,8 @@ class K8sScheduler:
             del self._granted[stale]
         for stale in self._said.keys() - rnd.pods.keys():
             del self._said[stale]
+        for stale in self._env_missed.keys() - rnd.pods.keys():
+            del self._env_missed[stale]
         for gone in self._reasons.keys() - rnd.pods.keys():
             del self._reasons[gone]
         if len(self._node_memo) > len(snap.nodes) or len(self._facts_memo) > len(snap.nodes):
@@ -499,8 +502,16 @@ class K8sScheduler:
             read, problem = None, str(exc)
         a = self._granted_to(key, uid, read)
         if a is None:
-            # bound by fgpu but its assignment is not readable and was never seen: count
-            # its CPU and memory only, and say so (once)
+            a = self._from_env(key, uid, pod, node, at)
+            if a is not None:
+                self._complain(
+                    key,
+                    f"pod {key} on {node}: {problem}; counting the GPUs its environment "
+                    "ConfigMap gives its containers",
+                )
+        if a is None:
+            # bound by fgpu but its assignment is not readable, was never seen and its
+            # environment is gone: count its CPU and memory only, and say so (once)
             self._complain(key, f"pod {key} on {node}: {problem}; counting CPU and memory only")
             self._other(rnd, key, pod, n)
             return
@@ -578,6 +589,55 @@ class K8sScheduler:
         if read is not None:
             self._granted[key] = (uid, read)
         return read
+
+    def _from_env(
+        self, key: str, uid: str, pod: Obj, node: str, at: Mapping[str, int]
+    ) -> wire.Assignment | None:
+        """What a bound pod without a readable assignment holds, from the environment
+        ConfigMap fgpu wrote for it before the bind (what its containers were given: GPU
+        UUIDs, compute milli, memory MiB), when that ConfigMap is there and owned by this
+        pod. Read once per pod (then kept as its grant); None when there is none to read or
+        it names MIG instances (their profile is not in it)."""
+        if self._env_missed.get(key) == uid:
+            return None  # looked before: nothing to read
+        self._env_missed[key] = uid
+        meta = pod["metadata"]
+        name = (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP)
+        if not name:
+            return None
+        try:
+            cm = self.api.get_config_map(meta.get("namespace", "default"), name)
+            owners = {r.get("uid") for r in cm["metadata"].get("ownerReferences") or []}
+            data = cm.get("data") or {}
+            uuids = tuple(u for u in str(data.get("CUDA_VISIBLE_DEVICES", "")).split(",") if u)
+            milli = int(data["FGPU_GPU_COMPUTE_MILLI"])
+            memory = int(data["FGPU_GPU_MEMORY_MIB"])
+            cpu, host_memory = container_requests(pod)
+        except (KubeError, KeyError, ValueError, PodRequestError) as exc:
+            log.debug("pod %s: no environment to read the grant from: %s", key, exc)
+            return None
+        if uid not in owners or any(u.startswith("MIG-") for u in uuids):
+            return None
+        try:
+            ask = pod_ask(pod)
+            queue, priority, preemptible = ask.queue, ask.priority, ask.preemptible
+        except PodRequestError:
+            queue, priority, preemptible = wire.DEFAULT_QUEUE, 50, None
+        granted = wire.Assignment(
+            node=node,
+            uuids=uuids,
+            gpus=tuple(at.get(u, 0) for u in uuids),
+            gpu_milli=(milli,) * len(uuids),
+            gpu_memory_mib=(memory,) * len(uuids),
+            cpu_milli=cpu,
+            memory_mib=host_memory,
+            queue=queue,
+            priority=priority,
+            preemptible=preemptible,
+        )
+        self._granted[key] = (uid, granted)
+        del self._env_missed[key]
+        return granted
 
     def _complain(self, key: str, message: str) -> None:
         """Log a warning about a pod once (again only when it changes)."""

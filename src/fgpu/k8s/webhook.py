@@ -216,18 +216,25 @@ def mutate(
         )
     # always a fresh name (a given one is another pod's: the scheduler would never bind
     # this one); "add" replaces a member that exists
-    name = configmap_name or f"fgpu-env-{secrets.token_hex(5)}"
+    name = configmap_name or f"{ENV_PREFIX}{secrets.token_hex(5)}"
     ops.append(
         {"op": "add", "path": f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}", "value": name}
     )
     ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     source = {"configMapRef": {"name": name, "optional": False}}
     copied = notes.get(wire.ENV_CONFIGMAP)
-    ours = [{"configMapRef": {"name": n, "optional": False}} for n in (copied, name) if n]
+
+    def fgpus(ref: Obj) -> bool:
+        """A reference to an fgpu environment ConfigMap (copied from another pod, in any
+        spelling): it is replaced by this pod's own."""
+        cm = ref.get("configMapRef") or {}
+        named = str(cm.get("name") or "")
+        return bool(cm) and (named in (copied, name) or named.startswith(ENV_PREFIX))
+
     for group in ("initContainers", "containers"):
         for i, c in enumerate(spec.get(group) or []):
             refs = c.get("envFrom") or []
-            kept = [r for r in refs if r not in ours]
+            kept = [r for r in refs if not fgpus(r)]
             if len(kept) == len(refs) and refs:
                 ops.append({"op": "add", "path": f"/spec/{group}/{i}/envFrom/-", "value": source})
             else:  # none yet, or the copied pod's reference: replaced, not duplicated
@@ -237,6 +244,11 @@ def mutate(
     if agent_socket_volume:
         ops.extend(_agent_socket_ops(spec))
     return ops
+
+
+ENV_PREFIX = "fgpu-env-"
+"""Names of the pods' environment ConfigMaps start so; an ``envFrom`` reference to one in a
+new pod (copied from another pod) is replaced by the pod's own."""
 
 
 def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:

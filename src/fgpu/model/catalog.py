@@ -77,8 +77,9 @@ class UnknownGpuModelError(KeyError):
         self.name = name
         known = ", ".join(sorted(GPU_CATALOG))
         aliases = ", ".join(sorted(ALIASES))
+        shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}... ({len(name)} characters)"
         super().__init__(
-            f"gpu_model: unknown GPU model {name!r}; known models: {known} (aliases: {aliases})"
+            f"gpu_model: unknown GPU model {shown}; known models: {known} (aliases: {aliases})"
         )
 
     def __str__(self) -> str:

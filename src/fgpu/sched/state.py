@@ -269,7 +269,14 @@ class ClusterState:
             take(allowed, CONSTRAINED)
         if request.gpu_count:
             take(self.gpu_count >= request.gpu_count, f"have fewer than {request.gpu_count} GPUs")
-            take(self.model_mask(request.gpu_models), "GPU model not allowed")
+            allowed_model = self.model_mask(request.gpu_models)
+            other = self.node_model[remaining & ~allowed_model]
+            have = sorted({self.model_names[m] for m in other.tolist() if m >= 0})
+            take(
+                allowed_model,
+                f"GPU model not allowed (asked {', '.join(sorted(request.gpu_models))}; "
+                f"{'they have' if len(other) > 1 else 'it has'} {', '.join(have) or 'none'})",
+            )
         take(self.cpu_free >= request.cpu_milli, f"insufficient CPU (need {request.cpu_milli}m)")
         take(
             self.memory_free >= request.memory_mib,
