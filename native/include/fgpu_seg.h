@@ -1,0 +1,87 @@
+/*
+ * fgpu_seg.h - the shared-memory segment between the fgpu agent and the interposer.
+ *
+ * One segment per workload (a file, normally under /dev/shm), named to the workload's
+ * processes by FGPU_SEG=<path>. The agent creates it before launch (owner: the workload's
+ * user, mode 0600, so one user cannot touch another's state) and maps it for as long as the
+ * workload runs; every process of the workload maps it when the interposer first needs it.
+ *
+ * Who writes what:
+ *   agent       : everything at creation; later gate, max_inflight, gpus[].memory_limit,
+ *                 agent_beat_ns (at least every second while it runs),
+ *                 and reclaims procs[] of dead processes (fgpu_seg_sweep).
+ *   interposers : procs[] (claim an entry, reserve/give back bytes, inflight, waiting),
+ *                 gpus[].memory_reserved, gpu_time_ns, oom_*, last_launch_ns, launches.
+ *
+ * Layout rules: fixed-size, naturally aligned fields, C11 atomics (lock-free on every
+ * supported target: 32- and 64-bit). Bump FGPU_SEG_VERSION on any change; both sides refuse
+ * a segment whose magic, version or size differ from theirs. The Python mirror of the
+ * offsets is fgpu/agent/interposer/segment.py (the tests compare both).
+ */
+#ifndef FGPU_SEG_H
+#define FGPU_SEG_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define FGPU_SEG_MAGIC 0x55504746u /* "FGPU" read as little-endian bytes */
+#define FGPU_SEG_VERSION 1u
+#define FGPU_SEG_MAX_GPUS 16
+#define FGPU_SEG_MAX_PROCS 128
+#define FGPU_SEG_ID_LEN 64
+#define FGPU_SEG_UUID_LEN 96
+
+#define FGPU_SEG_STALE_NS 2000000000ull /* 2 s */
+
+/* gate values */
+#define FGPU_GATE_OPEN 0u
+#define FGPU_GATE_CLOSED 1u
+
+/* flags (set by the agent at creation) */
+#define FGPU_SEG_MEMORY_CAP 0x1u /* refuse allocations over gpus[].memory_limit */
+#define FGPU_SEG_GATING 0x2u     /* hold launches while the gate is closed */
+
+/* One GPU of the workload, in CUDA_VISIBLE_DEVICES order. */
+struct fgpu_seg_gpu {
+    char uuid[FGPU_SEG_UUID_LEN];      /* "GPU-..." or "MIG-...", NUL-terminated */
+    _Atomic uint64_t memory_limit;     /* bytes; 0 = no cap on this GPU */
+    _Atomic uint64_t memory_reserved;  /* bytes reserved now by all processes */
+    _Atomic uint64_t memory_peak;      /* highest memory_reserved seen */
+    _Atomic uint64_t gpu_time_ns;      /* device time of completed gated work */
+    _Atomic uint64_t oom_count;        /* allocations refused by the cap */
+    _Atomic uint64_t oom_last_bytes;   /* size of the last refused allocation */
+};
+
+/* One process of the workload that has used the driver through the interposer. */
+struct fgpu_seg_proc {
+    _Atomic int32_t pid;          /* 0: free; > 0: owner; -1: being claimed or reclaimed */
+    uint32_t pad0;
+    _Atomic uint64_t start_ticks; /* field 22 of /proc/<pid>/stat: guards against pid reuse */
+    _Atomic uint64_t reserved[FGPU_SEG_MAX_GPUS]; /* bytes this process holds, per GPU */
+    _Atomic uint32_t inflight;    /* gated operations issued and not yet seen complete */
+    _Atomic uint32_t waiting;     /* threads of this process held at the gate now */
+};
+
+struct fgpu_seg {
+    uint32_t magic;                  /* FGPU_SEG_MAGIC */
+    uint32_t version;                /* FGPU_SEG_VERSION */
+    uint32_t size;                   /* sizeof(struct fgpu_seg) */
+    uint32_t ngpus;                  /* entries used in gpus[] */
+    uint32_t flags;                  /* FGPU_SEG_MEMORY_CAP | FGPU_SEG_GATING */
+    uint32_t pad0;
+    char workload_id[FGPU_SEG_ID_LEN];
+    _Atomic uint32_t gate;           /* FGPU_GATE_OPEN / CLOSED; a futex word */
+    _Atomic uint32_t max_inflight;   /* per process; 0 = unbounded */
+    _Atomic uint64_t last_launch_ns; /* CLOCK_MONOTONIC ns of the latest gated call */
+    _Atomic uint64_t launches;       /* gated calls that went to the driver */
+    _Atomic uint64_t gate_waits;     /* gated calls that had to wait at the gate */
+    _Atomic uint64_t processes;      /* processes that ever claimed an entry */
+    _Atomic uint64_t agent_beat_ns;  /* CLOCK_MONOTONIC ns of the agent's last heartbeat;
+                                        a gate closed by an agent silent for more than
+                                        FGPU_SEG_STALE_NS counts as open (a dead agent
+                                        never leaves a workload held) */
+    struct fgpu_seg_gpu gpus[FGPU_SEG_MAX_GPUS];
+    struct fgpu_seg_proc procs[FGPU_SEG_MAX_PROCS];
+};
+
+#endif /* FGPU_SEG_H */
