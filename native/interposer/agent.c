@@ -1,0 +1,226 @@
+/*
+ * agent.c - libfgpu-agent.so: the agent's side of a workload's segment, for Python ctypes.
+ *
+ * Owns: creating a segment file (written to a temporary name, then renamed, mode 0600,
+ * chown to the workload's user), mapping and unmapping it, the agent's writes (gate,
+ * max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same code the
+ * interposer runs) and a consistent-enough snapshot of the counters in a plain struct.
+ *
+ * Errors: functions return 0 or a negative errno value; fgpu_agent_open returns NULL and
+ * writes the reason into the caller's buffer.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "seg.h"
+
+#define FGPU_API __attribute__((visibility("default")))
+
+struct fgpu_agent_gpu {
+    char uuid[FGPU_SEG_UUID_LEN];
+    uint64_t memory_limit;   /* bytes, 0 = no cap */
+    uint64_t memory_reserved;
+    uint64_t memory_peak;
+    uint64_t gpu_time_ns;
+    uint64_t oom_count;
+    uint64_t oom_last_bytes;
+};
+
+struct fgpu_agent_snapshot {
+    uint32_t ngpus;
+    uint32_t flags;
+    uint32_t gate;
+    uint32_t max_inflight;
+    uint64_t launches;
+    uint64_t gate_waits;
+    uint64_t last_launch_ns;   /* CLOCK_MONOTONIC */
+    uint64_t processes;        /* entries ever claimed */
+    uint32_t live_processes;   /* entries held now (pid > 0) */
+    uint32_t inflight;         /* sum over held entries */
+    uint32_t waiting;          /* sum over held entries */
+    uint32_t pad0;
+    struct fgpu_agent_gpu gpus[FGPU_SEG_MAX_GPUS];
+};
+
+FGPU_API uint32_t fgpu_agent_segment_size(void) { return (uint32_t)sizeof(struct fgpu_seg); }
+
+FGPU_API uint32_t fgpu_agent_snapshot_size(void)
+{
+    return (uint32_t)sizeof(struct fgpu_agent_snapshot);
+}
+
+FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32_t ngpus,
+                               const char *const *uuids, const uint64_t *limits, uint32_t flags,
+                               uint32_t max_inflight, int32_t uid, int32_t gid)
+{
+    if (path == NULL || workload_id == NULL || ngpus > FGPU_SEG_MAX_GPUS ||
+        (ngpus > 0 && (uuids == NULL || limits == NULL)))
+        return -EINVAL;
+    if (strlen(workload_id) >= FGPU_SEG_ID_LEN)
+        return -ENAMETOOLONG;
+    for (uint32_t g = 0; g < ngpus; g++) {
+        if (uuids[g] == NULL || uuids[g][0] == '\0')
+            return -EINVAL;
+        if (strlen(uuids[g]) >= FGPU_SEG_UUID_LEN)
+            return -ENAMETOOLONG;
+    }
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    int rc = 0;
+    struct fgpu_seg *s = NULL;
+    if (ftruncate(fd, (off_t)sizeof(struct fgpu_seg)) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if ((uid >= 0 || gid >= 0) && fchown(fd, (uid_t)uid, (gid_t)gid) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (fchmod(fd, 0600) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    /* the file is zero-filled by ftruncate: fill the header through a shared mapping */
+    void *m = mmap(NULL, sizeof(struct fgpu_seg), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        rc = -errno;
+        goto fail;
+    }
+    s = m;
+    s->magic = FGPU_SEG_MAGIC;
+    s->version = FGPU_SEG_VERSION;
+    s->size = (uint32_t)sizeof(struct fgpu_seg);
+    s->ngpus = ngpus;
+    s->flags = flags;
+    snprintf(s->workload_id, sizeof s->workload_id, "%s", workload_id);
+    atomic_store(&s->gate, FGPU_GATE_OPEN);
+    atomic_store(&s->max_inflight, max_inflight);
+    for (uint32_t g = 0; g < ngpus; g++) {
+        snprintf(s->gpus[g].uuid, sizeof s->gpus[g].uuid, "%s", uuids[g]);
+        atomic_store(&s->gpus[g].memory_limit, limits[g]);
+    }
+    fgpu_seg_unmap(s);
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        rc = -errno;
+        unlink(tmp);
+        return rc;
+    }
+    if (rename(tmp, path) != 0) {
+        rc = -errno;
+        unlink(tmp);
+        return rc;
+    }
+    return 0;
+fail:
+    close(fd);
+    unlink(tmp);
+    return rc;
+}
+
+FGPU_API struct fgpu_seg *fgpu_agent_open(const char *path, char *why, size_t why_len)
+{
+    char dummy[8];
+    if (why == NULL || why_len == 0) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    if (path == NULL) {
+        snprintf(why, why_len, "path is NULL");
+        return NULL;
+    }
+    return fgpu_seg_map(path, why, why_len);
+}
+
+FGPU_API int fgpu_agent_close(struct fgpu_seg *s)
+{
+    if (s == NULL)
+        return -EINVAL;
+    fgpu_seg_unmap(s);
+    return 0;
+}
+
+FGPU_API int fgpu_agent_set_gate(struct fgpu_seg *s, uint32_t gate)
+{
+    if (s == NULL || (gate != FGPU_GATE_OPEN && gate != FGPU_GATE_CLOSED))
+        return -EINVAL;
+    /* release: whatever the agent wrote before (limits) is visible to a launcher that sees
+     * the new gate value with its acquire load */
+    atomic_store_explicit(&s->gate, gate, memory_order_release);
+    if (gate == FGPU_GATE_OPEN) {
+        /* shared futex (not PRIVATE): the waiters are in other processes */
+        if (syscall(SYS_futex, (uint32_t *)&s->gate, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) < 0)
+            return -errno;
+    }
+    return 0;
+}
+
+FGPU_API int fgpu_agent_set_max_inflight(struct fgpu_seg *s, uint32_t max_inflight)
+{
+    if (s == NULL)
+        return -EINVAL;
+    atomic_store_explicit(&s->max_inflight, max_inflight, memory_order_relaxed);
+    return 0;
+}
+
+FGPU_API int fgpu_agent_set_memory_limit(struct fgpu_seg *s, uint32_t gpu, uint64_t bytes)
+{
+    if (s == NULL || gpu >= s->ngpus)
+        return -EINVAL;
+    atomic_store_explicit(&s->gpus[gpu].memory_limit, bytes, memory_order_relaxed);
+    return 0;
+}
+
+FGPU_API uint64_t fgpu_agent_sweep(struct fgpu_seg *s)
+{
+    return s == NULL ? 0 : fgpu_seg_sweep(s);
+}
+
+FGPU_API int fgpu_agent_snapshot(struct fgpu_seg *s, struct fgpu_agent_snapshot *out)
+{
+    if (s == NULL || out == NULL)
+        return -EINVAL;
+    memset(out, 0, sizeof *out);
+    out->ngpus = s->ngpus;
+    out->flags = s->flags;
+    /* relaxed loads: each counter is read once; the snapshot is not one atomic instant */
+    out->gate = atomic_load_explicit(&s->gate, memory_order_relaxed);
+    out->max_inflight = atomic_load_explicit(&s->max_inflight, memory_order_relaxed);
+    out->launches = atomic_load_explicit(&s->launches, memory_order_relaxed);
+    out->gate_waits = atomic_load_explicit(&s->gate_waits, memory_order_relaxed);
+    out->last_launch_ns = atomic_load_explicit(&s->last_launch_ns, memory_order_relaxed);
+    out->processes = atomic_load_explicit(&s->processes, memory_order_relaxed);
+    for (uint32_t g = 0; g < s->ngpus && g < FGPU_SEG_MAX_GPUS; g++) {
+        struct fgpu_seg_gpu *src = &s->gpus[g];
+        struct fgpu_agent_gpu *dst = &out->gpus[g];
+        memcpy(dst->uuid, src->uuid, sizeof dst->uuid);
+        dst->uuid[sizeof dst->uuid - 1] = '\0';
+        dst->memory_limit = atomic_load_explicit(&src->memory_limit, memory_order_relaxed);
+        dst->memory_reserved = atomic_load_explicit(&src->memory_reserved, memory_order_relaxed);
+        dst->memory_peak = atomic_load_explicit(&src->memory_peak, memory_order_relaxed);
+        dst->gpu_time_ns = atomic_load_explicit(&src->gpu_time_ns, memory_order_relaxed);
+        dst->oom_count = atomic_load_explicit(&src->oom_count, memory_order_relaxed);
+        dst->oom_last_bytes = atomic_load_explicit(&src->oom_last_bytes, memory_order_relaxed);
+    }
+    for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+        struct fgpu_seg_proc *e = &s->procs[p];
+        if (atomic_load_explicit(&e->pid, memory_order_acquire) <= 0)
+            continue;
+        out->live_processes++;
+        out->inflight += atomic_load_explicit(&e->inflight, memory_order_relaxed);
+        out->waiting += atomic_load_explicit(&e->waiting, memory_order_relaxed);
+    }
+    return 0;
+}
