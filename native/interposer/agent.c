@@ -9,7 +9,9 @@
  * Errors: functions return 0 or a negative errno value; fgpu_agent_open returns NULL and
  * writes the reason into the caller's buffer.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

@@ -12,7 +12,9 @@
  * back subtracts from procs[p] first and gpus[g] second. A process killed between the two
  * steps leaves gpus[g] too high by that one amount (stricter than the cap, never looser).
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include "seg.h"
 
 #include <errno.h>
