@@ -172,14 +172,30 @@ static void retire_ready(int p)
 
 /* --------------------------------------------------------------- gate */
 
+/* Closed and its agent alive. Where the segment carries the agent's heartbeat
+ * (FGPU_SEG_STALE_NS), a gate whose agent has been silent longer than that counts as open:
+ * a dead agent must not hold its workloads forever. */
+static int gate_closed(struct fgpu_seg *s)
+{
+    /* acquire: pairs with the agent's release store when it opens the gate */
+    if (atomic_load_explicit(&s->gate, memory_order_acquire) == FGPU_GATE_OPEN)
+        return 0;
+#ifdef FGPU_SEG_STALE_NS
+    uint64_t beat = atomic_load_explicit(&s->agent_beat_ns, memory_order_relaxed);
+    uint64_t now = fgpu_now_ns();
+    if (now > beat && now - beat > FGPU_SEG_STALE_NS)
+        return 0;
+#endif
+    return 1;
+}
+
 static void gate_wait(int p)
 {
     struct fgpu_seg *s = fgpu_g.seg;
     atomic_fetch_add_explicit(&s->gate_waits, 1, memory_order_relaxed);
     if (p >= 0)
         atomic_fetch_add_explicit(&s->procs[p].waiting, 1, memory_order_relaxed);
-    /* acquire: pairs with the agent's release store when it opens the gate */
-    while (atomic_load_explicit(&s->gate, memory_order_acquire) != FGPU_GATE_OPEN) {
+    while (gate_closed(s)) {
         pthread_mutex_lock(&ring_lock);
         retire_ready(p);
         int busy = ring_count > 0;
@@ -211,8 +227,7 @@ static void before(struct tok *t, CUstream stream, int ptsz)
         return;
     struct fgpu_seg *s = fgpu_g.seg;
     int p = fgpu_proc();
-    /* acquire: pairs with the agent's release store of the gate */
-    if (fgpu_g.gating && atomic_load_explicit(&s->gate, memory_order_acquire) != FGPU_GATE_OPEN)
+    if (fgpu_g.gating && gate_closed(s))
         gate_wait(p);
     /* relaxed: a time stamp the agent reads as "busy lately"; no ordering needed */
     atomic_store_explicit(&s->last_launch_ns, fgpu_now_ns(), memory_order_relaxed);
