@@ -45,7 +45,7 @@ _PROTOS = {
 }
 
 
-def _fn(name: str):  # noqa: ANN202 - a ctypes function pointer
+def _fn(name: str):
     base, argtypes = _PROTOS[name]
     if not PROCADDR:
         f = getattr(cu, name)
@@ -100,9 +100,9 @@ def snapshot() -> dict[str, int]:
     """The segment as the agent library reads it (FGPU_TEST_NATIVE names the folder)."""
     native = os.environ["FGPU_TEST_NATIVE"]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from interposer_support import AgentLib
-
     from pathlib import Path
+
+    from interposer_support import AgentLib
 
     agent = AgentLib(Path(native))
     agent.open(Path(os.environ["FGPU_SEG"]))
@@ -218,7 +218,9 @@ def main() -> None:
     elif mode == "alloc":
         alloc_once(*rest)
     else:
-        print(f"mode {mode!r} is not one of race, hold, threads, fork, exec, alloc", file=sys.stderr)
+        print(
+            f"mode {mode!r} is not one of race, hold, threads, fork, exec, alloc", file=sys.stderr
+        )
         sys.exit(2)
 
 
