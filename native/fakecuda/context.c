@@ -1,0 +1,696 @@
+/*
+ * context.c - fake driver (a STAND-IN for tests, see fake.h): cuInit and the visible devices
+ * (CUDA_VISIBLE_DEVICES), device queries, contexts (primary and created, a per-thread
+ * current-context stack), modules with the "spin" kernel, error strings, fork and exit
+ * handling, and the test hook fgpuFakeDeviceTime.
+ */
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake.h"
+#include "fakecuda.h"
+
+struct fk_local fk_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .gen = 1};
+
+#define FK_CTX_STACK 16
+static __thread struct fk_ctx *ctx_stack[FK_CTX_STACK];
+static __thread int ctx_depth;
+
+/* ------------------------------------------------------------------ process life */
+
+static void before_fork(void)
+{
+    pthread_mutex_lock(&fk_g.lock);
+}
+
+static void after_fork_parent(void)
+{
+    pthread_mutex_unlock(&fk_g.lock);
+}
+
+/* A forked child starts without CUDA (like the real driver, it must not use the parent's
+ * contexts): it has to call cuInit again, and the parent's memory is not its own. */
+static void after_fork_child(void)
+{
+    pthread_mutex_init(&fk_g.lock, NULL);
+    fk_state_after_fork();
+    fk_streams_after_fork();
+    fk_g.gen++;
+    fk_g.initialised = 0;
+    fk_g.nvis = 0;
+    for (int i = 0; i < FK_MAX_GPUS; i++) {
+        fk_g.primary[i] = NULL;
+        fk_g.default_pool[i] = NULL;
+        fk_g.graph_reserved[i] = 0;
+        fk_g.graph_used[i] = 0;
+    }
+    fk_alloc_forget_all();
+}
+
+__attribute__((constructor)) static void fk_load(void)
+{
+    pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}
+
+__attribute__((destructor)) static void fk_unload(void)
+{
+    fk_slot_release_self();
+}
+
+/* ------------------------------------------------------------------ init and devices */
+
+/* CUDA_VISIBLE_DEVICES: indices or uuids (a unique prefix is enough), in the order given;
+ * parsing stops at the first entry that names no device, as the real driver does. */
+static void parse_visible(void)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    fk_g.nvis = 0;
+    if (env == NULL) {
+        for (uint32_t i = 0; i < fk_sh->ngpus; i++)
+            fk_g.vis[fk_g.nvis++] = (int)i;
+        return;
+    }
+    char *copy = strdup(env);
+    if (copy == NULL)
+        return;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok))
+            tok++;
+        int found = -1;
+        if (isdigit((unsigned char)tok[0])) {
+            char *end = NULL;
+            long idx = strtol(tok, &end, 10);
+            if (*end == '\0' && idx >= 0 && idx < (long)fk_sh->ngpus)
+                found = (int)idx;
+        } else if (tok[0] != '\0') {
+            size_t len = strlen(tok);
+            for (uint32_t i = 0; i < fk_sh->ngpus; i++) {
+                if (strncmp(fk_sh->gpus[i].uuid, tok, len) == 0) {
+                    if (found >= 0) { /* ambiguous prefix */
+                        found = -1;
+                        break;
+                    }
+                    found = (int)i;
+                }
+            }
+        }
+        int dup = 0;
+        for (int j = 0; j < fk_g.nvis; j++)
+            dup |= fk_g.vis[j] == found;
+        if (found < 0 || dup) {
+            fk_debug("CUDA_VISIBLE_DEVICES: '%s' names no device (or again): list ends", tok);
+            break;
+        }
+        fk_g.vis[fk_g.nvis++] = found;
+    }
+    free(copy);
+}
+
+CUresult cuInit(unsigned int flags)
+{
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk_g.lock);
+    if (!fk_g.initialised) {
+        if (fk_state_open() != 0) {
+            fk_g.init_result = CUDA_ERROR_NO_DEVICE;
+        } else {
+            parse_visible();
+            fk_g.init_result = fk_g.nvis > 0 ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+            if (fk_g.nvis == 0)
+                fk_debug("no visible device (CUDA_VISIBLE_DEVICES)");
+        }
+        fk_g.initialised = 1;
+    }
+    CUresult rc = fk_g.init_result;
+    pthread_mutex_unlock(&fk_g.lock);
+    return rc;
+}
+
+CUresult fk_check_init(void)
+{
+    pthread_mutex_lock(&fk_g.lock);
+    CUresult rc = fk_g.initialised ? fk_g.init_result : CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_unlock(&fk_g.lock);
+    return rc;
+}
+
+CUresult fk_dev_gpu(CUdevice dev, int *gpu)
+{
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dev < 0 || dev >= fk_g.nvis)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *gpu = fk_g.vis[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (driverVersion == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = FGPU_CUDA_API_VERSION;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count)
+{
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *count = fk_g.nvis;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    int gpu;
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(ordinal, &gpu);
+    if (rc == CUDA_SUCCESS)
+        *device = ordinal;
+    return rc;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+    int gpu;
+    if (name == NULL || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    strncpy(name, fk_sh->gpus[gpu].name, (size_t)len - 1);
+    name[len - 1] = '\0';
+    return CUDA_SUCCESS;
+}
+
+/* The 16 bytes of a "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" uuid; a uuid string in
+ * another form (test names such as GPU-aaaa) is hashed (FNV-1a) into 16 bytes. */
+static void uuid_bytes(const char *text, CUuuid *out)
+{
+    const char *p = strncmp(text, "GPU-", 4) == 0 ? text + 4 : text;
+    int nibbles = 0, ok = 1;
+    unsigned char bytes[16] = {0};
+    for (; *p != '\0' && ok; p++) {
+        if (*p == '-')
+            continue;
+        if (!isxdigit((unsigned char)*p) || nibbles == 32) {
+            ok = 0;
+            break;
+        }
+        int v = isdigit((unsigned char)*p) ? *p - '0' : tolower((unsigned char)*p) - 'a' + 10;
+        bytes[nibbles / 2] = (unsigned char)(bytes[nibbles / 2] | (v << (nibbles % 2 ? 0 : 4)));
+        nibbles++;
+    }
+    if (!ok || nibbles != 32) {
+        uint64_t h1 = 0xcbf29ce484222325ull, h2 = 0x84222325cbf29ce4ull;
+        for (const char *q = text; *q != '\0'; q++) {
+            h1 = (h1 ^ (unsigned char)*q) * 0x100000001b3ull;
+            h2 = (h2 ^ (unsigned char)*q) * 0x100000001b3ull + 1;
+        }
+        memcpy(bytes, &h1, 8);
+        memcpy(bytes + 8, &h2, 8);
+    }
+    memcpy(out->bytes, bytes, 16);
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+    int gpu;
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc == CUDA_SUCCESS)
+        uuid_bytes(fk_sh->gpus[gpu].uuid, uuid);
+    return rc;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    return cuDeviceGetUuid(uuid, dev);
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    int gpu;
+    if (bytes == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc == CUDA_SUCCESS)
+        *bytes = fk_sh->gpus[gpu].total;
+    return rc;
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    int gpu;
+    if (pi == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    const char *name = fk_sh->gpus[gpu].name;
+    int hopper = strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800");
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 2147483647; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: *pi = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1410000; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = hopper ? 132 : 108; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + gpu; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = hopper ? 9 : 8; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ contexts */
+
+int fk_ctx_valid(const struct fk_ctx *c)
+{
+    return c != NULL && c->magic == FK_CTX_MAGIC && c->gen == fk_g.gen && c->refs > 0;
+}
+
+CUresult fk_current(struct fk_ctx **out)
+{
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct fk_ctx *c = ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL;
+    pthread_mutex_lock(&fk_g.lock);
+    int ok = fk_ctx_valid(c);
+    pthread_mutex_unlock(&fk_g.lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static _Atomic uint64_t ctx_serial;
+
+static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
+{
+    struct fk_ctx *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return NULL;
+    c->magic = FK_CTX_MAGIC;
+    c->gen = fk_g.gen;
+    c->dev = dev;
+    c->gpu = gpu;
+    c->primary = primary;
+    c->refs = 1;
+    c->serial = atomic_fetch_add(&ctx_serial, 1) + 1;
+    c->null_stream = fk_stream_new(c, CU_STREAM_DEFAULT);
+    if (c->null_stream == NULL) {
+        free(c);
+        return NULL;
+    }
+    int slot = fk_my_slot();
+    if (slot >= 0)
+        atomic_fetch_add(&fk_sh->procs[slot].contexts[gpu], 1);
+    return c;
+}
+
+static void ctx_free(struct fk_ctx *c)
+{
+    fk_ctx_sync(c);
+    fk_ctx_streams_free(c);
+    int slot = fk_my_slot();
+    if (slot >= 0)
+        atomic_fetch_sub(&fk_sh->procs[slot].contexts[c->gpu], 1);
+    c->magic = 0;
+    free(c);
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    int gpu;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_ctx *c = fk_g.primary[dev];
+    if (c == NULL) {
+        c = ctx_new(dev, gpu, 1);
+        fk_g.primary[dev] = c;
+    } else {
+        c->refs++;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    if (c == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    int gpu;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_ctx *c = fk_g.primary[dev];
+    if (c == NULL) {
+        pthread_mutex_unlock(&fk_g.lock);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    int last = --c->refs == 0;
+    if (last)
+        fk_g.primary[dev] = NULL;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (last)
+        ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    int gpu;
+    (void)flags;
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ctx_depth == FK_CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_ctx *c = ctx_new(dev, gpu, 0);
+    pthread_mutex_unlock(&fk_g.lock);
+    if (c == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    ctx_stack[ctx_depth++] = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    struct fk_ctx *c = (struct fk_ctx *)ctx;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    int ok = fk_ctx_valid(c) && !c->primary;
+    if (ok)
+        c->refs = 0;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (int i = 0; i < ctx_depth; i++) { /* off this thread's stack */
+        if (ctx_stack[i] == c) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1], sizeof ctx_stack[0] * (size_t)(ctx_depth - i - 1));
+            ctx_depth--;
+            i--;
+        }
+    }
+    ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (pctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    *pctx = ctx_depth > 0 ? (CUcontext)ctx_stack[ctx_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    struct fk_ctx *c = (struct fk_ctx *)ctx;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (c == NULL) {
+        if (ctx_depth > 0)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&fk_g.lock);
+    int ok = fk_ctx_valid(c);
+    pthread_mutex_unlock(&fk_g.lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 0)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+    struct fk_ctx *c = (struct fk_ctx *)ctx;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    int ok = fk_ctx_valid(c);
+    pthread_mutex_unlock(&fk_g.lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == FK_CTX_STACK)
+        return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct fk_ctx *c = ctx_stack[--ctx_depth];
+    if (pctx != NULL)
+        *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    struct fk_ctx *c;
+    if (device == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc == CUDA_SUCCESS)
+        *device = c->dev;
+    return rc;
+}
+
+CUresult cuCtxSynchronize(void)
+{
+    struct fk_ctx *c;
+    CUresult rc = fk_current(&c);
+    if (rc == CUDA_SUCCESS)
+        fk_ctx_sync(c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ modules */
+
+/* Any image loads. An image that is the text "FGPUFAKE bytes=N" also takes N bytes of device
+ * memory until unloaded: a module's code and data, which no allocation call shows. */
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    struct fk_ctx *c;
+    if (module == NULL || image == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t bytes = 0;
+    if (strncmp((const char *)image, "FGPUFAKE", 8) == 0) {
+        const char *b = strstr((const char *)image, "bytes=");
+        if (b != NULL)
+            bytes = strtoull(b + 6, NULL, 10);
+    }
+    struct fk_module *m = calloc(1, sizeof *m);
+    if (m == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytes != 0 && (rc = fk_reserve(c->gpu, bytes)) != CUDA_SUCCESS) {
+        free(m);
+        return rc;
+    }
+    m->magic = FK_MODULE_MAGIC;
+    m->gpu = c->gpu;
+    m->bytes = bytes;
+    m->spin.magic = FK_FUNC_MAGIC;
+    m->spin.kind = FK_FUNC_SPIN;
+    *module = (CUmodule)m;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    struct fk_module *m = (struct fk_module *)hmod;
+    if (hfunc == NULL || name == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (m == NULL || m->magic != FK_MODULE_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (strcmp(name, "spin") != 0)
+        return CUDA_ERROR_NOT_FOUND;
+    *hfunc = (CUfunction)&m->spin;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+    struct fk_module *m = (struct fk_module *)hmod;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (m == NULL || m->magic != FK_MODULE_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fk_release(m->gpu, m->bytes);
+    m->magic = 0;
+    m->spin.magic = 0;
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ errors */
+
+struct fk_errtext {
+    CUresult code;
+    const char *name;
+    const char *text;
+};
+
+static const struct fk_errtext errtexts[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT",
+     "context already current"},
+    {CUDA_ERROR_MAP_FAILED, "CUDA_ERROR_MAP_FAILED", "mapping of buffer object failed"},
+    {CUDA_ERROR_UNMAP_FAILED, "CUDA_ERROR_UNMAP_FAILED", "unmapping of buffer object failed"},
+    {CUDA_ERROR_ALREADY_MAPPED, "CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"},
+    {CUDA_ERROR_NOT_MAPPED, "CUDA_ERROR_NOT_MAPPED", "resource not mapped"},
+    {CUDA_ERROR_INVALID_SOURCE, "CUDA_ERROR_INVALID_SOURCE", "device kernel image is invalid"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
+    {CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES",
+     "too many resources requested for launch"},
+    {CUDA_ERROR_LAUNCH_TIMEOUT, "CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out and was terminated"},
+    {CUDA_ERROR_CONTEXT_IS_DESTROYED, "CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"},
+    {CUDA_ERROR_LAUNCH_FAILED, "CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"},
+    {CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE",
+     "too many blocks in cooperative launch"},
+    {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static const struct fk_errtext *errtext(CUresult e)
+{
+    for (size_t i = 0; i < sizeof errtexts / sizeof errtexts[0]; i++)
+        if (errtexts[i].code == e)
+            return &errtexts[i];
+    return NULL;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    const struct fk_errtext *t = errtext(error);
+    if (pStr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t == NULL) {
+        *pStr = NULL;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pStr = t->text;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    const struct fk_errtext *t = errtext(error);
+    if (pStr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (t == NULL) {
+        *pStr = NULL;
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pStr = t->name;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ test hook */
+
+CUresult fgpuFakeDeviceTime(const char *uuid, int pid, unsigned long long *ns)
+{
+    if (uuid == NULL || ns == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (fk_state_open() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    int gpu = fk_gpu_by_uuid(uuid);
+    if (gpu < 0)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (pid == 0) {
+        *ns = atomic_load(&fk_sh->gpus[gpu].busy_ns);
+        return CUDA_SUCCESS;
+    }
+    int best = -1;
+    uint64_t best_rank = 0;
+    for (int i = 0; i < FK_MAX_PROCS; i++) {
+        struct fk_proc *p = &fk_sh->procs[i];
+        uint32_t st = atomic_load(&p->state);
+        if ((st != FK_SLOT_LIVE && st != FK_SLOT_DEAD) || atomic_load(&p->pid) != pid)
+            continue;
+        /* a live process first, then the one that died last */
+        uint64_t rank = st == FK_SLOT_LIVE ? UINT64_MAX : atomic_load(&p->dead_order);
+        if (best < 0 || rank > best_rank) {
+            best = i;
+            best_rank = rank;
+        }
+    }
+    if (best < 0)
+        return CUDA_ERROR_NOT_FOUND;
+    *ns = atomic_load(&fk_sh->procs[best].busy_ns[gpu]);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,252 @@
+/*
+ * fake.h - internals of the fake CUDA driver and fake NVML: a STAND-IN written for fgpu's
+ * tests, not NVIDIA's driver. It models GPUs shared by every process of the machine; the
+ * state lives in one shared file (FGPU_FAKE_GPU_STATE) mapped by every process.
+ *
+ * Files and what each owns:
+ *   state.c       the shared file (layout below, creation, configuration), process slots,
+ *                 liveness (pid + start time), the sweep of dead processes, the cross-process
+ *                 device lock, busy-time counters and samples, clocks, debug log.
+ *   context.c     cuInit, devices, contexts, modules, error strings, fgpuFakeDeviceTime.
+ *   memory.c      device memory: reservations, the per-process allocation table, cuMemAlloc*,
+ *                 pools, arrays, IPC.
+ *   vmm.c         virtual memory management (cuMemCreate, reserve, map, unmap, release).
+ *   streams.c     streams and their worker threads, events, launches, copies, memsets.
+ *   graphs.c      graphs: kernel and memory nodes, instantiate, launch, graph memory trim.
+ *   procaddress.c cuGetProcAddress and _v2.
+ *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1; uses state.c only).
+ */
+#ifndef FGPU_FAKE_H
+#define FGPU_FAKE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cuda_api.h"
+
+#define FK_MAGIC 0x4b415046u /* "FPAK" */
+#define FK_VERSION 1u
+#define FK_MAX_GPUS 16
+#define FK_MAX_PROCS 256
+#define FK_MAX_WAITERS 512
+#define FK_MAX_EXPORTS 1024
+#define FK_RING 16
+#define FK_RING_STEP_NS 100000000ull /* a busy-time sample at most every 100 ms */
+#define FK_NAME_LEN 96
+#define FK_CHUNK (2ull << 20)    /* pool growth, VMM granularity, graph pool: 2 MiB */
+#define FK_PITCH_ALIGN 512ull    /* cuMemAllocPitch rounds the pitch up to this */
+#define FK_COPY_BYTES_PER_US 10000ull /* modelled copy and memset speed: 10 GB/s */
+
+/* ------------------------------------------------------------------ shared layout */
+struct fk_sample {
+    _Atomic uint64_t t_ns;    /* CLOCK_MONOTONIC */
+    _Atomic uint64_t busy_ns; /* cumulative busy time at t_ns */
+};
+
+/* Busy-time history, written only by the holder of the device lock (one writer). */
+struct fk_ring {
+    _Atomic uint32_t count; /* samples written so far (index = count % FK_RING) */
+    uint32_t pad;
+    struct fk_sample s[FK_RING];
+};
+
+struct fk_waiter {
+    _Atomic int32_t pid;  /* 0 = free slot; set first, to claim */
+    uint32_t pad;
+    _Atomic uint64_t start; /* the process's start time (/proc/<pid>/stat field 22) */
+    _Atomic uint64_t seq;   /* arrival number; 0 = not (yet) waiting */
+};
+
+struct fk_gpu {
+    char uuid[FK_NAME_LEN];
+    char name[FK_NAME_LEN];
+    uint64_t total; /* bytes */
+    _Atomic uint64_t used;    /* bytes held by all processes */
+    _Atomic uint64_t busy_ns; /* device time: kernels, copies, memsets */
+    /* the device lock: one operation at a time across processes, in arrival order */
+    _Atomic uint32_t holder; /* 0 = free, else waiter index + 1 */
+    _Atomic uint32_t wake;   /* futex word, bumped on every release */
+    _Atomic uint64_t arrivals;
+    struct fk_waiter waiters[FK_MAX_WAITERS];
+    struct fk_ring ring;
+};
+
+enum { FK_SLOT_FREE = 0, FK_SLOT_CLAIM, FK_SLOT_LIVE, FK_SLOT_RECLAIM, FK_SLOT_DEAD };
+
+struct fk_proc {
+    _Atomic uint32_t state;
+    _Atomic int32_t pid;
+    _Atomic uint64_t start;
+    _Atomic uint64_t dead_order; /* larger = died later; DEAD slots are reused oldest first */
+    _Atomic uint64_t used[FK_MAX_GPUS];
+    _Atomic uint64_t busy_ns[FK_MAX_GPUS];
+    _Atomic uint64_t last_active_ns[FK_MAX_GPUS];
+    _Atomic uint32_t contexts[FK_MAX_GPUS];
+    struct fk_ring ring[FK_MAX_GPUS];
+};
+
+enum { FK_EXPORT_FREE = 0, FK_EXPORT_CLAIM, FK_EXPORT_LIVE };
+
+struct fk_export {
+    _Atomic uint32_t state;
+    uint32_t gpu;
+    _Atomic uint64_t seq;
+    uint64_t dptr;
+    uint64_t size;
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start;
+};
+
+struct fk_shared {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t size; /* sizeof(struct fk_shared) */
+    uint32_t ngpus;
+    uint32_t pad;
+    _Atomic uint64_t next_va;
+    _Atomic uint64_t dead_seq;
+    _Atomic uint64_t export_seq;
+    struct fk_gpu gpus[FK_MAX_GPUS];
+    struct fk_proc procs[FK_MAX_PROCS];
+    struct fk_export exports[FK_MAX_EXPORTS];
+};
+
+/* ------------------------------------------------------------------ state.c */
+extern struct fk_shared *fk_sh; /* NULL until fk_state_open succeeded */
+
+void fk_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t fk_now_ns(void);      /* CLOCK_MONOTONIC */
+uint64_t fk_realtime_us(void); /* CLOCK_REALTIME, microseconds */
+int fk_state_open(void);       /* 0 or -1 (reason logged with FGPU_FAKE_DEBUG=1) */
+uint64_t fk_proc_start(pid_t pid);       /* start time in clock ticks; 0 if no such process */
+int fk_alive(int32_t pid, uint64_t start); /* 1 alive (not a zombie, same start time) */
+uint64_t fk_self_start(void);
+int fk_my_slot(void);          /* this process's slot, claimed on first use; -1 if full */
+void fk_slot_release_self(void);
+void fk_state_after_fork(void); /* in a forked child: locks usable again */
+void fk_sweep(void);           /* give back memory of dead processes */
+int fk_gpu_by_uuid(const char *uuid); /* global index or -1 */
+uint64_t fk_new_va(uint64_t size);    /* unique device address range across processes */
+CUresult fk_reserve(int gpu, uint64_t bytes);
+void fk_release(int gpu, uint64_t bytes);
+void fk_dev_lock(int gpu, int *waiter_out);
+void fk_dev_unlock(int gpu, int waiter);
+void fk_dev_busy(int gpu, int slot, uint64_t ns); /* add busy time; caller holds the lock */
+uint64_t fk_ring_since(const struct fk_ring *ring, uint64_t busy_now, uint64_t now_ns,
+                       uint64_t from_ns, uint64_t *window_start_ns);
+
+/* ------------------------------------------------------------------ process-local state */
+#define FK_CTX_MAGIC 0x43545846u
+#define FK_STREAM_MAGIC 0x53545246u
+#define FK_EVENT_MAGIC 0x45564e46u
+#define FK_POOL_MAGIC 0x504f4f46u
+#define FK_ARRAY_MAGIC 0x41525246u
+#define FK_MODULE_MAGIC 0x4d4f4446u
+#define FK_FUNC_MAGIC 0x46554e46u
+#define FK_GRAPH_MAGIC 0x47525046u
+#define FK_NODE_MAGIC 0x4e4f4446u
+#define FK_EXEC_MAGIC 0x45584546u
+
+struct fk_stream;
+
+struct fk_ctx {
+    uint32_t magic;
+    uint32_t gen; /* fk_local.gen when made: stale after fork */
+    int dev;      /* visible ordinal */
+    int gpu;      /* index in the shared state */
+    int primary;
+    int refs;
+    uint64_t serial; /* unique in the process, never reused */
+    struct fk_stream *null_stream;
+};
+
+struct fk_func {
+    uint32_t magic;
+    int kind; /* FK_FUNC_SPIN */
+};
+#define FK_FUNC_SPIN 1
+
+struct fk_module {
+    uint32_t magic;
+    int gpu;
+    uint64_t bytes; /* device memory the image takes ("FGPUFAKE bytes=N" images) */
+    struct fk_func spin;
+};
+
+struct fk_pool {
+    uint32_t magic;
+    int gpu;
+    int is_default; /* default pools give memory back at once; created ones keep it */
+    int destroyed;  /* destroyed with allocations outstanding: freed with the last one */
+    uint64_t max_size; /* 0 = no limit */
+    uint64_t reserved; /* device memory the pool holds (created pools: whole chunks) */
+    uint64_t used;     /* bytes its allocations hold */
+    uint64_t allocs;   /* outstanding allocations */
+};
+
+struct fk_local {
+    pthread_mutex_t lock; /* guards everything below and the allocation table */
+    uint32_t gen;
+    int initialised;
+    CUresult init_result;
+    int nvis;
+    int vis[FK_MAX_GPUS]; /* visible ordinal -> global gpu index */
+    struct fk_ctx *primary[FK_MAX_GPUS];
+    struct fk_pool *default_pool[FK_MAX_GPUS];
+    uint64_t graph_reserved[FK_MAX_GPUS]; /* graph memory pool, per global gpu */
+    uint64_t graph_used[FK_MAX_GPUS];
+};
+extern struct fk_local fk_g;
+
+/* context.c */
+CUresult fk_check_init(void);
+CUresult fk_current(struct fk_ctx **out); /* the calling thread's context */
+int fk_ctx_valid(const struct fk_ctx *c);
+CUresult fk_dev_gpu(CUdevice dev, int *gpu); /* visible ordinal -> global index */
+
+/* memory.c: the per-process allocation table */
+enum { FK_A_MEM = 1, FK_A_PITCH, FK_A_MANAGED, FK_A_ASYNC, FK_A_POOL, FK_A_GRAPH, FK_A_IPC };
+struct fk_alloc {
+    struct fk_alloc *next;
+    uint64_t dptr;
+    uint64_t bytes; /* device memory behind it (0 for IPC imports) */
+    int gpu;
+    int kind;
+    struct fk_pool *pool;
+    int export_idx; /* -1 when not exported */
+    int opens;      /* IPC imports: open count */
+};
+struct fk_alloc *fk_alloc_take(uint64_t dptr); /* remove from the table (caller: fk_g.lock) */
+struct fk_alloc *fk_alloc_find(uint64_t dptr); /* caller: fk_g.lock */
+void fk_alloc_put(struct fk_alloc *a);         /* caller: fk_g.lock */
+struct fk_alloc *fk_alloc_new(uint64_t dptr, uint64_t bytes, int gpu, int kind); /* NULL: no memory */
+void fk_alloc_release(struct fk_alloc *a);     /* give the memory back; frees a */
+void fk_alloc_forget_all(void);                /* after fork: drop without giving back */
+CUresult fk_pool_alloc(struct fk_pool *p, uint64_t bytes, CUdeviceptr *dptr);
+
+/* streams.c */
+enum { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_EVENT, FK_OP_FREE };
+struct fk_event;
+struct fk_op {
+    struct fk_op *next;
+    int kind;
+    uint64_t ns;
+    struct fk_event *event;
+    uint64_t event_gen;
+    struct fk_alloc *free_alloc;
+};
+struct fk_stream *fk_stream_new(struct fk_ctx *c, unsigned int flags);
+CUresult fk_resolve_stream(CUstream h, int ptsz, struct fk_stream **out);
+struct fk_ctx *fk_stream_ctx(struct fk_stream *s);
+CUresult fk_enqueue(struct fk_stream *s, struct fk_op *op); /* takes op */
+CUresult fk_stream_sync(struct fk_stream *s);
+void fk_ctx_sync(struct fk_ctx *c);
+void fk_stream_free(struct fk_stream *s); /* drains, stops the worker, frees */
+void fk_ctx_streams_free(struct fk_ctx *c); /* every stream of the context */
+void fk_streams_after_fork(void);
+uint64_t fk_kernel_ns(struct fk_func *f, void **params, CUresult *err);
+
+#endif /* FGPU_FAKE_H */

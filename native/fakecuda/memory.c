@@ -1,0 +1,658 @@
+/*
+ * memory.c - fake driver (a STAND-IN for tests, see fake.h): device memory. The process's
+ * allocation table (device address -> size, GPU, kind), cuMemAlloc/Pitch/Managed/Free,
+ * cuMemGetInfo, stream-ordered allocation (default pools give memory back at once, created
+ * pools grow in 2 MiB chunks and keep freed memory until trimmed or destroyed), CUDA arrays
+ * and mipmapped arrays (sized from their descriptors) and IPC handles (opening one maps
+ * memory another process holds: no new device memory). Memory has no contents.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define FK_BUCKETS 4096
+static struct fk_alloc *table[FK_BUCKETS];
+
+static unsigned bucket(uint64_t dptr)
+{
+    return (unsigned)((dptr >> 21) ^ (dptr >> 9) ^ dptr) % FK_BUCKETS;
+}
+
+struct fk_alloc *fk_alloc_find(uint64_t dptr)
+{
+    for (struct fk_alloc *a = table[bucket(dptr)]; a != NULL; a = a->next)
+        if (a->dptr == dptr)
+            return a;
+    return NULL;
+}
+
+struct fk_alloc *fk_alloc_take(uint64_t dptr)
+{
+    for (struct fk_alloc **pp = &table[bucket(dptr)]; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->dptr == dptr) {
+            struct fk_alloc *a = *pp;
+            *pp = a->next;
+            a->next = NULL;
+            return a;
+        }
+    }
+    return NULL;
+}
+
+void fk_alloc_put(struct fk_alloc *a)
+{
+    unsigned b = bucket(a->dptr);
+    a->next = table[b];
+    table[b] = a;
+}
+
+void fk_alloc_forget_all(void)
+{
+    for (unsigned b = 0; b < FK_BUCKETS; b++) {
+        while (table[b] != NULL) {
+            struct fk_alloc *a = table[b];
+            table[b] = a->next;
+            free(a);
+        }
+    }
+}
+
+struct fk_alloc *fk_alloc_new(uint64_t dptr, uint64_t bytes, int gpu, int kind)
+{
+    struct fk_alloc *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return NULL;
+    a->dptr = dptr;
+    a->bytes = bytes;
+    a->gpu = gpu;
+    a->kind = kind;
+    a->export_idx = -1;
+    return a;
+}
+
+static void unexport(struct fk_alloc *a)
+{
+    if (a->export_idx < 0)
+        return;
+    struct fk_export *e = &fk_sh->exports[a->export_idx];
+    uint32_t live = FK_EXPORT_LIVE;
+    if (e->dptr == a->dptr)
+        atomic_compare_exchange_strong(&e->state, &live, FK_EXPORT_FREE);
+    a->export_idx = -1;
+}
+
+static void pool_free_locked(struct fk_pool *p)
+{
+    if (p->reserved != 0)
+        fk_release(p->gpu, p->reserved);
+    p->magic = 0;
+    free(p);
+}
+
+/* Gives the memory behind `a` back (to the device, its pool or the graph pool); frees a.
+ * The caller holds no lock. */
+void fk_alloc_release(struct fk_alloc *a)
+{
+    pthread_mutex_lock(&fk_g.lock);
+    unexport(a);
+    switch (a->kind) {
+    case FK_A_POOL: {
+        struct fk_pool *p = a->pool;
+        p->used -= a->bytes;
+        p->allocs--;
+        if (p->destroyed) { /* a destroyed pool gives memory back as its allocations go */
+            uint64_t give = a->bytes < p->reserved ? a->bytes : p->reserved;
+            fk_release(p->gpu, give);
+            p->reserved -= give;
+            if (p->allocs == 0)
+                pool_free_locked(p);
+        }
+        break;
+    }
+    case FK_A_GRAPH:
+        fk_g.graph_used[a->gpu] -= a->bytes; /* back to the graph pool, not the device */
+        break;
+    case FK_A_IPC:
+        break;
+    default:
+        fk_release(a->gpu, a->bytes);
+        break;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    free(a);
+}
+
+/* ------------------------------------------------------------------ plain allocations */
+
+static CUresult alloc_plain(CUdeviceptr *dptr, uint64_t bytes, int kind)
+{
+    struct fk_ctx *c;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((rc = fk_reserve(c->gpu, bytes)) != CUDA_SUCCESS)
+        return rc;
+    struct fk_alloc *a = fk_alloc_new(fk_new_va(bytes), bytes, c->gpu, kind);
+    if (a == NULL) {
+        fk_release(c->gpu, bytes);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&fk_g.lock);
+    fk_alloc_put(a);
+    pthread_mutex_unlock(&fk_g.lock);
+    *dptr = a->dptr;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return alloc_plain(dptr, bytesize, FK_A_MEM);
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_plain(dptr, bytesize, FK_A_MANAGED);
+}
+
+/* The pitch is the row width rounded up to FK_PITCH_ALIGN bytes; the allocation is
+ * pitch * height. elementSizeBytes must be 4, 8 or 16 (the documented values). */
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t widthInBytes, size_t height,
+                            unsigned int elementSizeBytes)
+{
+    if (pPitch == NULL || widthInBytes == 0 || height == 0 ||
+        (elementSizeBytes != 4 && elementSizeBytes != 8 && elementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t pitch = (widthInBytes + FK_PITCH_ALIGN - 1) / FK_PITCH_ALIGN * FK_PITCH_ALIGN;
+    uint64_t bytes;
+    if (pitch < widthInBytes || __builtin_mul_overflow(pitch, (uint64_t)height, &bytes))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = alloc_plain(dptr, bytes, FK_A_PITCH);
+    if (rc == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return rc;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (dptr == 0)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_alloc *a = fk_alloc_find(dptr);
+    if (a != NULL && a->kind != FK_A_IPC)
+        a = fk_alloc_take(dptr);
+    else
+        a = NULL;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (a == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_alloc_release(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+    struct fk_ctx *c;
+    if (free_bytes == NULL || total == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct fk_gpu *d = &fk_sh->gpus[c->gpu];
+    uint64_t used = atomic_load(&d->used);
+    *total = d->total;
+    *free_bytes = used < d->total ? d->total - used : 0;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ pools */
+
+static struct fk_pool *pool_new(int gpu, int is_default, uint64_t max_size)
+{
+    struct fk_pool *p = calloc(1, sizeof *p);
+    if (p != NULL) {
+        p->magic = FK_POOL_MAGIC;
+        p->gpu = gpu;
+        p->is_default = is_default;
+        p->max_size = max_size;
+    }
+    return p;
+}
+
+static struct fk_pool *default_pool(int dev, int gpu)
+{
+    pthread_mutex_lock(&fk_g.lock);
+    if (fk_g.default_pool[dev] == NULL)
+        fk_g.default_pool[dev] = pool_new(gpu, 1, 0);
+    struct fk_pool *p = fk_g.default_pool[dev];
+    pthread_mutex_unlock(&fk_g.lock);
+    return p;
+}
+
+CUresult fk_pool_alloc(struct fk_pool *p, uint64_t bytes, CUdeviceptr *dptr)
+{
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk_g.lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (p->magic != FK_POOL_MAGIC || p->destroyed) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (p->is_default) {
+        rc = fk_reserve(p->gpu, bytes);
+    } else if (p->used + bytes > p->reserved) {
+        uint64_t grow = (p->used + bytes - p->reserved + FK_CHUNK - 1) / FK_CHUNK * FK_CHUNK;
+        if (p->max_size != 0 && p->reserved + grow > p->max_size)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else if ((rc = fk_reserve(p->gpu, grow)) == CUDA_SUCCESS)
+            p->reserved += grow;
+    }
+    struct fk_alloc *a = NULL;
+    if (rc == CUDA_SUCCESS) {
+        a = fk_alloc_new(fk_new_va(bytes), bytes, p->gpu, p->is_default ? FK_A_ASYNC : FK_A_POOL);
+        if (a == NULL) {
+            if (p->is_default)
+                fk_release(p->gpu, bytes);
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    if (a != NULL) {
+        if (!p->is_default) {
+            p->used += bytes;
+            p->allocs++;
+            a->pool = p;
+        }
+        fk_alloc_put(a);
+        *dptr = a->dptr;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    return rc;
+}
+
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream h,
+                            int ptsz)
+{
+    struct fk_stream *s;
+    if (dptr == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_resolve_stream(h, ptsz, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct fk_pool *p = (struct fk_pool *)pool;
+    if (p == NULL) {
+        struct fk_ctx *c = fk_stream_ctx(s);
+        p = default_pool(c->dev, c->gpu);
+        if (p == NULL)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return fk_pool_alloc(p, bytes, dptr);
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, hStream, 0);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return alloc_async(dptr, bytesize, NULL, hStream, 1);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream)
+{
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, bytesize, pool, hStream, 0);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream)
+{
+    if (pool == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return alloc_async(dptr, bytesize, pool, hStream, 1);
+}
+
+/* The memory goes back when the stream reaches the free. */
+static CUresult free_async(CUdeviceptr dptr, CUstream h, int ptsz)
+{
+    struct fk_stream *s;
+    CUresult rc = fk_resolve_stream(h, ptsz, &s);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_alloc *a = fk_alloc_find(dptr);
+    if (a != NULL && (a->kind == FK_A_ASYNC || a->kind == FK_A_POOL || a->kind == FK_A_GRAPH))
+        a = fk_alloc_take(dptr);
+    else
+        a = NULL;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (a == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_op *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        fk_alloc_release(a);
+        return CUDA_SUCCESS;
+    }
+    op->kind = FK_OP_FREE;
+    op->free_alloc = a;
+    return fk_enqueue(s, op);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, 0);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, 1);
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    int gpu;
+    if (pool == NULL || props == NULL || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        props->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(props->location.id, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc == CUDA_ERROR_INVALID_DEVICE ? CUDA_ERROR_INVALID_VALUE : rc;
+    struct fk_pool *p = pool_new(gpu, 0, props->maxSize);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+static int pool_ok(const struct fk_pool *p)
+{
+    return p != NULL && p->magic == FK_POOL_MAGIC && !p->destroyed;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    struct fk_pool *p = (struct fk_pool *)pool;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    if (!pool_ok(p) || p->is_default) {
+        pthread_mutex_unlock(&fk_g.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    p->destroyed = 1;
+    fk_release(p->gpu, p->reserved - p->used); /* what no allocation holds goes now */
+    p->reserved = p->used;
+    if (p->allocs == 0)
+        pool_free_locked(p);
+    pthread_mutex_unlock(&fk_g.lock);
+    return CUDA_SUCCESS;
+}
+
+/* Keeps at least minBytesToKeep reserved (rounded up to chunks), and all that allocations
+ * hold; gives the rest back to the device. */
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    struct fk_pool *p = (struct fk_pool *)pool;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    if (!pool_ok(p)) {
+        pthread_mutex_unlock(&fk_g.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t keep = p->used > minBytesToKeep ? p->used : minBytesToKeep;
+    keep = (keep + FK_CHUNK - 1) / FK_CHUNK * FK_CHUNK;
+    if (p->reserved > keep) {
+        fk_release(p->gpu, p->reserved - keep);
+        p->reserved = keep;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+    int gpu;
+    if (pool_out == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct fk_pool *p = default_pool(dev, gpu);
+    if (p == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool_out = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ arrays */
+
+struct fk_array {
+    uint32_t magic;
+    int gpu;
+    uint64_t bytes;
+};
+
+/* width * height * depth * channels * element size, summed over mipmap levels (each level
+ * halves every extent, at least 1). Height 0 means 1D, depth 0 means 2D. Returns 0 for a
+ * bad descriptor. */
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch,
+                            unsigned levels)
+{
+    unsigned eb = fgpu_cu_array_format_bytes(f);
+    if (w == 0 || eb == 0 || (ch != 1 && ch != 2 && ch != 4) || (d != 0 && h == 0) || levels == 0)
+        return 0;
+    size_t largest = w > h ? w : h;
+    largest = largest > d ? largest : d;
+    unsigned max_levels = 1;
+    while (largest >> max_levels)
+        max_levels++;
+    if (levels > max_levels)
+        return 0;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        uint64_t lw = w >> l ? w >> l : 1;
+        uint64_t lh = h == 0 ? 1 : (h >> l ? h >> l : 1);
+        uint64_t ld = d == 0 ? 1 : (d >> l ? d >> l : 1);
+        uint64_t level;
+        if (__builtin_mul_overflow(lw, lh, &level) || __builtin_mul_overflow(level, ld, &level) ||
+            __builtin_mul_overflow(level, (uint64_t)ch * eb, &level) ||
+            __builtin_add_overflow(total, level, &total))
+            return UINT64_MAX;
+    }
+    return total;
+}
+
+static CUresult array_new(void **handle, uint64_t bytes)
+{
+    struct fk_ctx *c;
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (bytes == UINT64_MAX)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fk_array *a = calloc(1, sizeof *a);
+    if (a == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if ((rc = fk_reserve(c->gpu, bytes)) != CUDA_SUCCESS) {
+        free(a);
+        return rc;
+    }
+    a->magic = FK_ARRAY_MAGIC;
+    a->gpu = c->gpu;
+    a->bytes = bytes;
+    *handle = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_free(void *handle)
+{
+    struct fk_array *a = handle;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (a == NULL || a->magic != FK_ARRAY_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fk_release(a->gpu, a->bytes);
+    a->magic = 0;
+    free(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = array_bytes(d->Width, d->Height, 0, d->Format, d->NumChannels, 1);
+    return array_new((void **)pHandle, bytes);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, 1);
+    return array_new((void **)pHandle, bytes);
+}
+
+CUresult cuArrayDestroy(CUarray hArray)
+{
+    return array_free(hArray);
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                unsigned int numMipmapLevels)
+{
+    if (d == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes =
+        array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, numMipmapLevels);
+    return array_new((void **)pHandle, bytes);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return array_free(hMipmappedArray);
+}
+
+/* ------------------------------------------------------------------ IPC */
+
+#define FK_IPC_MAGIC 0x43504946u
+struct fk_ipc {
+    uint32_t magic;
+    uint32_t idx; /* export slot in the shared state */
+    uint64_t seq;
+    uint64_t dptr;
+    uint64_t size;
+};
+_Static_assert(sizeof(struct fk_ipc) <= CU_IPC_HANDLE_SIZE, "IPC handle fits");
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    if (pHandle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_alloc *a = fk_alloc_find(dptr);
+    if (a == NULL || (a->kind != FK_A_MEM && a->kind != FK_A_PITCH)) {
+        pthread_mutex_unlock(&fk_g.lock);
+        return CUDA_ERROR_INVALID_VALUE; /* only cuMemAlloc memory can be exported */
+    }
+    if (a->export_idx < 0) {
+        for (int i = 0; i < FK_MAX_EXPORTS && a->export_idx < 0; i++) {
+            struct fk_export *e = &fk_sh->exports[i];
+            uint32_t expect = FK_EXPORT_FREE;
+            if (!atomic_compare_exchange_strong(&e->state, &expect, FK_EXPORT_CLAIM))
+                continue;
+            e->gpu = (uint32_t)a->gpu;
+            e->dptr = a->dptr;
+            e->size = a->bytes;
+            e->pid = (int32_t)getpid();
+            e->start = fk_self_start();
+            atomic_store(&e->seq, atomic_fetch_add(&fk_sh->export_seq, 1) + 1);
+            atomic_store_explicit(&e->state, FK_EXPORT_LIVE, memory_order_release);
+            a->export_idx = i;
+        }
+    }
+    int idx = a->export_idx;
+    struct fk_ipc h = {FK_IPC_MAGIC, (uint32_t)idx, 0, a->dptr, a->bytes};
+    pthread_mutex_unlock(&fk_g.lock);
+    if (idx < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the machine-wide export table is full */
+    h.seq = atomic_load(&fk_sh->exports[idx].seq);
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle->reserved, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    struct fk_ctx *c;
+    struct fk_ipc h;
+    if (pdptr == NULL || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    memcpy(&h, handle.reserved, sizeof h);
+    if (h.magic != FK_IPC_MAGIC || h.idx >= FK_MAX_EXPORTS)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_export *e = &fk_sh->exports[h.idx];
+    if (atomic_load_explicit(&e->state, memory_order_acquire) != FK_EXPORT_LIVE ||
+        atomic_load(&e->seq) != h.seq || e->dptr != h.dptr)
+        return CUDA_ERROR_INVALID_VALUE; /* freed since, or not a handle */
+    if (e->pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT; /* a process cannot open its own handle */
+    if (!fk_alive(e->pid, e->start))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_alloc *a = fk_alloc_find(h.dptr);
+    if (a != NULL && a->kind == FK_A_IPC) {
+        a->opens++;
+    } else if (a == NULL && (a = fk_alloc_new(h.dptr, 0, (int)e->gpu, FK_A_IPC)) != NULL) {
+        a->opens = 1;
+        fk_alloc_put(a);
+    } else {
+        rc = a == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    if (rc == CUDA_SUCCESS)
+        *pdptr = h.dptr;
+    return rc;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    CUresult rc = fk_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_alloc *a = fk_alloc_find(dptr);
+    if (a == NULL || a->kind != FK_A_IPC) {
+        pthread_mutex_unlock(&fk_g.lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (--a->opens == 0)
+        free(fk_alloc_take(dptr));
+    pthread_mutex_unlock(&fk_g.lock);
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,649 @@
+/*
+ * state.c - the fake driver's machine-wide state (a STAND-IN for tests, see fake.h): the
+ * shared file, its creation from FGPU_FAKE_GPUS, process slots and their liveness, the sweep
+ * that gives back a dead process's memory, device memory counters, the cross-process device
+ * lock and the busy-time counters and samples. Compiled into both fake libraries.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+struct fk_shared *fk_sh;
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t slot_pid;  /* the pid fk_slot was claimed for (a forked child claims anew) */
+static int slot_index = -1;
+static uint64_t self_start;
+static pid_t self_start_pid;
+
+void fk_debug(const char *fmt, ...)
+{
+    const char *on = getenv("FGPU_FAKE_DEBUG");
+    if (on == NULL || on[0] == '\0' || strcmp(on, "0") == 0)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "fgpu-fakecuda[%d]: %s\n", (int)getpid(), line);
+}
+
+uint64_t fk_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t fk_realtime_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000ull + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* ------------------------------------------------------------------ liveness */
+
+/* Reads /proc/<pid>/stat: the state letter (field 3) and start time (field 22). */
+static int read_stat(pid_t pid, char *state, uint64_t *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (p == NULL || p[1] != ' ')
+        return -1;
+    p += 2;
+    *state = *p;
+    for (int field = 3; field < 22; field++) {
+        p = strchr(p, ' ');
+        if (p == NULL)
+            return -1;
+        p++;
+    }
+    *start = strtoull(p, NULL, 10);
+    return 0;
+}
+
+uint64_t fk_proc_start(pid_t pid)
+{
+    char state;
+    uint64_t start;
+    return read_stat(pid, &state, &start) == 0 ? start : 0;
+}
+
+uint64_t fk_self_start(void)
+{
+    pid_t me = getpid();
+    if (self_start_pid != me) {
+        self_start = fk_proc_start(me);
+        self_start_pid = me;
+    }
+    return self_start;
+}
+
+int fk_alive(int32_t pid, uint64_t start)
+{
+    if (pid <= 0)
+        return 0;
+    if (pid == getpid())
+        return start == 0 || start == fk_self_start();
+    char state;
+    uint64_t now_start;
+    if (read_stat(pid, &state, &now_start) != 0)
+        return kill(pid, 0) == 0 || errno == EPERM ? 1 : 0; /* no /proc: existence only */
+    if (state == 'Z' || state == 'X')
+        return 0;
+    return start == 0 || start == now_start;
+}
+
+/* ------------------------------------------------------------------ creation */
+
+static int parse_gpus(const char *spec, struct fk_shared *sh)
+{
+    char *copy = strdup(spec);
+    if (copy == NULL)
+        return -1;
+    int n = 0, rc = 0;
+    char *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item != NULL;
+         item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        char *colon = eq ? strrchr(eq, ':') : NULL;
+        if (eq == NULL || colon == NULL || eq == item || colon == eq + 1) {
+            fk_debug("FGPU_FAKE_GPUS: entry '%s' is not UUID=MODEL:MIB", item);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        *colon = '\0';
+        char *end = NULL;
+        errno = 0;
+        unsigned long long mib = strtoull(colon + 1, &end, 10);
+        if (errno != 0 || end == colon + 1 || *end != '\0' || mib == 0 || mib > (1ull << 30)) {
+            fk_debug("FGPU_FAKE_GPUS: memory '%s' of %s is not a MiB count in 1..2^30",
+                     colon + 1, item);
+            rc = -1;
+            break;
+        }
+        if (strlen(item) >= FK_NAME_LEN || strlen(eq + 1) >= FK_NAME_LEN) {
+            fk_debug("FGPU_FAKE_GPUS: uuid or model of '%s' longer than %d", item,
+                     FK_NAME_LEN - 1);
+            rc = -1;
+            break;
+        }
+        if (n == FK_MAX_GPUS) {
+            fk_debug("FGPU_FAKE_GPUS: more than %d GPUs", FK_MAX_GPUS);
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            if (strcmp(sh->gpus[i].uuid, item) == 0) {
+                fk_debug("FGPU_FAKE_GPUS: uuid %s given twice", item);
+                rc = -1;
+            }
+        }
+        if (rc != 0)
+            break;
+        strcpy(sh->gpus[n].uuid, item);
+        strcpy(sh->gpus[n].name, eq + 1);
+        sh->gpus[n].total = mib << 20;
+        n++;
+    }
+    free(copy);
+    if (rc == 0 && n == 0) {
+        fk_debug("FGPU_FAKE_GPUS: no GPUs in '%s'", spec);
+        rc = -1;
+    }
+    sh->ngpus = (uint32_t)n;
+    return rc;
+}
+
+static int map_file(int fd, const char *path)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != sizeof(struct fk_shared)) {
+        fk_debug("state file %s: size %lld, expected %zu (another version?)", path,
+                 (long long)st.st_size, sizeof(struct fk_shared));
+        return -1;
+    }
+    void *m = mmap(NULL, sizeof(struct fk_shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        fk_debug("state file %s: mmap: %s", path, strerror(errno));
+        return -1;
+    }
+    struct fk_shared *sh = m;
+    if (sh->magic != FK_MAGIC || sh->version != FK_VERSION || sh->size != sizeof *sh) {
+        fk_debug("state file %s: not a fake-GPU state of version %u", path, FK_VERSION);
+        munmap(m, sizeof *sh);
+        return -1;
+    }
+    fk_sh = sh;
+    return 0;
+}
+
+/* Makes the file under a temporary name, then links it into place: racing first users
+ * agree on whichever link landed first. */
+static int create_file(const char *path)
+{
+    const char *spec = getenv("FGPU_FAKE_GPUS");
+    if (spec == NULL || spec[0] == '\0') {
+        fk_debug("state file %s does not exist and FGPU_FAKE_GPUS is not set", path);
+        return -1;
+    }
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(),
+                 (unsigned long long)fk_now_ns()) >= (int)sizeof tmp)
+        return -1;
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fk_debug("state file %s: cannot create %s: %s", path, tmp, strerror(errno));
+        return -1;
+    }
+    int rc = -1;
+    struct fk_shared *sh = MAP_FAILED;
+    if (ftruncate(fd, sizeof *sh) != 0)
+        goto out;
+    sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (sh == MAP_FAILED)
+        goto out;
+    if (parse_gpus(spec, sh) != 0)
+        goto out;
+    sh->size = sizeof *sh;
+    sh->version = FK_VERSION;
+    atomic_store(&sh->next_va, 0x100000000000ull); /* 16 TiB: looks like a device address */
+    sh->magic = FK_MAGIC;
+    if (msync(sh, sizeof *sh, MS_SYNC) != 0)
+        goto out;
+    if (link(tmp, path) != 0 && errno != EEXIST) {
+        fk_debug("state file %s: link: %s", path, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    if (sh != MAP_FAILED)
+        munmap(sh, sizeof *sh);
+    close(fd);
+    unlink(tmp);
+    return rc;
+}
+
+int fk_state_open(void)
+{
+    pthread_mutex_lock(&open_lock);
+    int rc = 0;
+    if (fk_sh == NULL) {
+        const char *path = getenv("FGPU_FAKE_GPU_STATE");
+        if (path == NULL || path[0] == '\0') {
+            fk_debug("FGPU_FAKE_GPU_STATE is not set: no fake GPUs");
+            rc = -1;
+        } else {
+            int fd = open(path, O_RDWR | O_CLOEXEC);
+            if (fd < 0 && errno == ENOENT) {
+                if (create_file(path) == 0)
+                    fd = open(path, O_RDWR | O_CLOEXEC);
+            } else if (fd < 0) {
+                fk_debug("state file %s: %s", path, strerror(errno));
+            }
+            rc = fd < 0 ? -1 : map_file(fd, path);
+            if (fd >= 0)
+                close(fd);
+        }
+    }
+    pthread_mutex_unlock(&open_lock);
+    return rc;
+}
+
+int fk_gpu_by_uuid(const char *uuid)
+{
+    for (uint32_t i = 0; fk_sh != NULL && i < fk_sh->ngpus; i++)
+        if (strcmp(fk_sh->gpus[i].uuid, uuid) == 0)
+            return (int)i;
+    return -1;
+}
+
+uint64_t fk_new_va(uint64_t size)
+{
+    uint64_t span = (size + FK_CHUNK - 1) / FK_CHUNK * FK_CHUNK + FK_CHUNK; /* + a guard gap */
+    return atomic_fetch_add_explicit(&fk_sh->next_va, span, memory_order_relaxed);
+}
+
+/* ------------------------------------------------------------------ process slots */
+
+static void reclaim_slot(struct fk_proc *p)
+{
+    for (int g = 0; g < FK_MAX_GPUS; g++) {
+        uint64_t u = atomic_exchange(&p->used[g], 0);
+        if (u != 0)
+            atomic_fetch_sub(&fk_sh->gpus[g].used, u);
+        atomic_store(&p->contexts[g], 0);
+    }
+    int32_t pid = atomic_load(&p->pid);
+    uint64_t start = atomic_load(&p->start);
+    for (int i = 0; i < FK_MAX_EXPORTS; i++) {
+        struct fk_export *e = &fk_sh->exports[i];
+        if (atomic_load(&e->state) == FK_EXPORT_LIVE && e->pid == pid && e->start == start)
+            atomic_store(&e->state, FK_EXPORT_FREE);
+    }
+    atomic_store(&p->dead_order, atomic_fetch_add(&fk_sh->dead_seq, 1) + 1);
+    atomic_store_explicit(&p->state, FK_SLOT_DEAD, memory_order_release);
+}
+
+void fk_sweep(void)
+{
+    if (fk_sh == NULL)
+        return;
+    for (int i = 0; i < FK_MAX_PROCS; i++) {
+        struct fk_proc *p = &fk_sh->procs[i];
+        if (atomic_load_explicit(&p->state, memory_order_acquire) != FK_SLOT_LIVE)
+            continue;
+        if (fk_alive(atomic_load(&p->pid), atomic_load(&p->start)))
+            continue;
+        uint32_t expect = FK_SLOT_LIVE;
+        if (atomic_compare_exchange_strong(&p->state, &expect, FK_SLOT_RECLAIM)) {
+            fk_debug("gave back the memory of dead process %d", (int)atomic_load(&p->pid));
+            reclaim_slot(p);
+        }
+    }
+    /* waiters of dead processes that never got to wait (pid set, no seq) */
+    for (uint32_t g = 0; g < fk_sh->ngpus; g++) {
+        for (int w = 0; w < FK_MAX_WAITERS; w++) {
+            struct fk_waiter *x = &fk_sh->gpus[g].waiters[w];
+            int32_t pid = atomic_load(&x->pid);
+            if (pid != 0 && atomic_load(&x->seq) == 0 && !fk_alive(pid, atomic_load(&x->start)))
+                atomic_compare_exchange_strong(&x->pid, &pid, 0);
+        }
+    }
+}
+
+static int claim_slot(void)
+{
+    pid_t me = getpid();
+    uint64_t start = fk_self_start();
+    /* a slot left by this pid before an exec: give its memory back, as exec would */
+    for (int i = 0; i < FK_MAX_PROCS; i++) {
+        struct fk_proc *p = &fk_sh->procs[i];
+        uint32_t expect = FK_SLOT_LIVE;
+        if (atomic_load(&p->pid) == me && atomic_load(&p->start) == start &&
+            atomic_compare_exchange_strong(&p->state, &expect, FK_SLOT_RECLAIM))
+            reclaim_slot(p);
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < FK_MAX_PROCS; i++) {
+            uint32_t expect = FK_SLOT_FREE;
+            if (atomic_compare_exchange_strong(&fk_sh->procs[i].state, &expect, FK_SLOT_CLAIM))
+                return i;
+        }
+        for (;;) { /* the slot of the process that died first */
+            int best = -1;
+            uint64_t best_order = UINT64_MAX;
+            for (int i = 0; i < FK_MAX_PROCS; i++) {
+                struct fk_proc *p = &fk_sh->procs[i];
+                if (atomic_load(&p->state) == FK_SLOT_DEAD &&
+                    atomic_load(&p->dead_order) < best_order) {
+                    best = i;
+                    best_order = atomic_load(&p->dead_order);
+                }
+            }
+            if (best < 0)
+                break;
+            uint32_t expect = FK_SLOT_DEAD;
+            if (atomic_compare_exchange_strong(&fk_sh->procs[best].state, &expect,
+                                               FK_SLOT_CLAIM))
+                return best;
+        }
+        fk_sweep();
+    }
+    return -1;
+}
+
+int fk_my_slot(void)
+{
+    pid_t me = getpid();
+    if (slot_pid == me)
+        return slot_index;
+    pthread_mutex_lock(&open_lock);
+    if (slot_pid != me) {
+        int i = claim_slot();
+        if (i >= 0) {
+            struct fk_proc *p = &fk_sh->procs[i];
+            atomic_store(&p->pid, me);
+            atomic_store(&p->start, fk_self_start());
+            for (int g = 0; g < FK_MAX_GPUS; g++) {
+                atomic_store(&p->used[g], 0);
+                atomic_store(&p->busy_ns[g], 0);
+                atomic_store(&p->last_active_ns[g], 0);
+                atomic_store(&p->contexts[g], 0);
+                atomic_store(&p->ring[g].count, 0);
+            }
+            atomic_store_explicit(&p->state, FK_SLOT_LIVE, memory_order_release);
+        } else {
+            fk_debug("all %d process slots of the state file are taken", FK_MAX_PROCS);
+        }
+        slot_index = i;
+        slot_pid = me;
+    }
+    int i = slot_index;
+    pthread_mutex_unlock(&open_lock);
+    return i;
+}
+
+/* At exit: the memory of this process goes back, like the real driver at teardown. */
+void fk_slot_release_self(void)
+{
+    if (fk_sh == NULL || slot_pid != getpid() || slot_index < 0)
+        return;
+    struct fk_proc *p = &fk_sh->procs[slot_index];
+    uint32_t expect = FK_SLOT_LIVE;
+    if (atomic_compare_exchange_strong(&p->state, &expect, FK_SLOT_RECLAIM))
+        reclaim_slot(p);
+}
+
+/* ------------------------------------------------------------------ memory counters */
+
+/* The device counter is raised before the process's own, and lowered after it: a process
+ * killed between the two steps leaks the amount until the state file is replaced, but the
+ * sweep can never give back more than was taken. */
+CUresult fk_reserve(int gpu, uint64_t bytes)
+{
+    int slot = fk_my_slot();
+    if (slot < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct fk_gpu *d = &fk_sh->gpus[gpu];
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
+        while (bytes <= d->total && cur <= d->total - bytes) {
+            if (atomic_compare_exchange_weak_explicit(&d->used, &cur, cur + bytes,
+                                                      memory_order_acq_rel,
+                                                      memory_order_relaxed)) {
+                atomic_fetch_add(&fk_sh->procs[slot].used[gpu], bytes);
+                return CUDA_SUCCESS;
+            }
+        }
+        if (attempt == 0)
+            fk_sweep();
+    }
+    fk_debug("out of memory on %s: %llu bytes asked, %llu of %llu used", d->uuid,
+             (unsigned long long)bytes, (unsigned long long)atomic_load(&d->used),
+             (unsigned long long)d->total);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Lowers the process's counter first, by at most what it holds (a concurrent exit-time
+ * reclaim may have taken it all), then the device's by the same amount. */
+void fk_release(int gpu, uint64_t bytes)
+{
+    int slot = fk_my_slot();
+    if (slot < 0 || bytes == 0)
+        return;
+    _Atomic uint64_t *mine = &fk_sh->procs[slot].used[gpu];
+    uint64_t cur = atomic_load(mine), take;
+    do {
+        take = cur < bytes ? cur : bytes;
+    } while (!atomic_compare_exchange_weak(mine, &cur, cur - take));
+    if (take != 0)
+        atomic_fetch_sub(&fk_sh->gpus[gpu].used, take);
+}
+
+void fk_state_after_fork(void)
+{
+    pthread_mutex_init(&open_lock, NULL);
+}
+
+/* ------------------------------------------------------------------ the device lock */
+
+static long futex(_Atomic uint32_t *word, int op, uint32_t val, const struct timespec *ts)
+{
+    return syscall(SYS_futex, (uint32_t *)word, op, val, ts, NULL, 0);
+}
+
+static void wake_all(struct fk_gpu *d)
+{
+    atomic_fetch_add_explicit(&d->wake, 1, memory_order_release);
+    futex(&d->wake, FUTEX_WAKE, INT32_MAX, NULL);
+}
+
+/* The earliest arrival among the waiters (-1 if none). */
+static int first_waiter(struct fk_gpu *d)
+{
+    int best = -1;
+    uint64_t best_seq = UINT64_MAX;
+    for (int i = 0; i < FK_MAX_WAITERS; i++) {
+        uint64_t seq = atomic_load_explicit(&d->waiters[i].seq, memory_order_acquire);
+        if (seq != 0 && seq < best_seq) {
+            best = i;
+            best_seq = seq;
+        }
+    }
+    return best;
+}
+
+static void drop_waiter(struct fk_gpu *d, int i)
+{
+    atomic_store_explicit(&d->waiters[i].seq, 0, memory_order_release);
+    atomic_store_explicit(&d->waiters[i].pid, 0, memory_order_release);
+}
+
+/* After a wait that saw no progress: a dead holder or dead first waiter is moved aside. */
+static void clear_dead(struct fk_gpu *d)
+{
+    uint32_t h = atomic_load(&d->holder);
+    if (h != 0) {
+        struct fk_waiter *w = &d->waiters[h - 1];
+        if (!fk_alive(atomic_load(&w->pid), atomic_load(&w->start)) &&
+            atomic_compare_exchange_strong(&d->holder, &h, 0)) {
+            fk_debug("device %s: holder %d died, lock taken back", d->uuid,
+                     (int)atomic_load(&w->pid));
+            drop_waiter(d, (int)h - 1);
+            wake_all(d);
+        }
+        return;
+    }
+    int first = first_waiter(d);
+    if (first >= 0) {
+        struct fk_waiter *w = &d->waiters[first];
+        if (!fk_alive(atomic_load(&w->pid), atomic_load(&w->start))) {
+            drop_waiter(d, first);
+            wake_all(d);
+        }
+    }
+}
+
+void fk_dev_lock(int gpu, int *waiter_out)
+{
+    struct fk_gpu *d = &fk_sh->gpus[gpu];
+    int32_t me = (int32_t)getpid();
+    int mine = -1;
+    while (mine < 0) {
+        for (int i = 0; i < FK_MAX_WAITERS && mine < 0; i++) {
+            int32_t expect = 0;
+            if (atomic_compare_exchange_strong(&d->waiters[i].pid, &expect, me))
+                mine = i;
+        }
+        if (mine < 0) { /* every slot taken: wait for one to free */
+            fk_sweep();
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    struct fk_waiter *w = &d->waiters[mine];
+    atomic_store(&w->start, fk_self_start());
+    uint64_t seq = atomic_fetch_add(&d->arrivals, 1) + 1;
+    atomic_store_explicit(&w->seq, seq, memory_order_release);
+    for (;;) {
+        uint32_t wake = atomic_load_explicit(&d->wake, memory_order_acquire);
+        if (atomic_load(&d->holder) == 0 && first_waiter(d) == mine) {
+            uint32_t expect = 0;
+            if (atomic_compare_exchange_strong(&d->holder, &expect, (uint32_t)mine + 1))
+                break;
+            continue;
+        }
+        struct timespec ts = {0, 20000000}; /* 20 ms, then look for a dead holder */
+        long rc = futex(&d->wake, FUTEX_WAIT, wake, &ts);
+        if (rc != 0 && errno == ETIMEDOUT)
+            clear_dead(d);
+    }
+    *waiter_out = mine;
+}
+
+void fk_dev_unlock(int gpu, int waiter)
+{
+    struct fk_gpu *d = &fk_sh->gpus[gpu];
+    atomic_store_explicit(&d->waiters[waiter].seq, 0, memory_order_release);
+    uint32_t expect = (uint32_t)waiter + 1;
+    atomic_compare_exchange_strong(&d->holder, &expect, 0);
+    atomic_store_explicit(&d->waiters[waiter].pid, 0, memory_order_release);
+    wake_all(d);
+}
+
+/* ------------------------------------------------------------------ busy time */
+
+static void ring_note(struct fk_ring *r, uint64_t now, uint64_t busy_before, uint64_t busy_after)
+{
+    uint32_t n = atomic_load_explicit(&r->count, memory_order_relaxed);
+    if (n == 0) { /* the first sample marks when activity began */
+        atomic_store(&r->s[0].t_ns, now);
+        atomic_store(&r->s[0].busy_ns, busy_before);
+        atomic_store_explicit(&r->count, 1, memory_order_release);
+        return;
+    }
+    uint64_t last = atomic_load(&r->s[(n - 1) % FK_RING].t_ns);
+    if (now - last < FK_RING_STEP_NS)
+        return;
+    struct fk_sample *s = &r->s[n % FK_RING];
+    atomic_store(&s->t_ns, now);
+    atomic_store(&s->busy_ns, busy_after);
+    atomic_store_explicit(&r->count, n + 1, memory_order_release);
+}
+
+void fk_dev_busy(int gpu, int slot, uint64_t ns)
+{
+    uint64_t now = fk_now_ns();
+    struct fk_gpu *d = &fk_sh->gpus[gpu];
+    uint64_t before = atomic_fetch_add(&d->busy_ns, ns);
+    ring_note(&d->ring, now - ns, before, before);
+    ring_note(&d->ring, now, before, before + ns);
+    if (slot >= 0) {
+        struct fk_proc *p = &fk_sh->procs[slot];
+        uint64_t pb = atomic_fetch_add(&p->busy_ns[gpu], ns);
+        ring_note(&p->ring[gpu], now - ns, pb, pb);
+        ring_note(&p->ring[gpu], now, pb, pb + ns);
+        atomic_store(&p->last_active_ns[gpu], now);
+    }
+}
+
+/* Busy time in [from_ns, now_ns], reading the samples as a piecewise-linear curve of
+ * cumulative busy time ending at (now_ns, busy_now). *window_start_ns gets from_ns, or the
+ * oldest sample's time when older samples were overwritten. */
+uint64_t fk_ring_since(const struct fk_ring *ring, uint64_t busy_now, uint64_t now_ns,
+                       uint64_t from_ns, uint64_t *window_start_ns)
+{
+    *window_start_ns = from_ns;
+    uint32_t n = atomic_load_explicit(&ring->count, memory_order_acquire);
+    if (n == 0)
+        return 0;
+    uint32_t oldest = n > FK_RING ? n - FK_RING : 0;
+    uint64_t t0 = atomic_load(&ring->s[oldest % FK_RING].t_ns);
+    uint64_t b0 = atomic_load(&ring->s[oldest % FK_RING].busy_ns);
+    if (from_ns <= t0) {
+        if (oldest > 0)
+            *window_start_ns = t0;
+        return busy_now > b0 ? busy_now - b0 : 0;
+    }
+    for (uint32_t i = n; i-- > oldest;) {
+        uint64_t ti = atomic_load(&ring->s[i % FK_RING].t_ns);
+        if (ti > from_ns)
+            continue;
+        uint64_t bi = atomic_load(&ring->s[i % FK_RING].busy_ns);
+        uint64_t t1 = now_ns, b1 = busy_now;
+        if (i + 1 < n) {
+            t1 = atomic_load(&ring->s[(i + 1) % FK_RING].t_ns);
+            b1 = atomic_load(&ring->s[(i + 1) % FK_RING].busy_ns);
+        }
+        double cum = (double)bi;
+        if (t1 > ti && b1 > bi)
+            cum += (double)(b1 - bi) * (double)(from_ns - ti) / (double)(t1 - ti);
+        return (double)busy_now > cum ? (uint64_t)((double)busy_now - cum) : 0;
+    }
+    return 0;
+}
