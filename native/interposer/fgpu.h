@@ -94,7 +94,13 @@ FGPU_HIDDEN int fgpu_gpu_of_current(void);
 FGPU_HIDDEN void fgpu_memory_atfork_child(void);
 
 /* The accounting primitives shared by memory.c and memory_objects.c. Kinds of records: */
-enum fgpu_rec_kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_GRAPH, K_GEXEC };
+enum fgpu_rec_kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_GNODE, K_GEXEC };
+struct fgpu_gnode {
+    int gpu;
+    int freed;
+    uint64_t bytes;
+    uint64_t dptr;
+};
 /* Reserve bytes on *gpu before a driver call: CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY past
  * the cap (after one sweep). *gpu < 0 means "not counted" (and is set to -1 when the
  * process has no entry in an uncapped segment). */
@@ -104,8 +110,10 @@ FGPU_HIDDEN void fgpu_mem_give(int gpu, uint64_t bytes);
 FGPU_HIDDEN void fgpu_mem_track(int kind, uint64_t key, int gpu, uint64_t bytes);
 FGPU_HIDDEN int fgpu_mem_release(int kind, uint64_t key);
 FGPU_HIDDEN void fgpu_mem_release_ctx(CUcontext ctx);
-FGPU_HIDDEN void fgpu_mem_note(int kind, uint64_t key, int gpu, uint64_t bytes);
-FGPU_HIDDEN int fgpu_mem_collect(int kind, uint64_t key, int *gpus, uint64_t *bytes, int max);
+FGPU_HIDDEN void fgpu_mem_graph_alloc_node(uint64_t graph, uint64_t dptr, int gpu,
+                                           uint64_t bytes);
+FGPU_HIDDEN void fgpu_mem_graph_free_node(uint64_t graph, uint64_t dptr);
+FGPU_HIDDEN int fgpu_mem_graph_nodes(uint64_t graph, struct fgpu_gnode *out, int max);
 FGPU_HIDDEN void fgpu_mem_drop(int kind, uint64_t key);
 FGPU_HIDDEN uint64_t fgpu_mul_sat(uint64_t a, uint64_t b);
 FGPU_HIDDEN uint64_t fgpu_add_sat(uint64_t a, uint64_t b);

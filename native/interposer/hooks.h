@@ -50,6 +50,7 @@ FGPU_HOOK(cuArrayDestroy)
 FGPU_HOOK(cuMipmappedArrayCreate)
 FGPU_HOOK(cuMipmappedArrayDestroy)
 FGPU_HOOK(cuGraphAddMemAllocNode)
+FGPU_HOOK(cuGraphAddMemFreeNode)
 FGPU_HOOK(cuGraphInstantiateWithFlags)
 FGPU_HOOK(cuGraphExecDestroy)
 FGPU_HOOK(cuGraphDestroy)
@@ -74,6 +75,10 @@ FGPU_HOOK(cuMemsetD8Async)
 FGPU_HOOK(cuMemsetD8Async_ptsz)
 FGPU_HOOK(cuMemsetD32Async)
 FGPU_HOOK(cuMemsetD32Async_ptsz)
+/* retire points: completed work is accounted right after a synchronize (not gated) */
+FGPU_HOOK(cuStreamSynchronize)
+FGPU_HOOK(cuStreamSynchronize_ptsz)
+FGPU_HOOK(cuCtxSynchronize)
 
 /* NVML memory queries (nvml.c) */
 FGPU_NVML_HOOK(nvmlDeviceGetMemoryInfo)

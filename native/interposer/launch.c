@@ -2,7 +2,9 @@
  * launch.c - the governor's decisions carried out at launch; bounded in-flight work; GPU time.
  *
  * Gated calls (hooks.h): kernel launches (plain, Ex, cooperative), graph launches, async
- * copies and memsets, and their _ptsz variants.
+ * copies and memsets, and their _ptsz variants. cuStreamSynchronize(_ptsz) and
+ * cuCtxSynchronize are not gated; they retire completed work right after the driver returns,
+ * so a program that ends with a synchronize has all of its GPU time counted.
  *
  * Fast path, gate open: one acquire load of seg->gate, a relaxed store of last_launch_ns
  * (CLOCK_MONOTONIC through the vDSO), relaxed counter bumps, the driver call, and one event
@@ -489,4 +491,39 @@ FGPU_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int u
                                            CUstream hStream)
 {
     GATED(cuMemsetD32Async_ptsz, 1, hStream, dstDevice, ui, n, hStream);
+}
+
+/* --------------------------------------------------------------- retire points */
+
+static void retire_now(void)
+{
+    if (!fgpu_g.active || fgpu_real.cuEventQuery == NULL)
+        return;
+    pthread_mutex_lock(&ring_lock);
+    retire_ready(fgpu_proc());
+    pthread_mutex_unlock(&ring_lock);
+}
+
+FGPU_EXPORT CUresult cuStreamSynchronize(CUstream hStream)
+{
+    FGPU_REAL_OR(cuStreamSynchronize, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = fgpu_real.cuStreamSynchronize(hStream);
+    retire_now();
+    return r;
+}
+
+FGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    FGPU_REAL_OR(cuStreamSynchronize_ptsz, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = fgpu_real.cuStreamSynchronize_ptsz(hStream);
+    retire_now();
+    return r;
+}
+
+FGPU_EXPORT CUresult cuCtxSynchronize(void)
+{
+    FGPU_REAL_OR(cuCtxSynchronize, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = fgpu_real.cuCtxSynchronize();
+    retire_now();
+    return r;
 }

@@ -42,6 +42,8 @@ struct rec {
     int gpu;
     uint64_t bytes;
     CUcontext ctx;
+    uint64_t aux; /* K_GNODE: the alloc node's address */
+    int freed;    /* K_GNODE: the graph also frees that address */
     struct rec *next;
 };
 
@@ -209,7 +211,7 @@ void fgpu_mem_release_ctx(CUcontext ctx)
         pthread_mutex_lock(&table_lock);
         for (size_t b = 0; b < NBUCKETS && found == NULL; b++) {
             for (struct rec **pp = &buckets[b]; *pp != NULL; pp = &(*pp)->next) {
-                if ((*pp)->ctx == ctx && (*pp)->kind != K_GRAPH) {
+                if ((*pp)->ctx == ctx && (*pp)->kind != K_GNODE) {
                     found = *pp;
                     *pp = found->next;
                     break;
@@ -224,38 +226,42 @@ void fgpu_mem_release_ctx(CUcontext ctx)
     }
 }
 
-/* Add bytes to the tally (kind, key, gpu) without reserving anything (graph alloc nodes). */
-void fgpu_mem_note(int kind, uint64_t key, int gpu, uint64_t bytes)
+/* Remember a graph's alloc node (nothing reserved yet). */
+void fgpu_mem_graph_alloc_node(uint64_t graph, uint64_t dptr, int gpu, uint64_t bytes)
 {
     if (gpu < 0)
         return;
-    pthread_mutex_lock(&table_lock);
-    size_t b = bucket_of(key);
-    for (struct rec *r = buckets[b]; r != NULL; r = r->next) {
-        if (r->kind == kind && r->key == key && r->gpu == gpu) {
-            r->bytes = fgpu_add_sat(r->bytes, bytes);
-            pthread_mutex_unlock(&table_lock);
-            return;
-        }
-    }
     struct rec *r = malloc(sizeof *r);
-    if (r != NULL) {
-        *r = (struct rec){.key = key, .kind = kind, .gpu = gpu, .bytes = bytes};
-        r->next = buckets[b];
-        buckets[b] = r;
+    if (r == NULL)
+        return;
+    *r = (struct rec){.key = graph, .kind = K_GNODE, .gpu = gpu, .bytes = bytes, .aux = dptr};
+    pthread_mutex_lock(&table_lock);
+    size_t b = bucket_of(graph);
+    r->next = buckets[b];
+    buckets[b] = r;
+    pthread_mutex_unlock(&table_lock);
+}
+
+/* A free node of the graph for dptr: that alloc node's memory lives only inside a launch. */
+void fgpu_mem_graph_free_node(uint64_t graph, uint64_t dptr)
+{
+    pthread_mutex_lock(&table_lock);
+    for (struct rec *r = buckets[bucket_of(graph)]; r != NULL; r = r->next) {
+        if (r->kind == K_GNODE && r->key == graph && r->aux == dptr)
+            r->freed = 1;
     }
     pthread_mutex_unlock(&table_lock);
 }
 
-/* Copy up to max (gpu, bytes) pairs of the records (kind, key); returns how many. */
-int fgpu_mem_collect(int kind, uint64_t key, int *gpus, uint64_t *bytes, int max)
+/* Copy up to max alloc nodes of a graph; returns how many. */
+int fgpu_mem_graph_nodes(uint64_t graph, struct fgpu_gnode *out, int max)
 {
     int n = 0;
     pthread_mutex_lock(&table_lock);
-    for (struct rec *r = buckets[bucket_of(key)]; r != NULL && n < max; r = r->next) {
-        if (r->kind == kind && r->key == key) {
-            gpus[n] = r->gpu;
-            bytes[n] = r->bytes;
+    for (struct rec *r = buckets[bucket_of(graph)]; r != NULL && n < max; r = r->next) {
+        if (r->kind == K_GNODE && r->key == graph) {
+            out[n] = (struct fgpu_gnode){.gpu = r->gpu, .bytes = r->bytes, .dptr = r->aux,
+                                         .freed = r->freed};
             n++;
         }
     }

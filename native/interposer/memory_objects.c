@@ -5,15 +5,19 @@
  * Arrays: width x height x depth x channels x bytes per channel (a 0 dimension counts as 1),
  * summed over mip levels (each level halves width, height and, unless layered, depth). The
  * driver's padding is not seen; the NVML guard is the backstop.
- * Graph memory nodes: cuGraphAddMemAllocNode adds bytesize to the graph's tally per GPU
- * (nothing reserved yet); cuGraphInstantiateWithFlags reserves the tally for the new exec
- * (over the cap: CUDA_ERROR_OUT_OF_MEMORY, nothing instantiated); cuGraphExecDestroy gives it
- * back. An upper bound: memory a graph frees and allocates again inside itself counts twice.
+ * Graph memory nodes (the driver's rule: an alloc node's memory is taken at launch and lives
+ * until a free node of the graph, or cuMemFree / cuMemFreeAsync of its address): the graph's
+ * alloc nodes are remembered (nothing reserved yet); cuGraphInstantiateWithFlags reserves all
+ * of them (over the cap: CUDA_ERROR_OUT_OF_MEMORY, nothing instantiated). Nodes the graph also
+ * frees are held for the exec and given back at cuGraphExecDestroy; nodes it does not free
+ * are held for their address and given back at cuMemFree / cuMemFreeAsync of it (an exec
+ * destroyed without ever being launched keeps those counted: stricter, never looser).
+ * An upper bound: the driver may reuse freed graph memory inside one launch.
  */
 #include "fgpu.h"
 
 #define FGPU_ARRAY3D_LAYERED 0x01u /* cuda.h CUDA_ARRAY3D_LAYERED: Depth is a layer count */
-#define MAX_GRAPH_GPUS FGPU_SEG_MAX_GPUS
+#define MAX_GRAPH_NODES 256
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
@@ -125,8 +129,22 @@ FGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hG
                                                   numDependencies, nodeParams);
     if (r == CUDA_SUCCESS && nodeParams != NULL) {
         int g = fgpu_gpu_of_device(nodeParams->poolProps.location.id);
-        fgpu_mem_note(K_GRAPH, (uint64_t)(uintptr_t)hGraph, g, nodeParams->bytesize);
+        fgpu_mem_graph_alloc_node((uint64_t)(uintptr_t)hGraph, nodeParams->dptr, g,
+                                  nodeParams->bytesize);
     }
+    return r;
+}
+
+FGPU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                           const CUgraphNode *dependencies,
+                                           size_t numDependencies, CUdeviceptr dptr)
+{
+    PASS_IF_INACTIVE(cuGraphAddMemFreeNode, phGraphNode, hGraph, dependencies, numDependencies,
+                     dptr);
+    CUresult r = fgpu_real.cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies,
+                                                 numDependencies, dptr);
+    if (r == CUDA_SUCCESS)
+        fgpu_mem_graph_free_node((uint64_t)(uintptr_t)hGraph, dptr);
     return r;
 }
 
@@ -134,22 +152,24 @@ FGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgra
                                                  unsigned long long flags)
 {
     PASS_IF_INACTIVE(cuGraphInstantiateWithFlags, phGraphExec, hGraph, flags);
-    int gpus[MAX_GRAPH_GPUS];
-    uint64_t bytes[MAX_GRAPH_GPUS];
-    int n = fgpu_mem_collect(K_GRAPH, (uint64_t)(uintptr_t)hGraph, gpus, bytes, MAX_GRAPH_GPUS);
+    static _Thread_local struct fgpu_gnode nodes[MAX_GRAPH_NODES];
+    int n = fgpu_mem_graph_nodes((uint64_t)(uintptr_t)hGraph, nodes, MAX_GRAPH_NODES);
     for (int i = 0; i < n; i++) {
-        if (fgpu_mem_take(&gpus[i], bytes[i]) != CUDA_SUCCESS) {
+        if (fgpu_mem_take(&nodes[i].gpu, nodes[i].bytes) != CUDA_SUCCESS) {
             for (int j = 0; j < i; j++)
-                fgpu_mem_give(gpus[j], bytes[j]);
+                fgpu_mem_give(nodes[j].gpu, nodes[j].bytes);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
     CUresult r = fgpu_real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
     for (int i = 0; i < n; i++) {
         if (r != CUDA_SUCCESS)
-            fgpu_mem_give(gpus[i], bytes[i]);
+            fgpu_mem_give(nodes[i].gpu, nodes[i].bytes);
+        else if (nodes[i].freed)
+            fgpu_mem_track(K_GEXEC, (uint64_t)(uintptr_t)*phGraphExec, nodes[i].gpu,
+                           nodes[i].bytes);
         else
-            fgpu_mem_track(K_GEXEC, (uint64_t)(uintptr_t)*phGraphExec, gpus[i], bytes[i]);
+            fgpu_mem_track(K_PTR, nodes[i].dptr, nodes[i].gpu, nodes[i].bytes);
     }
     return r;
 }
@@ -170,7 +190,7 @@ FGPU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
     PASS_IF_INACTIVE(cuGraphDestroy, hGraph);
     CUresult r = fgpu_real.cuGraphDestroy(hGraph);
     if (r == CUDA_SUCCESS)
-        fgpu_mem_drop(K_GRAPH, (uint64_t)(uintptr_t)hGraph);
+        fgpu_mem_drop(K_GNODE, (uint64_t)(uintptr_t)hGraph);
     return r;
 }
 
