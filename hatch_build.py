@@ -9,6 +9,7 @@ platform, not ``py3-none-any``.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ def _load_native_build(root: Path) -> Any:
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot load {root / 'native' / 'build.py'}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 

@@ -7,6 +7,7 @@
  *     --dlopen     take every entry point from dlopen("libcuda.so.1") + cuGetProcAddress_v2
  *                  (as the CUDA runtime does) instead of the linked symbols
  *     --ptsz       per-thread default stream entry points (_ptsz)
+ *     --ready      after set-up print {"ready":PID} and wait for a line on stdin
  *   info | meminfo
  *   alloc API BYTES            API: mem pitch managed vmm async pool array array3d mipmap
  *                              graph ipc module

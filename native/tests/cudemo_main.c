@@ -247,7 +247,7 @@ static unsigned long long number(const char *what, const char *text)
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: fgpu-cudemo [--dlopen] [--ptsz] [--device N] COMMAND\n"
+            "usage: fgpu-cudemo [--dlopen] [--ptsz] [--device N] [--ready] COMMAND\n"
             "  info | meminfo | procaddr\n"
             "  alloc API BYTES | alloc-until-oom API CHUNK | hold BYTES [API]\n"
             "  threads N API BYTES | spin NS COUNT [--graph|--ex|--coop] [--stream]\n"
@@ -258,13 +258,15 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    int i = 1;
+    int i = 1, ready = 0;
     self_path = argv[0];
     for (; i < argc && strncmp(argv[i], "--", 2) == 0; i++) {
         if (strcmp(argv[i], "--dlopen") == 0)
             dlopen_mode = 1;
         else if (strcmp(argv[i], "--ptsz") == 0)
             ptsz_mode = 1;
+        else if (strcmp(argv[i], "--ready") == 0)
+            ready = 1;
         else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device_ordinal = (int)number("--device", argv[++i]);
         else
@@ -278,6 +280,13 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "procaddr") == 0)
         return cmd_procaddr();
     setup();
+    if (ready) { /* tests start several processes together: "go" is a line on stdin */
+        char line[64];
+        printf("{\"ready\":%d}\n", (int)getpid());
+        fflush(stdout);
+        if (fgets(line, sizeof line, stdin) == NULL)
+            return 0;
+    }
     if (strcmp(cmd, "info") == 0)
         return cmd_info();
     if (strcmp(cmd, "meminfo") == 0) {

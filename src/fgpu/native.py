@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +52,7 @@ def _source_build_module() -> ModuleType | None:
     if spec is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it loads
     spec.loader.exec_module(module)
     return module
 
