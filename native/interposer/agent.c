@@ -2,8 +2,8 @@
  * agent.c - libfgpu-agent.so: the agent's side of a workload's segment, for Python ctypes.
  *
  * Owns: creating a segment file (written to a temporary name, then renamed, mode 0600,
- * chown to the workload's user), mapping and unmapping it, the agent's writes (gate,
- * max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same code the
+ * chown to the workload's user), mapping and unmapping it, the agent's writes (gate and
+ * heartbeat, max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same code the
  * interposer runs) and a consistent-enough snapshot of the counters in a plain struct.
  *
  * Errors: functions return 0 or a negative errno value; fgpu_agent_open returns NULL and
@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "seg.h"
@@ -52,6 +53,13 @@ struct fgpu_agent_snapshot {
     uint32_t pad0;
     struct fgpu_agent_gpu gpus[FGPU_SEG_MAX_GPUS];
 };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 FGPU_API uint32_t fgpu_agent_segment_size(void) { return (uint32_t)sizeof(struct fgpu_seg); }
 
@@ -110,6 +118,7 @@ FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32
     snprintf(s->workload_id, sizeof s->workload_id, "%s", workload_id);
     atomic_store(&s->gate, FGPU_GATE_OPEN);
     atomic_store(&s->max_inflight, max_inflight);
+    atomic_store(&s->agent_beat_ns, now_ns());
     for (uint32_t g = 0; g < ngpus; g++) {
         snprintf(s->gpus[g].uuid, sizeof s->gpus[g].uuid, "%s", uuids[g]);
         atomic_store(&s->gpus[g].memory_limit, limits[g]);
@@ -158,6 +167,7 @@ FGPU_API int fgpu_agent_set_gate(struct fgpu_seg *s, uint32_t gate)
 {
     if (s == NULL || (gate != FGPU_GATE_OPEN && gate != FGPU_GATE_CLOSED))
         return -EINVAL;
+    atomic_store_explicit(&s->agent_beat_ns, now_ns(), memory_order_relaxed);
     /* release: whatever the agent wrote before (limits) is visible to a launcher that sees
      * the new gate value with its acquire load */
     atomic_store_explicit(&s->gate, gate, memory_order_release);
@@ -166,6 +176,16 @@ FGPU_API int fgpu_agent_set_gate(struct fgpu_seg *s, uint32_t gate)
         if (syscall(SYS_futex, (uint32_t *)&s->gate, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) < 0)
             return -errno;
     }
+    return 0;
+}
+
+/* The agent's heartbeat (CLOCK_MONOTONIC now): a closed gate whose agent stayed silent for
+ * more than FGPU_SEG_STALE_NS counts as open in the interposer. */
+FGPU_API int fgpu_agent_beat(struct fgpu_seg *s)
+{
+    if (s == NULL)
+        return -EINVAL;
+    atomic_store_explicit(&s->agent_beat_ns, now_ns(), memory_order_relaxed);
     return 0;
 }
 

@@ -94,6 +94,8 @@ class AgentLib:
             ctypes.c_uint64,
         ]
         lib.fgpu_agent_set_memory_limit.restype = ctypes.c_int
+        lib.fgpu_agent_beat.argtypes = [ctypes.c_void_p]
+        lib.fgpu_agent_beat.restype = ctypes.c_int
         lib.fgpu_agent_sweep.argtypes = [ctypes.c_void_p]
         lib.fgpu_agent_sweep.restype = ctypes.c_uint64
         lib.fgpu_agent_snapshot.argtypes = [ctypes.c_void_p, ctypes.POINTER(Snapshot)]
@@ -142,6 +144,9 @@ class AgentLib:
 
     def set_gate(self, gate: int) -> None:
         assert self.lib.fgpu_agent_set_gate(self.seg, gate) == 0
+
+    def beat(self) -> None:
+        assert self.lib.fgpu_agent_beat(self.seg) == 0
 
     def set_max_inflight(self, n: int) -> None:
         assert self.lib.fgpu_agent_set_max_inflight(self.seg, n) == 0
