@@ -57,11 +57,15 @@ class Target:
 
 FAKECUDA_SOURCES = (
     "fakecuda/state.c",
+    "fakecuda/devlock.c",
+    "fakecuda/context.c",
+    "fakecuda/modules.c",
     "fakecuda/memory.c",
+    "fakecuda/objects.c",
     "fakecuda/vmm.c",
     "fakecuda/streams.c",
+    "fakecuda/launch.c",
     "fakecuda/graphs.c",
-    "fakecuda/context.c",
     "fakecuda/procaddress.c",
 )
 
@@ -93,7 +97,7 @@ TARGETS: list[Target] = [
     Target(
         name="fakecuda/libnvidia-ml.so.1",
         kind="shared",
-        sources=("fakecuda/state.c", "fakecuda/nvml.c"),
+        sources=("fakecuda/state.c", "fakecuda/devlock.c", "fakecuda/nvml.c"),
         soname="libnvidia-ml.so.1",
         libs=("-Wl,-Bsymbolic", "-lpthread"),
     ),

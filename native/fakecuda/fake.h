@@ -5,16 +5,19 @@
  *
  * Files and what each owns:
  *   state.c       the shared file (layout below, creation, configuration), process slots,
- *                 liveness (pid + start time), the sweep of dead processes, the cross-process
- *                 device lock, busy-time counters and samples, clocks, debug log.
- *   context.c     cuInit, devices, contexts, modules, error strings, fgpuFakeDeviceTime.
- *   memory.c      device memory: reservations, the per-process allocation table, cuMemAlloc*,
- *                 pools, arrays, IPC.
+ *                 liveness (pid + start time), the sweep of dead processes, memory counters,
+ *                 clocks, debug log.
+ *   devlock.c     the cross-process device lock, busy-time counters and samples.
+ *   context.c     cuInit, devices, contexts, fork and exit.
+ *   modules.c     modules and the spin kernel, error strings, fgpuFakeDeviceTime.
+ *   memory.c      the per-process allocation table, cuMemAlloc*, cuMemGetInfo, pools.
+ *   objects.c     CUDA arrays, mipmapped arrays, IPC handles.
  *   vmm.c         virtual memory management (cuMemCreate, reserve, map, unmap, release).
- *   streams.c     streams and their worker threads, events, launches, copies, memsets.
+ *   streams.c     streams and their worker threads, events.
+ *   launch.c      launches, copies, memsets.
  *   graphs.c      graphs: kernel and memory nodes, instantiate, launch, graph memory trim.
  *   procaddress.c cuGetProcAddress and _v2.
- *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1; uses state.c only).
+ *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1, with state.c and devlock.c).
  */
 #ifndef FGPU_FAKE_H
 #define FGPU_FAKE_H
@@ -114,7 +117,7 @@ struct fk_shared {
     struct fk_export exports[FK_MAX_EXPORTS];
 };
 
-/* ------------------------------------------------------------------ state.c */
+/* ------------------------------------------------------------------ state.c, devlock.c */
 extern struct fk_shared *fk_sh; /* NULL until fk_state_open succeeded */
 
 void fk_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
