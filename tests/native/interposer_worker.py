@@ -13,6 +13,7 @@ Modes (``python interposer_worker.py [--procaddr] MODE ARGS``):
   fork BYTES                allocate, fork two children (one _exit, one normal exit), free
   exec BYTES NEXT           allocate BYTES, exec itself into "alloc NEXT"
   alloc BYTES               allocate, print the result and the segment snapshot, exit
+  ctxdestroy BYTES          allocate in a new context, destroy the context without freeing
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ _PROTOS = {
         [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int],
     ),
     "cuCtxSetCurrent": ("cuCtxSetCurrent", [ctypes.c_void_p]),
+    "cuCtxCreate_v2": (
+        "cuCtxCreate",
+        [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int],
+    ),
+    "cuCtxDestroy_v2": ("cuCtxDestroy", [ctypes.c_void_p]),
     "cuMemAlloc_v2": ("cuMemAlloc", [ctypes.POINTER(u64), ctypes.c_size_t]),
     "cuMemFree_v2": ("cuMemFree", [u64]),
 }
@@ -203,6 +209,18 @@ def alloc_once(nbytes: int) -> None:
     print(json.dumps({"rc": rc, **snapshot()}))
 
 
+def ctx_destroy(nbytes: int) -> None:
+    init()
+    dev = ctypes.c_int()
+    check(_fn("cuDeviceGet")(ctypes.byref(dev), 0), "cuDeviceGet")
+    ctx = ctypes.c_void_p()
+    check(_fn("cuCtxCreate_v2")(ctypes.byref(ctx), 0, dev), "cuCtxCreate_v2")
+    check(alloc(nbytes)[0], "cuMemAlloc_v2")
+    held = snapshot()
+    check(_fn("cuCtxDestroy_v2")(ctx), "cuCtxDestroy_v2")
+    print(json.dumps({"held": held, "after": snapshot()}))
+
+
 def main() -> None:
     mode, rest = ARGS[0], [int(a) for a in ARGS[1:]]
     if mode == "race":
@@ -217,9 +235,12 @@ def main() -> None:
         do_exec(*rest)
     elif mode == "alloc":
         alloc_once(*rest)
+    elif mode == "ctxdestroy":
+        ctx_destroy(*rest)
     else:
         print(
-            f"mode {mode!r} is not one of race, hold, threads, fork, exec, alloc", file=sys.stderr
+            f"mode {mode!r} is not one of race, hold, threads, fork, exec, alloc, ctxdestroy",
+            file=sys.stderr,
         )
         sys.exit(2)
 

@@ -191,3 +191,15 @@ def test_a_refused_process_sees_out_of_memory_and_the_event_is_counted(
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("procaddr", [False, True], ids=["dlsym", "cuGetProcAddress_v2"])
+def test_destroying_a_context_gives_back_what_it_held(
+    native: Path, tmp_path: Path, seg: tuple[AgentLib, Path], procaddr: bool
+) -> None:
+    _, path = seg
+    out = run_worker(
+        env_for(native, tmp_path, path), "ctxdestroy", str(300 * MIB), procaddr=procaddr
+    )
+    assert out["held"]["reserved"] == 300 * MIB  # type: ignore[index]
+    assert out["after"]["reserved"] == 0  # type: ignore[index]
