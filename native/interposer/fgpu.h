@@ -6,10 +6,12 @@
  *   resolve.c   the real driver and NVML (handles and pointers), the real dlopen and the
  *               decision of the dlopen interposer (dlopen_x86_64.S / dlopen_aarch64.S jump)
  *   procaddr.c  cuGetProcAddress / _v2 and the hook table built from hooks.h
- *   memory.c    memory accounting: reserve before allocate, give back on free; linear,
- *               stream-ordered and VMM allocations, cuMemGetInfo
+ *   memory.c    memory accounting: reserve before allocate, give back on free; linear
+ *               allocations, cuMemGetInfo
+ *   memory_pools.c    stream-ordered allocations (async, pools) and VMM (cuMemCreate)
  *   memory_objects.c  arrays, mipmapped arrays, graph memory nodes, context destroy
  *   launch.c    launch gating, bounded in-flight work, GPU time from events
+ *   launch_hooks.c  the gated entry points (kernels, graphs, async copies and memsets)
  *   nvml.c      NVML memory queries
  *   seg.c       the segment shared with the agent (also in libfgpu-agent.so)
  */
@@ -119,6 +121,20 @@ FGPU_HIDDEN uint64_t fgpu_mul_sat(uint64_t a, uint64_t b);
 FGPU_HIDDEN uint64_t fgpu_add_sat(uint64_t a, uint64_t b);
 
 /* ------------------------------------------------------------------ launch.c */
+/* What fgpu_launch_before hands to fgpu_launch_after for one gated call. */
+struct fgpu_tok {
+    int go;
+    int ptsz;
+    CUstream stream;
+    struct fgpu_pool *pool;
+    CUevent start;
+    uint64_t pred_seq; /* 0: start is our own event */
+};
+
+/* Before a gated call: wait at a closed gate, retire completed work, keep within
+ * max_inflight, take a start event. After it: record the end event (if r is CUDA_SUCCESS). */
+FGPU_HIDDEN void fgpu_launch_before(struct fgpu_tok *t, CUstream stream, int ptsz);
+FGPU_HIDDEN void fgpu_launch_after(struct fgpu_tok *t, CUresult r);
 FGPU_HIDDEN void fgpu_launch_atfork_child(void);
 /* Drop the in-flight records and events of a context about to be destroyed. */
 FGPU_HIDDEN void fgpu_launch_forget_context(CUcontext ctx);
@@ -129,5 +145,11 @@ FGPU_HIDDEN void fgpu_launch_forget_context(CUcontext ctx);
         if (fgpu_resolve_cuda() != 0 || fgpu_real.name == NULL)                              \
             return (fail);                                                                   \
     } while (0)
+
+/* The start of a memory hook: the real function, or straight through when not active. */
+#define PASS_IF_INACTIVE(name, ...)                                                          \
+    FGPU_REAL_OR(name, CUDA_ERROR_NOT_INITIALIZED);                                          \
+    if (!fgpu_g.active)                                                                      \
+    return fgpu_real.name(__VA_ARGS__)
 
 #endif /* FGPU_INTERNAL_H */

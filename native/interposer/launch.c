@@ -56,7 +56,7 @@ struct entry {
     int dead;       /* context destroyed: nothing to query */
 };
 
-struct pool {
+struct fgpu_pool {
     CUcontext ctx;
     int gpu;
     int n;
@@ -68,22 +68,13 @@ static struct entry ring[RING];
 static unsigned ring_head; /* index of the oldest entry */
 static unsigned ring_count;
 static uint64_t ring_seq;
-static struct pool pools[POOLS];
-static _Thread_local struct pool *tl_pool;
+static struct fgpu_pool pools[POOLS];
+static _Thread_local struct fgpu_pool *tl_pool;
 static _Thread_local CUcontext tl_ctx;
-
-struct tok {
-    int go;
-    int ptsz;
-    CUstream stream;
-    struct pool *pool;
-    CUevent start;
-    uint64_t pred_seq; /* 0: start is our own event */
-};
 
 /* --------------------------------------------------------------- events (ring_lock held) */
 
-static CUevent pool_get(struct pool *pl)
+static CUevent pool_get(struct fgpu_pool *pl)
 {
     if (pl->n > 0)
         return pl->ev[--pl->n];
@@ -93,7 +84,7 @@ static CUevent pool_get(struct pool *pl)
     return e;
 }
 
-static void pool_put(struct pool *pl, CUevent e)
+static void pool_put(struct fgpu_pool *pl, CUevent e)
 {
     if (e == NULL)
         return;
@@ -103,9 +94,9 @@ static void pool_put(struct pool *pl, CUevent e)
         fgpu_real.cuEventDestroy_v2(e);
 }
 
-static struct pool *pool_of(CUcontext ctx)
+static struct fgpu_pool *pool_of(CUcontext ctx)
 {
-    struct pool *free_slot = NULL;
+    struct fgpu_pool *free_slot = NULL;
     for (int i = 0; i < POOLS; i++) {
         if (pools[i].ctx == ctx)
             return &pools[i];
@@ -131,7 +122,7 @@ static struct entry *find_seq(uint64_t seq)
     return NULL;
 }
 
-static struct pool *pool_find(CUcontext ctx)
+static struct fgpu_pool *pool_find(CUcontext ctx)
 {
     for (int i = 0; i < POOLS; i++) {
         if (pools[i].ctx == ctx && ctx != NULL)
@@ -151,7 +142,7 @@ static void retire_oldest(int p)
             fgpu_real.cuEventElapsedTime(&ms, e->start, e->end) == CUDA_SUCCESS && ms > 0.0f)
             atomic_fetch_add_explicit(&s->gpus[e->gpu].gpu_time_ns,
                                       (uint64_t)((double)ms * 1e6 + 0.5), memory_order_relaxed);
-        struct pool *pl = pool_find(e->ctx);
+        struct fgpu_pool *pl = pool_find(e->ctx);
         pool_put(pl, e->start);
         if (!e->end_shared)
             pool_put(pl, e->end);
@@ -222,7 +213,7 @@ static CUresult record(CUevent e, CUstream s, int ptsz)
 
 /* --------------------------------------------------------------- before / after */
 
-static void before(struct tok *t, CUstream stream, int ptsz)
+void fgpu_launch_before(struct fgpu_tok *t, CUstream stream, int ptsz)
 {
     t->go = 0;
     if (!fgpu_g.active)
@@ -241,7 +232,7 @@ static void before(struct tok *t, CUstream stream, int ptsz)
         return;
     int ptd = (ptsz && stream == NULL) || stream == CU_STREAM_PER_THREAD;
     pthread_mutex_lock(&ring_lock);
-    struct pool *pl = (tl_ctx == ctx && tl_pool != NULL && tl_pool->ctx == ctx) ? tl_pool
+    struct fgpu_pool *pl = (tl_ctx == ctx && tl_pool != NULL && tl_pool->ctx == ctx) ? tl_pool
                                                                               : pool_of(ctx);
     if (pl == NULL) {
         pthread_mutex_unlock(&ring_lock);
@@ -290,7 +281,7 @@ static void before(struct tok *t, CUstream stream, int ptsz)
 }
 
 /* Give the start event back when the call failed (ring_lock held). */
-static void drop_start(struct tok *t)
+static void drop_start(struct fgpu_tok *t)
 {
     if (t->pred_seq != 0) {
         struct entry *pred = find_seq(t->pred_seq);
@@ -303,7 +294,7 @@ static void drop_start(struct tok *t)
     }
 }
 
-static void after(struct tok *t, CUresult r)
+void fgpu_launch_after(struct fgpu_tok *t, CUresult r)
 {
     if (!t->go)
         return;
@@ -370,127 +361,6 @@ void fgpu_launch_atfork_child(void)
     }
     tl_pool = NULL;
     tl_ctx = NULL;
-}
-
-/* --------------------------------------------------------------- the gated hooks */
-
-#define GATED(name, ptsz, stream, ...)                                                       \
-    FGPU_REAL_OR(name, CUDA_ERROR_NOT_INITIALIZED);                                          \
-    struct tok t;                                                                            \
-    before(&t, (stream), (ptsz));                                                            \
-    CUresult r = fgpu_real.name(__VA_ARGS__);                                                \
-    after(&t, r);                                                                            \
-    return r
-
-#define KERNEL_ARGS                                                                          \
-    CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,       \
-        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,              \
-        unsigned int sharedMemBytes, CUstream hStream
-#define KERNEL_PASS                                                                          \
-    f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream
-
-FGPU_EXPORT CUresult cuLaunchKernel(KERNEL_ARGS, void **kernelParams, void **extra)
-{
-    GATED(cuLaunchKernel, 0, hStream, KERNEL_PASS, kernelParams, extra);
-}
-
-FGPU_EXPORT CUresult cuLaunchKernel_ptsz(KERNEL_ARGS, void **kernelParams, void **extra)
-{
-    GATED(cuLaunchKernel_ptsz, 1, hStream, KERNEL_PASS, kernelParams, extra);
-}
-
-FGPU_EXPORT CUresult cuLaunchCooperativeKernel(KERNEL_ARGS, void **kernelParams)
-{
-    GATED(cuLaunchCooperativeKernel, 0, hStream, KERNEL_PASS, kernelParams);
-}
-
-FGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(KERNEL_ARGS, void **kernelParams)
-{
-    GATED(cuLaunchCooperativeKernel_ptsz, 1, hStream, KERNEL_PASS, kernelParams);
-}
-
-FGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
-                                      void **kernelParams, void **extra)
-{
-    GATED(cuLaunchKernelEx, 0, config != NULL ? config->hStream : NULL, config, f, kernelParams,
-          extra);
-}
-
-FGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
-                                           void **kernelParams, void **extra)
-{
-    GATED(cuLaunchKernelEx_ptsz, 1, config != NULL ? config->hStream : NULL, config, f,
-          kernelParams, extra);
-}
-
-FGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
-{
-    GATED(cuGraphLaunch, 0, hStream, hGraphExec, hStream);
-}
-
-FGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
-{
-    GATED(cuGraphLaunch_ptsz, 1, hStream, hGraphExec, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost,
-                                          size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyHtoDAsync_v2, 0, hStream, dstDevice, srcHost, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost,
-                                               size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyHtoDAsync_v2_ptsz, 1, hStream, dstDevice, srcHost, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice,
-                                          size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyDtoHAsync_v2, 0, hStream, dstHost, srcDevice, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
-                                               size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyDtoHAsync_v2_ptsz, 1, hStream, dstHost, srcDevice, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                          size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyDtoDAsync_v2, 0, hStream, dstDevice, srcDevice, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
-                                               size_t byteCount, CUstream hStream)
-{
-    GATED(cuMemcpyDtoDAsync_v2_ptsz, 1, hStream, dstDevice, srcDevice, byteCount, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t n,
-                                     CUstream hStream)
-{
-    GATED(cuMemsetD8Async, 0, hStream, dstDevice, uc, n, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t n,
-                                          CUstream hStream)
-{
-    GATED(cuMemsetD8Async_ptsz, 1, hStream, dstDevice, uc, n, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t n,
-                                      CUstream hStream)
-{
-    GATED(cuMemsetD32Async, 0, hStream, dstDevice, ui, n, hStream);
-}
-
-FGPU_EXPORT CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t n,
-                                           CUstream hStream)
-{
-    GATED(cuMemsetD32Async_ptsz, 1, hStream, dstDevice, ui, n, hStream);
 }
 
 /* --------------------------------------------------------------- retire points */

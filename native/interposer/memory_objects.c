@@ -29,10 +29,6 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsi
     return fgpu_mul_sat(fgpu_mul_sat(wh, d == 0 ? 1 : d), e);
 }
 
-#define PASS_IF_INACTIVE(name, ...)                                                          \
-    FGPU_REAL_OR(name, CUDA_ERROR_NOT_INITIALIZED);                                          \
-    if (!fgpu_g.active)                                                                      \
-    return fgpu_real.name(__VA_ARGS__)
 
 FGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
