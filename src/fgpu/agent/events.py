@@ -23,6 +23,9 @@ MEMORY_EXCEEDED = "memory-exceeded"
 """Over its memory quota; stopped (policy ``kill``)."""
 MEMORY_WARNING = "memory-warning"
 """Over its memory quota; left running (policy ``warn``)."""
+MEMORY_REFUSED = "memory-refused"
+"""The interposer refused an allocation over the workload's memory cap (the program got
+CUDA's out-of-memory error)."""
 FREEZE_SLOW = "freeze-slow"
 """A freeze was not confirmed within the timeout (the next lease was granted anyway)."""
 

@@ -35,9 +35,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fgpu.agent.backend import GpuBackend, SimulatedBackend
-from fgpu.agent.events import FREEZE_SLOW, PAUSED, RESUMED, EventLog
+from fgpu.agent.events import FREEZE_SLOW, MEMORY_REFUSED, PAUSED, RESUMED, EventLog
 from fgpu.agent.governor.activity import Hint, HintListener
 from fgpu.agent.governor.freezer import Freezer, detect_freezer
+from fgpu.agent.governor.gate import LaunchGate
 from fgpu.agent.governor.plan import (
     MILLI,
     ComputeMode,
@@ -53,6 +54,7 @@ from fgpu.agent.governor.plan import (
     WorkloadState,
     plan,
 )
+from fgpu.agent.interposer.segment import Segment, SegmentError, SegmentStats
 from fgpu.agent.process import ProcessHandle
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,10 @@ class GovernedWorkload:
         mode: its compute mode, or None for each GPU's.
         priority_policy: ``pause``/``compress`` when a higher priority is busy, or None for
             each GPU's.
+        segment: its interposer segment, or None when it runs without the interposer. Once a
+            process of it uses the driver through the interposer, it is held at launch
+            (:mod:`fgpu.agent.governor.gate`) and charged device time; until then, and
+            without a segment, it is frozen and charged wall time while busy.
 
     Raises:
         ValueError: no GPUs, lengths differ, a GPU twice, or a share outside 1-1000.
@@ -85,6 +91,7 @@ class GovernedWorkload:
     priority: int = 50
     mode: ComputeMode | None = None
     priority_policy: PriorityPolicy | None = None
+    segment: Segment | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.gpu_uuids or len(self.gpu_uuids) != len(self.compute_milli):
@@ -118,6 +125,11 @@ class GovernorConfig:
             process of it kept the GPU's SMs busy at least this percent of a sample.
         activity_poll_s: how often NVML per-process utilization is read.
         achieved_window_s: window of the achieved share in :meth:`Governor.snapshot`.
+        max_inflight: gated launches each process of a workload held at launch may keep in
+            flight while it shares a GPU (a hold takes effect within about this many
+            kernels); a workload alone on a ``fair`` GPU is not bounded.
+        launch_idle_s: a workload held at launch counts as idle once it has not launched
+            for this long and has nothing in flight or waiting.
     """
 
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -129,6 +141,13 @@ class GovernorConfig:
     nvml_busy_percent: int = 5
     activity_poll_s: float = 0.5
     achieved_window_s: float = 60.0
+    max_inflight: int = 2
+    launch_idle_s: float = 0.05
+
+
+GATE_POLL_NS = 5_000_000
+"""How often the loop looks at the segments of workloads held at launch (they announce
+activity by launching, not by a message that would wake the loop)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +162,14 @@ class WorkloadView:
         modes: its effective compute mode on each GPU.
         state: running, frozen-by-share or frozen-by-priority.
         busy: whether it counts as busy now.
-        activity: where ``busy`` comes from: ``hints``, ``nvml`` or ``assumed``.
+        activity: where ``busy`` comes from: ``interposer`` (its launches), ``hints``,
+            ``nvml`` or ``assumed``.
         achieved_milli: run time received while busy over the last
             ``achieved_window_s`` (or since it was first governed, if shorter), per mille of
             that time (1000 = ran all the time).
         blocker: why it is held back by priority, or None.
+        enforcement: how it is held: ``interposer`` (at launch, device time) or the
+            freezer's kind (``cgroup-v2``, ``signal``).
     """
 
     workload_id: str
@@ -160,6 +182,7 @@ class WorkloadView:
     activity: str
     achieved_milli: int
     blocker: str | None
+    enforcement: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,9 +223,24 @@ class _Record:
     blocker: str | None = None
     slow_reported: bool = False
     held: bool = False  # paused or compressed by priority (between a paused and a resumed)
+    gate: LaunchGate | None = None
+    cuda: bool = False  # held at launch (a process of it uses the interposer)
+    hint_busy: bool | None = None  # the last hint, for workloads held at launch
+    gpu_pending_ns: int = 0  # device time read from the segment, not yet charged
+    oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
 
     def charge(self, now: int) -> None:
-        """Count the running time since the last mark (when busy) and move the mark."""
+        """Count the running time since the last mark (when busy) and move the mark. A
+        workload held at launch is charged the device time its segment reported instead."""
+        if self.cuda:
+            # device time, at most the wall time since the last charge (overlapping streams
+            # of one workload each count their own time); the rest carries over, up to 1 s
+            charged = min(self.gpu_pending_ns, max(0, now - self.mark_ns))
+            self.used_ns += charged
+            self.total_ns += charged
+            self.gpu_pending_ns = min(self.gpu_pending_ns - charged, 1_000_000_000)
+            self.mark_ns = max(self.mark_ns, now)
+            return
         if self.state is RunState.RUNNING:
             if self.busy and now > self.mark_ns:
                 self.used_ns += now - self.mark_ns
@@ -302,10 +340,14 @@ class Governor:
                 self._released.pop(wid, None)
                 known = self._records.get(wid)
                 if known is not None:
+                    if spec.segment is not known.spec.segment:
+                        known.gate = LaunchGate(spec.segment) if spec.segment else None
                     known.spec = spec
                     continue
                 self.freezer.adopt(spec.handle)
                 fresh = _Record(spec=spec, mark_ns=now)
+                if spec.segment is not None:
+                    fresh.gate = self._new_gate(spec.segment)
                 fresh.samples.append((now, 0))
                 self._records[wid] = fresh
         self._poke()
@@ -390,6 +432,8 @@ class Governor:
                 except Exception:
                     log.exception("governor step failed; retrying in 100 ms")
                     wake = self._clock() + 100_000_000
+                if any(r.gate is not None for r in self._records.values()):
+                    wake = min(wake, self._clock() + GATE_POLL_NS)
             self._wait(wake)
 
     def _setup_thread(self) -> None:
@@ -425,6 +469,7 @@ class Governor:
         now = self._clock()
         if self.listener is not None:
             self._apply_hints(self.listener.receive(), now)
+        self._poll_gates(now)
         if now >= self._next_poll:
             self._poll_nvml(now)
             self._next_poll = now + int(self.config.activity_poll_s * 1e9)
@@ -433,7 +478,7 @@ class Governor:
             boundary = now - (now - self._period_start) % cfg.period_ns
             for record in self._records.values():
                 record.charge(boundary)
-                record.used_ns = 0
+                record.used_ns = self._carried(record)
             self._period_start = boundary
         for record in self._records.values():
             record.charge(now)
@@ -455,6 +500,21 @@ class Governor:
         self._leases = dict(decided.leases)
         self.last_plan = decided
         return decided
+
+    def _carried(self, record: _Record) -> int:
+        """What a workload's new period starts with already used: nothing, except for a
+        workload held at launch in ``strict`` mode on all its GPUs, whose device time past its
+        budget (the work in flight when its gate closed) counts against its next period, so
+        that in the long run it gets its share of the device time, no more."""
+        if not record.cuda:
+            return 0
+        spec = record.spec
+        budgets = []
+        for uuid, share in zip(spec.gpu_uuids, spec.compute_milli, strict=True):
+            if (spec.mode or self._gpus[uuid].mode) is not ComputeMode.STRICT:
+                return 0
+            budgets.append(share * self.config.planner.period_ns // MILLI)
+        return min(max(0, record.used_ns - min(budgets)), self.config.planner.period_ns)
 
     def _planner_view(self, record: _Record) -> WorkloadState:
         spec = record.spec
@@ -480,7 +540,7 @@ class Governor:
             record = self._records[action.workload_id]
             record.blocker = decided.blockers.get(action.workload_id)
             if record.state is RunState.RUNNING:
-                self.freezer.freeze(record.spec.handle)
+                self._hold(record)
                 self._freezes += 1
                 freezing.append((record, action))
             else:
@@ -489,7 +549,7 @@ class Governor:
                 self._note(record, previous, action.reason, action.message, self._clock())
         timeout = self.config.confirm_timeout_s
         for record, action in freezing:
-            confirmed = self.freezer.wait_frozen(record.spec.handle, timeout)
+            confirmed = self._wait_held(record, timeout)
             stopped = self._clock()
             record.charge(stopped)  # it ran until the freeze took effect
             record.state = action.reason
@@ -504,14 +564,18 @@ class Governor:
                     record.spec.workload_id,
                     FREEZE_SLOW,
                     "freeze not confirmed",
-                    f"not all processes stopped within {timeout * 1000:.0f} ms",
+                    (
+                        f"launches in flight did not finish within {timeout * 1000:.0f} ms"
+                        if record.cuda
+                        else f"not all processes stopped within {timeout * 1000:.0f} ms"
+                    ),
                 )
         for action in decided.actions:
             if not isinstance(action, Thaw):
                 continue
             waking = self._records[action.workload_id]
             before: RunState = waking.state
-            self.freezer.thaw(waking.spec.handle)
+            self._release(waking)
             thawed = self._clock()
             waking.state = RunState.RUNNING
             waking.mark_ns = thawed
@@ -547,8 +611,91 @@ class Governor:
                 text = "resumed: no higher-priority workload is busy on its GPUs"
                 self.events.add(self._wall(), self._clock(), wid, RESUMED, "priority", text)
 
+    # -- holding: at launch (interposer) or by freezing ----------------------------------------
+
+    def _new_gate(self, segment: Segment) -> LaunchGate:
+        return LaunchGate(segment, idle_ns=int(self.config.launch_idle_s * 1e9))
+
+    def _hold(self, record: _Record) -> None:
+        if record.cuda and record.gate is not None:
+            record.gate.hold()
+        else:
+            self.freezer.freeze(record.spec.handle)
+
+    def _wait_held(self, record: _Record, timeout_s: float) -> bool:
+        if record.cuda and record.gate is not None:
+            return record.gate.wait_drained(timeout_s)
+        return self.freezer.wait_frozen(record.spec.handle, timeout_s)
+
+    def _release(self, record: _Record) -> None:
+        if record.gate is not None:
+            with contextlib.suppress(SegmentError, ValueError):
+                record.gate.release()
+        self.freezer.thaw(record.spec.handle)
+
+    def _poll_gates(self, now: int) -> None:
+        """Read the segments: who uses the interposer, who launches, device time; keep the
+        agent's heartbeat and each workload's bound on launches in flight."""
+        sharers: dict[str, int] = {}
+        for record in self._records.values():
+            for uuid in record.spec.gpu_uuids:
+                sharers[uuid] = sharers.get(uuid, 0) + 1
+        for record in self._records.values():
+            gate = record.gate
+            if gate is None:
+                continue
+            try:
+                reading = gate.read()
+            except (SegmentError, ValueError) as exc:
+                log.warning("governor: %s: segment unreadable (%s)", record.spec.workload_id, exc)
+                record.gate = None
+                record.cuda = False
+                continue
+            spec = record.spec
+            self._report_refusals(record, reading.stats)
+            if reading.active and not record.cuda:
+                record.charge(now)  # wall time until now; device time from here on
+                record.cuda = True
+                if record.state is not RunState.RUNNING:  # held: from the freezer to the gate
+                    gate.hold()
+                    self.freezer.thaw(spec.handle)
+            if not record.cuda:
+                continue
+            record.gpu_pending_ns += reading.gpu_time_ns
+            busy = reading.busy or record.hint_busy is True
+            self._set_busy(record, busy, now, "interposer")
+            alone = all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
+                (spec.mode or self._gpus[u].mode) is ComputeMode.FAIR for u in spec.gpu_uuids
+            )
+            with contextlib.suppress(SegmentError, ValueError):
+                gate.set_max_inflight(0 if alone else self.config.max_inflight)
+
+    def _report_refusals(self, record: _Record, stats: SegmentStats) -> None:
+        """One ``memory-refused`` event per look at the segment that found new refusals."""
+        for gpu in stats.gpus:
+            seen = record.oom_seen.get(gpu.uuid, 0)
+            if gpu.oom_count <= seen:
+                continue
+            record.oom_seen[gpu.uuid] = gpu.oom_count
+            count = gpu.oom_count - seen
+            self.events.add(
+                self._wall(),
+                self._clock(),
+                record.spec.workload_id,
+                MEMORY_REFUSED,
+                "memory quota",
+                f"{count} allocation{'s' if count > 1 else ''} refused on {gpu.uuid} "
+                f"(out of memory for the program): the last asked "
+                f"{-(-gpu.oom_last_bytes // 2**20)} MiB with "
+                f"{gpu.memory_reserved // 2**20} MiB of its {gpu.memory_limit // 2**20} MiB "
+                "quota in use",
+            )
+
     def _drop(self, record: _Record) -> None:
         record.charge(self._clock())
+        if record.gate is not None:
+            with contextlib.suppress(SegmentError, ValueError):
+                record.gate.release()
         self.freezer.release(record.spec.handle)
         del self._records[record.spec.workload_id]
 
@@ -565,6 +712,9 @@ class Governor:
                 continue
             if message.kind == "memory":
                 self._memory_report(record, hint)
+                continue
+            if record.cuda:  # launches count too: merged at the next look at the segment
+                record.hint_busy = message.kind == "busy"
                 continue
             self._set_busy(record, message.kind == "busy", now, "hints")
 
@@ -605,8 +755,8 @@ class Governor:
             return
         busy_pids = {s.pid for s in samples if s.sm_percent >= self.config.nvml_busy_percent}
         for record in self._records.values():
-            if record.activity == "hints" or record.state is not RunState.RUNNING:
-                continue  # hints win; a frozen workload cannot be measured
+            if record.cuda or record.activity == "hints" or record.state is not RunState.RUNNING:
+                continue  # launches and hints win; a frozen workload cannot be measured
             pids = self.freezer.pids(record.spec.handle)
             self._set_busy(record, any(p in busy_pids for p in pids), now, "nvml")
 
@@ -615,7 +765,9 @@ class Governor:
     def _view(self, record: _Record, now: int) -> WorkloadView:
         spec = record.spec
         total = record.total_ns
-        if record.state is RunState.RUNNING and record.busy:
+        if record.cuda:
+            total += record.gpu_pending_ns
+        elif record.state is RunState.RUNNING and record.busy:
             total += max(0, now - record.mark_ns)
         window = int(self.config.achieved_window_s * 1e9)
         start_ns, start_total = record.samples[0]
@@ -637,6 +789,7 @@ class Governor:
             activity=record.activity,
             achieved_milli=min(MILLI, achieved),
             blocker=record.blocker,
+            enforcement="interposer" if record.cuda else self.freezer.kind,
         )
 
 
