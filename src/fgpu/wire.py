@@ -157,6 +157,11 @@ class WorkloadDetail(WorkloadView):
     """``GET /v1/workloads/{id}``: the workload plus its events."""
 
     events: list[EventView]
+    enforcement: list[str] = Field(
+        default_factory=list,
+        description="while it runs: how its grant is enforced now, one line per mechanism "
+        "(interposer with its memory figures per GPU, governor state)",
+    )
 
 
 class QueueBody(_Strict):
@@ -208,6 +213,10 @@ class GpuHolder(BaseModel):
         default=None,
         description="run time received while busy over the last minute, per mille",
     )
+    enforcement: str | None = Field(
+        default=None,
+        description="how it is held: interposer (at kernel launch) or the freezer's kind",
+    )
 
 
 class MigInstanceView(BaseModel):
@@ -225,6 +234,14 @@ class MigInstanceView(BaseModel):
     )
 
 
+class EnforcementLayer(BaseModel):
+    """One enforcement mechanism of a GPU, whether it is active there, and why."""
+
+    name: str = Field(description="interposer, mps-limits, freezer, memory-guard or mig")
+    active: bool
+    why: str
+
+
 class GpuView(BaseModel):
     """One GPU, what it holds, and live figures when the backend has them. A GPU in MIG mode
     lists its instances in ``mig_instances``."""
@@ -240,6 +257,9 @@ class GpuView(BaseModel):
     utilization_pct: int | None = None
     mig_enabled: bool = False
     mig_instances: list[MigInstanceView] = Field(default_factory=list)
+    enforcement: list[EnforcementLayer] = Field(
+        default_factory=list, description="strongest first (DESIGN.md section 7)"
+    )
 
 
 class NodeView(BaseModel):

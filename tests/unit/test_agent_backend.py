@@ -112,7 +112,7 @@ def test_uuids_are_stable_across_instances_and_distinct() -> None:
     second = [d.uuid for d in SimulatedBackend("2xA100-40GB, 1xH100").gpus()]
     assert first == second
     assert len(set(first)) == 3
-    assert all(u.startswith("GPU-00000000-sim0-") for u in first)
+    assert all(u.startswith("GPU-00000000-feed-") for u in first)
 
 
 def test_another_model_at_an_index_gets_another_uuid() -> None:
@@ -319,4 +319,4 @@ def test_simulated_gpus_of_two_hosts_have_different_uuids() -> None:
     b = SimulatedBackend("2xA100-80GB", host="node-b").gpus()
     assert {g.uuid for g in a}.isdisjoint(g.uuid for g in b)
     assert [g.uuid for g in a] == [g.uuid for g in SimulatedBackend("2xA100-80GB", "node-a").gpus()]
-    assert alone[0].uuid.startswith("GPU-00000000-sim0-")  # one machine: as before
+    assert alone[0].uuid.startswith("GPU-00000000-feed-")  # one machine: as before

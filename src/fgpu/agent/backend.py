@@ -233,17 +233,21 @@ def parse_simulate_spec(spec: str) -> list[SimulatedGpuGroup]:
 def simulated_uuid(index: int, model: str, host: str = "") -> str:
     """Deterministic uuid of simulated GPU ``index`` of catalog ``model`` on ``host``.
 
-    Shape ``GPU-HHHHHHHH-sim0-MMMM-IIIIIIIIIIII``: ``HHHHHHHH`` is a CRC-32 of the host name
-    (``00000000`` without one), ``MMMM`` a CRC-32 of the model name (low 16 bits, hex) and
-    ``I...`` the index. The same spec gives the same uuids in every process, so workloads can
-    be re-adopted after a restart; a spec that puts a different model at an index gives that
+    Shape ``GPU-HHHHHHHH-feed-MMMM-0000-IIIIIIIIIIII``: ``HHHHHHHH`` is a CRC-32 of the host
+    name (``00000000`` without one), ``feed`` marks a simulated GPU, ``MMMM`` is a CRC-32 of
+    the model name (low 16 bits, hex) and ``I...`` the index. It has the 8-4-4-4-12 hex digits
+    of an NVIDIA uuid, so the fake CUDA driver reports exactly these 16 bytes from
+    ``cuDeviceGetUuid`` and the interposer finds the GPU in a workload's segment.
+
+    The same spec gives the same uuids in every process, so workloads can be re-adopted after
+    a restart; a spec that puts a different model at an index gives that
     GPU a different uuid, so a workload is never re-adopted onto a GPU of another model; and
     simulated nodes of one cluster (each agent names its node) have different uuids, as real
     GPUs do.
     """
     tag = zlib.crc32(model.encode()) & 0xFFFF
     where = zlib.crc32(host.encode()) if host else 0
-    return f"GPU-{where:08x}-sim0-{tag:04x}-{index:012d}"
+    return f"GPU-{where:08x}-feed-{tag:04x}-0000-{index:012d}"
 
 
 class SimulatedBackend:

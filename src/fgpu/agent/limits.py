@@ -92,6 +92,21 @@ class MpsSettings:
     limit_threads: bool = True
 
 
+MPS_DEFAULT_PIPE_DIRECTORY = Path("/tmp/nvidia-mps")
+
+
+def mps_pipe_directory(env: Mapping[str, str] | None = None) -> Path | None:
+    """The pipe folder of an MPS control daemon serving this machine, or None: the daemon's
+    ``control`` pipe in ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``; NVIDIA MPS
+    documentation, "Appendix: Environment Variables")."""
+    source = os.environ if env is None else env
+    folder = Path(source.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_DEFAULT_PIPE_DIRECTORY)
+    try:
+        return folder if (folder / "control").exists() else None
+    except OSError:
+        return None
+
+
 def _fraction_text(millionths: int) -> str:
     return f"{millionths // _DIGITS}.{millionths % _DIGITS:06d}"
 
@@ -171,4 +186,11 @@ def launch_env(
     return out
 
 
-__all__ = ["FRACTION_ENV", "SHIM_DIR", "GpuGrant", "MpsSettings", "launch_env"]
+__all__ = [
+    "FRACTION_ENV",
+    "SHIM_DIR",
+    "GpuGrant",
+    "MpsSettings",
+    "launch_env",
+    "mps_pipe_directory",
+]

@@ -274,7 +274,7 @@ def nodes(
     """The machine's nodes: CPUs, memory and GPUs."""
     with connect(socket, url) as client:
         views = client.nodes()
-    show(views, render.nodes_table(views), json_out)
+    show(views, render.nodes_view(views), json_out)
 
 
 def register(app: typer.Typer) -> None:

@@ -215,6 +215,8 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
     if detail.reason:
         label = "Waiting because" if detail.phase == "pending" else "Reason"
         rows.append((label, safe(detail.reason)))
+    if detail.enforcement:
+        rows.append(("Enforcement", "\n".join(safe(line) for line in detail.enforcement)))
     for label, value in rows:
         facts.add_row(label, value)
     return Group(facts, Text(""), events_table(detail.events))
@@ -294,10 +296,36 @@ def _instances(gpu: GpuView) -> str:
     return "\n".join(lines)
 
 
+def nodes_view(nodes: Sequence[NodeView]) -> RenderableType:
+    """``fgpu nodes``: the table, then each distinct set of enforcement layers with why."""
+    parts: list[RenderableType] = [nodes_table(nodes)]
+    seen: list[tuple[str, ...]] = []
+    for n in nodes:
+        layers = n.gpus[0].enforcement if n.gpus else []
+        key = tuple(f"{la.name}:{la.active}:{la.why}" for la in layers)
+        if not layers or key in seen:
+            continue
+        seen.append(key)
+        names = [m.name for m in nodes if m.gpus and m.gpus[0].enforcement == layers]
+        lines = Table.grid(padding=(0, 2))
+        lines.add_column(style="bold")
+        lines.add_column()
+        lines.add_column(overflow="fold")
+        for la in layers:
+            lines.add_row(la.name, "on" if la.active else "off", safe(la.why))
+        parts += [Text(""), Text(f"Enforcement on {', '.join(names)}:"), lines]
+    return Group(*parts)
+
+
+def _enforcing(node: NodeView) -> str:
+    layers = node.gpus[0].enforcement if node.gpus else []
+    return ", ".join(la.name for la in layers if la.active) or "-"
+
+
 def nodes_table(nodes: Sequence[NodeView]) -> Table:
-    """``fgpu nodes``."""
+    """``fgpu nodes`` (the table part)."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("NODE", "BACKEND", "CPU", "MEMORY", "GPUS", "ALLOCATED"):
+    for column in ("NODE", "BACKEND", "CPU", "MEMORY", "GPUS", "ALLOCATED", "ENFORCEMENT"):
         table.add_column(column, overflow="fold")
     for n in nodes:
         models: dict[str, int] = {}
@@ -311,6 +339,7 @@ def nodes_table(nodes: Sequence[NodeView]) -> Table:
             memory_text(n.memory_mib),
             ", ".join(f"{count}x{model}" for model, count in models.items()) or "-",
             f"{gpus_text(allocated)} / {len(n.gpus)}",
+            _enforcing(n),
         )
     return table
 

@@ -12,7 +12,13 @@ One :class:`Enforcement` per service owns the node agent's enforcement parts
 - the :class:`~fgpu.agent.memguard.MemoryGuard`, which stops a workload over its GPU memory
   quota (policy ``kill``) or records that it is over (``warn``);
 - :func:`~fgpu.agent.limits.launch_env`, the framework limits put into a workload's
-  environment before launch.
+  environment before launch;
+- the interposer (``native/interposer``, libfgpu) preloaded into each workload with its own
+  segment (:mod:`fgpu.agent.interposer`): a hard memory cap per GPU (allocations over it get
+  CUDA's out-of-memory error) and the governor's holds carried out at kernel launch. It is on
+  for real GPUs (NVML), and for simulated GPUs when they run workloads against the fake CUDA
+  driver (``fake_driver``); a workload whose environment says ``FGPU_INTERPOSER=off`` runs
+  without it.
 
 MIG workloads are not governed: their instance isolates them in hardware.
 
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +51,31 @@ from fgpu.agent.governor.runtime import (
     GovernorConfig,
     WorkloadView,
 )
-from fgpu.agent.limits import GpuGrant, launch_env
+from fgpu.agent.interposer.preload import (
+    SegmentDir,
+    fake_driver_env,
+    interposer_disabled,
+    preload_env,
+)
+from fgpu.agent.interposer.segment import Segment, SegmentError
+from fgpu.agent.limits import GpuGrant, MpsSettings, launch_env, mps_pipe_directory
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy, MemoryViolation
 from fgpu.agent.process import ProcessHandle, group_pids
+from fgpu.server.interposing import FakeDriver, InterposerMode
+from fgpu.wire import EnforcementLayer
 
 log = logging.getLogger("fgpu.server")
+
+MIB = 1024 * 1024
+GUARD_MARGIN_MIB = 1024
+"""What the memory guard allows above the quota of a workload capped by the interposer: the
+interposer counts every allocation call, but a CUDA context, loaded modules and libraries'
+workspaces take device memory no call shows (a few hundred MiB per process on recent GPUs),
+which NVML reports as the process's memory."""
+
+FRESH_SEGMENT_S = 60.0
+"""A segment made for a launch is kept this long before the workload is first seen running
+(a launch that failed leaves it for the next sync after that to delete)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +90,9 @@ class EnforcementConfig:
         memory_policy: ``kill`` (default) or ``warn`` a workload over its memory quota.
         memory_interval_s: seconds between two looks at per-process GPU memory.
         governor: False turns time slicing off (placement and the memory guard remain).
+        interposer: when workloads get the interposer (:class:`InterposerMode`).
+        max_inflight: launches a process held at launch may keep in flight while it shares
+            a GPU.
     """
 
     compute_mode: ComputeMode = ComputeMode.FAIR
@@ -69,6 +100,8 @@ class EnforcementConfig:
     memory_policy: MemoryPolicy = MemoryPolicy.KILL
     memory_interval_s: float = 1.0
     governor: bool = True
+    interposer: InterposerMode = InterposerMode.AUTO
+    max_inflight: int = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +140,10 @@ class Enforcement:
         cgroup_name: this service's own cgroup subtree under ``<cgroup2 mount>/fgpu`` (the
             freezer's recovery thaws and removes only what is under it), or None for the
             shared ``fgpu`` folder.
+        segments: the folder of the workloads' interposer segments; None: no interposer.
+        interposer_off_reason: why there is none (``fgpu nodes`` shows it).
+        lib_dir: the folder of ``libfgpu.so`` (default: :func:`fgpu.native.lib_dir`).
+        fake_driver: workloads run against the fake CUDA driver (simulated GPUs), or None.
     """
 
     def __init__(
@@ -119,8 +156,20 @@ class Enforcement:
         record: Callable[[AgentEvent], None],
         kill: Callable[[str, str], None],
         cgroup_name: str | None = None,
+        segments: SegmentDir | None = None,
+        lib_dir: Path | None = None,
+        fake_driver: FakeDriver | None = None,
+        interposer_off_reason: str = "off",
     ) -> None:
         self.config = config
+        self.backend_kind = backend.kind
+        self.segments = segments
+        self.interposer_off_reason = interposer_off_reason
+        self.fake_driver = fake_driver
+        self._lib_dir = lib_dir
+        self._segments: dict[str, Segment] = {}
+        self._fresh: dict[str, float] = {}  # created for a launch, not yet seen running
+        self._segments_lock = threading.Lock()
         self._device_mib = dict(gpus)
         self._record = record
         self._kill = kill
@@ -139,11 +188,11 @@ class Enforcement:
         policy = GpuPolicy(mode=config.compute_mode, priority_policy=config.priority_policy)
         self.governor = Governor(
             list(gpus),
-            config=GovernorConfig(gpu_policy=policy),
             freezer=detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None),
             listener=self.listener,
             backend=backend,
             events=self.events,
+            config=GovernorConfig(gpu_policy=policy, max_inflight=config.max_inflight),
         )
         self.guard = MemoryGuard(
             backend,
@@ -171,7 +220,11 @@ class Enforcement:
         """Stop everything; every frozen workload is thawed first. Idempotent."""
         with contextlib.suppress(Exception):
             self.guard.close()
-        self.governor.close()  # thaws all, closes the hint socket
+        self.governor.close()  # thaws all, opens every gate, closes the hint socket
+        with self._segments_lock:
+            for segment in self._segments.values():
+                segment.close()  # the files stay: running workloads keep them mapped
+            self._segments.clear()
         if self._started:
             self._outbox.put(None)
             self._writer.join(timeout=5)
@@ -181,14 +234,18 @@ class Enforcement:
         """Govern and guard exactly ``running`` (the service's running shared-GPU work)."""
         governed = []
         guarded = []
+        segments = self._sync_segments({r.workload_id for r in running})
         for r in running:
             if not r.gpu_uuids or any(u not in self._device_mib for u in r.gpu_uuids):
                 continue
+            margin = GUARD_MARGIN_MIB if r.workload_id in segments else 0
             guarded.append(
                 GuardedWorkload(
                     workload_id=r.workload_id,
                     handle=r.handle,
-                    quotas_mib=dict(zip(r.gpu_uuids, r.memory_mib, strict=True)),
+                    quotas_mib={
+                        u: m + margin for u, m in zip(r.gpu_uuids, r.memory_mib, strict=True)
+                    },
                 )
             )
             governed.append(
@@ -198,6 +255,7 @@ class Enforcement:
                     gpu_uuids=r.gpu_uuids,
                     compute_milli=tuple(max(1, m) for m in r.compute_milli),
                     priority=r.priority,
+                    segment=segments.get(r.workload_id),
                 )
             )
         if self.config.governor:
@@ -211,15 +269,31 @@ class Enforcement:
         """Thaw ``workload_id`` and stop governing it, before it is signalled."""
         self.governor.before_signal(workload_id)
 
+    @property
+    def interposer_on(self) -> bool:
+        """Whether workloads get the interposer."""
+        return self.segments is not None
+
     def launch_env(
         self,
         uuids: Sequence[str],
         compute_milli: Sequence[int],
         memory_mib: Sequence[int],
         env: Mapping[str, str],
+        *,
+        workload_id: str | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> dict[str, str]:
-        """Variables that keep the workload's framework within its memory quotas (merge
-        them over ``env``), plus ``FGPU_AGENT_SOCKET`` when hints are received."""
+        """Variables that keep the workload within its quotas (merge them over ``env``):
+        the framework limits, ``FGPU_AGENT_SOCKET`` when hints are received, and with the
+        interposer a fresh segment for ``workload_id`` (owned by ``uid``/``gid``) and the
+        variables that preload it; with the fake driver, the variables that select it.
+
+        Raises:
+            SegmentError: the segment cannot be written (the workload must not start
+                without the caps it was promised).
+        """
         grants = [
             GpuGrant(
                 uuid=u,
@@ -230,10 +304,157 @@ class Enforcement:
             for u, c, m in zip(uuids, compute_milli, memory_mib, strict=True)
             if u in self._device_mib
         ]
-        extra = launch_env(grants, env=env)
+        mps = mps_pipe_directory()
+        settings = (
+            MpsSettings(pipe_directory=os.environ.get("CUDA_MPS_PIPE_DIRECTORY")) if mps else None
+        )
+        extra = launch_env(grants, env=env, mps=settings)
         if self.socket is not None:
             extra["FGPU_AGENT_SOCKET"] = str(self.socket)
+        if self.fake_driver is not None:
+            fake = self.fake_driver
+            extra.update(fake_driver_env(fake.driver_dir, fake.state_file, fake.gpus, env))
+        if (
+            self.segments is not None
+            and workload_id is not None
+            and grants
+            and not interposer_disabled(env)
+        ):
+            segment = self.segments.create(
+                workload_id,
+                [g.uuid for g in grants],
+                [g.memory_mib for g in grants],
+                max_inflight=self.config.max_inflight,
+                uid=uid,
+                gid=gid,
+                gating=self.config.governor,
+            )
+            with self._segments_lock:
+                old = self._segments.pop(workload_id, None)
+                if old is not None:
+                    old.close()
+                self._segments[workload_id] = segment
+                self._fresh[workload_id] = time.monotonic()
+            extra.update(preload_env(self._native_dir(), segment.path, env))
         return extra
+
+    def layers(self) -> list[EnforcementLayer]:
+        """The enforcement mechanisms of the shared GPUs, strongest first, each with whether
+        it is active and why (``fgpu nodes``; MIG GPUs are isolated by their instances)."""
+        cfg = self.config
+        if self.segments is not None:
+            interposer = EnforcementLayer(
+                name="interposer",
+                active=True,
+                why="libfgpu is preloaded into each workload: a hard memory cap per GPU "
+                "(allocations over it get CUDA's out-of-memory error)"
+                + (", holds at kernel launch, shares in device time" if cfg.governor else ""),
+            )
+        else:
+            interposer = EnforcementLayer(
+                name="interposer", active=False, why=self.interposer_off_reason
+            )
+        mps = mps_pipe_directory()
+        layers = [
+            interposer,
+            EnforcementLayer(
+                name="mps-limits",
+                active=mps is not None,
+                why=(
+                    f"an MPS control daemon serves the GPUs ({mps}): CUDA_MPS_* limits per workload"
+                    if mps is not None
+                    else "no MPS control daemon (no control pipe in "
+                    "$CUDA_MPS_PIPE_DIRECTORY or /tmp/nvidia-mps)"
+                ),
+            ),
+            EnforcementLayer(
+                name="freezer",
+                active=cfg.governor,
+                why=(
+                    f"{self.governor.freezer.kind}: time slices for workloads not held at "
+                    "launch (no CUDA, or the interposer off)"
+                    if cfg.governor
+                    else "off: --no-governor"
+                ),
+            ),
+        ]
+        measured = self.backend_kind != "simulated" or self.fake_driver is not None
+        guard_on = measured or cfg.governor
+        margin = f" + {GUARD_MARGIN_MIB} MiB for contexts and modules" if self.segments else ""
+        act = "stopped" if cfg.memory_policy == "kill" else "reported"
+        layers.append(
+            EnforcementLayer(
+                name="memory-guard",
+                active=guard_on,
+                why=(
+                    f"NVML per-process memory every {cfg.memory_interval_s:g} s; a workload "
+                    f"over its quota{margin} is {act}"
+                    if measured
+                    else "pretend memory reports (fgpu.sdk.report_memory)"
+                    if guard_on
+                    else "off: simulated GPUs report memory through the governor"
+                ),
+            )
+        )
+        return layers
+
+    def describe(self, workload_id: str) -> list[str]:
+        """How a running workload's grant is enforced now, one line per mechanism
+        (``fgpu describe``); empty when it is not governed or guarded here."""
+        lines: list[str] = []
+        with self._segments_lock:
+            segment = self._segments.get(workload_id)
+        if segment is not None:
+            with contextlib.suppress(SegmentError, ValueError):
+                st = segment.stats()
+                held = "launches held" if st.gate_closed else "launches allowed"
+                lines.append(
+                    f"interposer: {len(st.live_pids)} process(es) using CUDA, {held}, "
+                    f"{st.launches} launches ({st.gate_waits} waited)"
+                )
+                for g in st.gpus:
+                    lines.append(
+                        f"  {g.uuid}: {g.memory_reserved // MIB} of {g.memory_limit // MIB} MiB "
+                        f"reserved (peak {g.memory_peak // MIB}), {g.oom_count} allocation(s) "
+                        f"refused, {g.gpu_time_ns / 1e9:.1f} s of device time"
+                    )
+        view = self.views().get(workload_id)
+        if view is not None:
+            how = "at kernel launch" if view.enforcement == "interposer" else view.enforcement
+            lines.append(
+                f"governor: {view.state} ({', '.join(view.modes)}), held {how}, "
+                f"{'busy' if view.busy else 'idle'} ({view.activity}), achieved "
+                f"{view.achieved_milli / 1000:.3f}"
+            )
+        return lines
+
+    def _native_dir(self) -> Path:
+        if self._lib_dir is None:
+            from fgpu.native import lib_dir
+
+            self._lib_dir = lib_dir()
+        return self._lib_dir
+
+    def _sync_segments(self, running: set[str]) -> dict[str, Segment]:
+        """Keep the segments of running workloads mapped (reopening them after a restart of
+        the service) and delete those of workloads that ended."""
+        if self.segments is None:
+            return {}
+        with self._segments_lock:
+            now = time.monotonic()
+            for wid in list(self._fresh):
+                if wid in running or now - self._fresh[wid] > FRESH_SEGMENT_S:
+                    del self._fresh[wid]
+            for wid in list(self._segments):
+                if wid not in running and wid not in self._fresh:
+                    self._segments.pop(wid).remove()
+            for wid in running:
+                if wid not in self._segments:
+                    found = self.segments.open(wid)
+                    if found is not None:
+                        self._segments[wid] = found
+            self.segments.remove_stale(set(self._segments) | running | set(self._fresh))
+            return dict(self._segments)
 
     def views(self) -> dict[str, WorkloadView]:
         """The governor's view of each governed workload, by id (for ``fgpu top``)."""

@@ -173,6 +173,23 @@ def serve(
             rich_help_panel="On the GPU",
         ),
     ] = False,
+    interposer: Annotated[
+        str,
+        typer.Option(
+            help="Preload the CUDA interposer (memory caps as CUDA out-of-memory errors, "
+            "holds at kernel launch): auto (real GPUs and --fake-driver), on, off.",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "auto",
+    fake_driver: Annotated[
+        bool,
+        typer.Option(
+            "--fake-driver",
+            help="With --simulate-gpus: workloads run against fgpu's fake CUDA driver and "
+            "NVML (a stand-in for trying the interposer without a GPU).",
+            rich_help_panel="On the GPU",
+        ),
+    ] = False,
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -188,6 +205,8 @@ def serve(
             admins=admin or [],
             state_dir=state_dir,
             log_level=log_level,
+            interposer=interposer,
+            fake_driver=fake_driver,
         )
     )
 
@@ -209,6 +228,8 @@ def run_serve(
     log_level: str,
     token_user: str | None = None,
     enforcement: tuple[str, str, str, bool] = ("fair", "pause", "kill", True),
+    interposer: str = "auto",
+    fake_driver: bool = False,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -268,6 +289,15 @@ def run_serve(
         ):
             if value not in allowed:
                 raise ServeOptionError(f"{option}: {value!r} is not one of {', '.join(allowed)}")
+        interposer = interposer.strip().lower()
+        if interposer not in ("auto", "on", "off"):
+            raise ServeOptionError(f"--interposer: {interposer!r} is not one of auto, on, off")
+        if fake_driver and simulate_gpus is None:
+            raise ServeOptionError("--fake-driver: needs --simulate-gpus (the GPUs it pretends)")
+        if fake_driver and interposer == "off":
+            raise ServeOptionError(
+                "--fake-driver: it exists to try the interposer; drop --interposer off"
+            )
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
     except ServeOptionError as exc:
@@ -286,6 +316,8 @@ def run_serve(
         level,
         token_uid,
         enforcement,
+        interposer,
+        fake_driver,
     )
 
 
@@ -301,6 +333,8 @@ def _start(
     level: str,
     token_uid: int | None,
     enforcement: tuple[str, str, str, bool],
+    interposer: str = "auto",
+    fake_driver: bool = False,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -308,6 +342,7 @@ def _start(
     from fgpu.agent.memguard import MemoryPolicy
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
+    from fgpu.server.interposing import InterposerMode
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
 
@@ -336,7 +371,9 @@ def _start(
                 priority_policy=PriorityPolicy(enforcement[1]),
                 memory_policy=MemoryPolicy(enforcement[2]),
                 governor=enforcement[3],
+                interposer=InterposerMode(interposer),
             ),
+            fake_driver=fake_driver,
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

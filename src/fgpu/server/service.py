@@ -45,6 +45,7 @@ import numpy as np
 
 from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
 from fgpu.agent.events import AgentEvent
+from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.mig.device import MigDevice
@@ -68,6 +69,7 @@ from fgpu.sched.workload import (
 from fgpu.server import views
 from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
+from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigCandidate, MigPool
 from fgpu.server.requests import parse_submission, queue_config
@@ -86,6 +88,7 @@ from fgpu.store.records import (
     to_core,
 )
 from fgpu.wire import (
+    EnforcementLayer,
     EventView,
     NodeView,
     QueueBody,
@@ -186,6 +189,7 @@ class Service:
         clock: Callable[[], float] = time.time,
         mig_devices: Sequence[MigDevice] = (),
         enforcement: EnforcementConfig | None = None,
+        fake_driver: FakeDriver | None = None,
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
         self.store = store
@@ -226,15 +230,20 @@ class Service:
         shared = {
             d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
         }
+        settings = enforcement or EnforcementConfig()
+        segments, interposer_note = interposer_segments(settings, backend, state_dir, fake_driver)
         self.enforcement = Enforcement(
             backend,
             shared,
             agent_socket=Path(agent_socket) if agent_socket else None,
-            config=enforcement or EnforcementConfig(),
+            config=settings,
             record=self._store_agent_event,
             kill=self._kill_over_quota,
             # one cgroup subtree per state folder: two services never thaw each other's work
             cgroup_name=hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12],
+            segments=segments,
+            fake_driver=fake_driver,
+            interposer_off_reason=interposer_note,
         )
 
     # ----------------------------------------------------------------- composition
@@ -250,19 +259,29 @@ class Service:
         agent_socket: str | None = None,
         config: SchedulerConfig | None = None,
         enforcement: EnforcementConfig | None = None,
+        fake_driver: bool = False,
     ) -> Service:
         """The composition root: store, GPU backend, launcher, service.
 
         ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
-        socket instead).
+        socket instead). ``fake_driver``: workloads on the simulated GPUs run against the
+        fake CUDA driver and NVML (``native/fakecuda``), with the interposer, and the memory
+        guard reads the fake NVML.
 
         Raises:
-            ValueError: a bad ``simulate_gpus`` spec or policy name.
+            ValueError: a bad ``simulate_gpus`` spec or policy name, or ``fake_driver``
+                without simulated GPUs.
         """
         create_policy(policy, target=FALLBACK_TARGET)  # bad input first: nothing created
         backend = detect_backend(simulate_gpus, log)
         folder = state_dir or default_state_dir()
+        fake = fake_driver_for(backend, folder) if fake_driver else None
+        if fake is not None:
+            from fgpu.agent.fakegpu import FakeDriverBackend
+
+            assert isinstance(backend, SimulatedBackend)
+            backend = FakeDriverBackend.wrap(backend, fake.driver_dir, fake.state_file)
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         folder.chmod(0o700)  # logs, environments and the database are the users' business
         lock = claim_state_dir(folder)
@@ -292,6 +311,7 @@ class Service:
             agent_socket=str(folder / "agent.sock") if agent_socket is None else agent_socket,
             mig_devices=mig_devices_of(backend),
             enforcement=enforcement,
+            fake_driver=fake,
         )
         service._state_lock = lock
         service._db_claim = claim
@@ -577,12 +597,24 @@ class Service:
             uuids, visible = [mig.gpu_uuid], [mig.uuid]
         self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids, mig=mig, reason=reason)
         env = dict(record.env)
+        run_as = record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None
         if mig is None:
-            env.update(
-                self.enforcement.launch_env(
-                    uuids, allocation.gpu_milli, allocation.gpu_memory_mib, record.env
+            try:
+                env.update(
+                    self.enforcement.launch_env(
+                        uuids,
+                        allocation.gpu_milli,
+                        allocation.gpu_memory_mib,
+                        record.env,
+                        workload_id=workload_id,
+                        uid=run_as,
+                    )
                 )
-            )
+            except (SegmentError, OSError) as exc:
+                self._tracked.mark_finished(
+                    workload_id, FAILED, reason=f"could not prepare its GPU limits: {exc}"
+                )
+                return
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -590,7 +622,7 @@ class Service:
             shell=record.shell,
             cwd=record.cwd,
             env=env,
-            uid=record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None,
+            uid=run_as,
             gpu_uuids=visible,
             compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
             memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
@@ -969,7 +1001,10 @@ class Service:
         """
         record = self._get(workload_id)
         events = self.store.events(workload_id)
-        return views.detail(record, self._reasons.get(workload_id), events)
+        detail = views.detail(record, self._reasons.get(workload_id), events)
+        if record.phase in ("running", "paused"):
+            detail.enforcement = self.enforcement.describe(workload_id)
+        return detail
 
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
         """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL).
@@ -1082,19 +1117,37 @@ class Service:
         with contextlib.suppress(Exception):
             util = self.backend.utilization()
         governed = self.enforcement.views()
+        layers = self.enforcement.layers()
         shared = [
-            views.with_governor(
-                views.node(
-                    node, self.machine.devices[node.name], running, usage, util, self.backend.kind
+            views.with_enforcement(
+                views.with_governor(
+                    views.node(
+                        node,
+                        self.machine.devices[node.name],
+                        running,
+                        usage,
+                        util,
+                        self.backend.kind,
+                    ),
+                    governed,
                 ),
-                governed,
+                {d.uuid: layers for d in self.machine.devices[node.name]},
             )
             for node in self.machine.nodes
         ]
         if not self.mig.gpus:
             return shared
+        mig_layer = [
+            EnforcementLayer(
+                name="mig",
+                active=True,
+                why="MIG instances: memory and compute isolated by the hardware",
+            )
+        ]
         try:
-            return [*shared, views.mig_node(self.mig, running, usage, util, self.backend.kind)]
+            pool = views.mig_node(self.mig, running, usage, util, self.backend.kind)
+            pool = views.with_enforcement(pool, {g.uuid: mig_layer for g in pool.gpus})
+            return [*shared, pool]
         except Exception:  # a device error must not take the whole listing down
             log.exception("reading the MIG instances failed")
             return shared

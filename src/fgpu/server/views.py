@@ -12,6 +12,7 @@ from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
 from fgpu.server.mig_pool import MigPool
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
+    EnforcementLayer,
     EventView,
     GpuGrant,
     GpuHolder,
@@ -239,8 +240,15 @@ def with_governor(node: NodeView, governed: Mapping[str, GovernorView]) -> NodeV
                         "state": str(v.state),
                         "busy": v.busy,
                         "achieved_milli": v.achieved_milli,
+                        "enforcement": v.enforcement or None,
                     }
                 )
             holders.append(h)
         gpus.append(gpu.model_copy(update={"holders": holders}))
+    return node.model_copy(update={"gpus": gpus})
+
+
+def with_enforcement(node: NodeView, layers: Mapping[str, list[EnforcementLayer]]) -> NodeView:
+    """``node`` with each GPU's enforcement layers (by GPU uuid) filled in."""
+    gpus = [g.model_copy(update={"enforcement": layers.get(g.uuid, [])}) for g in node.gpus]
     return node.model_copy(update={"gpus": gpus})

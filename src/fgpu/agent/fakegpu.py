@@ -1,0 +1,83 @@
+"""Simulated GPUs whose workloads run against the fake CUDA driver (a stand-in for tests and
+demos, ``native/fakecuda``).
+
+:class:`FakeDriverBackend` is a :class:`~fgpu.agent.backend.SimulatedBackend` whose per-process
+memory and utilization are not pretend reports but what the fake NVML measures: the fake
+driver keeps every process's device memory and kernel time in one state file shared by the
+machine, so the memory guard reads the same NVML calls it reads on a real GPU
+(:class:`~fgpu.agent.nvml.NvmlBackend`, through nvidia-ml-py) and stops what the interposer
+cannot see (a workload that turned the interposer off, for example).
+
+The fake NVML is loaded into this process by its absolute path before nvidia-ml-py asks for
+``libnvidia-ml.so.1``; the dynamic linker then answers that name with the library already
+loaded. So this backend must be built before anything else in the process initialises NVML
+(``fgpu serve --fake-driver`` builds it in its composition root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+from fgpu.agent.backend import GpuProcess, SimulatedBackend
+from fgpu.agent.interposer.preload import FakeGpu, fake_gpus_spec
+
+log = logging.getLogger(__name__)
+
+
+class FakeDriverBackend(SimulatedBackend):
+    """See the module docstring. Build it with :meth:`wrap`."""
+
+    _nvml: object | None = None
+
+    @classmethod
+    def wrap(
+        cls, simulated: SimulatedBackend, driver_dir: Path, state_file: Path
+    ) -> FakeDriverBackend:
+        """The same GPUs as ``simulated``, measured through the fake NVML.
+
+        Args:
+            simulated: the ``--simulate-gpus`` backend (no MIG).
+            driver_dir: folder of the fake ``libnvidia-ml.so.1``.
+            state_file: the pretend GPUs' shared state (created on first use, mode 0666 so
+                that every user's workloads can use the pretend GPUs).
+
+        Raises:
+            ValueError: the fake NVML cannot be loaded or initialised.
+        """
+        backend = cls(simulated.spec)
+        gpus = [FakeGpu(d.uuid, d.model, d.memory_mib) for d in backend.gpus()]
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        os.environ["FGPU_FAKE_GPU_STATE"] = str(state_file)
+        os.environ["FGPU_FAKE_GPUS"] = fake_gpus_spec(gpus)
+        library = driver_dir / "libnvidia-ml.so.1"
+        try:
+            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            from fgpu.agent.nvml import NvmlBackend
+
+            backend._nvml = NvmlBackend()
+        except Exception as exc:
+            raise ValueError(f"--fake-driver: cannot use the fake NVML {library}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            state_file.chmod(0o666)
+        return backend
+
+    def process_memory(self) -> list[GpuProcess]:
+        """What the fake NVML reports per process, plus any :meth:`report_usage` figures."""
+        found = list(super().process_memory())
+        nvml = self._nvml
+        if nvml is not None:
+            found.extend(nvml.process_memory())  # type: ignore[attr-defined]
+        return found
+
+    def close(self) -> None:
+        nvml = self._nvml
+        if nvml is not None:
+            nvml.close()  # type: ignore[attr-defined]
+            self._nvml = None
+
+
+__all__ = ["FakeDriverBackend"]
