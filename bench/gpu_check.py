@@ -1,0 +1,337 @@
+"""GPU check of the interposer: one script for a machine with a real NVIDIA GPU (H200).
+
+Run from the repository root on the GPU machine (it builds the native code with the system C
+compiler into a temporary folder; needs PyTorch with CUDA, numpy, psutil and the fgpu source
+tree on ``PYTHONPATH``)::
+
+    PYTHONPATH=src python3 bench/gpu_check.py --out bench/results/gpu-check-h200.json
+
+It finishes in about 6 minutes and writes one JSON object with:
+
+- ``memory_cap``: PyTorch allocating 1 GiB tensors against a 20 GiB cap, with the default
+  caching allocator and with the ``cudaMallocAsync`` backend: what it got, and the error it
+  saw (expected: ``torch.OutOfMemoryError``, "CUDA out of memory"), and
+  ``torch.cuda.mem_get_info`` inside the capped process (expected total: the cap);
+- ``strict_30_70``: two PyTorch training loops (matrix products) at 300/700 strict for 60 s
+  through the real governor holding them at launch: device time each (the interposer's
+  event-measured count), iterations per second each and alone, achieved against asked;
+- ``inference_pause``: an inference loop's latency p50/p99 alone, then beside a training
+  neighbour of lower priority under ``pause``, 20 s each;
+- ``launch_overhead``: time per small PyTorch kernel launch (``torch.add`` on a small tensor,
+  synchronised every 1000) with and without the interposer;
+- the driver version, GPU name, torch version.
+
+Nothing here is a pass/fail test; it reports what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "native"))
+
+import build as native_build  # noqa: E402  (native/build.py)
+
+from fgpu.agent.governor.freezer import SignalFreezer  # noqa: E402
+from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy  # noqa: E402
+from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig  # noqa: E402
+from fgpu.agent.interposer.preload import SegmentDir, preload_env  # noqa: E402
+from fgpu.agent.interposer.segment import Segment  # noqa: E402
+from fgpu.agent.launcher import Launcher, LaunchSpec  # noqa: E402
+
+GIB = 1 << 30
+
+ALLOC = textwrap.dedent(
+    """
+    import json, torch
+    free, total = torch.cuda.mem_get_info()
+    got, error = 0, None
+    keep = []
+    try:
+        while got < 200 * 2**30:
+            keep.append(torch.empty(2**30, dtype=torch.uint8, device="cuda"))
+            got += 2**30
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    print(json.dumps({"allocated": got, "error": error, "mem_get_info": [free, total]}))
+    """
+)
+
+TRAIN = textwrap.dedent(
+    """
+    import json, sys, time, torch
+    seconds = float(sys.argv[1])
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(10):
+            c = a @ b
+        torch.cuda.synchronize()
+        n += 10
+    print(json.dumps({"iterations": n, "seconds": time.monotonic() - t0}))
+    """
+)
+
+INFER = textwrap.dedent(
+    """
+    import json, sys, time, torch
+    seconds = float(sys.argv[1])
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    lat, t0 = [], time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        s = time.perf_counter()
+        for _ in range(20):
+            y = x @ w
+        torch.cuda.synchronize()
+        lat.append((time.perf_counter() - s) * 1000)
+        time.sleep(0.01)
+    lat.sort()
+    print(json.dumps({"requests": len(lat), "p50_ms": lat[len(lat) // 2],
+                      "p99_ms": lat[int(len(lat) * 0.99)]}))
+    """
+)
+
+LAUNCH = textwrap.dedent(
+    """
+    import json, time, torch
+    x = torch.zeros(16, device="cuda")
+    for _ in range(2000):
+        x.add_(1)
+    torch.cuda.synchronize()
+    n, t0 = 100_000, time.perf_counter()
+    for i in range(n):
+        x.add_(1)
+        if i % 1000 == 999:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    print(json.dumps({"us_per_launch": (time.perf_counter() - t0) / n * 1e6}))
+    """
+)
+
+
+class Check:
+    def __init__(self, root: Path, lib: Path, uuid: str) -> None:
+        self.root = root
+        self.lib = lib
+        self.uuid = uuid
+        self.segments = SegmentDir(root / "segs")
+        self.launcher = Launcher()
+        self._n = 0
+
+    def segment(self, memory_mib: int, max_inflight: int = 0) -> Segment:
+        self._n += 1
+        return self.segments.create(
+            f"g{self._n}", [self.uuid], [memory_mib], max_inflight=max_inflight, uid=None, gid=None
+        )
+
+    def env(self, segment: Segment | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": self.uuid, **(extra or {})}
+        if segment is not None:
+            env.update(preload_env(self.lib, segment.path, env))
+        return env
+
+    def python(self, code: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            return {"exit": done.returncode, "stderr": done.stderr[-2000:]}
+        return dict(json.loads(lines[-1]))
+
+    def start(self, wid: str, code: str, args: list[str], segment: Segment) -> Any:
+        script = self.root / f"{wid}.py"
+        script.write_text(code)
+        return self.launcher.launch(
+            LaunchSpec(
+                workload_id=wid,
+                argv=[sys.executable, str(script), *args],
+                log_dir=self.root / "logs",
+                env=self.env(segment),
+                gpu_uuids=[self.uuid],
+            )
+        )
+
+    def result(self, handle: Any, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while self.launcher.poll(handle).running and time.monotonic() < deadline:
+            time.sleep(0.2)
+        lines = handle.stdout_path.read_text().strip().splitlines()
+        if not lines:
+            return {"stderr": handle.stderr_path.read_text()[-2000:]}
+        return dict(json.loads(lines[-1]))
+
+
+def memory_cap(c: Check) -> dict[str, Any]:
+    out = {}
+    for name, extra in (
+        ("caching_allocator", {}),
+        ("cuda_malloc_async", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
+    ):
+        seg = c.segment(20 * 1024)
+        got = c.python(ALLOC, [], c.env(seg, extra))
+        st = seg.stats()
+        got["segment_oom_count"] = st.gpus[0].oom_count
+        got["segment_peak_bytes"] = st.gpus[0].memory_peak
+        out[name] = got
+    out["cap_bytes"] = 20 * GIB
+    return out
+
+
+def strict_30_70(c: Check, seconds: float) -> dict[str, Any]:
+    alone = c.python(TRAIN, ["10"], c.env(None))
+    gov = Governor(
+        [c.uuid],
+        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
+        freezer=SignalFreezer(),
+    )
+    segs = [c.segment(60 * 1024, 2), c.segment(60 * 1024, 2)]
+    handles = [c.start(f"t{i}", TRAIN, [str(seconds)], s) for i, s in enumerate(segs)]
+    gov.update(
+        [
+            GovernedWorkload(
+                workload_id=f"t{i}", handle=h, gpu_uuids=(c.uuid,), compute_milli=(m,), segment=s
+            )
+            for i, (h, s, m) in enumerate(zip(handles, segs, (300, 700), strict=True))
+        ]
+    )
+    gov.start()
+    try:
+        results = [c.result(h, seconds + 120) for h in handles]
+    finally:
+        gov.close()
+    device = [s.stats().gpus[0].gpu_time_ns for s in segs]
+    total = sum(device) or 1
+    rate_alone = alone.get("iterations", 0) / max(alone.get("seconds", 1), 1e-9)
+    return {
+        "asked": [0.3, 0.7],
+        "achieved_by_device_time": [d / total for d in device],
+        "device_time_s": [d / 1e9 for d in device],
+        "runs": results,
+        "alone": alone,
+        "rate_of_alone": [
+            (r.get("iterations", 0) / max(r.get("seconds", 1), 1e-9)) / rate_alone
+            if rate_alone
+            else None
+            for r in results
+        ],
+    }
+
+
+def inference_pause(c: Check, seconds: float) -> dict[str, Any]:
+    alone = c.python(INFER, [str(seconds)], c.env(None))
+    gov = Governor(
+        [c.uuid],
+        config=GovernorConfig(
+            gpu_policy=GpuPolicy(mode=ComputeMode.FAIR, priority_policy=PriorityPolicy.PAUSE)
+        ),
+        freezer=SignalFreezer(),
+    )
+    seg_train, seg_infer = c.segment(60 * 1024, 2), c.segment(20 * 1024, 2)
+    train = c.start("train", TRAIN, [str(seconds + 10)], seg_train)
+    infer = c.start("infer", INFER, [str(seconds)], seg_infer)
+    gov.update(
+        [
+            GovernedWorkload(
+                workload_id="train",
+                handle=train,
+                gpu_uuids=(c.uuid,),
+                compute_milli=(500,),
+                priority=40,
+                segment=seg_train,
+            ),
+            GovernedWorkload(
+                workload_id="infer",
+                handle=infer,
+                gpu_uuids=(c.uuid,),
+                compute_milli=(500,),
+                priority=125,
+                segment=seg_infer,
+            ),
+        ]
+    )
+    gov.start()
+    try:
+        beside = c.result(infer, seconds + 120)
+        training = c.result(train, seconds + 120)
+    finally:
+        gov.close()
+    return {"alone": alone, "beside_training_under_pause": beside, "training": training}
+
+
+def launch_overhead(c: Check) -> dict[str, Any]:
+    return {
+        "without": c.python(LAUNCH, [], c.env(None)),
+        "with": c.python(LAUNCH, [], c.env(c.segment(60 * 1024, 0))),
+        "with_bounded_2": c.python(LAUNCH, [], c.env(c.segment(60 * 1024, 2))),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu-check-h200.json"))
+    parser.add_argument("--seconds", type=float, default=60.0, help="the 30/70 run's length")
+    args = parser.parse_args()
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    uuid = pynvml.nvmlDeviceGetUUID(handle)
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    name = pynvml.nvmlDeviceGetName(handle)
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    with tempfile.TemporaryDirectory(prefix="fgpu-gpu-check-") as tmp:
+        lib = Path(tmp) / "native"
+        native_build.build(lib)
+        c = Check(Path(tmp), lib, uuid)
+        started = time.monotonic()
+        result: dict[str, Any] = {
+            "bench": "gpu-check",
+            "gpu": name.decode() if isinstance(name, bytes) else name,
+            "driver": driver.decode() if isinstance(driver, bytes) else driver,
+            "torch": subprocess.run(
+                [sys.executable, "-c", "import torch; print(torch.__version__)"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip(),
+        }
+        for key, step in (
+            ("launch_overhead", lambda: launch_overhead(c)),
+            ("memory_cap", lambda: memory_cap(c)),
+            ("strict_30_70", lambda: strict_30_70(c, args.seconds)),
+            ("inference_pause", lambda: inference_pause(c, 20.0)),
+        ):
+            t0 = time.monotonic()
+            try:
+                result[key] = step()
+            except Exception as exc:  # report and go on: one broken part must not hide the rest
+                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            result[key + "_seconds"] = round(time.monotonic() - t0, 1)
+        result["total_seconds"] = round(time.monotonic() - started, 1)
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
