@@ -166,7 +166,7 @@ TARGETS: list[Target] = [
     Target(
         name="bin/fgpu-cudemo",
         kind="program",
-        sources=("tests/cudemo.c", "tests/cudemo_main.c"),
+        sources=("tests/cudemo.c", "tests/cudemo_main.c", "tests/cudemo_bench.c"),
         libs=("-L{out}/fakecuda", "-l:libcuda.so.1", "-ldl", "-lpthread"),
         deps=("fakecuda/libcuda.so.1",),
     ),

@@ -97,6 +97,8 @@ int cmd_ipc_open(const char *text);
 int cmd_until_oom(const char *kind, size_t chunk);
 int cmd_hold(size_t bytes, const char *kind);
 int cmd_threads(int n, const char *kind, size_t bytes);
+int cmd_bench_launch(long count);
+int cmd_bench_alloc(long count, size_t bytes);
 
 #define CHECK(call)                                                                      \
     do {                                                                                 \

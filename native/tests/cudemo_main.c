@@ -251,7 +251,7 @@ static int usage(void)
             "  info | meminfo | procaddr\n"
             "  alloc API BYTES | alloc-until-oom API CHUNK | hold BYTES [API]\n"
             "  threads N API BYTES | spin NS COUNT [--graph|--ex|--coop] [--stream]\n"
-            "  events NS | ipc-open HEX\n"
+            "  events NS | ipc-open HEX | bench-launch COUNT | bench-alloc COUNT BYTES\n"
             "API: mem pitch managed vmm async pool array array3d mipmap graph ipc module\n");
     return 64;
 }
@@ -303,6 +303,10 @@ int main(int argc, char **argv)
         return cmd_hold(number("BYTES", a[0]), left == 2 ? a[1] : "mem");
     if (strcmp(cmd, "threads") == 0 && left == 3)
         return cmd_threads((int)number("N", a[0]), a[1], number("BYTES", a[2]));
+    if (strcmp(cmd, "bench-launch") == 0 && left == 1)
+        return cmd_bench_launch((long)number("COUNT", a[0]));
+    if (strcmp(cmd, "bench-alloc") == 0 && left == 2)
+        return cmd_bench_alloc((long)number("COUNT", a[0]), number("BYTES", a[1]));
     if (strcmp(cmd, "events") == 0 && left == 1)
         return cmd_events(number("NS", a[0]));
     if (strcmp(cmd, "ipc-open") == 0 && left == 1)
