@@ -2,8 +2,8 @@
  * dlopen_aarch64.S - the exported dlopen of libfgpu.so (AArch64 AAPCS64).
  *
  * Same as dlopen_x86_64.S: ask fgpu_dlopen_route, restore the link register, branch (no
- * call) to the real dlopen so glibc sees the original caller. Not run on this project's CI
- * (x86_64 only): assembled and reviewed, untested.
+ * call) to the real dlopen so glibc sees the original caller. Assembled with binutils for
+ * aarch64 and its disassembly read; never run (this project's CI is x86_64).
  */
 #if defined(__aarch64__)
     .text

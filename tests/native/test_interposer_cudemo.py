@@ -75,12 +75,20 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    "path",
+    [
+        *PATHS,
+        pytest.param(["--dlopen", "--ptsz"], id="dlopen-procaddr-ptsz"),
+    ],
+)
 @pytest.mark.parametrize("api", APIS)
 def test_every_allocation_api_is_capped(
     native: Path, env: dict[str, str], seg: tuple[AgentLib, Path], api: str, path: list[str]
 ) -> None:
     agent, _ = seg
+    if "--ptsz" in path:
+        env = {**env, "FGPU_PROCADDR": "names"}
     over = cudemo(native, env, *path, "alloc", api, str(CAP + 64 * MIB))
     assert over["error"] == "CUDA_ERROR_OUT_OF_MEMORY", over
     snap = agent.snapshot()
@@ -148,10 +156,13 @@ def test_meminfo_and_nvml_report_the_cap(native: Path, env: dict[str, str]) -> N
     assert (out["v2_total"], out["v2_free"]) == (CAP, CAP)
 
 
+@pytest.mark.parametrize("rule", ["auto", "pointers", "names"])
 def test_procaddr_answers_match_dlsym_through_the_interposer(
-    native: Path, env: dict[str, str]
+    native: Path, env: dict[str, str], rule: str
 ) -> None:
-    out = cudemo(native, env, "procaddr")
+    # "names" runs the fake driver's (name, version, flags) table through the name rule the
+    # interposer falls back on when a driver answers with addresses dlsym does not give
+    out = cudemo(native, {**env, "FGPU_PROCADDR": rule}, "procaddr")
     assert out["mismatches"] == []
     assert out["ok"] == out["checked"]
     assert out["v1_same"] is True
