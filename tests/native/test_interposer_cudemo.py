@@ -289,3 +289,21 @@ def test_a_gate_whose_agent_went_silent_counts_as_open(
     assert out["launches"] == 3, "released once FGPU_SEG_STALE_NS (2 s) passed without a beat"
     snap = agent.snapshot()
     assert (snap.gate, snap.launches, snap.gate_waits) == (GATE_CLOSED, 3, 1)
+
+
+def test_devices_map_to_segment_gpus_by_uuid(native: Path, tmp_path: Path) -> None:
+    other = "GPU-99999999-8888-7777-6666-555555555555"
+    gpus = f"{other}=H100-80GB:81920,{UUID}=A100-80GB:81920"  # ordinal 0: not in the segment
+    agent = AgentLib(native)
+    path = tmp_path / "seg2"
+    agent.create(path, [UUID], [CAP])
+    env = fake_env(native, tmp_path / "fakegpu2", gpus, seg=path)
+    free_dev0 = cudemo(native, env, "--device", "0", "alloc", "mem", str(2 * CAP))
+    assert free_dev0["error"] == "CUDA_SUCCESS", "a device not in the segment is not capped"
+    assert free_dev0["total"] == 81920 * MIB
+    capped = cudemo(native, env, "--device", "1", "alloc", "mem", str(2 * CAP))
+    assert capped["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert capped["total"] == CAP
+    snap = agent.snapshot()
+    assert (snap.gpus[0].oom_count, snap.gpus[0].memory_peak) == (1, 0)
+    agent.close()

@@ -203,3 +203,15 @@ def test_destroying_a_context_gives_back_what_it_held(
     )
     assert out["held"]["reserved"] == 300 * MIB  # type: ignore[index]
     assert out["after"]["reserved"] == 0  # type: ignore[index]
+
+
+def test_real_libcuda_path_is_used_when_the_loader_cannot_find_the_driver(
+    native: Path, tmp_path: Path, seg: tuple[AgentLib, Path]
+) -> None:
+    agent, path = seg
+    env = env_for(native, tmp_path, path)
+    del env["LD_LIBRARY_PATH"]  # dlopen("libcuda.so.1") alone would fail here
+    env["FGPU_REAL_LIBCUDA"] = str(native / "fakecuda" / "libcuda.so.1")
+    out = run_worker(env, "alloc", str(2048 * MIB))
+    assert out["rc"] == 2, "reached the driver named by FGPU_REAL_LIBCUDA, through the hooks"
+    assert agent.snapshot().gpus[0].oom_count == 1
