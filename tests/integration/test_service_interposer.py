@@ -109,7 +109,7 @@ def test_a_cuda_program_over_its_cap_gets_an_ordinary_out_of_memory(
     )
     refused = next(e for e in events(server, wid) if e["kind"] == "memory-refused")
     assert "the last asked 1024 MiB" in refused["message"]
-    assert "of its 20480 MiB quota" in refused["message"]
+    assert "its quota is 20480 MiB, the most it held 20480 MiB" in refused["message"]
     detail = server.describe(wid)
     assert any("1 allocation(s) refused" in line for line in detail["enforcement"])
     done.touch()

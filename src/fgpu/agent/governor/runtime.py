@@ -686,9 +686,8 @@ class Governor:
                 "memory quota",
                 f"{count} allocation{'s' if count > 1 else ''} refused on {gpu.uuid} "
                 f"(out of memory for the program): the last asked "
-                f"{-(-gpu.oom_last_bytes // 2**20)} MiB with "
-                f"{gpu.memory_reserved // 2**20} MiB of its {gpu.memory_limit // 2**20} MiB "
-                "quota in use",
+                f"{-(-gpu.oom_last_bytes // 2**20)} MiB; its quota is "
+                f"{gpu.memory_limit // 2**20} MiB, the most it held {gpu.memory_peak // 2**20} MiB",
             )
 
     def _drop(self, record: _Record) -> None:
