@@ -86,9 +86,9 @@ static CUevent pool_get(struct fgpu_pool *pl)
 
 static void pool_put(struct fgpu_pool *pl, CUevent e)
 {
-    if (e == NULL)
-        return;
-    if (pl != NULL && pl->n < POOL_CAP)
+    if (e == NULL || pl == NULL || pl->ctx == NULL)
+        return; /* its context was destroyed, and its events with it */
+    if (pl->n < POOL_CAP)
         pl->ev[pl->n++] = e;
     else if (fgpu_real.cuEventDestroy_v2 != NULL)
         fgpu_real.cuEventDestroy_v2(e);
@@ -256,14 +256,23 @@ void fgpu_launch_before(struct fgpu_tok *t, CUstream stream, int ptsz)
     if (!ptd) {
         for (unsigned i = ring_count; i-- > 0;) {
             struct entry *e = ring_at(i);
-            if (!e->dead && !e->ptd && e->ctx == ctx && e->stream == stream) {
-                if (!e->end_shared) {
-                    e->end_shared = 1;
-                    t->start = e->end;
-                    t->pred_seq = e->seq;
-                }
-                break;
+            if (e->dead || e->ptd || e->ctx != ctx || e->stream != stream)
+                continue;
+            /* still running? retire_ready stopped at the oldest entry that was not done, so
+             * if everything older is on this same stream, this one is not done either;
+             * otherwise ask (it may have finished behind another stream's work) */
+            int mixed = 0;
+            for (unsigned k = 0; k < i && !mixed; k++) {
+                struct entry *o = ring_at(k);
+                mixed = o->dead || o->ptd || o->ctx != ctx || o->stream != stream;
             }
+            int busy = !mixed || fgpu_real.cuEventQuery(e->end) == CUDA_ERROR_NOT_READY;
+            if (busy && !e->end_shared) {
+                e->end_shared = 1;
+                t->start = e->end;
+                t->pred_seq = e->seq;
+            }
+            break;
         }
     }
     CUevent own = t->start == NULL ? pool_get(pl) : NULL;

@@ -255,7 +255,9 @@ def device_time(env: dict[str, str], pid: int) -> int:
     return int(ns)
 
 
-@pytest.mark.parametrize("how", [[], ["--graph"]], ids=["kernel", "graph"])
+@pytest.mark.parametrize(
+    "how", [[], ["--graph"], ["--stream"]], ids=["kernel", "graph", "own-stream"]
+)
 def test_gpu_time_matches_the_fake_drivers_device_time(
     native: Path, env: dict[str, str], seg: tuple[AgentLib, Path], how: list[str]
 ) -> None:
