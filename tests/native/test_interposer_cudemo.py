@@ -309,3 +309,15 @@ def test_devices_map_to_segment_gpus_by_uuid(native: Path, tmp_path: Path) -> No
     snap = agent.snapshot()
     assert (snap.gpus[0].oom_count, snap.gpus[0].memory_peak) == (1, 0)
     agent.close()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("api", ["mem", "vmm", "async", "array"])
+def test_threads_racing_in_one_process_share_the_cap(
+    native: Path, env: dict[str, str], seg: tuple[AgentLib, Path], api: str, path: list[str]
+) -> None:
+    out = cudemo(native, env, *path, "threads", "8", api, str(200 * MIB))
+    assert (out["ok"], out["oom"], out["other"]) == (5, 3, 0)  # 5 x 200 MiB fit in 1024 MiB
+    snap = seg[0].snapshot()
+    assert snap.gpus[0].memory_peak <= CAP
+    assert snap.gpus[0].memory_reserved == 0
