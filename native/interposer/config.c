@@ -6,8 +6,9 @@
  * claiming this process's procs[] entry at first use; fork (the child forgets the parent's
  * CUDA state and claims its own entry) and exit (the entry is given back).
  *
- * Nothing is read or mapped before a CUDA or NVML hook (or a dlopen of the driver) runs, so
- * a program that never touches CUDA sees no difference: no output, no files opened.
+ * Nothing is printed before a CUDA or NVML hook (or a dlopen of the driver) runs, so a
+ * program that never touches CUDA sees no difference. The one thing done at load, only where
+ * FGPU_SEG is set: give back what this pid's previous image (before exec) held.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -159,6 +160,26 @@ int fgpu_proc(void)
     }
     pthread_mutex_unlock(&proc_lock);
     return p;
+}
+
+/* exec keeps the pid and the start time, and the driver freed the old image's memory: give
+ * back what the old image held as soon as the new one is loaded, even if it never touches
+ * CUDA again. Silent (a program that does not use CUDA must not notice) and only in processes
+ * that carry FGPU_SEG; the entry stays with the process (fgpu_proc finds it again). */
+__attribute__((constructor)) static void fgpu_reclaim_previous_image(void)
+{
+    const char *off = getenv("FGPU_INTERPOSER");
+    const char *path = getenv("FGPU_SEG");
+    if (path == NULL || path[0] == '\0' ||
+        (off != NULL && (strcmp(off, "off") == 0 || strcmp(off, "0") == 0)))
+        return;
+    char why[256];
+    struct fgpu_seg *s = fgpu_seg_map(path, why, sizeof why);
+    if (s == NULL)
+        return; /* said (once) when a CUDA call needs the segment */
+    pid_t pid = getpid();
+    fgpu_seg_reclaim_own(s, pid, fgpu_proc_start_ticks(pid));
+    fgpu_seg_unmap(s);
 }
 
 __attribute__((destructor)) static void fgpu_exit(void)

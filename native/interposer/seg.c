@@ -199,6 +199,18 @@ uint64_t fgpu_seg_sweep(struct fgpu_seg *s)
     return total;
 }
 
+uint64_t fgpu_seg_reclaim_own(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks)
+{
+    uint64_t total = 0;
+    for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+        struct fgpu_seg_proc *e = &s->procs[p];
+        if (atomic_load_explicit(&e->pid, memory_order_acquire) == (int32_t)pid &&
+            atomic_load_explicit(&e->start_ticks, memory_order_relaxed) == start_ticks)
+            total += drain_entry(s, e);
+    }
+    return total;
+}
+
 int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks)
 {
     for (int pass = 0; pass < 2; pass++) {

@@ -41,6 +41,10 @@ FGPU_HIDDEN uint64_t fgpu_proc_start_ticks(pid_t pid);
  * Returns the entry index, or -1 when the table is full of live processes. */
 FGPU_HIDDEN int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks);
 
+/* If an entry carries (pid, start_ticks), give back its reservations (the process's previous
+ * image before exec) and keep it for the process. Returns the bytes given back. */
+FGPU_HIDDEN uint64_t fgpu_seg_reclaim_own(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks);
+
 /* Give back every reservation of entry p and free it (p must be owned by the caller). */
 FGPU_HIDDEN uint64_t fgpu_seg_release(struct fgpu_seg *s, int p);
 

@@ -14,6 +14,8 @@ Modes (``python interposer_worker.py [--procaddr] MODE ARGS``):
   exec BYTES NEXT           allocate BYTES, exec itself into "alloc NEXT"
   alloc BYTES               allocate, print the result and the segment snapshot, exit
   ctxdestroy BYTES          allocate in a new context, destroy the context without freeing
+  exec-quiet BYTES          allocate BYTES, exec itself into "snapshot" (no CUDA call after)
+  snapshot                  print the segment snapshot (no CUDA call)
 """
 
 from __future__ import annotations
@@ -203,6 +205,12 @@ def do_exec(nbytes: int, next_bytes: int) -> None:
     os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "alloc", str(next_bytes)])
 
 
+def exec_quiet(nbytes: int) -> None:
+    init()
+    check(alloc(nbytes)[0], "cuMemAlloc_v2")
+    os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "snapshot"])
+
+
 def alloc_once(nbytes: int) -> None:
     init()
     rc, _ = alloc(nbytes)
@@ -237,9 +245,13 @@ def main() -> None:
         alloc_once(*rest)
     elif mode == "ctxdestroy":
         ctx_destroy(*rest)
+    elif mode == "exec-quiet":
+        exec_quiet(*rest)
+    elif mode == "snapshot":
+        print(json.dumps(snapshot()))
     else:
         print(
-            f"mode {mode!r} is not one of race, hold, threads, fork, exec, alloc, ctxdestroy",
+            f"mode {mode!r}: see the modes in this file's docstring",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -130,6 +130,15 @@ def test_exec_reclaims_the_previous_image(
     assert agent.snapshot().processes == 1, "the same entry, not a second one"
 
 
+def test_exec_into_a_program_without_cuda_gives_back_at_load(
+    native: Path, tmp_path: Path, seg: tuple[AgentLib, Path]
+) -> None:
+    out = run_worker(env_for(native, tmp_path, path := seg[1]), "exec-quiet", str(600 * MIB))
+    assert path.exists()
+    assert out["reserved"] == 0, "the old image's 600 MiB were given back when libfgpu loaded"
+    assert out["live"] == 1, "the entry stays with the process"
+
+
 def start_holder(env: dict[str, str], nbytes: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), "hold", str(nbytes)],
