@@ -147,7 +147,6 @@ static const char *shim_for(char *buf, size_t n, const char *name)
 FGPU_HIDDEN const char *fgpu_dlopen_route(const char *file, int mode);
 const char *fgpu_dlopen_route(const char *file, int mode)
 {
-    (void)mode;
     pthread_once(&dlopen_once, find_real_dlopen);
     if (file == NULL)
         return file;
@@ -165,6 +164,20 @@ const char *fgpu_dlopen_route(const char *file, int mode)
     fgpu_init();
     if (!fgpu_g.active)
         return file;
+    if (mode & RTLD_NOLOAD) {
+        /* "is it loaded?": answer with the shim only if the driver is loaded, as the
+         * driver's own handle would; the shim is loaded here so that the caller's NOLOAD
+         * open of it succeeds */
+        void *loaded = fgpu_call_real_dlopen(file, RTLD_LAZY | RTLD_NOLOAD);
+        if (loaded == NULL)
+            return file;
+        const char *s = cuda ? shim_for(shim_cuda, sizeof shim_cuda, "libfgpu-dlcuda.so")
+                             : shim_for(shim_nvml, sizeof shim_nvml, "libfgpu-dlnvml.so");
+        if (s == NULL || (cuda ? fgpu_resolve_cuda() : fgpu_resolve_nvml()) != 0 ||
+            fgpu_call_real_dlopen(s, RTLD_LAZY | (mode & RTLD_GLOBAL)) == NULL)
+            return file;
+        return s;
+    }
     /* load the real library first (same name rules as its DT_NEEDED in the shim), so the
      * shim's dependency matches it by soname; if it cannot be loaded from here, let the
      * caller's own dlopen try (and fail or succeed) exactly as it would have */

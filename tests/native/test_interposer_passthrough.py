@@ -291,3 +291,40 @@ def test_hook_list_is_exported_provided_and_handed_out(
     assert owners["cuInit"] == "libcuda.so.1", "everything else is the driver's own"
     assert owners["cuCtxGetCurrent"] == "libcuda.so.1"
     assert owners["nvmlInit_v2"] == "libnvidia-ml.so.1"
+
+
+NOLOAD_CHECK = r"""
+import ctypes, json, os
+class DlInfo(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+libc = ctypes.CDLL(None)
+libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+def owner(p):
+    info = DlInfo()
+    assert libc.dladdr(p, ctypes.byref(info)) != 0
+    return info.fname.decode().rsplit("/", 1)[-1]
+try:
+    ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+    before = "loaded"
+except OSError:
+    before = "not loaded"
+ctypes.CDLL("libcuda.so.1")
+after = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD)
+print(json.dumps({"before": before,
+                  "after": owner(ctypes.cast(after.cuMemAlloc_v2, ctypes.c_void_p).value)}))
+"""
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["plain", "preloaded"])
+def test_rtld_noload_answers_as_the_driver_would(
+    native: Path, tmp_path: Path, seg: tuple[AgentLib, Path], preload: bool
+) -> None:
+    env = fake_env(native, tmp_path / "fakegpu", GPUS, seg=seg[1], preload=preload)
+    proc = subprocess.run(
+        [sys.executable, "-c", NOLOAD_CHECK], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["before"] == "not loaded"
+    assert out["after"] == ("libfgpu.so" if preload else "libcuda.so.1")
