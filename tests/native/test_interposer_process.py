@@ -30,6 +30,7 @@ from fgpu import native as fgpu_native
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
 GPUS = f"{UUID}=A100-80GB:81920"
 DEADLINE_S = 60.0
+CAP_BYTES = 1024 * MIB
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +225,44 @@ def test_real_libcuda_path_is_used_when_the_loader_cannot_find_the_driver(
     out = run_worker(env, "alloc", str(2048 * MIB))
     assert out["rc"] == 2, "reached the driver named by FGPU_REAL_LIBCUDA, through the hooks"
     assert agent.snapshot().gpus[0].oom_count == 1
+
+
+def test_concurrent_sweeps_give_each_dead_process_back_exactly_once(
+    native: Path, tmp_path: Path, seg: tuple[AgentLib, Path]
+) -> None:
+    agent, path = seg
+    env = env_for(native, tmp_path, path)
+    survivor = start_holder(env, 200 * MIB)
+    doomed = [start_holder(env, 100 * MIB) for _ in range(6)]
+    try:
+        assert agent.snapshot().gpus[0].memory_reserved == 800 * MIB
+        for p in doomed:
+            p.send_signal(signal.SIGKILL)
+        for p in doomed:
+            p.wait()
+        # four processes that each need 700 MiB sweep while the agent sweeps too
+        racers = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), "alloc", str(700 * MIB)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        swept = 0
+        while any(r.poll() is None for r in racers):
+            swept += agent.sweep()
+        swept += agent.sweep()
+        for r in racers:
+            assert r.returncode == 0, r.stderr.read() if r.stderr else ""
+        assert swept <= 600 * MIB
+        snap = agent.snapshot()
+        # a dead process given back twice would take the survivor's 200 MiB down with it
+        assert snap.gpus[0].memory_reserved == 200 * MIB
+        assert snap.live_processes == 1
+        assert snap.gpus[0].memory_peak <= CAP_BYTES
+    finally:
+        survivor.kill()
+        survivor.wait()
