@@ -159,15 +159,6 @@ TARGETS: list[Target] = [
         libs=("-Wl,-z,defs",),
         cflags=("-fvisibility=hidden",),
     ),
-    # fgpu-launch-cost: per-call time of cuLaunchKernel, with or without the interposer
-    # preloaded (bench/interposer.py); linked like fgpu-cudemo, without an rpath.
-    Target(
-        name="bin/fgpu-launch-cost",
-        kind="program",
-        sources=("interposer/launch_cost.c",),
-        libs=("-L{out}/fakecuda", "-l:libcuda.so.1"),
-        deps=("fakecuda/libcuda.so.1",),
-    ),
     # --- end of interposer targets --------------------------------------------------------
     # --- test programs ----------------------------------------------------------------------
     # Linked against the fake without an rpath: LD_LIBRARY_PATH / LD_PRELOAD choose at run
