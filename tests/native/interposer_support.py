@@ -14,6 +14,8 @@ import ctypes
 import os
 from pathlib import Path
 
+from fgpu.agent.interposer.segment import Snapshot, agent_library
+
 MAX_GPUS = 16
 UUID_LEN = 96
 GATE_OPEN = 0
@@ -25,81 +27,12 @@ MIB = 1 << 20
 WORKER = Path(__file__).with_name("interposer_worker.py")
 
 
-class AgentGpu(ctypes.Structure):
-    """``struct fgpu_agent_gpu`` (native/interposer/agent.c)."""
-
-    _fields_ = [
-        ("uuid", ctypes.c_char * UUID_LEN),
-        ("memory_limit", ctypes.c_uint64),
-        ("memory_reserved", ctypes.c_uint64),
-        ("memory_peak", ctypes.c_uint64),
-        ("gpu_time_ns", ctypes.c_uint64),
-        ("oom_count", ctypes.c_uint64),
-        ("oom_last_bytes", ctypes.c_uint64),
-    ]
-
-
-class Snapshot(ctypes.Structure):
-    """``struct fgpu_agent_snapshot`` (native/interposer/agent.c)."""
-
-    _fields_ = [
-        ("ngpus", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("gate", ctypes.c_uint32),
-        ("max_inflight", ctypes.c_uint32),
-        ("launches", ctypes.c_uint64),
-        ("gate_waits", ctypes.c_uint64),
-        ("last_launch_ns", ctypes.c_uint64),
-        ("processes", ctypes.c_uint64),
-        ("live_processes", ctypes.c_uint32),
-        ("inflight", ctypes.c_uint32),
-        ("waiting", ctypes.c_uint32),
-        ("pad0", ctypes.c_uint32),
-        ("gpus", AgentGpu * MAX_GPUS),
-    ]
-
-
 class AgentLib:
-    """``libfgpu-agent.so`` with its ctypes signatures; one mapped segment per object."""
+    """``libfgpu-agent.so`` called directly, with the product's ctypes signatures
+    (:func:`fgpu.agent.interposer.segment.agent_library`); one mapped segment per object."""
 
     def __init__(self, native: Path) -> None:
-        lib = ctypes.CDLL(str(native / "libfgpu-agent.so"))
-        lib.fgpu_agent_segment_size.argtypes = []
-        lib.fgpu_agent_segment_size.restype = ctypes.c_uint32
-        lib.fgpu_agent_snapshot_size.argtypes = []
-        lib.fgpu_agent_snapshot_size.restype = ctypes.c_uint32
-        lib.fgpu_agent_create.argtypes = [
-            ctypes.c_char_p,  # path
-            ctypes.c_char_p,  # workload_id
-            ctypes.c_uint32,  # ngpus
-            ctypes.POINTER(ctypes.c_char_p),  # uuids[ngpus]
-            ctypes.POINTER(ctypes.c_uint64),  # limits[ngpus], bytes, 0 = no cap
-            ctypes.c_uint32,  # flags
-            ctypes.c_uint32,  # max_inflight
-            ctypes.c_int32,  # uid (-1: keep)
-            ctypes.c_int32,  # gid (-1: keep)
-        ]
-        lib.fgpu_agent_create.restype = ctypes.c_int
-        lib.fgpu_agent_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-        lib.fgpu_agent_open.restype = ctypes.c_void_p
-        lib.fgpu_agent_close.argtypes = [ctypes.c_void_p]
-        lib.fgpu_agent_close.restype = ctypes.c_int
-        lib.fgpu_agent_set_gate.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-        lib.fgpu_agent_set_gate.restype = ctypes.c_int
-        lib.fgpu_agent_set_max_inflight.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
-        lib.fgpu_agent_set_max_inflight.restype = ctypes.c_int
-        lib.fgpu_agent_set_memory_limit.argtypes = [
-            ctypes.c_void_p,
-            ctypes.c_uint32,
-            ctypes.c_uint64,
-        ]
-        lib.fgpu_agent_set_memory_limit.restype = ctypes.c_int
-        lib.fgpu_agent_beat.argtypes = [ctypes.c_void_p]
-        lib.fgpu_agent_beat.restype = ctypes.c_int
-        lib.fgpu_agent_sweep.argtypes = [ctypes.c_void_p]
-        lib.fgpu_agent_sweep.restype = ctypes.c_uint64
-        lib.fgpu_agent_snapshot.argtypes = [ctypes.c_void_p, ctypes.POINTER(Snapshot)]
-        lib.fgpu_agent_snapshot.restype = ctypes.c_int
+        lib = agent_library(native)  # the signatures fgpu.agent.interposer uses
         self.lib = lib
         self.seg: int | None = None
 

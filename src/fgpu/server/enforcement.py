@@ -409,7 +409,7 @@ class Enforcement:
                 st = segment.stats()
                 held = "launches held" if st.gate_closed else "launches allowed"
                 lines.append(
-                    f"interposer: {len(st.live_pids)} process(es) using CUDA, {held}, "
+                    f"interposer: {st.live_processes} process(es) using CUDA, {held}, "
                     f"{st.launches} launches ({st.gate_waits} waited)"
                 )
                 for g in st.gpus:

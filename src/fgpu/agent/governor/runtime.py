@@ -227,6 +227,7 @@ class _Record:
     cuda: bool = False  # held at launch (a process of it uses the interposer)
     hint_busy: bool | None = None  # the last hint, for workloads held at launch
     gpu_pending_ns: int = 0  # device time read from the segment, not yet charged
+    steady: bool = False  # neither went busy nor idle since the period began
     oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
 
     def charge(self, now: int) -> None:
@@ -478,7 +479,10 @@ class Governor:
             boundary = now - (now - self._period_start) % cfg.period_ns
             for record in self._records.values():
                 record.charge(boundary)
-                record.used_ns = self._carried(record)
+            carried = {wid: self._carried(r) for wid, r in self._records.items()}
+            for wid, record in self._records.items():
+                record.used_ns = carried[wid]
+                record.steady = True
             self._period_start = boundary
         for record in self._records.values():
             record.charge(now)
@@ -503,18 +507,40 @@ class Governor:
 
     def _carried(self, record: _Record) -> int:
         """What a workload's new period starts with already used: nothing, except for a
-        workload held at launch in ``strict`` mode on all its GPUs, whose device time past its
-        budget (the work in flight when its gate closed) counts against its next period, so
-        that in the long run it gets its share of the device time, no more."""
+        workload held at launch whose device time went past its budget (the work in flight
+        when its gate closed, a late wake-up of this loop): that counts against its next
+        period, so that in the long run it gets its share of the device time. The budget is
+        the planner's (``plan.py``): in ``strict`` mode ``share * period / 1000``; in ``fair``
+        mode its part of what the strict ones leave among the busy ones, which holds only while
+        the same workloads stay busy, so a fair workload carries nothing after a period in
+        which a neighbour went busy or idle (idle time is free to take). At most one period
+        is carried."""
         if not record.cuda:
             return 0
         spec = record.spec
+        period = self.config.planner.period_ns
         budgets = []
         for uuid, share in zip(spec.gpu_uuids, spec.compute_milli, strict=True):
-            if (spec.mode or self._gpus[uuid].mode) is not ComputeMode.STRICT:
+            if (spec.mode or self._gpus[uuid].mode) is ComputeMode.STRICT:
+                budgets.append(share * period // MILLI)
+                continue
+            s_strict = s_fair = 0
+            for other in self._records.values():
+                if uuid not in other.spec.gpu_uuids:
+                    continue
+                if not other.steady:
+                    return 0
+                if not other.busy:
+                    continue
+                theirs = other.spec.compute_milli[other.spec.gpu_uuids.index(uuid)]
+                if (other.spec.mode or self._gpus[uuid].mode) is ComputeMode.STRICT:
+                    s_strict += theirs
+                else:
+                    s_fair += theirs
+            if s_fair == 0:  # itself idle all period: nothing past a budget to carry
                 return 0
-            budgets.append(share * self.config.planner.period_ns // MILLI)
-        return min(max(0, record.used_ns - min(budgets)), self.config.planner.period_ns)
+            budgets.append(share * period * max(0, MILLI - s_strict) // (MILLI * s_fair))
+        return min(max(0, record.used_ns - min(budgets)), period)
 
     def _planner_view(self, record: _Record) -> WorkloadState:
         spec = record.spec
@@ -721,6 +747,7 @@ class Governor:
         record.activity = source
         if busy == record.busy:
             return
+        record.steady = False
         record.charge(now)
         record.busy = busy
         record.idle_since_ns = None if busy else now

@@ -6,13 +6,11 @@ The agent writes the workload's memory caps, its gate (may it launch now?), the 
 launches in flight and a heartbeat; the interposers write their memory reservations, the GPU
 time of their completed work and when they last launched.
 
-:class:`Segment` maps the file and reads and writes it through a :mod:`ctypes` mirror of the
-C layout (field offsets are checked against the C compiler's in the tests). Plain aligned
-4- and 8-byte loads and stores are single-copy atomic on x86-64 and AArch64, which is all the
-agent needs for the fields it writes alone (gate, limits, heartbeat) and for reading counters;
-reclaiming the reservations of dead processes races with the interposers' own sweeps and
-needs compare-and-swap, so :meth:`Segment.sweep` calls ``fgpu_agent_sweep`` in the native
-agent library (the same C code the interposer uses).
+:class:`Segment` does all of it through ``libfgpu-agent.so`` (``native/interposer/agent.c``),
+which is compiled from the same segment code as the interposer itself (``seg.c``): creating
+the file, the gate's release store and futex wake, the sweep that reclaims the reservations
+of dead processes exactly once (compare-and-swap, racing the interposers' own sweeps), and a
+snapshot of the counters. Nothing here reads or writes the segment's bytes directly.
 
 Units: bytes for memory, nanoseconds of ``CLOCK_MONOTONIC`` for times.
 """
@@ -21,19 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
-import mmap
 import os
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-MAGIC = 0x55504746
-VERSION = 1
 MAX_GPUS = 16
-MAX_PROCS = 128
 ID_LEN = 64
 UUID_LEN = 96
 STALE_NS = 2_000_000_000
@@ -44,12 +36,9 @@ GATE_CLOSED = 1
 FLAG_MEMORY_CAP = 0x1
 FLAG_GATING = 0x2
 
-_FUTEX_WAKE = 1
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
 
-
-class SegGpu(ctypes.Structure):
-    """``struct fgpu_seg_gpu``."""
+class AgentGpu(ctypes.Structure):
+    """``struct fgpu_agent_gpu`` (``native/interposer/agent.c``)."""
 
     _fields_ = [
         ("uuid", ctypes.c_char * UUID_LEN),
@@ -62,47 +51,92 @@ class SegGpu(ctypes.Structure):
     ]
 
 
-class SegProc(ctypes.Structure):
-    """``struct fgpu_seg_proc``."""
+class Snapshot(ctypes.Structure):
+    """``struct fgpu_agent_snapshot`` (``native/interposer/agent.c``)."""
 
     _fields_ = [
-        ("pid", ctypes.c_int32),
-        ("pad0", ctypes.c_uint32),
-        ("start_ticks", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * MAX_GPUS),
-        ("inflight", ctypes.c_uint32),
-        ("waiting", ctypes.c_uint32),
-    ]
-
-
-class SegLayout(ctypes.Structure):
-    """``struct fgpu_seg``."""
-
-    _fields_ = [
-        ("magic", ctypes.c_uint32),
-        ("version", ctypes.c_uint32),
-        ("size", ctypes.c_uint32),
         ("ngpus", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
-        ("pad0", ctypes.c_uint32),
-        ("workload_id", ctypes.c_char * ID_LEN),
         ("gate", ctypes.c_uint32),
         ("max_inflight", ctypes.c_uint32),
-        ("last_launch_ns", ctypes.c_uint64),
         ("launches", ctypes.c_uint64),
         ("gate_waits", ctypes.c_uint64),
+        ("last_launch_ns", ctypes.c_uint64),
         ("processes", ctypes.c_uint64),
-        ("agent_beat_ns", ctypes.c_uint64),
-        ("gpus", SegGpu * MAX_GPUS),
-        ("procs", SegProc * MAX_PROCS),
+        ("live_processes", ctypes.c_uint32),
+        ("inflight", ctypes.c_uint32),
+        ("waiting", ctypes.c_uint32),
+        ("pad0", ctypes.c_uint32),
+        ("gpus", AgentGpu * MAX_GPUS),
     ]
-
-
-SIZE = ctypes.sizeof(SegLayout)
 
 
 class SegmentError(RuntimeError):
     """A segment file that cannot be created or mapped, or is not an fgpu segment."""
+
+
+def agent_library(native_dir: Path | None = None) -> ctypes.CDLL:
+    """``libfgpu-agent.so`` with its ctypes signatures (loaded once per folder).
+
+    Functions return 0 or a negative errno unless said otherwise.
+
+    Raises:
+        SegmentError: the library is missing or does not load, or its snapshot layout is not
+            :class:`Snapshot`'s.
+    """
+    if native_dir is None:
+        from fgpu.native import lib_dir
+
+        native_dir = lib_dir()
+    path = native_dir / "libfgpu-agent.so"
+    with _LOAD:
+        lib = _LIBS.get(path)
+        if lib is not None:
+            return lib
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            raise SegmentError(f"cannot load {path}: {exc}") from exc
+        u32, u64, ptr = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p
+        signatures: dict[str, tuple[list[object], object]] = {
+            "fgpu_agent_segment_size": ([], u32),
+            "fgpu_agent_snapshot_size": ([], u32),
+            "fgpu_agent_create": (
+                [
+                    ctypes.c_char_p,  # path
+                    ctypes.c_char_p,  # workload id
+                    u32,  # ngpus
+                    ctypes.POINTER(ctypes.c_char_p),  # uuids[ngpus]
+                    ctypes.POINTER(u64),  # limits[ngpus], bytes, 0 = no cap
+                    u32,  # flags
+                    u32,  # max_inflight
+                    ctypes.c_int32,  # uid (-1: keep)
+                    ctypes.c_int32,  # gid (-1: keep)
+                ],
+                ctypes.c_int,
+            ),
+            # NULL, and the reason in the buffer, when the file is not a usable segment
+            "fgpu_agent_open": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t], ptr),
+            "fgpu_agent_close": ([ptr], ctypes.c_int),
+            "fgpu_agent_set_gate": ([ptr, u32], ctypes.c_int),
+            "fgpu_agent_beat": ([ptr], ctypes.c_int),
+            "fgpu_agent_set_max_inflight": ([ptr, u32], ctypes.c_int),
+            "fgpu_agent_set_memory_limit": ([ptr, u32, u64], ctypes.c_int),
+            "fgpu_agent_sweep": ([ptr], u64),  # bytes given back
+            "fgpu_agent_snapshot": ([ptr, ctypes.POINTER(Snapshot)], ctypes.c_int),
+        }
+        for name, (args, result) in signatures.items():
+            function = getattr(lib, name)
+            function.argtypes = args
+            function.restype = result
+        if lib.fgpu_agent_snapshot_size() != ctypes.sizeof(Snapshot):
+            raise SegmentError(f"{path}: snapshot layout differs from fgpu's (rebuild it)")
+        _LIBS[path] = lib
+        return lib
+
+
+_LIBS: dict[Path, ctypes.CDLL] = {}
+_LOAD = threading.Lock()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +164,7 @@ class GpuStats:
 
 @dataclass(frozen=True, slots=True)
 class SegmentStats:
-    """A workload's segment at one instant.
+    """A workload's segment at one instant (each counter read once; not one atomic instant).
 
     Attributes:
         gate_closed: whether launches are held now.
@@ -139,7 +173,7 @@ class SegmentStats:
         launches: gated calls that went to the driver.
         gate_waits: gated calls that had to wait at the gate.
         processes: processes that ever used the driver through the interposer.
-        live_pids: pids holding an entry now.
+        live_processes: processes holding an entry now.
         inflight: gated operations in flight, summed over the entries.
         waiting: threads held at the gate now, summed over the entries.
         gpus: per GPU, in ``CUDA_VISIBLE_DEVICES`` order.
@@ -151,7 +185,7 @@ class SegmentStats:
     launches: int
     gate_waits: int
     processes: int
-    live_pids: tuple[int, ...]
+    live_processes: int
     inflight: int
     waiting: int
     gpus: tuple[GpuStats, ...]
@@ -163,31 +197,9 @@ class SegmentStats:
         return max((g.gpu_time_ns for g in self.gpus), default=0)
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-_LIBC: ctypes.CDLL | None = None
-_AGENT: ctypes.CDLL | None = None
-_LOAD = threading.Lock()
-
-
-def _agent_lib() -> ctypes.CDLL:
-    """The native agent library (``libfgpu-agent.so``), loaded once."""
-    global _AGENT
-    with _LOAD:
-        if _AGENT is None:
-            from fgpu.native import lib_dir
-
-            path = lib_dir() / "libfgpu-agent.so"
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError as exc:
-                raise SegmentError(f"cannot load {path}: {exc}") from exc
-            lib.fgpu_agent_sweep.argtypes = [ctypes.c_void_p]
-            lib.fgpu_agent_sweep.restype = ctypes.c_uint64
-            _AGENT = lib
-        return _AGENT
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise SegmentError(f"{what}: {os.strerror(-rc)}")
 
 
 class Segment:
@@ -198,17 +210,13 @@ class Segment:
     deletes the file.
     """
 
-    def __init__(self, path: Path, mapping: mmap.mmap) -> None:
+    def __init__(self, path: Path, handle: int, lib: ctypes.CDLL) -> None:
         self.path = path
-        self._map = mapping
-        self._view = SegLayout.from_buffer(mapping)
+        self._handle: int | None = handle
+        self._lib = lib
         self._lock = threading.Lock()
-        if self._view.magic != MAGIC or self._view.version != VERSION:
-            raise SegmentError(f"{path}: not an fgpu segment of version {VERSION}")
-        if self._view.size != SIZE:
-            raise SegmentError(f"{path}: size {self._view.size} differs from {SIZE}")
-        self.workload_id = self._view.workload_id.decode()
-        self.uuids = tuple(self._view.gpus[i].uuid.decode() for i in range(self._view.ngpus))
+        first = self.stats()
+        self.uuids = tuple(g.uuid for g in first.gpus)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -225,7 +233,8 @@ class Segment:
         uid: int | None = None,
         gid: int | None = None,
     ) -> Segment:
-        """Write a new segment file atomically (a temporary file renamed into place) and map it.
+        """Write a new segment file atomically (a temporary file renamed into place, mode 0600)
+        and map it.
 
         Args:
             path: the file; its folder must exist.
@@ -234,8 +243,8 @@ class Segment:
             memory_limits: its cap on each GPU, bytes (0: none).
             flags: :data:`FLAG_MEMORY_CAP` and/or :data:`FLAG_GATING`.
             max_inflight: launches a process may keep in flight (0: unbounded).
-            uid, gid: owner of the file (the workload's user; needs root to differ from ours).
-                The file's mode is 0600: only that user (and root) can map it.
+            uid, gid: owner of the file (the workload's user; needs root to differ from ours):
+                only that user (and root) can map it.
 
         Raises:
             ValueError: a bad argument (names the argument and the value).
@@ -250,35 +259,29 @@ class Segment:
         wid = workload_id.encode()
         if not wid or len(wid) >= ID_LEN:
             raise ValueError(f"workload_id: {workload_id!r} must be 1-{ID_LEN - 1} bytes")
-        layout = SegLayout()
-        layout.magic, layout.version, layout.size = MAGIC, VERSION, SIZE
-        layout.ngpus, layout.flags = len(uuids), flags
-        layout.workload_id = wid
-        layout.gate = GATE_OPEN
-        layout.max_inflight = max_inflight
-        layout.agent_beat_ns = time.monotonic_ns()
-        for i, (uuid, limit) in enumerate(zip(uuids, memory_limits, strict=True)):
-            raw = uuid.encode()
-            if not raw or len(raw) >= UUID_LEN:
-                raise ValueError(f"uuids: {uuid!r} must be 1-{UUID_LEN - 1} bytes")
-            if limit < 0:
-                raise ValueError(f"memory_limits: {limit} must not be negative")
-            layout.gpus[i].uuid = raw
-            layout.gpus[i].memory_limit = limit
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, bytes(layout))
-                if uid is not None or gid is not None:
-                    os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise SegmentError(f"cannot create segment {path}: {exc}") from exc
+        raw = [u.encode() for u in uuids]
+        for uuid, text in zip(raw, uuids, strict=True):
+            if not uuid or len(uuid) >= UUID_LEN:
+                raise ValueError(f"uuids: {text!r} must be 1-{UUID_LEN - 1} bytes")
+        for limit in memory_limits:
+            if not 0 <= limit < 2**64:
+                raise ValueError(f"memory_limits: {limit} must be 0..2**64-1 bytes")
+        if not 0 <= max_inflight < 2**31:
+            raise ValueError(f"max_inflight: {max_inflight} not in 0..2**31-1")
+        lib = agent_library()
+        n = len(raw)
+        rc = lib.fgpu_agent_create(
+            str(path).encode(),
+            wid,
+            n,
+            (ctypes.c_char_p * n)(*raw),
+            (ctypes.c_uint64 * n)(*memory_limits),
+            flags,
+            max_inflight,
+            -1 if uid is None else uid,
+            -1 if gid is None else gid,
+        )
+        _check(rc, f"cannot create segment {path}")
         return cls.open(path)
 
     @classmethod
@@ -286,31 +289,26 @@ class Segment:
         """Map an existing segment.
 
         Raises:
-            SegmentError: missing, unreadable, too small, or not an fgpu segment.
+            SegmentError: missing, unreadable, too small, or not an fgpu segment (the native
+                library's reason).
         """
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SegmentError(f"cannot open segment {path}: {exc}") from exc
-        try:
-            if os.fstat(fd).st_size < SIZE:
-                raise SegmentError(f"{path}: shorter than a segment ({SIZE} bytes)")
-            mapping = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
-        return cls(path, mapping)
+        lib = agent_library()
+        why = ctypes.create_string_buffer(512)
+        handle = lib.fgpu_agent_open(str(path).encode(), why, len(why))
+        if not handle:
+            raise SegmentError(why.value.decode(errors="replace") or f"cannot open {path}")
+        return cls(path, handle, lib)
 
     def close(self) -> None:
         """Unmap (idempotent). The file stays."""
         with self._lock:
-            if self._map.closed:
-                return
-            del self._view
-            self._map.close()
+            if self._handle is not None:
+                self._lib.fgpu_agent_close(self._handle)
+                self._handle = None
 
     def remove(self) -> None:
         """Open the gate (nothing stays held), unmap and delete the file."""
-        with contextlib.suppress(ValueError, AttributeError):
+        with contextlib.suppress(SegmentError):
             self.set_gate(closed=False)
         self.close()
         with contextlib.suppress(FileNotFoundError):
@@ -318,27 +316,30 @@ class Segment:
 
     @property
     def closed(self) -> bool:
-        return self._map.closed
+        return self._handle is None
+
+    def _mapped(self) -> int:
+        if self._handle is None:
+            raise SegmentError(f"{self.path}: closed")
+        return self._handle
 
     # -- the agent's writes -------------------------------------------------------------------
 
     def set_gate(self, *, closed: bool) -> None:
-        """Hold (``closed=True``) or release the workload's launches. Opening wakes every
-        thread waiting at the gate (``FUTEX_WAKE`` on the gate word)."""
-        value = GATE_CLOSED if closed else GATE_OPEN
+        """Hold (``closed=True``) or release the workload's launches (opening wakes every
+        thread waiting at the gate); renews the heartbeat.
+
+        Raises:
+            SegmentError: closed, or the wake failed.
+        """
         with self._lock:
-            view = self._view
-            view.agent_beat_ns = time.monotonic_ns()
-            if view.gate == value:
-                return
-            view.gate = value
-            if not closed:
-                self._wake(ctypes.addressof(view) + SegLayout.gate.offset)
+            value = GATE_CLOSED if closed else GATE_OPEN
+            _check(self._lib.fgpu_agent_set_gate(self._mapped(), value), "gate")
 
     def beat(self) -> None:
         """Say the agent is alive (at least every second while a gate may be closed)."""
         with self._lock:
-            self._view.agent_beat_ns = time.monotonic_ns()
+            _check(self._lib.fgpu_agent_beat(self._mapped()), "heartbeat")
 
     def set_max_inflight(self, value: int) -> None:
         """Launches each process may keep in flight (0: unbounded).
@@ -349,7 +350,7 @@ class Segment:
         if not 0 <= value < 2**31:
             raise ValueError(f"max_inflight: {value} not in 0..2**31-1")
         with self._lock:
-            self._view.max_inflight = value
+            _check(self._lib.fgpu_agent_set_max_inflight(self._mapped(), value), "max_inflight")
 
     def sweep(self) -> int:
         """Give back the reservations of the workload's dead processes (kill -9 included).
@@ -358,71 +359,50 @@ class Segment:
             Bytes given back, over all GPUs.
         """
         with self._lock:
-            return int(_agent_lib().fgpu_agent_sweep(ctypes.addressof(self._view)))
-
-    @staticmethod
-    def _wake(address: int) -> None:
-        global _LIBC
-        if _LIBC is None:
-            _LIBC = _libc()
-        number = _SYS_FUTEX.get(os.uname().machine)
-        if number is None:
-            return  # waiters poll the gate too (every few ms), so they still see it open
-        _LIBC.syscall(
-            ctypes.c_long(number),
-            ctypes.c_void_p(address),
-            ctypes.c_int(_FUTEX_WAKE),
-            ctypes.c_int(2**31 - 1),
-            None,
-            None,
-            ctypes.c_int(0),
-        )
+            return int(self._lib.fgpu_agent_sweep(self._mapped()))
 
     # -- reads --------------------------------------------------------------------------------
 
     def stats(self) -> SegmentStats:
         """The segment now (see :class:`SegmentStats`)."""
+        snap = Snapshot()
         with self._lock:
-            view = self._view
-            pids: list[int] = []
-            inflight = waiting = 0
-            for proc in view.procs:
-                if proc.pid > 0:
-                    pids.append(proc.pid)
-                    inflight += proc.inflight
-                    waiting += proc.waiting
-            gpus = tuple(
-                GpuStats(
-                    uuid=g.uuid.decode(),
-                    memory_limit=g.memory_limit,
-                    memory_reserved=g.memory_reserved,
-                    memory_peak=g.memory_peak,
-                    gpu_time_ns=g.gpu_time_ns,
-                    oom_count=g.oom_count,
-                    oom_last_bytes=g.oom_last_bytes,
-                )
-                for g in view.gpus[: view.ngpus]
+            _check(self._lib.fgpu_agent_snapshot(self._mapped(), ctypes.byref(snap)), "snapshot")
+        gpus = tuple(
+            GpuStats(
+                uuid=g.uuid.decode(errors="replace"),
+                memory_limit=g.memory_limit,
+                memory_reserved=g.memory_reserved,
+                memory_peak=g.memory_peak,
+                gpu_time_ns=g.gpu_time_ns,
+                oom_count=g.oom_count,
+                oom_last_bytes=g.oom_last_bytes,
             )
-            return SegmentStats(
-                gate_closed=view.gate != GATE_OPEN,
-                max_inflight=view.max_inflight,
-                last_launch_ns=view.last_launch_ns,
-                launches=view.launches,
-                gate_waits=view.gate_waits,
-                processes=view.processes,
-                live_pids=tuple(pids),
-                inflight=inflight,
-                waiting=waiting,
-                gpus=gpus,
-            )
+            for g in snap.gpus[: snap.ngpus]
+        )
+        return SegmentStats(
+            gate_closed=snap.gate != GATE_OPEN,
+            max_inflight=snap.max_inflight,
+            last_launch_ns=snap.last_launch_ns,
+            launches=snap.launches,
+            gate_waits=snap.gate_waits,
+            processes=snap.processes,
+            live_processes=snap.live_processes,
+            inflight=snap.inflight,
+            waiting=snap.waiting,
+            gpus=gpus,
+        )
 
 
 __all__ = [
     "FLAG_GATING",
     "FLAG_MEMORY_CAP",
-    "SIZE",
+    "GATE_CLOSED",
+    "GATE_OPEN",
     "GpuStats",
     "Segment",
     "SegmentError",
     "SegmentStats",
+    "Snapshot",
+    "agent_library",
 ]
