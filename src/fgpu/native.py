@@ -2,7 +2,9 @@
 
 Layout of the native folder (``lib_dir()``; built by ``native/build.py``):
 
-- ``libfgpu*.so``: the interposer;
+- ``libfgpu.so``: the interposer (preloaded into workloads); ``libfgpu-dlcuda.so`` and
+  ``libfgpu-dlnvml.so``: the shims a ``dlopen`` of the driver is answered with;
+  ``libfgpu-agent.so``: the agent's side of the segments (:mod:`fgpu.agent.interposer`);
 - ``fakecuda/libcuda.so.1``, ``fakecuda/libnvidia-ml.so.1``: the fake CUDA driver and NVML
   written for the tests (a folder of their own, so ``LD_LIBRARY_PATH`` can point at it);
 - ``bin/fgpu-cudemo``: the test program driving the CUDA driver API.
