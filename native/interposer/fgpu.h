@@ -87,8 +87,11 @@ FGPU_HIDDEN void *fgpu_call_real_dlopen(const char *file, int mode);
 FGPU_HIDDEN void *fgpu_hook_for(void *p);
 
 /* ------------------------------------------------------------------ memory.c */
-/* Segment GPU index of a CUDA device (by uuid, cached), -1 when the device is not in the
- * segment or the interposer is not active. */
+/* Segment GPU index of a CUDA device (by uuid, cached); FGPU_GPU_NOT_GRANTED when the device
+ * is not in the segment (the workload was not given it: with the memory cap on, every
+ * allocation there is refused); -1 when the interposer is not active or the device's uuid
+ * cannot be read. */
+#define FGPU_GPU_NOT_GRANTED (-2)
 FGPU_HIDDEN int fgpu_gpu_of_device(CUdevice dev);
 /* ... of the current context's device; -1 as above. */
 FGPU_HIDDEN int fgpu_gpu_of_current(void);

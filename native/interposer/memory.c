@@ -79,7 +79,7 @@ int fgpu_gpu_of_device(CUdevice dev)
                      ? atomic_load_explicit(&device_gpu[dev], memory_order_relaxed)
                      : 0;
     if (cached != 0)
-        return cached > 0 ? cached - 1 : -1;
+        return cached > 0 ? cached - 1 : FGPU_GPU_NOT_GRANTED;
     CUuuid u;
     CUresult r = CUDA_ERROR_NOT_FOUND;
     if (fgpu_real.cuDeviceGetUuid_v2 != NULL)
@@ -96,10 +96,10 @@ int fgpu_gpu_of_device(CUdevice dev)
         g = fgpu_seg_find_gpu(fgpu_g.seg, text);
     }
     if (g < 0)
-        fgpu_log(FGPU_LOG_DEBUG, "device %d (%s) is not in the segment: not capped", dev, text);
+        fgpu_log(FGPU_LOG_DEBUG, "device %d (%s) was not granted to this workload", dev, text);
     if (dev >= 0 && dev < MAX_DEVICES)
         atomic_store_explicit(&device_gpu[dev], g >= 0 ? g + 1 : -1, memory_order_relaxed);
-    return g;
+    return g >= 0 ? g : FGPU_GPU_NOT_GRANTED;
 }
 
 int fgpu_gpu_of_current(void)
@@ -127,6 +127,14 @@ static void count_oom(int gpu, uint64_t bytes)
  * when this process has no entry and the segment does not cap). */
 CUresult fgpu_mem_take(int *gpu, uint64_t bytes)
 {
+    if (*gpu == FGPU_GPU_NOT_GRANTED && bytes != 0 && fgpu_g.capping) {
+        /* a GPU the workload was not given (it unset CUDA_VISIBLE_DEVICES, say): its cap
+         * there is zero */
+        fgpu_log(FGPU_LOG_INFO, "refused %llu bytes on a GPU not granted to this workload",
+                 (unsigned long long)bytes);
+        *gpu = -1;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (*gpu < 0 || bytes == 0) {
         *gpu = -1;
         return CUDA_SUCCESS;
@@ -379,6 +387,8 @@ FGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (r != CUDA_SUCCESS || free_bytes == NULL || total_bytes == NULL)
         return r;
     int g = fgpu_gpu_of_current();
+    if (g == FGPU_GPU_NOT_GRANTED && fgpu_g.capping)
+        *free_bytes = 0; /* nothing of it may be allocated */
     if (g < 0)
         return r;
     struct fgpu_seg_gpu *gpu = &fgpu_g.seg->gpus[g];

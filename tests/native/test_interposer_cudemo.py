@@ -300,9 +300,18 @@ def test_devices_map_to_segment_gpus_by_uuid(native: Path, tmp_path: Path) -> No
     path = tmp_path / "seg2"
     agent.create(path, [UUID], [CAP])
     env = fake_env(native, tmp_path / "fakegpu2", gpus, seg=path)
-    free_dev0 = cudemo(native, env, "--device", "0", "alloc", "mem", str(2 * CAP))
-    assert free_dev0["error"] == "CUDA_SUCCESS", "a device not in the segment is not capped"
-    assert free_dev0["total"] == 81920 * MIB
+    other_dev = cudemo(native, env, "--device", "0", "alloc", "mem", str(MIB))
+    assert other_dev["error"] == "CUDA_ERROR_OUT_OF_MEMORY", "a GPU not granted: its cap is 0"
+    assert other_dev["total"] == 81920 * MIB
+    assert cudemo(native, env, "--device", "0", "meminfo")["free"] == 0
+    uncapped = fake_env(native, tmp_path / "fakegpu2", gpus, seg=path)
+    agent_nocap = AgentLib(native)
+    path_nocap = tmp_path / "seg3"
+    agent_nocap.create(path_nocap, [UUID], [CAP], flags=0)
+    uncapped["FGPU_SEG"] = str(path_nocap)
+    free_dev0 = cudemo(native, uncapped, "--device", "0", "alloc", "mem", str(2 * CAP))
+    assert free_dev0["error"] == "CUDA_SUCCESS", "without the cap flag nothing is refused"
+    agent_nocap.close()
     capped = cudemo(native, env, "--device", "1", "alloc", "mem", str(2 * CAP))
     assert capped["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert capped["total"] == CAP

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fgpu.agent.backend import GpuProcess
-from fgpu.agent.memguard import MemoryViolation, find_violations
+from fgpu.agent.memguard import NOT_GRANTED_MIB, MemoryViolation, find_violations
 
 G0, G1 = "GPU-0", "GPU-1"
 
@@ -25,9 +25,17 @@ def test_sums_processes_per_workload_and_gpu() -> None:
     ]
 
 
-def test_ignores_gpus_without_a_quota() -> None:
+def test_a_gpu_not_given_allows_only_a_context() -> None:
+    """A workload holds memory on a GPU it was not given: up to NOT_GRANTED_MIB (a context
+    of a process that peeks) is let be, more is a violation that says so."""
+    peek = [GpuProcess(10, G1, NOT_GRANTED_MIB)]
+    assert find_violations(peek, {10: "a"}, {"a": {G0: 1}}) == []
     usage = [GpuProcess(10, G1, 9000)]
-    assert find_violations(usage, {10: "a"}, {"a": {G0: 1}}) == []
+    [v] = find_violations(usage, {10: "a"}, {"a": {G0: 1}})
+    assert v == MemoryViolation("a", G1, 9000, NOT_GRANTED_MIB, (10,), granted=False)
+    assert v.message == (
+        "GPU memory over quota on GPU-1, a GPU it was not given: used 9000 MiB, allowed 1024 MiB"
+    )
 
 
 def test_message_names_used_and_allowed() -> None:

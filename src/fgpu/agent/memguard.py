@@ -39,6 +39,11 @@ from fgpu.agent.process import ProcessHandle, group_pids
 log = logging.getLogger(__name__)
 
 
+NOT_GRANTED_MIB = 1024
+"""What a workload may hold on a GPU it was not given: enough for a CUDA context opened by a
+process that only looks at the device (a few hundred MiB on recent GPUs), not for work."""
+
+
 class MemoryPolicy(enum.StrEnum):
     """What the guard does to a workload over its memory quota."""
 
@@ -53,8 +58,9 @@ class GuardedWorkload:
     Attributes:
         workload_id: its id.
         handle: its processes.
-        quotas_mib: GPU uuid -> memory quota on that GPU, MiB. Memory it holds on a GPU not
-            listed is not checked (NVML may list a process on GPUs it only peeks at).
+        quotas_mib: GPU uuid -> memory quota on that GPU, MiB. On a GPU not listed (one it
+            was not given: it unset ``CUDA_VISIBLE_DEVICES``, say) it may hold at most
+            :data:`NOT_GRANTED_MIB` (a context NVML lists for a process that only peeks).
     """
 
     workload_id: str
@@ -72,6 +78,8 @@ class MemoryViolation:
         used_mib: what its processes hold there, MiB.
         allowed_mib: its quota there, MiB.
         pids: its processes holding memory there, ascending.
+        granted: whether the GPU is one of its own (else ``allowed_mib`` is
+            :data:`NOT_GRANTED_MIB`).
     """
 
     workload_id: str
@@ -79,12 +87,14 @@ class MemoryViolation:
     used_mib: int
     allowed_mib: int
     pids: tuple[int, ...]
+    granted: bool = True
 
     @property
     def message(self) -> str:
         """The sentence for the event."""
+        where = self.gpu_uuid if self.granted else f"{self.gpu_uuid}, a GPU it was not given"
         return (
-            f"GPU memory over quota on {self.gpu_uuid}: used {self.used_mib} MiB, "
+            f"GPU memory over quota on {where}: used {self.used_mib} MiB, "
             f"allowed {self.allowed_mib} MiB"
         )
 
@@ -102,24 +112,28 @@ def find_violations(
         quotas: workload id -> GPU uuid -> quota, MiB.
 
     Returns:
-        One :class:`MemoryViolation` per (workload, GPU) whose summed use is above its quota,
-        ordered by workload id then GPU uuid. Processes of no known workload, and GPUs a
-        workload has no quota on, are ignored.
+        One :class:`MemoryViolation` per (workload, GPU) whose summed use is above its quota
+        (:data:`NOT_GRANTED_MIB` on a GPU it has no quota on), ordered by workload id then GPU
+        uuid. Processes of no known workload are ignored.
     """
     used: dict[tuple[str, str], int] = {}
     pids: dict[tuple[str, str], list[int]] = {}
     for proc in usage:
         owner = owners.get(proc.pid)
-        if owner is None or proc.gpu_uuid not in quotas.get(owner, {}):
+        if owner is None or owner not in quotas:
             continue
         key = (owner, proc.gpu_uuid)
         used[key] = used.get(key, 0) + proc.used_mib
         pids.setdefault(key, []).append(proc.pid)
-    return [
-        MemoryViolation(wid, gpu, mib, quotas[wid][gpu], tuple(sorted(pids[(wid, gpu)])))
-        for (wid, gpu), mib in sorted(used.items())
-        if mib > quotas[wid][gpu]
-    ]
+    found = []
+    for (wid, gpu), mib in sorted(used.items()):
+        granted = gpu in quotas[wid]
+        allowed = quotas[wid][gpu] if granted else NOT_GRANTED_MIB
+        if mib > allowed:
+            found.append(
+                MemoryViolation(wid, gpu, mib, allowed, tuple(sorted(pids[(wid, gpu)])), granted)
+            )
+    return found
 
 
 class Thawer(Protocol):

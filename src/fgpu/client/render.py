@@ -274,12 +274,16 @@ def _holders(gpu: GpuView) -> str:
 
 
 def _governed(holder: GpuHolder) -> str:
-    """`` fair, running, got 0.62`` (the governor's view), or nothing when not governed."""
+    """`` fair, running, got 0.62`` (the governor's view), or nothing when not governed; a
+    workload held at kernel launch by the interposer reads ``held-by-share``/``-priority``."""
     if holder.state is None:
         return ""
     got = "" if holder.achieved_milli is None else f", got {gpus_text(holder.achieved_milli)}"
     idle = "" if holder.busy is not False else ", idle"
-    return f" {holder.mode}, {holder.state}{idle}{got}"
+    state = holder.state
+    if holder.enforcement == "interposer":  # held at kernel launch, its processes run on
+        state = state.replace("frozen-by-", "held-by-")
+    return f" {holder.mode}, {state}{idle}{got}"
 
 
 def _instances(gpu: GpuView) -> str:

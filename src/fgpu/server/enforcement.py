@@ -222,9 +222,12 @@ class Enforcement:
             self.guard.close()
         self.governor.close()  # thaws all, opens every gate, closes the hint socket
         with self._segments_lock:
+            running = bool(self._segments)
             for segment in self._segments.values():
                 segment.close()  # the files stay: running workloads keep them mapped
             self._segments.clear()
+        if self.segments is not None and not running:
+            self.segments.remove_if_unused()  # nothing left for a next start to re-adopt
         if self._started:
             self._outbox.put(None)
             self._writer.join(timeout=5)

@@ -23,6 +23,7 @@ from fgpu.agent.interposer.preload import (
     default_segment_root,
     fake_gpus_spec,
 )
+from fgpu.agent.interposer.segment import SegmentError
 
 if TYPE_CHECKING:
     from fgpu.server.enforcement import EnforcementConfig
@@ -65,7 +66,11 @@ def interposer_segments(
 ) -> tuple[SegmentDir | None, str]:
     """The segment folder when workloads get the interposer (:class:`InterposerMode`), else
     None, with the reason. Without a built ``libfgpu.so`` (no C compiler at install) the
-    interposer is off and a warning says so."""
+    interposer is off and a warning says so.
+
+    Raises:
+        ValueError: the segment folder cannot be made ours (the message names it).
+    """
     mode = config.interposer
     if mode is InterposerMode.OFF:
         return None, "off: --interposer off"
@@ -77,7 +82,14 @@ def interposer_segments(
     if not library.is_file():
         log.warning("interposer off: %s is missing (built by pip install with cc)", library)
         return None, f"off: {library} is missing (pip install builds it with cc)"
-    return SegmentDir(default_segment_root(state_dir)), "on"
+    folder = SegmentDir(default_segment_root(state_dir))
+    try:
+        folder.ensure()
+    except SegmentError as exc:
+        raise ValueError(
+            f"the interposer's segments: {exc} (or run with --interposer off)"
+        ) from None
+    return folder, "on"
 
 
 def fake_driver_for(backend: GpuBackend, state_dir: Path) -> FakeDriver:

@@ -1,9 +1,10 @@
 """Where interposer segments live, and the environment that loads libfgpu into a workload.
 
 :class:`SegmentDir` owns one folder of segment files (one per workload, named after it). The
-folder is created mode 0711 (others may reach a file they know the name of, but not list the
-folder); each file is mode 0600 and owned by the workload's user, so a workload can map its
-own segment and nobody else's (a segment holds its gate and its memory accounting).
+folder (:func:`default_segment_root`) is created mode 0711 (others may reach a file they know
+the name of, but not list the folder); each file is mode 0600 and owned by the workload's
+user, so a workload can map its own segment and nobody else's (a segment holds its gate and
+its memory accounting).
 
 :func:`preload_env` gives the variables that load the interposer: ``LD_PRELOAD`` (libfgpu
 first, then what the workload had) and ``FGPU_SEG``. :func:`fake_driver_env` adds the fake
@@ -19,6 +20,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ LIBRARY = "libfgpu.so"
 OFF_VALUES = frozenset({"0", "off", "no", "false"})
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MIB = 1024 * 1024
+RUN_DIR = Path("/run/fgpu")
 
 
 def interposer_disabled(env: Mapping[str, str]) -> bool:
@@ -39,10 +42,17 @@ def interposer_disabled(env: Mapping[str, str]) -> bool:
 
 
 def default_segment_root(state_dir: Path) -> Path:
-    """A folder under ``/dev/shm`` for one service's segments: named after the service's user
-    and its state folder, so two services on one machine never share it."""
-    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-    return Path("/dev/shm") / f"fgpu-{os.geteuid()}-{digest}"
+    """Where one service's segments live, in a folder no other user can create first.
+
+    As root: ``/run/fgpu/segments-<digest of the state folder>`` (``/run`` is root's and a
+    memory file system), so two services on one machine never share it. Otherwise the state
+    folder's ``segments`` (the service's own user runs every workload, and the folder is
+    private to it).
+    """
+    if os.geteuid() == 0:
+        digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        return RUN_DIR / f"segments-{digest}"
+    return state_dir / "segments"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,19 +66,40 @@ class SegmentDir:
     root: Path
 
     def ensure(self) -> None:
-        """Create the folder if missing and set its mode to 0711.
+        """Create the folder if missing and set its mode to 0711 (its parents: 0755 when made
+        here).
 
         Raises:
-            SegmentError: it cannot be created, or it is not ours.
+            SegmentError: it cannot be created, or it (or a parent made for it) is not a
+                folder of ours.
         """
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            info = self.root.lstat()
-            if info.st_uid != os.geteuid() or not self.root.is_dir() or self.root.is_symlink():
-                raise SegmentError(f"{self.root}: not a folder owned by uid {os.geteuid()}")
+            for folder in (self.root.parent, self.root):
+                folder.mkdir(mode=0o755, exist_ok=True)
+                info = folder.lstat()
+                if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+                    raise SegmentError(f"{folder}: not a folder")
+                if folder == self.root and info.st_uid != os.geteuid():
+                    raise SegmentError(f"{folder}: not a folder owned by uid {os.geteuid()}")
             os.chmod(self.root, 0o711)
         except OSError as exc:
             raise SegmentError(f"cannot prepare {self.root}: {exc}") from exc
+
+    def remove_if_unused(self) -> bool:
+        """Delete the folder (and the fake driver's state in it) when no segment is left;
+        True when it was removed."""
+        try:
+            entries = list(self.root.iterdir())
+        except OSError:
+            return False
+        if any(e.suffix == ".seg" for e in entries):
+            return False
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+        return not self.root.exists()
 
     def path(self, workload_id: str) -> Path:
         """The segment file of ``workload_id``.

@@ -1,6 +1,6 @@
 """The agent's side of a workload's interposer segment (``native/include/fgpu_seg.h``).
 
-One segment per workload: a small file (normally under ``/dev/shm``) that the agent creates
+One segment per workload: a small file (under ``/run/fgpu`` as root) that the agent creates
 before launch and every process of the workload maps through the interposer (``FGPU_SEG``).
 The agent writes the workload's memory caps, its gate (may it launch now?), the bound on
 launches in flight and a heartbeat; the interposers write their memory reservations, the GPU
