@@ -205,14 +205,15 @@ class PatternPrices:
 
         Args:
             free: int64[...] free milli-GPU ``f`` of each GPU (0..1000).
-            size: the pod's share ``r`` (int, or int64 broadcastable to ``free``).
+            size: the pod's share ``r`` (int, or int64[...] broadcastable with ``free``).
 
         Returns:
-            float64[...] the loss in GPUs; 0 where ``r > f`` (the pod does not fit: the
-            caller masks those GPUs).
+            float64[...] (the broadcast shape) the loss in GPUs; 0 where ``r > f`` (the pod
+            does not fit: the caller masks those GPUs).
         """
-        f = np.asarray(free, dtype=np.int64)
-        r = np.broadcast_to(np.asarray(size, dtype=np.int64), f.shape)
+        f, r = np.broadcast_arrays(
+            np.asarray(free, dtype=np.int64), np.asarray(size, dtype=np.int64)
+        )
         rest = np.clip(f - r, 0, GPU_MILLI)
         value = self.table[np.clip(f, 0, GPU_MILLI)] - self.unit_price[np.clip(r, 0, GPU_MILLI)]
         value = value - self.table[rest]
