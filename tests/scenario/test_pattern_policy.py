@@ -140,3 +140,32 @@ def test_bad_scale_is_refused_with_the_field(scale: object) -> None:
 def test_needs_a_target() -> None:
     with pytest.raises(ValueError, match="fgd-pattern: needs a target workload"):
         create_policy("fgd-pattern")
+
+
+# ------------------------------------------------------------------ lookahead
+def test_lookahead_keeps_whole_gpus_for_the_810s_on_a_small_cluster() -> None:
+    # n1, n2 empty; n3 holds a 400 (600 free). A 500: the key prefers an empty GPU (loss
+    # 1 - K[500] - K[500] = 0) to n3 (K[600] - 0.5 - K[100] = 0.1), so fgd-pattern opens
+    # n1. Sampled futures of 20 pods from the mix (mostly 190s and 810s, seeded) overflow
+    # three GPUs; with the 500 on n1 only one 810 still fits (on n2), with it on n3 two do:
+    # fewer GPUs of future pods fail, and the lookahead takes n3.
+    def run(policy: str) -> tuple[str, tuple[int, ...]]:
+        state = cluster(node("n1").gpus(1), node("n2").gpus(1), node("n3").gpus(1))
+        state.allocate(share(400), 2, [0])
+        return where(placer(state, policy).place(share(500)))
+
+    assert run("fgd-pattern") == ("n1", (0,))
+    assert run("fgd-pattern-lookahead") == ("n3", (0,))
+
+
+def test_lookahead_places_other_requests_as_fgd_pattern() -> None:
+    # Whole GPUs and CPU-only pods skip the rollout: same choices, same GPUs.
+    target = TargetWorkload((TaskType(8000, 1000, 2, "", 3), TaskType(4000, 500, 1, "", 1)))
+    outcomes = []
+    for policy in ("fgd-pattern", "fgd-pattern-lookahead"):
+        p = placer(cluster(node("n1").gpus(4), node("n2").gpus(2).cpu(16)), policy, target)
+        p.state.allocate(share(500), 0, [1])
+        outcomes.append(
+            [where(p.place(r)) for r in (pod().gpus(2).cpu(8).build(), pod().cpu(4).build())]
+        )
+    assert outcomes[0] == outcomes[1]

@@ -13,6 +13,7 @@ from fgpu.plugins import (  # noqa: F401
     clustering,
     dotprod,
     fgd,
+    fgd_lookahead,
     fgd_pattern,
     packing,
     random_policy,

@@ -33,6 +33,7 @@ for bin packing", JACM 53(1), 2006). For a size outside the target workload ``y(
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ PRICE_TOLERANCE = 1e-9
 """A generated pattern enters the LP only when its price sum exceeds 1 by more than this."""
 MAX_ROUNDS = 1000
 """Column-generation rounds before giving up (a round adds one pattern; tens suffice)."""
+
+
+CACHED_MIXES = 64
+"""Mixes whose prices :meth:`PatternPrices.from_target` keeps (least recently used out)."""
 
 
 class PatternPriceError(RuntimeError):
@@ -180,12 +185,14 @@ class PatternPrices:
     @classmethod
     def from_target(cls, target: TargetWorkload) -> PatternPrices:
         """Prices for the one-GPU shares of ``target`` (whole-GPU and CPU-only types are
-        left out: they do not share a GPU). GPU models are ignored: one pool."""
-        return cls.solve(
-            (t.gpu_milli, t.count)
-            for t in target.types
-            if t.gpu_count == 1 and 0 < t.gpu_milli < GPU_MILLI
-        )
+        left out: they do not share a GPU). GPU models are ignored: one pool. The last
+        :data:`CACHED_MIXES` answers are kept: the services rebuild their policy whenever
+        their recent requests change, often to a mix seen before."""
+        merged: Counter[int] = Counter()
+        for t in target.types:
+            if t.gpu_count == 1 and 0 < t.gpu_milli < GPU_MILLI:
+                merged[t.gpu_milli] += t.count
+        return _solve_cached(tuple(sorted(merged.items())))
 
     @classmethod
     def _build(
@@ -218,3 +225,8 @@ class PatternPrices:
         value = self.table[np.clip(f, 0, GPU_MILLI)] - self.unit_price[np.clip(r, 0, GPU_MILLI)]
         value = value - self.table[rest]
         return np.where(f >= r, np.maximum(value, 0.0), 0.0)
+
+
+@functools.lru_cache(maxsize=CACHED_MIXES)
+def _solve_cached(shares: tuple[tuple[int, int], ...]) -> PatternPrices:
+    return PatternPrices.solve(shares)
