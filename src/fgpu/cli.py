@@ -89,7 +89,9 @@ def sim_fill(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            "--policy", "-p", help="Policy name, repeatable; 'all' or 'published' (default)."
+            "--policy",
+            "-p",
+            help="Policy names, repeatable or comma-separated; 'all' or 'published' (default).",
         ),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 1,2,3 or 1-3,10.")] = "42-51",
