@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import linprog
 
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.frag import TargetWorkload
@@ -146,6 +145,8 @@ class PatternPrices:
             PatternPriceError: HiGHS did not reach an optimum, or column generation did not
                 converge in :data:`MAX_ROUNDS` rounds.
         """
+        from scipy.optimize import linprog  # imported here: scipy takes a while to load
+
         merged: Counter[int] = Counter()
         for size, count in shares:
             if not 0 < size < GPU_MILLI:
