@@ -6,15 +6,22 @@ y300 = 0.3, y810 = 0.8. Node names give the tie-break order (the Placer's defaul
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
+from fgpu.cli import sim_replay
+from fgpu.client.cli_k8s import scheduler
+from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.plugins import create_policy, policy_names
+from fgpu.plugins import DEFAULT_POLICY, create_policy, policy_names
 from fgpu.plugins.fgd_pattern import FgdPattern, cpu_per_gpu
 from fgpu.sched.frag import TargetWorkload, TaskType
 from fgpu.sched.placer import Placer
 from fgpu.sched.state import ClusterState, check_invariants
+from fgpu.server.main import serve
+from fgpu.server.service import Service
 from tests.builders import cluster, node, pod
 
 MIX = TargetWorkload(
@@ -169,3 +176,10 @@ def test_lookahead_places_other_requests_as_fgd_pattern() -> None:
             [where(p.place(r)) for r in (pod().gpus(2).cpu(8).build(), pod().cpu(4).build())]
         )
     assert outcomes[0] == outcomes[1]
+
+
+def test_every_entry_point_defaults_to_the_default_policy() -> None:
+    assert DEFAULT_POLICY == "fgd-pattern"
+    assert DEFAULT_POLICY in policy_names()
+    for entry in (sim_replay, scheduler, serve, Service.__init__, Service.create, K8sScheduler):
+        assert inspect.signature(entry).parameters["policy"].default == DEFAULT_POLICY, entry

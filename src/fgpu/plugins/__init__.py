@@ -19,6 +19,7 @@ from fgpu.plugins import (  # noqa: F401
     random_policy,
 )
 from fgpu.plugins.registry import (
+    DEFAULT_POLICY,
     PUBLISHED_POLICIES,
     UnknownPolicyError,
     create_policy,
@@ -27,6 +28,7 @@ from fgpu.plugins.registry import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "PUBLISHED_POLICIES",
     "UnknownPolicyError",
     "create_policy",

@@ -39,10 +39,11 @@ sit on nodes with 12 cores per GPU (96 cores, 8 GPUs) or 8 (16/2, 32/4, 64/8). P
 of about 1.1 every empty 96/8 node already counts a deficit, the term stops telling nodes
 apart by what they stranded and overrides FGD's random tie-breaks with a fixed order: the
 "cliff" (1.5 leaves about 5.7 % unallocated against FGD's 4.7 % on the default trace).
-Below about 0.6 the term seldom fires. The default 0.7 was chosen on seeds 42-45 of the
-default trace; ``bench/results/fill-pattern-scale.json`` shows the whole sweep on the trace
-variants. Scales above :data:`MAX_CPU_DEFICIT_SCALE` are refused; a cluster whose nodes have
-much less CPU per GPU than the workload asks for should use a smaller scale.
+At 0.5-0.6 it fires on few nodes and helps less. The default 0.7 was chosen on seeds 42-45
+of the default trace; ``bench/results/fill-pattern-scale.json`` has the sweep (README,
+"Pattern-priced placement"). Scales above :data:`MAX_CPU_DEFICIT_SCALE` are refused; a
+cluster whose nodes have much less CPU per GPU than the workload asks for should use a
+smaller scale.
 
 Scores are cached per request shape and node and recomputed only for nodes whose
 ``state.version`` changed (as in :class:`fgpu.plugins.fgd.Fgd`). The LP is solved once per
