@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from fgpu.client import cli_mig, cli_queues, cli_workloads
 from fgpu.client.cli_k8s import k8s_app
 from fgpu.model.types import InvalidRequestError
-from fgpu.plugins import UnknownPolicyError
+from fgpu.plugins import DEFAULT_POLICY, UnknownPolicyError
 from fgpu.sched.decide import SchedulerConfig
 from fgpu.server.main import serve
 from fgpu.sim.experiment import (
@@ -89,7 +89,9 @@ def sim_fill(
     policy: Annotated[
         list[str] | None,
         typer.Option(
-            "--policy", "-p", help="Policy name, repeatable; 'all' or 'published' (default)."
+            "--policy",
+            "-p",
+            help="Policy names, repeatable or comma-separated; 'all' or 'published' (default).",
         ),
     ] = None,
     seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 1,2,3 or 1-3,10.")] = "42-51",
@@ -226,7 +228,9 @@ def sim_replay(
             "memory) instead of generated ones; its queues become the tenants.",
         ),
     ] = None,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Placement policy.")] = "fgd",
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Placement policy.")
+    ] = DEFAULT_POLICY,
     grace: Annotated[float, typer.Option(help="Seconds a victim takes to exit.")] = 30.0,
     min_runtime: Annotated[
         float, typer.Option(help="Seconds a workload runs before it can be reclaimed.")

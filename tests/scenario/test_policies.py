@@ -224,10 +224,17 @@ def test_every_policy_places_whole_gpus_on_the_lowest_free_indices(policy: str) 
 
 def test_registry_lists_published_first_and_rejects_unknown_names() -> None:
     assert policy_names()[:6] == list(PUBLISHED_POLICIES)
-    assert set(policy_names()[6:]) == {"binpack", "fgd-exact", "spread"}
+    assert set(policy_names()[6:]) == {
+        "binpack",
+        "fgd-exact",
+        "fgd-pattern",
+        "fgd-pattern-lookahead",
+        "spread",
+    }
     with pytest.raises(UnknownPolicyError) as caught:
         create_policy("tetris")
     assert str(caught.value) == (
         "policy: unknown policy 'tetris'; valid: random, dotprod, gpu-clustering, "
-        "gpu-packing, best-fit, fgd, binpack, fgd-exact, spread"
+        "gpu-packing, best-fit, fgd, binpack, fgd-exact, fgd-pattern, fgd-pattern-lookahead, "
+        "spread"
     )

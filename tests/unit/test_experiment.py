@@ -48,16 +48,37 @@ def write_trace(tmp_path: Path, nodes: str = NODES, pods: str = PODS) -> tuple[P
         (["ALL"], None),
         (["Published"], ["random", "dotprod", "gpu-clustering", "gpu-packing", "best-fit", "fgd"]),
         ([" fgd "], ["fgd"]),
+        (
+            ["published,FGD-Pattern"],
+            [
+                "random",
+                "dotprod",
+                "gpu-clustering",
+                "gpu-packing",
+                "best-fit",
+                "fgd",
+                "fgd-pattern",
+            ],
+        ),
+        (["fgd, best-fit", "fgd"], ["fgd", "best-fit"]),
     ],
-    ids=["upper", "mixed-and-repeat", "all-upper", "published-capitalized", "padded"],
+    ids=[
+        "upper",
+        "mixed-and-repeat",
+        "all-upper",
+        "published-capitalized",
+        "padded",
+        "comma-list",
+        "comma-spaces-repeat",
+    ],
 )
 def test_policy_names_match_case_insensitively(
     given: list[str], expected: list[str] | None
 ) -> None:
     got = resolve_policies(given)
     if expected is None:
-        assert len(got) == 9
-        assert "fgd-exact" in got
+        assert len(got) == 11
+        assert {"fgd-exact", "fgd-pattern", "fgd-pattern-lookahead"} <= set(got)
     else:
         assert got == expected
 
@@ -66,7 +87,7 @@ def test_policy_names_match_case_insensitively(
     ("name", "hint"),
     [
         ("fdg", "did you mean 'fgd'? "),
-        ("fgd-exakt", "did you mean 'fgd-exact'? "),
+        ("fgd-exakt", "did you mean 'fgd-exact' or 'fgd-pattern'? "),
         ("best_fit", "did you mean 'best-fit'? "),
         ("bestfit", "did you mean 'best-fit'? "),
         ("publish", "did you mean 'published'? "),
@@ -79,7 +100,8 @@ def test_unknown_policy_suggests_the_closest_names(name: str, hint: str) -> None
         resolve_policies([name])
     assert str(caught.value) == (
         f"--policy: unknown policy {name!r}; {hint}valid: random, dotprod, gpu-clustering, "
-        "gpu-packing, best-fit, fgd, binpack, fgd-exact, spread, or all, published"
+        "gpu-packing, best-fit, fgd, binpack, fgd-exact, fgd-pattern, fgd-pattern-lookahead, "
+        "spread, or all, published"
     )
 
 

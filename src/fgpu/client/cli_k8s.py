@@ -57,7 +57,8 @@ def _wait_for_signal() -> None:
 def scheduler(
     kubeconfig: KubeconfigOption = None,
     server: ServerOption = None,
-    policy: Annotated[str, typer.Option(help="Placement policy.")] = "fgd",
+    # fgpu.plugins.DEFAULT_POLICY, spelled out: this module does not load the placement core
+    policy: Annotated[str, typer.Option(help="Placement policy.")] = "fgd-pattern",
     lease_namespace: Annotated[
         str, typer.Option(envvar="POD_NAMESPACE", help="Namespace of the leader Lease.")
     ] = "fgpu-system",

@@ -54,7 +54,7 @@ from fgpu.k8s.objects import (
 )
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.plugins import create_policy
+from fgpu.plugins import DEFAULT_POLICY, create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, state_with, target_for, target_key
@@ -108,7 +108,8 @@ class K8sScheduler:
 
     Args:
         api: the Kubernetes API.
-        policy: placement policy name (``fgd`` learns its target from recent pods).
+        policy: placement policy name (the ``fgd`` family, the default ``fgd-pattern``
+            included, learns its target from recent pods).
         config: decision-core knobs.
         elector: leader election (None: act always; only for a single replica and tests).
         clock: wall-clock seconds (pod times are wall-clock).
@@ -121,7 +122,7 @@ class K8sScheduler:
         self,
         api: KubeApi,
         *,
-        policy: str = "fgd",
+        policy: str = DEFAULT_POLICY,
         config: SchedulerConfig | None = None,
         elector: LeaseElector | None = None,
         clock: Callable[[], float] = time.time,

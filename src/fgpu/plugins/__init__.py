@@ -7,8 +7,19 @@ The six policies of the FGD paper's experiment are :data:`PUBLISHED_POLICIES`.
 from __future__ import annotations
 
 # Importing the modules registers their policies.
-from fgpu.plugins import allocated, bestfit, clustering, dotprod, fgd, packing, random_policy  # noqa: F401
+from fgpu.plugins import (  # noqa: F401
+    allocated,
+    bestfit,
+    clustering,
+    dotprod,
+    fgd,
+    fgd_lookahead,
+    fgd_pattern,
+    packing,
+    random_policy,
+)
 from fgpu.plugins.registry import (
+    DEFAULT_POLICY,
     PUBLISHED_POLICIES,
     UnknownPolicyError,
     create_policy,
@@ -17,6 +28,7 @@ from fgpu.plugins.registry import (
 )
 
 __all__ = [
+    "DEFAULT_POLICY",
     "PUBLISHED_POLICIES",
     "UnknownPolicyError",
     "create_policy",

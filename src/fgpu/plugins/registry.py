@@ -20,6 +20,12 @@ PUBLISHED_POLICIES: tuple[str, ...] = (
 )
 """The policies of the FGD paper's fragmentation experiment, in its table's order."""
 
+DEFAULT_POLICY = "fgd-pattern"
+"""The placement policy of ``fgpu serve``, ``fgpu sim replay`` and the Kubernetes scheduler
+when none is named: pattern-priced FGD, 4.15 % unallocated GPU at arrived 100 % against
+``fgd``'s 4.7 on the default Alibaba trace, and no worse than ``fgd`` on the other pod
+lists (README, "Pattern-priced placement")."""
+
 PolicyFactory = Callable[..., PlacementPolicy]
 _REGISTRY: dict[str, PolicyFactory] = {}
 P = TypeVar("P", bound=type[PlacementPolicy])

@@ -126,7 +126,10 @@ def serve(
             "2xA100-80GB:mig puts GPUs in MIG mode."
         ),
     ] = None,
-    policy: Annotated[str, typer.Option(help="Placement policy (see `fgpu sim fill`).")] = "fgd",
+    # fgpu.plugins.DEFAULT_POLICY, spelled out: this module loads the service lazily
+    policy: Annotated[
+        str, typer.Option(help="Placement policy (see `fgpu sim fill`).")
+    ] = "fgd-pattern",
     admin: Annotated[
         list[str] | None,
         typer.Option(help="A uid or user name that may manage queues and all work; repeatable."),

@@ -50,7 +50,7 @@ from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.plugins import create_policy
+from fgpu.plugins import DEFAULT_POLICY, create_policy
 from fgpu.sched.budget import QueueBudget
 from fgpu.sched.decide import Decision, OutsideUse, Scheduler, SchedulerConfig, allocation_resources
 from fgpu.sched.fairshare import config_warnings
@@ -182,7 +182,7 @@ class Service:
         launcher: Launcher,
         state_dir: Path,
         *,
-        policy: str = "fgd",
+        policy: str = DEFAULT_POLICY,
         admins: frozenset[int] = frozenset(),
         config: SchedulerConfig | None = None,
         agent_socket: str = "",
@@ -253,7 +253,7 @@ class Service:
         *,
         db: str | None = None,
         simulate_gpus: str | None = None,
-        policy: str = "fgd",
+        policy: str = DEFAULT_POLICY,
         state_dir: Path | None = None,
         admins: frozenset[int] = frozenset(),
         agent_socket: str | None = None,

@@ -144,8 +144,9 @@ def parse_seeds(text: str) -> list[int]:
 
 def resolve_policies(names: Sequence[str]) -> list[str]:
     """Expand ``all`` (every registered policy) and ``published`` (the paper's six), keep
-    order, drop repeats. Names match case-insensitively (``FGD`` is ``fgd``). No names means
-    the published six.
+    order, drop repeats. Each given text may hold several names separated by commas
+    (``published,fgd-pattern``). Names match case-insensitively (``FGD`` is ``fgd``). No
+    names means the published six.
 
     Raises:
         ExperimentError: an unknown name; the message suggests the closest valid names
@@ -153,7 +154,8 @@ def resolve_policies(names: Sequence[str]) -> list[str]:
     """
     out: list[str] = []
     valid = policy_names()
-    for given in names or ["published"]:
+    split = [part for text in names for part in text.split(",") if part.strip()]
+    for given in split or ["published"]:
         name = given.strip().lower()
         group = {"all": valid, "published": list(PUBLISHED_POLICIES)}.get(name, [name])
         for item in group:
