@@ -169,6 +169,19 @@ class QueueBody(_Strict):
     limit: float | None = None
     over_quota_weight: float = 1.0
     priority: int = 0
+    members: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="who may submit besides admins: user names or uids, '@group' (name or "
+        "gid), '*' for everyone; empty: admins only",
+    )
+    max_priority: int | str = Field(
+        default="normal",
+        description="highest workload priority non-admin members may use (number or class)",
+    )
+    nonpreemptible: bool = Field(
+        default=False, description="non-admin members may submit non-preemptible work"
+    )
 
 
 class QueueView(BaseModel):
@@ -184,6 +197,9 @@ class QueueView(BaseModel):
     fair_share_milli: int
     pending: int
     running: int
+    members: list[str] = Field(default_factory=list)
+    max_priority: int = 50
+    nonpreemptible: bool = False
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

@@ -329,6 +329,8 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "FAIR SHARE",
         "RUNNING",
         "PENDING",
+        "MEMBERS",
+        "MAX PRIORITY",
     ):
         table.add_column(column, overflow="fold")
     for q in queues:
@@ -343,5 +345,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             gpus_text(q.fair_share_milli),
             str(q.running),
             str(q.pending),
+            ", ".join(q.members) if q.members else "(admins)",
+            f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
         )
     return table

@@ -21,6 +21,7 @@ from fgpu.model.units import (
 )
 from fgpu.sched.workload import Resources, parse_priority
 from fgpu.server.errors import BadRequest
+from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
 from fgpu.wire import QueueBody, SubmitRequest
 
@@ -293,7 +294,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
 
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
-            but below one milli-GPU.
+            but below one milli-GPU; ``max_priority`` not a priority up to
+            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -305,6 +307,16 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     limit = (
         QueueLimit(gpu_milli=round(body.limit * 1000)) if body.limit is not None else QueueLimit()
     )
+    try:
+        max_priority = parse_priority(body.max_priority, "max_priority")
+    except InvalidRequestError as exc:
+        raise BadRequest("max_priority", exc.reason) from None
+    if max_priority > MAX_PRIORITY:
+        raise BadRequest("max_priority", f"{max_priority} is above {MAX_PRIORITY}")
+    try:
+        members = validate.members(body.members)
+    except InvalidRequestError as exc:
+        raise BadRequest(exc.field, exc.reason) from None
     return QueueConfig(
         name or body.name,
         parent=body.parent,
@@ -312,6 +324,9 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         limit=limit,
         over_quota_weight=body.over_quota_weight,
         priority=body.priority,
+        members=members,
+        max_priority=max_priority,
+        nonpreemptible=body.nonpreemptible,
     )
 
 

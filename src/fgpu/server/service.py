@@ -66,6 +66,7 @@ from fgpu.sched.workload import (
     Workload,
 )
 from fgpu.server import views
+from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.machine import Machine, discover
@@ -77,6 +78,7 @@ from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import (
     ACTIVE_PHASES,
     CANCELLED,
+    EVERYONE,
     FAILED,
     LOST_REASON,
     SUCCEEDED,
@@ -329,7 +331,9 @@ class Service:
             + (mig if self.mig.gpus else [])
         )
         capacity = self._capacity_milli()
-        self.store.ensure_queue(QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity)))
+        self.store.ensure_queue(
+            QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity), members=(EVERYONE,))
+        )
 
     def _capacity_milli(self) -> int:
         """Milli-GPU of the machine: shared GPUs and the MIG pool."""
@@ -878,6 +882,9 @@ class Service:
         Raises:
             BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
                 never fit this machine (with the per-node reason).
+            Forbidden: the caller is not a member of the queue, or asks for a priority or
+                non-preemptible work the queue does not grant its members
+                (:func:`fgpu.server.access.check_submission`).
         """
         sub = parse_submission(body)
         request = sub.request
@@ -890,6 +897,17 @@ class Service:
             raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
         if body.queue not in tree.leaves:
             raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
+        try:
+            queue = self.store.get_queue(body.queue).config
+        except NotFound:  # removed since the tree was read
+            raise BadRequest("queue", f"unknown queue {body.queue!r}") from None
+        check_submission(
+            queue,
+            caller.uid,
+            admin=self._is_admin(caller),
+            priority=sub.priority,
+            preemptible=body.preemptible,
+        )
         if sub.mig_request is None:
             self._check_could_fit(request)
         try:
@@ -1016,9 +1034,18 @@ class Service:
             raise NotFoundError("id", f"no workload {workload_id!r}") from None
 
     # -------------------------------------------------------------------- queues
-    def _queue_change(self, caller: Caller, change: Callable[[], object]) -> None:
+    def _queue_change(
+        self, caller: Caller, change: Callable[[], object], config: QueueConfig | None = None
+    ) -> None:
         if not self._is_admin(caller):
             raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
+        unknown = unknown_members(config.members) if config is not None else []
+        if unknown:
+            raise BadRequest(
+                "members",
+                f"no user or group {', '.join(unknown)} on this machine (a group is written "
+                "@name; numeric uids and gids are taken as they are)",
+            )
         try:
             with self._lock:
                 self._tree = None
@@ -1035,13 +1062,13 @@ class Service:
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = queue_config(body)
-        self._queue_change(caller, lambda: self.store.create_queue(config))
+        self._queue_change(caller, lambda: self.store.create_queue(config), config)
         return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = queue_config(body, name)
-        self._queue_change(caller, lambda: self.store.update_queue(config))
+        self._queue_change(caller, lambda: self.store.update_queue(config), config)
         return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
 
     def _warnings(self) -> list[str]:
