@@ -47,6 +47,7 @@ from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig
 from fgpu.agent.events import AgentEvent
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
+from fgpu.agent.runner import ExitRecord
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import create_policy
@@ -252,8 +253,10 @@ class Service:
         agent_socket: str | None = None,
         config: SchedulerConfig | None = None,
         enforcement: EnforcementConfig | None = None,
+        launcher: Launcher | None = None,
     ) -> Service:
-        """The composition root: store, GPU backend, launcher, service.
+        """The composition root: store, GPU backend, launcher (default: a new
+        :class:`Launcher`), service.
 
         ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
@@ -286,7 +289,7 @@ class Service:
         service = cls(
             store,
             backend,
-            Launcher(),
+            launcher or Launcher(),
             folder,
             policy=policy,
             admins=admins,
@@ -707,7 +710,11 @@ class Service:
         self._enforce()
         self.wake()
 
-    def _record_end(self, workload_id: str, code: int | None, why: str | None) -> None:
+    def _record_end(
+        self, workload_id: str, code: int | None, why: str | None, at: float | None = None
+    ) -> None:
+        """Record how a running workload's process ended (``at``: when, if known; else
+        now)."""
         try:
             record = self.store.get(workload_id)
         except NotFound:
@@ -716,22 +723,28 @@ class Service:
             return
         over_quota = self._fail_reasons.pop(workload_id, None)
         if over_quota is not None:
-            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=over_quota)
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=over_quota, finished_at=at
+            )
         elif record.cancelled_by is not None:
             self._tracked.mark_finished(
-                workload_id, CANCELLED, exit_code=code, reason=record.reason
+                workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
             self._tracked.mark_preempted(workload_id, record.reason or "preempted")
         elif code == 0:
-            self._tracked.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
+            self._tracked.mark_finished(
+                workload_id, SUCCEEDED, exit_code=0, reason="exit code 0", finished_at=at
+            )
         elif code is None:
             self._tracked.mark_finished(
-                workload_id, FAILED, reason=why or "ended without an exit code"
+                workload_id, FAILED, reason=why or "ended without an exit code", finished_at=at
             )
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")
-            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=detail, finished_at=at
+            )
 
     # ------------------------------------------------------------ on the GPU
     def _enforce(self) -> None:
@@ -771,6 +784,11 @@ class Service:
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"
+
+    def _exit_path(self, workload_id: str) -> Path:
+        """Where the launcher's wrapper records the workload's exit (see
+        :class:`fgpu.agent.launcher.Launcher`)."""
+        return self.log_dir / workload_id / "exit.json"
 
     def _save_handle(self, handle: ProcessHandle) -> None:
         path = self._handle_path(handle.workload_id)
@@ -832,9 +850,10 @@ class Service:
                     continue
                 # the wrapper is gone: what it ran must not keep running untracked
                 killed = handle is not None and self.launcher.signal(handle, signal.SIGKILL)
-                exit_record = self.launcher.exit_record(handle) if handle is not None else None
-                if exit_record is not None:  # it ended while the service was down
-                    self._record_end(record.id, exit_record.code, exit_record.reason)
+                ended = self._recorded_exit(record, handle)
+                if ended is not None:  # it ended while the service was down
+                    exit_record, at = ended
+                    self._record_end(record.id, exit_record.code, exit_record.reason, at)
                 elif not fits or (
                     record.stop_requested_at is not None and record.cancelled_by is None
                 ):
@@ -845,6 +864,28 @@ class Service:
                     )
                 else:
                     self._tracked.mark_lost(record.id)
+
+    def _recorded_exit(
+        self, record: WorkloadRecord, handle: ProcessHandle | None
+    ) -> tuple[ExitRecord, float] | None:
+        """How the workload's last run ended, from the wrapper's exit record, and when (the
+        record's modification time), whatever the service had saved: also when the service
+        died before it saved the process handle. A record older than the run's start
+        (``started_at``) is an earlier run's (the launcher removes it at each launch, so one
+        is left only when the service died between recording the start and launching) and
+        does not count. None when nothing says how it ended."""
+        path = handle.exit_path if handle is not None else self._exit_path(record.id)
+        exit_record = self.launcher.exit_record_at(path)
+        if exit_record is None:
+            return None
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            return None
+        if record.started_at is not None and written < record.started_at:
+            log.warning("workload %s: the exit record %s is an earlier run's", record.id, path)
+            return None
+        return exit_record, written
 
     def _find_process(self, record: WorkloadRecord) -> ProcessHandle | None:
         """The workload's process handle: the saved one, or, when that one is missing or
