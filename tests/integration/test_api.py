@@ -309,7 +309,7 @@ def test_bad_submissions_are_422_with_field_and_reason(
         ("GET", "/v1/events?after=abc", 422, "after"),
         ("DELETE", "/v1/queues/nope", 404, "name"),
         ("GET", "/v1/nothing-here", 404, "path"),
-        ("DELETE", "/v1/nodes", 405, "path"),
+        ("DELETE", "/v1/nodes", 405, "method"),
     ],
     ids=[
         "unknown-workload",

@@ -23,6 +23,7 @@ from fgpu.sched.workload import Resources, parse_priority
 from fgpu.server.errors import BadRequest
 from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
+from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import QueueBody, SubmitRequest
 
 ISOLATIONS = ("share", "mig")
@@ -117,7 +118,7 @@ def parse_submission(body: SubmitRequest) -> Submission:
     name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
     if mig_request is not None:
         priority = _priority(body)
-        return Submission(None, priority, list(body.command), name[:200], mig_request)
+        return Submission(None, priority, list(body.command), name[:NAME_LENGTH], mig_request)
     ask = ResourceAsk(
         gpu=body.gpu,
         gpu_fraction=body.gpu_fraction,
@@ -130,7 +131,7 @@ def parse_submission(body: SubmitRequest) -> Submission:
     )
     request, _ = parse_resources(ask)
     priority = _priority(body)
-    return Submission(request, priority, list(body.command), name[:200])
+    return Submission(request, priority, list(body.command), name[:NAME_LENGTH])
 
 
 def _priority(body: SubmitRequest) -> int:
