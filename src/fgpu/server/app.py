@@ -12,7 +12,8 @@ Identity:
   admin when the uid is 0 or one of the service's admins;
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token
-  configured, such requests are refused.
+  configured, such requests are refused. Only ``/v1/healthz`` answers without it; the
+  OpenAPI document (``/openapi.json``) and ``/docs`` need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
 (:class:`fgpu.server.errors.ServiceError`) with their status, request validation errors
@@ -31,7 +32,8 @@ from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -310,6 +312,11 @@ def create_app(
         version=__version__,
         summary="Fractional GPU sharing on one machine",
         lifespan=lifespan,
+        # served below behind the caller check: on TCP only /v1/healthz answers without the
+        # token
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.fgpu = _Settings(service, secret, own_uid, as_uid)
     app.add_middleware(BodyLimit)
@@ -421,6 +428,17 @@ def create_app(
 
     app.include_router(open_routes)
     app.include_router(api)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(current_caller)])
+    def openapi_document() -> dict[str, Any]:
+        """The OpenAPI document (the caller must be known, as for ``/v1``)."""
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(current_caller)])
+    def docs() -> HTMLResponse:
+        """Swagger UI over the document (a browser on TCP must send the token itself)."""
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="fgpu API")
+
     return app
 
 
