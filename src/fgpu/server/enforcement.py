@@ -43,6 +43,7 @@ from fgpu.agent.governor.runtime import (
     GovernorConfig,
     WorkloadView,
 )
+from fgpu.agent.governor.watchdog import WatchedFreezer
 from fgpu.agent.limits import GpuGrant, launch_env
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy, MemoryViolation
 from fgpu.agent.process import ProcessHandle, group_pids
@@ -140,7 +141,10 @@ class Enforcement:
         self.governor = Governor(
             list(gpus),
             config=GovernorConfig(gpu_policy=policy),
-            freezer=detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None),
+            # a killed service's frozen work is thawed by the watchdog it leaves behind
+            freezer=WatchedFreezer(
+                detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None)
+            ),
             listener=self.listener,
             backend=backend,
             events=self.events,

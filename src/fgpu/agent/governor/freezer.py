@@ -326,7 +326,11 @@ class CgroupFreezer:
     def adopt(self, handle: ProcessHandle) -> None:
         self._sweep()  # cgroups of ended workloads whose last members were still exiting
         group = self.path(handle)
-        group.mkdir(exist_ok=True)
+        try:
+            group.mkdir(exist_ok=True)
+        except FileNotFoundError:  # another agent's start removed this empty subtree
+            self.root.mkdir(exist_ok=True)
+            group.mkdir(exist_ok=True)
         self._write(group / "cgroup.freeze", "0")
         moved: set[int] = set()
         for _ in range(10):  # members may fork while they are being moved
@@ -438,6 +442,28 @@ class CgroupFreezer:
                 busy.append(group)
         return busy
 
+    def remove_empty_neighbours(self) -> list[Path]:
+        """Remove the empty cgroups other agents left beside ``root`` (their subtrees under
+        the same parent, and the workload cgroups in them): what a killed agent whose state
+        folder is gone leaves behind. A cgroup with processes is never removed (the kernel
+        refuses); an agent that is alive recreates its subtree when it next needs it.
+        Returns what was removed."""
+        removed: list[Path] = []
+        try:
+            subtrees = [p for p in self.root.parent.iterdir() if p.is_dir() and p != self.root]
+        except OSError:
+            return removed
+        for subtree in subtrees:
+            with contextlib.suppress(OSError):
+                for group in [p for p in subtree.iterdir() if p.is_dir()]:
+                    with contextlib.suppress(OSError):
+                        group.rmdir()
+                        removed.append(group)
+            with contextlib.suppress(OSError):
+                subtree.rmdir()
+                removed.append(subtree)
+        return removed
+
     def close(self) -> None:
         """Remove the empty cgroups of ended workloads, and ``root`` itself when empty."""
         self._sweep()
@@ -458,7 +484,8 @@ def detect_freezer(
             ``"signal"``.
         cgroup_root: parent cgroup for workloads (default ``<cgroup2 mount>/fgpu``); a
             relative path is taken under ``<cgroup2 mount>/fgpu`` (one subtree per agent,
-            so that one agent's recovery never thaws another's workloads).
+            so that one agent's recovery never thaws another's workloads; at start the
+            empty subtrees and cgroups that dead agents left there are removed).
         hasten: boost tasks that are asked to stop so they stop within about a millisecond
             rather than a scheduler tick (see :class:`Hastener`; default on, a no-op without
             CAP_SYS_NICE).
@@ -478,7 +505,10 @@ def detect_freezer(
             if prefer == "cgroup":
                 raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
             return SignalFreezer(hasten=hasten)
+        shared = root is not None
         root = mount / "fgpu" / root if root is not None else mount / "fgpu"
+    else:
+        shared = False
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         freezer = CgroupFreezer(root, hasten=hasten)
@@ -488,6 +518,8 @@ def detect_freezer(
         log.info("cgroup v2 freezer unusable at %s (%s); using SIGSTOP/SIGCONT", root, exc)
         return SignalFreezer(hasten=hasten)
     freezer.recover()
+    if shared:  # one subtree per agent under <mount>/fgpu: sweep what dead ones left
+        freezer.remove_empty_neighbours()
     return freezer
 
 
