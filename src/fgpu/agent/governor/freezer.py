@@ -44,6 +44,12 @@ _POLL_S = 0.0001
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+NEIGHBOUR_AGE_S = 3600.0
+"""How long another agent's empty cgroup must have stayed unchanged before an agent's start
+removes it (:meth:`CgroupFreezer.remove_empty_neighbours`): long enough that a live agent
+started by an older fgpu, which cannot recreate its subtree, is not caught between two
+workloads."""
+
 
 def stat_fields(pid: int) -> tuple[str, int, int, int] | None:
     """``(state, pgid, session, start_ticks)`` of ``pid`` from ``/proc/<pid>/stat`` (fields 3,
@@ -442,26 +448,35 @@ class CgroupFreezer:
                 busy.append(group)
         return busy
 
-    def remove_empty_neighbours(self) -> list[Path]:
+    def remove_empty_neighbours(self, min_age_s: float = NEIGHBOUR_AGE_S) -> list[Path]:
         """Remove the empty cgroups other agents left beside ``root`` (their subtrees under
-        the same parent, and the workload cgroups in them): what a killed agent whose state
-        folder is gone leaves behind. A cgroup with processes is never removed (the kernel
-        refuses); an agent that is alive recreates its subtree when it next needs it.
-        Returns what was removed."""
+        the same parent, and the workload cgroups in them) when unchanged for ``min_age_s``:
+        what a killed agent whose state folder is gone leaves behind. A cgroup with
+        processes is never removed (the kernel refuses); an agent that is alive but idle
+        that long recreates its subtree when it next needs it. Returns what was removed."""
         removed: list[Path] = []
+        now = time.time()
+
+        def old(path: Path) -> bool:
+            try:
+                return now - path.stat().st_mtime >= min_age_s
+            except OSError:
+                return False
+
         try:
             subtrees = [p for p in self.root.parent.iterdir() if p.is_dir() and p != self.root]
         except OSError:
             return removed
         for subtree in subtrees:
             with contextlib.suppress(OSError):
-                for group in [p for p in subtree.iterdir() if p.is_dir()]:
+                for group in [p for p in subtree.iterdir() if p.is_dir() and old(p)]:
                     with contextlib.suppress(OSError):
                         group.rmdir()
                         removed.append(group)
-            with contextlib.suppress(OSError):
-                subtree.rmdir()
-                removed.append(subtree)
+            if old(subtree):
+                with contextlib.suppress(OSError):
+                    subtree.rmdir()
+                    removed.append(subtree)
         return removed
 
     def close(self) -> None:
