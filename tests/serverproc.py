@@ -54,11 +54,13 @@ class ServerProcess:
     Args:
         root: the temporary folder (socket, server log, state dir).
         gpus: the ``--simulate-gpus`` spec.
+        extra: more ``fgpu serve`` options (``--db postgresql://...``).
     """
 
-    def __init__(self, root: Path, gpus: str) -> None:
+    def __init__(self, root: Path, gpus: str, extra: Sequence[str] = ()) -> None:
         self.root = root
         self.gpus = gpus
+        self.extra = list(extra)
         self.socket = root / "s.sock"
         self.state_dir = root / "state"
         self.log = root / "serve.log"
@@ -71,7 +73,7 @@ class ServerProcess:
         """Start the server and wait until it answers ``/v1/healthz``."""
         assert self.process is None or self.process.poll() is not None, "already running"
         command = [*FGPU, "serve", "--socket", str(self.socket), "--state-dir", str(self.state_dir)]
-        command += ["--simulate-gpus", self.gpus, "--log-level", "info"]
+        command += ["--simulate-gpus", self.gpus, "--log-level", "info", *self.extra]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
