@@ -177,3 +177,13 @@ def test_a_body_over_the_limit_is_the_listed_413(api: Api, spec: dict[str, Any])
     assert answer.status_code == 413
     assert answer.json()["detail"]["field"] == "body"
     assert listed(spec, "/v1/workloads", "POST", 413)
+
+
+def test_a_name_over_the_declared_length_is_refused_not_cut(api: Api) -> None:
+    body = b'{"command": ["/bin/true"], "name": "' + "\u00e9".encode() * 129 + b'"}'
+    answer = api.call("POST", "/v1/workloads", body, "application/json")
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"] == {
+        "field": "name",
+        "reason": "129 characters; the limit is 128",
+    }

@@ -115,6 +115,9 @@ def parse_submission(body: SubmitRequest) -> Submission:
     if not body.cwd.startswith("/"):
         raise BadRequest("cwd", "must be an absolute path")
     mig_request = _mig(body)
+    if body.name is not None and len(body.name) > NAME_LENGTH:
+        raise BadRequest("name", f"{len(body.name)} characters; the limit is {NAME_LENGTH}")
+    # without a name, the command's base name (cut to the limit)
     name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
     if mig_request is not None:
         priority = _priority(body)
