@@ -54,7 +54,7 @@ class ServerProcess:
     Args:
         root: the temporary folder (socket, server log, state dir).
         gpus: the ``--simulate-gpus`` spec.
-        extra: more ``fgpu serve`` options (``--fake-driver``, ``--compute-mode strict``).
+        extra: more ``fgpu serve`` options (``--fake-driver``, ``--db postgresql://...``).
     """
 
     def __init__(self, root: Path, gpus: str, extra: Sequence[str] = ()) -> None:

@@ -54,15 +54,28 @@ def default_socket_path(env: Mapping[str, str] | None = None, uid: int | None = 
 
 
 class _Strict(BaseModel):
+    """A request body: unknown fields are refused. Limits the server checks itself (with
+    its own field and reason) are declared for the OpenAPI document in
+    ``json_schema_extra``, so that the document lists them without pydantic answering
+    first."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 class SubmitRequest(_Strict):
     """``POST /v1/workloads``."""
 
-    command: list[str] = Field(description="argv; with shell=true one shell command line")
+    command: list[str] = Field(
+        description="argv; with shell=true one shell command line. Each argument (and each "
+        "env NAME=value) at most 131072 bytes in UTF-8 with its NUL, command and env together "
+        "at most 1048576 bytes; no NUL characters"
+    )
     shell: bool = False
-    name: str | None = None
+    name: str | None = Field(
+        default=None,
+        description="display name, no control characters",
+        json_schema_extra={"maxLength": 128},
+    )
     gpu: str | None = Field(None, description="-g: a fraction '0.5' or a count '2'")
     gpu_fraction: str | None = Field(None, description="share on each of several GPUs")
     gpu_memory: str | None = Field(None, description="memory quota per GPU, e.g. '5GiB'")
@@ -75,11 +88,18 @@ class SubmitRequest(_Strict):
     )
     cpu: str | None = Field(None, description="CPU cores, e.g. '2' or '500m'")
     memory: str | None = Field(None, description="host memory, e.g. '8GiB'")
-    priority: str = "normal"
-    queue: str = "default"
+    priority: str = Field(
+        default="normal",
+        description="a class (very-low, low, normal, high, critical) or a number 0..1000",
+    )
+    queue: str = Field(default="default", json_schema_extra={"maxLength": 128})
     preemptible: bool | None = None
-    grace_s: float = Field(30.0, description="SIGTERM to SIGKILL, seconds")
-    cwd: str = "/"
+    grace_s: float = Field(
+        default=30.0,
+        description="SIGTERM to SIGKILL, seconds",
+        json_schema_extra={"minimum": 0, "maximum": 3600},
+    )
+    cwd: str = Field(default="/", description="an absolute path")
     env: dict[str, str] = Field(default_factory=dict)
 
 
@@ -168,12 +188,34 @@ class QueueBody(_Strict):
     """``POST /v1/queues`` and ``PUT /v1/queues/{name}``: GPU amounts in GPUs (fractions
     allowed), like ``fgpu queue create team-a --quota 2``."""
 
-    name: str
-    parent: str | None = None
-    quota: float = 0.0
-    limit: float | None = None
-    over_quota_weight: float = 1.0
-    priority: int = 0
+    name: str = Field(
+        description="an ASCII letter or digit, then letters, digits, '.', '_' or '-'",
+        json_schema_extra={"minLength": 1, "maxLength": 128},
+    )
+    parent: str | None = Field(default=None, json_schema_extra={"maxLength": 128})
+    quota: float = Field(
+        default=0.0, description="GPUs", json_schema_extra={"minimum": 0, "maximum": 1_000_000}
+    )
+    limit: float | None = Field(
+        default=None,
+        description="GPUs (none: no limit), at least the quota",
+        json_schema_extra={"minimum": 0, "maximum": 1_000_000},
+    )
+    over_quota_weight: float = Field(default=1.0, json_schema_extra={"minimum": 0})
+    priority: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": 2**62 - 1})
+    members: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="who may submit besides admins: user names or uids, '@group' (name or "
+        "gid), '*' for everyone; empty: admins only",
+    )
+    max_priority: int | str = Field(
+        default="normal",
+        description="highest workload priority non-admin members may use (number or class)",
+    )
+    nonpreemptible: bool = Field(
+        default=False, description="non-admin members may submit non-preemptible work"
+    )
 
 
 class QueueView(BaseModel):
@@ -189,6 +231,9 @@ class QueueView(BaseModel):
     fair_share_milli: int
     pending: int
     running: int
+    members: list[str] = Field(default_factory=list)
+    max_priority: int = 50
+    nonpreemptible: bool = False
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

@@ -232,9 +232,17 @@ def test_a_bug_is_a_500_with_the_same_shape() -> None:
     }
 
 
-def test_healthz_and_openapi_need_no_token(running: Running) -> None:
+def test_only_healthz_answers_on_tcp_without_the_token(running: Running) -> None:
     assert httpx.get(f"{running.tcp}/v1/healthz").status_code == 200
-    spec = httpx.get(f"{running.tcp}/openapi.json").json()
+    for path in ("/openapi.json", "/docs", "/v1/nodes", "/redoc"):
+        answer = httpx.get(f"{running.tcp}{path}")
+        assert answer.status_code in (401, 404), (path, answer.status_code)
+        assert answer.status_code == 401 or path == "/redoc"
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(f"{running.tcp}/docs", headers=bearer).status_code == 200
+    with running.unix() as http:  # the Unix socket knows its caller: no token
+        assert http.get("/openapi.json").status_code == 200
+    spec = httpx.get(f"{running.tcp}/openapi.json", headers=bearer).json()
     assert spec["info"]["title"] == "fgpu"
     for path in (
         "/v1/workloads",
@@ -309,7 +317,7 @@ def test_bad_submissions_are_422_with_field_and_reason(
         ("GET", "/v1/events?after=abc", 422, "after"),
         ("DELETE", "/v1/queues/nope", 404, "name"),
         ("GET", "/v1/nothing-here", 404, "path"),
-        ("DELETE", "/v1/nodes", 405, "path"),
+        ("DELETE", "/v1/nodes", 405, "method"),
     ],
     ids=[
         "unknown-workload",

@@ -116,8 +116,17 @@ def test_critical_inference_preempts_low_batch_which_runs_again_after_it(serve: 
     first_run = server.handle(batch)
     assert alive(first_run)
 
+    # the inference workload runs until the test lets it end (a fixed run time would end
+    # it before a loaded machine gets to look)
+    release = server.root / "infer-may-end"
+    until_released = [
+        sys.executable,
+        "-c",
+        "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)",
+        str(release),
+    ]
     infer = server.submit(
-        "-p", "critical", "-g", "0.5", "--name", "infer", *GRACE, command=sleeper(4)
+        "-p", "critical", "-g", "0.5", "--name", "infer", *GRACE, command=until_released
     )
     server.wait_phase(infer, "running")
 
@@ -138,6 +147,7 @@ def test_critical_inference_preempts_low_batch_which_runs_again_after_it(serve: 
     assert listed[batch]["reason"]
 
     # the inference workload ends by itself; the batch one runs again, from the same command
+    release.touch()
     done = server.wait_phase(infer, "succeeded")
     again = server.wait_phase(batch, "running")
     assert again["restarts"] == 1
@@ -370,9 +380,13 @@ def test_a_launched_process_is_always_tracked_even_when_saving_its_handle_fails(
     (server.state_dir / "logs" / victim / "handle.tmp").mkdir(parents=True)
     try:
         server.cli("cancel", blocker)
-        wait_for(lambda: server.phase(victim) != "pending", "the victim to leave pending")
-        time.sleep(0.5)
-        detail = server.describe(victim)
+        detail: dict[str, Any] = {}
+
+        def settled() -> bool:  # failed, or running with its process recorded
+            detail.update(server.describe(victim))
+            return detail["phase"] not in ("pending", "running") or bool(process_pids(detail))
+
+        wait_for(settled, "the victim to be launched and recorded, or to fail")
         if detail["phase"] == "running":  # then its process must be the workload's, under control
             pids = [p.pid for p in marked_processes(marker)]
             assert process_pids(detail), f"the victim runs as {pids} but no process is recorded"

@@ -70,7 +70,22 @@ def test_priority_preempts_batch_and_batch_runs_again(tmp_path: Path) -> None:
         try:
             batch = svc.submit(ME, job(30, gpu="0.7", priority="low", name="batch"))
             await until(lambda: phases(svc)[batch.id] == "running")
-            infer = svc.submit(ME, job(1.5, gpu="0.5", priority="critical", name="infer"))
+            # the inference workload runs until the test lets it end (a fixed run time
+            # could end before a loaded machine looks)
+            release = tmp_path / "infer-may-end"
+            until_released = (
+                "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)"
+            )
+            infer = svc.submit(
+                ME,
+                SubmitRequest(
+                    command=[sys.executable, "-c", until_released, str(release)],
+                    gpu="0.5",
+                    priority="critical",
+                    name="infer",
+                    grace_s=1.0,
+                ),
+            )
             await until(lambda: phases(svc)[infer.id] == "running")
             b = svc.get_workload(batch.id)
             assert b.phase == "pending"
@@ -79,6 +94,7 @@ def test_priority_preempts_batch_and_batch_runs_again(tmp_path: Path) -> None:
             assert kinds[:4] == ["submitted", "started", "process", "stopping"]
             assert "preempted" in kinds
             # the batch job comes back once the inference workload is done
+            release.touch()
             await until(lambda: phases(svc)[infer.id] == "succeeded")
             await until(lambda: phases(svc)[batch.id] == "running")
             svc.cancel(ME, batch.id)

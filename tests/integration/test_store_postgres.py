@@ -1,8 +1,9 @@
 """The store on a real PostgreSQL server.
 
 Skipped unless ``FGPU_TEST_POSTGRES_URL`` names a server this test may create databases on
-(for example ``postgresql://postgres@127.0.0.1:5432/postgres``) and a PostgreSQL driver
-(psycopg 3 or psycopg2) is installed. Each test gets a new database, dropped afterwards.
+(for example ``postgresql://postgres@127.0.0.1:5432/postgres``; ``.ci/run`` starts one and
+sets it); with the variable set, a server that cannot be reached or a missing driver
+(psycopg 3 or psycopg2) fails the tests. Each test gets a new database, dropped afterwards.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ SERVER = os.environ.get("FGPU_TEST_POSTGRES_URL", "")
 
 
 def _server_url() -> URL:
+    return server_url()
+
+
+def server_url() -> URL:
+    """The server ``FGPU_TEST_POSTGRES_URL`` names; the test is skipped when the variable
+    is not set, and fails when it is set but the server cannot be reached (no driver, no
+    server, no permission): CI sets it, so a broken database must not pass as a skip."""
     if not SERVER:
         pytest.skip("FGPU_TEST_POSTGRES_URL is not set")
     url = database_url(SERVER)
@@ -47,8 +55,8 @@ def _server_url() -> URL:
         engine = create_engine(url, isolation_level="AUTOCOMMIT")
         with engine.connect():
             pass
-    except Exception as exc:  # no driver, no server, no permission: nothing to test here
-        pytest.skip(f"no PostgreSQL server at {SERVER}: {exc}")
+    except Exception as exc:
+        pytest.fail(f"FGPU_TEST_POSTGRES_URL is set but {SERVER} cannot be used: {exc}")
     engine.dispose()
     return url
 

@@ -394,6 +394,11 @@ class Launcher:
         """The recorded outcome with its reason, or None while none is recorded."""
         return read_exit_record(handle.exit_path)
 
+    def exit_record_at(self, path: Path) -> ExitRecord | None:
+        """The outcome recorded at ``path`` (``LOG_DIR/WORKLOAD_ID/exit.json``), for a
+        workload whose handle was never saved; None when there is none."""
+        return read_exit_record(path)
+
     def poll(self, handle: ProcessHandle) -> ProcessState:
         """Running, exited (with code and reason) or lost; never blocks."""
         reaped = self._reap(handle.pid)

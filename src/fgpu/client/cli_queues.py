@@ -36,6 +36,28 @@ PriorityOption = Annotated[
     int | None, typer.Option("--priority", help="Queue priority: higher gets spare GPUs first.")
 ]
 ParentOption = Annotated[str | None, typer.Option(help="Parent queue.")]
+MemberOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--member",
+        help="Who may submit (repeat): a user name or uid, @group, or '*' for everyone "
+        "(default: admins only).",
+    ),
+]
+MaxPriorityOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-priority",
+        help="Highest workload priority members who are not admins may use (default normal).",
+    ),
+]
+NonPreemptibleOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--nonpreemptible/--no-nonpreemptible",
+        help="May members who are not admins submit non-preemptible work (default: no).",
+    ),
+]
 
 
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
@@ -56,16 +78,23 @@ def create(
     over_quota_weight: WeightOption = None,
     priority: PriorityOption = None,
     parent: ParentOption = None,
+    member: MemberOption = None,
+    max_priority: MaxPriorityOption = None,
+    nonpreemptible: NonPreemptibleOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """Create a queue (root and admins)."""
+    """Create a queue (root and admins); only its members (--member) and admins submit to
+    it."""
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
     for key, value in (
         ("quota", quota),
         ("over_quota_weight", over_quota_weight),
         ("priority", priority),
+        ("members", member),
+        ("max_priority", max_priority),
+        ("nonpreemptible", nonpreemptible),
     ):
         if value is not None:
             fields[key] = value
@@ -96,6 +125,18 @@ def update(
     over_quota_weight: WeightOption = None,
     priority: PriorityOption = None,
     parent: ParentOption = None,
+    member: Annotated[
+        list[str] | None,
+        typer.Option("--member", help="Replace the member list (repeat; see create)."),
+    ] = None,
+    add_member: Annotated[
+        list[str] | None, typer.Option("--add-member", help="Add a member (repeat).")
+    ] = None,
+    remove_member: Annotated[
+        list[str] | None, typer.Option("--remove-member", help="Remove a member (repeat).")
+    ] = None,
+    max_priority: MaxPriorityOption = None,
+    nonpreemptible: NonPreemptibleOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -103,6 +144,8 @@ def update(
     """Change some of a queue's settings (root and admins); the others stay."""
     if limit is not None and no_limit:
         fail("--limit and --no-limit exclude each other")
+    if member is not None and (add_member or remove_member):
+        fail("--member replaces the list; --add-member and --remove-member change it")
     with connect(socket, url) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
@@ -117,9 +160,29 @@ def update(
                 over_quota_weight if over_quota_weight is not None else current.over_quota_weight
             ),
             priority=priority if priority is not None else current.priority,
+            members=_members(current.members, member, add_member or [], remove_member or []),
+            max_priority=max_priority if max_priority is not None else current.max_priority,
+            nonpreemptible=(
+                nonpreemptible if nonpreemptible is not None else current.nonpreemptible
+            ),
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")
+
+
+def _members(
+    current: list[str], replace: list[str] | None, add: list[str], remove: list[str]
+) -> list[str]:
+    """The member list after ``--member`` (replace) or ``--add-member``/``--remove-member``;
+    removing someone who is not listed is an error (a typo would otherwise pass)."""
+    if replace is not None:
+        return list(replace)
+    missing = [m for m in remove if m not in current]
+    if missing:
+        listed = ", ".join(current) or "none"
+        fail(f"--remove-member: {', '.join(missing)} not listed (members: {listed})")
+    kept = [m for m in current if m not in remove]
+    return kept + [m for m in dict.fromkeys(add) if m not in kept]
 
 
 @queue_app.command("rm")

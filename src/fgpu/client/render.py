@@ -362,6 +362,8 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "FAIR SHARE",
         "RUNNING",
         "PENDING",
+        "MEMBERS",
+        "MAX PRIORITY",
     ):
         table.add_column(column, overflow="fold")
     for q in queues:
@@ -376,5 +378,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             gpus_text(q.fair_share_milli),
             str(q.running),
             str(q.pending),
+            ", ".join(q.members) if q.members else "(admins)",
+            f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
         )
     return table

@@ -12,7 +12,8 @@ Identity:
   admin when the uid is 0 or one of the service's admins;
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token
-  configured, such requests are refused.
+  configured, such requests are refused. Only ``/v1/healthz`` answers without it; the
+  OpenAPI document (``/openapi.json``) and ``/docs`` need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
 (:class:`fgpu.server.errors.ServiceError`) with their status, request validation errors
@@ -26,17 +27,20 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, Protocol
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from fgpu import __version__
 from fgpu.server.errors import BadRequest, ServiceError
 from fgpu.server.service import Caller
+from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 from fgpu.wire import (
     API_PREFIX,
     LOG_OFFSET_HEADER,
@@ -57,6 +61,10 @@ PEER_UID = "fgpu.peer_uid"
 LOG_CHUNK_MAX = 8 * 2**20
 """Most log bytes one ``GET .../logs`` answers (the client asks again from the next offset)."""
 
+MAX_ID = 2**63 - 1
+"""Largest event id and log offset a request may name (a signed 64-bit integer, what the
+store's columns and file offsets hold)."""
+
 _LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
 
 
@@ -71,7 +79,7 @@ class ServiceApi(Protocol):
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
     def get_workload(self, workload_id: str) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
-    def log_path(self, caller: Caller, workload_id: str, stream: str) -> Path: ...
+    def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
     def list_queues(self) -> list[QueueView]: ...
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView: ...
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView: ...
@@ -116,8 +124,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> Any:
         assert isinstance(exc, StarletteHTTPException)
         detail: Any = exc.detail
+        if exc.status_code == 400:
+            # FastAPI's answer to a body it cannot decode (not UTF-8, not JSON): the routes
+            # list 422 for every malformed body, so that is what it gets
+            return _refusal(422, "body", f"malformed JSON: {detail} (UTF-8 JSON expected)")
+        if exc.status_code == 405:
+            allowed = allowed_methods(request)
+            reason = f"{request.method} is not allowed here; allowed: {', '.join(allowed)}"
+            return JSONResponse(
+                {"detail": {"field": "method", "reason": reason}},
+                status_code=405,
+                headers={"Allow": ", ".join(allowed)},
+            )
         if not (isinstance(detail, dict) and {"field", "reason"} <= detail.keys()):
-            detail = {"field": "path" if exc.status_code in (404, 405) else "", "reason": detail}
+            detail = {"field": "path" if exc.status_code == 404 else "", "reason": detail}
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
     async def internal_error(request: Request, exc: Exception) -> Any:
@@ -128,6 +148,22 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (the ``Allow`` header of a 405,
+    RFC 9110 section 15.5.6); Starlette's own names only the first matching route's. Each
+    method is tried against every route through the public ``matches`` contract (included
+    routers answer it too)."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return allowed
+
+
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
 def current_caller(request: Request) -> Caller:
@@ -165,6 +201,12 @@ def current_caller(request: Request) -> Caller:
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
+WorkloadId = Annotated[
+    str, Path(min_length=1, max_length=ID_LENGTH, description="the workload's id")
+]
+QueueName = Annotated[
+    str, Path(min_length=1, max_length=NAME_LENGTH, description="the queue's name")
+]
 
 
 @dataclass(frozen=True)
@@ -270,6 +312,11 @@ def create_app(
         version=__version__,
         summary="Fractional GPU sharing on one machine",
         lifespan=lifespan,
+        # served below behind the caller check: on TCP only /v1/healthz answers without the
+        # token
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.fgpu = _Settings(service, secret, own_uid, as_uid)
     app.add_middleware(BodyLimit)
@@ -277,6 +324,9 @@ def create_app(
 
     refusals: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422)
+    }
+    too_large: dict[int | str, dict[str, Any]] = {
+        413: {"model": ErrorResponse, "description": f"the body is over {MAX_BODY_BYTES} bytes"}
     }
     open_routes = APIRouter(prefix=API_PREFIX, tags=["health"])
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(current_caller)], responses=refusals)
@@ -300,18 +350,18 @@ def create_app(
         """Workloads, oldest first; active ones unless ``all=true``."""
         return service.list_workloads(include_done)
 
-    @api.post("/workloads", status_code=201, tags=["workloads"])
+    @api.post("/workloads", status_code=201, tags=["workloads"], responses=too_large)
     def submit(body: SubmitRequest, caller: CallerDep) -> WorkloadView:
         """Submit a workload owned by the caller."""
         return service.submit(caller, body)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])
-    def get_workload(workload_id: str) -> WorkloadDetail:
+    def get_workload(workload_id: WorkloadId) -> WorkloadDetail:
         """One workload: request, placement, events and, while pending, why it waits."""
         return service.get_workload(workload_id)
 
     @api.post("/workloads/{workload_id}/cancel", tags=["workloads"])
-    def cancel(workload_id: str, caller: CallerDep) -> WorkloadView:
+    def cancel(workload_id: WorkloadId, caller: CallerDep) -> WorkloadView:
         """Cancel a workload (the caller's own, or any as an admin)."""
         return service.cancel(caller, workload_id)
 
@@ -322,10 +372,10 @@ def create_app(
         responses={200: {"content": {"application/octet-stream": {}}}},
     )
     def logs(
-        workload_id: str,
+        workload_id: WorkloadId,
         caller: CallerDep,
         stream: Literal["stdout", "stderr"] = "stdout",
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = LOG_CHUNK_MAX,
     ) -> Response:
         """Log bytes from ``offset`` (at most ``limit``); the header ``X-Fgpu-Log-Offset``
@@ -343,20 +393,20 @@ def create_app(
         """Every queue with quota, limit, fair share and use."""
         return service.list_queues()
 
-    @api.post("/queues", status_code=201, tags=["queues"])
+    @api.post("/queues", status_code=201, tags=["queues"], responses=too_large)
     def create_queue(body: QueueBody, caller: CallerDep) -> QueueView:
         """Create a queue (admins)."""
         return service.create_queue(caller, body)
 
-    @api.put("/queues/{name}", tags=["queues"])
-    def update_queue(name: str, body: QueueBody, caller: CallerDep) -> QueueView:
+    @api.put("/queues/{name}", tags=["queues"], responses=too_large)
+    def update_queue(name: QueueName, body: QueueBody, caller: CallerDep) -> QueueView:
         """Replace a queue's settings (admins); the body's name must be the path's."""
         if body.name != name:
             raise BadRequest("name", f"the body names {body.name!r}, the path {name!r}")
         return service.update_queue(caller, name, body)
 
     @api.delete("/queues/{name}", status_code=204, tags=["queues"])
-    def delete_queue(name: str, caller: CallerDep) -> Response:
+    def delete_queue(name: QueueName, caller: CallerDep) -> Response:
         """Remove an empty queue (admins)."""
         service.delete_queue(caller, name)
         return Response(status_code=204)
@@ -368,7 +418,9 @@ def create_app(
 
     @api.get("/events", tags=["events"])
     def events(
-        after: Annotated[int | None, Query(ge=0, description="only events after this id")] = None,
+        after: Annotated[
+            int | None, Query(ge=0, le=MAX_ID, description="only events after this id")
+        ] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     ) -> list[EventView]:
         """Events, oldest first."""
@@ -376,10 +428,21 @@ def create_app(
 
     app.include_router(open_routes)
     app.include_router(api)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(current_caller)])
+    def openapi_document() -> dict[str, Any]:
+        """The OpenAPI document (the caller must be known, as for ``/v1``)."""
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(current_caller)])
+    def docs() -> HTMLResponse:
+        """Swagger UI over the document (a browser on TCP must send the token itself)."""
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="fgpu API")
+
     return app
 
 
-def read_from(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
+def read_from(path: FilePath, offset: int, limit: int) -> tuple[bytes, int]:
     """At most ``limit`` bytes of ``path`` from ``offset``, and the offset to read next.
 
     A missing file reads as empty. When the file is shorter than ``offset`` (it was started

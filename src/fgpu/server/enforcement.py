@@ -51,6 +51,7 @@ from fgpu.agent.governor.runtime import (
     GovernorConfig,
     WorkloadView,
 )
+from fgpu.agent.governor.watchdog import WatchedFreezer
 from fgpu.agent.interposer.preload import (
     SegmentDir,
     fake_driver_env,
@@ -188,7 +189,11 @@ class Enforcement:
         policy = GpuPolicy(mode=config.compute_mode, priority_policy=config.priority_policy)
         self.governor = Governor(
             list(gpus),
-            freezer=detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None),
+            # a killed service's frozen work is thawed by the watchdog it leaves behind (work
+            # held at launch is let go by the interposer once the heartbeat stops)
+            freezer=WatchedFreezer(
+                detect_freezer(cgroup_root=Path(cgroup_name) if cgroup_name else None)
+            ),
             listener=self.listener,
             backend=backend,
             events=self.events,

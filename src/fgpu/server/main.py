@@ -13,9 +13,12 @@ service cannot start (database, GPU backend), 3 when its startup fails inside th
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import pwd
+import socket
+import ssl
 import stat
 import sys
 from pathlib import Path
@@ -65,7 +68,8 @@ def read_token(token_file: Path | None, env: dict[str, str]) -> str | None:
     """The bearer token for ``--listen``: the file's first line, else ``$FGPU_TOKEN``.
 
     Raises:
-        ServeOptionError: the file cannot be read or is empty.
+        ServeOptionError: the file cannot be read, is empty, or is open to group or others
+            (the message gives the ``chmod`` to run).
     """
     if token_file is not None:
         try:
@@ -74,12 +78,16 @@ def read_token(token_file: Path | None, env: dict[str, str]) -> str | None:
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise ServeOptionError(f"--token-file: cannot read {token_file}: {reason}") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise ServeOptionError(
+                f"--token-file: {token_file} is open to group or others (mode "
+                f"{stat.S_IMODE(mode):04o}); anyone who reads it acts as the token's user: "
+                f"run chmod 600 {token_file}"
+            )
         lines = text.strip().splitlines()
         token = lines[0].strip() if lines else ""
         if not token:
             raise ServeOptionError(f"--token-file: {token_file} is empty")
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning("token file %s is readable by other users; chmod 600 it", token_file)
         return token
     token = env.get(TOKEN_ENV, "").strip()
     return token or None
@@ -113,6 +121,19 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificate (chain) for HTTPS on --listen; with --tls-key."),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    tokens_in_clear: Annotated[
+        bool,
+        typer.Option(
+            "--tokens-in-clear",
+            help="Serve --listen on an address other than loopback without TLS: the bearer "
+            "token then crosses the network in clear text.",
+        ),
+    ] = False,
     db: Annotated[
         str | None,
         typer.Option(
@@ -201,6 +222,8 @@ def serve(
             listen=listen,
             token_file=token_file,
             token_user=token_user,
+            tls_files=(tls_cert, tls_key),
+            tokens_in_clear=tokens_in_clear,
             enforcement=(compute_mode, priority_policy, memory_policy, not no_governor),
             db=db,
             simulate_gpus=simulate_gpus,
@@ -233,6 +256,8 @@ def run_serve(
     enforcement: tuple[str, str, str, bool] = ("fair", "pause", "kill", True),
     interposer: str = "auto",
     fake_driver: bool = False,
+    tls_files: tuple[Path | None, Path | None] = (None, None),
+    tokens_in_clear: bool = False,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -254,6 +279,7 @@ def run_serve(
         address = None
         token = None
         token_uid = None
+        tls = None
         if listen is not None:
             try:
                 address = parse_listen(listen)
@@ -274,8 +300,13 @@ def run_serve(
                     "--listen as root needs --token-user: token callers would otherwise run "
                     "their commands as root"
                 )
+            tls = tcp_security(address, tls_files, tokens_in_clear)
         elif token_file is not None:
             raise ServeOptionError("--token-file is only used with --listen")
+        elif tls_files != (None, None):
+            raise ServeOptionError("--tls-cert and --tls-key are only used with --listen")
+        elif tokens_in_clear:
+            raise ServeOptionError("--tokens-in-clear is only used with --listen")
         elif token_user is not None:
             raise ServeOptionError("--token-user is only used with --listen")
         admin_uids = resolve_admins(admins)
@@ -321,7 +352,59 @@ def run_serve(
         enforcement,
         interposer,
         fake_driver,
+        tls,
     )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1);
+    False for names that do not resolve."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return False
+    addresses = {str(info[4][0]).split("%")[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def tcp_security(
+    address: tuple[str, int],
+    tls_files: tuple[Path | None, Path | None],
+    tokens_in_clear: bool,
+) -> ssl.SSLContext | None:
+    """TLS for ``--listen``: a context from ``--tls-cert``/``--tls-key``, or None for plain
+    HTTP, which only a loopback address gets without ``--tokens-in-clear`` (a bearer token
+    sent in clear over a network is anyone's who can see the traffic; DESIGN.md section 9:
+    "TCP needs a token (TLS off loopback)").
+
+    Raises:
+        ServeOptionError: one of the two TLS files without the other, files that do not load
+            as a certificate and its key, or an address beyond loopback with neither TLS nor
+            ``--tokens-in-clear``.
+    """
+    cert, key = tls_files
+    host = address[0]
+    if cert is not None or key is not None:
+        if cert is None or key is None:
+            raise ServeOptionError("--tls-cert and --tls-key go together; give both")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ServeOptionError(
+                f"--tls-cert/--tls-key: cannot load {cert} with {key}: {exc}"
+            ) from None
+        return context
+    if is_loopback(host):
+        return None
+    if not tokens_in_clear:
+        raise ServeOptionError(
+            f"--listen: {host} is not a loopback address, and without TLS the bearer token "
+            "would cross the network in clear text: give --tls-cert and --tls-key, or "
+            "--tokens-in-clear to accept that"
+        )
+    log.warning("serving %s without TLS: bearer tokens cross the network in clear text", host)
+    return None
 
 
 def _start(
@@ -338,6 +421,7 @@ def _start(
     enforcement: tuple[str, str, str, bool],
     interposer: str = "auto",
     fake_driver: bool = False,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -349,7 +433,7 @@ def _start(
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
 
-    server = ApiServer(path, address, log_level=level)
+    server = ApiServer(path, address, log_level=level, tls=tls)
     try:
         server.bind()
     except SocketInUse as exc:

@@ -21,7 +21,9 @@ from fgpu.model.units import (
 )
 from fgpu.sched.workload import Resources, parse_priority
 from fgpu.server.errors import BadRequest
+from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
+from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import QueueBody, SubmitRequest
 
 ISOLATIONS = ("share", "mig")
@@ -113,10 +115,13 @@ def parse_submission(body: SubmitRequest) -> Submission:
     if not body.cwd.startswith("/"):
         raise BadRequest("cwd", "must be an absolute path")
     mig_request = _mig(body)
+    if body.name is not None and len(body.name) > NAME_LENGTH:
+        raise BadRequest("name", f"{len(body.name)} characters; the limit is {NAME_LENGTH}")
+    # without a name, the command's base name (cut to the limit)
     name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
     if mig_request is not None:
         priority = _priority(body)
-        return Submission(None, priority, list(body.command), name[:200], mig_request)
+        return Submission(None, priority, list(body.command), name[:NAME_LENGTH], mig_request)
     ask = ResourceAsk(
         gpu=body.gpu,
         gpu_fraction=body.gpu_fraction,
@@ -129,7 +134,7 @@ def parse_submission(body: SubmitRequest) -> Submission:
     )
     request, _ = parse_resources(ask)
     priority = _priority(body)
-    return Submission(request, priority, list(body.command), name[:200])
+    return Submission(request, priority, list(body.command), name[:NAME_LENGTH])
 
 
 def _priority(body: SubmitRequest) -> int:
@@ -293,7 +298,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
 
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
-            but below one milli-GPU.
+            but below one milli-GPU; ``max_priority`` not a priority up to
+            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -305,6 +311,16 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     limit = (
         QueueLimit(gpu_milli=round(body.limit * 1000)) if body.limit is not None else QueueLimit()
     )
+    try:
+        max_priority = parse_priority(body.max_priority, "max_priority")
+    except InvalidRequestError as exc:
+        raise BadRequest("max_priority", exc.reason) from None
+    if max_priority > MAX_PRIORITY:
+        raise BadRequest("max_priority", f"{max_priority} is above {MAX_PRIORITY}")
+    try:
+        members = validate.members(body.members)
+    except InvalidRequestError as exc:
+        raise BadRequest(exc.field, exc.reason) from None
     return QueueConfig(
         name or body.name,
         parent=body.parent,
@@ -312,6 +328,9 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         limit=limit,
         over_quota_weight=body.over_quota_weight,
         priority=body.priority,
+        members=members,
+        max_priority=max_priority,
+        nonpreemptible=body.nonpreemptible,
     )
 
 

@@ -48,6 +48,7 @@ from fgpu.agent.events import AgentEvent
 from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
+from fgpu.agent.runner import ExitRecord
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
@@ -67,6 +68,7 @@ from fgpu.sched.workload import (
     Workload,
 )
 from fgpu.server import views
+from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
@@ -79,6 +81,7 @@ from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import (
     ACTIVE_PHASES,
     CANCELLED,
+    EVERYONE,
     FAILED,
     LOST_REASON,
     SUCCEEDED,
@@ -260,8 +263,10 @@ class Service:
         config: SchedulerConfig | None = None,
         enforcement: EnforcementConfig | None = None,
         fake_driver: bool = False,
+        launcher: Launcher | None = None,
     ) -> Service:
-        """The composition root: store, GPU backend, launcher, service.
+        """The composition root: store, GPU backend, launcher (default: a new
+        :class:`Launcher`), service.
 
         ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
@@ -303,7 +308,7 @@ class Service:
         service = cls(
             store,
             backend,
-            Launcher(),
+            launcher or Launcher(),
             folder,
             policy=policy,
             admins=admins,
@@ -349,7 +354,9 @@ class Service:
             + (mig if self.mig.gpus else [])
         )
         capacity = self._capacity_milli()
-        self.store.ensure_queue(QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity)))
+        self.store.ensure_queue(
+            QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity), members=(EVERYONE,))
+        )
 
     def _capacity_milli(self) -> int:
         """Milli-GPU of the machine: shared GPUs and the MIG pool."""
@@ -735,7 +742,11 @@ class Service:
         self._enforce()
         self.wake()
 
-    def _record_end(self, workload_id: str, code: int | None, why: str | None) -> None:
+    def _record_end(
+        self, workload_id: str, code: int | None, why: str | None, at: float | None = None
+    ) -> None:
+        """Record how a running workload's process ended (``at``: when, if known; else
+        now)."""
         try:
             record = self.store.get(workload_id)
         except NotFound:
@@ -744,22 +755,28 @@ class Service:
             return
         over_quota = self._fail_reasons.pop(workload_id, None)
         if over_quota is not None:
-            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=over_quota)
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=over_quota, finished_at=at
+            )
         elif record.cancelled_by is not None:
             self._tracked.mark_finished(
-                workload_id, CANCELLED, exit_code=code, reason=record.reason
+                workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
             self._tracked.mark_preempted(workload_id, record.reason or "preempted")
         elif code == 0:
-            self._tracked.mark_finished(workload_id, SUCCEEDED, exit_code=0, reason="exit code 0")
+            self._tracked.mark_finished(
+                workload_id, SUCCEEDED, exit_code=0, reason="exit code 0", finished_at=at
+            )
         elif code is None:
             self._tracked.mark_finished(
-                workload_id, FAILED, reason=why or "ended without an exit code"
+                workload_id, FAILED, reason=why or "ended without an exit code", finished_at=at
             )
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")
-            self._tracked.mark_finished(workload_id, FAILED, exit_code=code, reason=detail)
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=detail, finished_at=at
+            )
 
     # ------------------------------------------------------------ on the GPU
     def _enforce(self) -> None:
@@ -799,6 +816,11 @@ class Service:
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"
+
+    def _exit_path(self, workload_id: str) -> Path:
+        """Where the launcher's wrapper records the workload's exit (see
+        :class:`fgpu.agent.launcher.Launcher`)."""
+        return self.log_dir / workload_id / "exit.json"
 
     def _save_handle(self, handle: ProcessHandle) -> None:
         path = self._handle_path(handle.workload_id)
@@ -860,9 +882,10 @@ class Service:
                     continue
                 # the wrapper is gone: what it ran must not keep running untracked
                 killed = handle is not None and self.launcher.signal(handle, signal.SIGKILL)
-                exit_record = self.launcher.exit_record(handle) if handle is not None else None
-                if exit_record is not None:  # it ended while the service was down
-                    self._record_end(record.id, exit_record.code, exit_record.reason)
+                ended = self._recorded_exit(record, handle)
+                if ended is not None:  # it ended while the service was down
+                    exit_record, at = ended
+                    self._record_end(record.id, exit_record.code, exit_record.reason, at)
                 elif not fits or (
                     record.stop_requested_at is not None and record.cancelled_by is None
                 ):
@@ -873,6 +896,28 @@ class Service:
                     )
                 else:
                     self._tracked.mark_lost(record.id)
+
+    def _recorded_exit(
+        self, record: WorkloadRecord, handle: ProcessHandle | None
+    ) -> tuple[ExitRecord, float] | None:
+        """How the workload's last run ended, from the wrapper's exit record, and when (the
+        record's modification time), whatever the service had saved: also when the service
+        died before it saved the process handle. A record older than the run's start
+        (``started_at``) is an earlier run's (the launcher removes it at each launch, so one
+        is left only when the service died between recording the start and launching) and
+        does not count. None when nothing says how it ended."""
+        path = handle.exit_path if handle is not None else self._exit_path(record.id)
+        exit_record = self.launcher.exit_record_at(path)
+        if exit_record is None:
+            return None
+        try:
+            written = path.stat().st_mtime
+        except OSError:
+            return None
+        if record.started_at is not None and written < record.started_at:
+            log.warning("workload %s: the exit record %s is an earlier run's", record.id, path)
+            return None
+        return exit_record, written
 
     def _find_process(self, record: WorkloadRecord) -> ProcessHandle | None:
         """The workload's process handle: the saved one, or, when that one is missing or
@@ -910,6 +955,9 @@ class Service:
         Raises:
             BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
                 never fit this machine (with the per-node reason).
+            Forbidden: the caller is not a member of the queue, or asks for a priority or
+                non-preemptible work the queue does not grant its members
+                (:func:`fgpu.server.access.check_submission`).
         """
         sub = parse_submission(body)
         request = sub.request
@@ -922,6 +970,17 @@ class Service:
             raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
         if body.queue not in tree.leaves:
             raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
+        try:
+            queue = self.store.get_queue(body.queue).config
+        except NotFound:  # removed since the tree was read
+            raise BadRequest("queue", f"unknown queue {body.queue!r}") from None
+        check_submission(
+            queue,
+            caller.uid,
+            admin=self._is_admin(caller),
+            priority=sub.priority,
+            preemptible=body.preemptible,
+        )
         if sub.mig_request is None:
             self._check_could_fit(request)
         try:
@@ -1051,9 +1110,18 @@ class Service:
             raise NotFoundError("id", f"no workload {workload_id!r}") from None
 
     # -------------------------------------------------------------------- queues
-    def _queue_change(self, caller: Caller, change: Callable[[], object]) -> None:
+    def _queue_change(
+        self, caller: Caller, change: Callable[[], object], config: QueueConfig | None = None
+    ) -> None:
         if not self._is_admin(caller):
             raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
+        unknown = unknown_members(config.members) if config is not None else []
+        if unknown:
+            raise BadRequest(
+                "members",
+                f"no user or group {', '.join(unknown)} on this machine (a group is written "
+                "@name; numeric uids and gids are taken as they are)",
+            )
         try:
             with self._lock:
                 self._tree = None
@@ -1070,13 +1138,13 @@ class Service:
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = queue_config(body)
-        self._queue_change(caller, lambda: self.store.create_queue(config))
+        self._queue_change(caller, lambda: self.store.create_queue(config), config)
         return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = queue_config(body, name)
-        self._queue_change(caller, lambda: self.store.update_queue(config))
+        self._queue_change(caller, lambda: self.store.update_queue(config), config)
         return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
 
     def _warnings(self) -> list[str]:

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import stat
 import struct
 import threading
@@ -135,8 +136,32 @@ class _Uvicorn(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    tls: ssl.SSLContext | None = None
+    """TLS for the TCP listeners (uvicorn would put its one ``ssl`` on every socket, the Unix
+    socket too; this server serves the Unix socket in clear and TCP with this)."""
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
+        plain = [s for s in sockets or () if self.tls is None or s.family == socket.AF_UNIX]
+        secured = [s for s in sockets or () if s not in plain]
+        await super().startup(plain)
+        if self.started and secured:
+            loop = asyncio.get_running_loop()
+            config = self.config
+
+            def protocol() -> asyncio.Protocol:
+                # what uvicorn's startup builds per connection (uvicorn.Server.startup)
+                return config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config,
+                    server_state=self.server_state,
+                    app_state=self.lifespan.state,
+                    _loop=loop,
+                )
+
+            for sock in secured:
+                server = await loop.create_server(
+                    protocol, sock=sock, ssl=self.tls, backlog=config.backlog
+                )
+                self.servers.append(server)
         if self.started and self.on_started is not None:
             self.on_started()
 
@@ -148,6 +173,7 @@ class ApiServer:
         socket_path: the Unix socket to create.
         listen: optional (host, port) for TCP; port 0 picks a free port.
         log_level: uvicorn's log level name.
+        tls: TLS for the TCP listener (the Unix socket is always plain); None: plain HTTP.
 
     Use :meth:`bind` (raises :class:`SocketInUse` or ``OSError``) before building anything
     expensive, then :meth:`run` with the app (blocks until SIGINT/SIGTERM or :meth:`stop`);
@@ -159,10 +185,12 @@ class ApiServer:
         socket_path: Path,
         listen: tuple[str, int] | None = None,
         log_level: str = "info",
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.listen = listen
         self.log_level = log_level
+        self.tls = tls
         self._server: _Uvicorn | None = None
         self._stop_requested = False
         self._sockets: list[socket.socket] = []
@@ -233,6 +261,7 @@ class ApiServer:
             timeout_graceful_shutdown=5,
         )
         server = _Uvicorn(config)
+        server.tls = self.tls
         server.on_started = self._announce
         server.should_exit = self._stop_requested
         self._server = server
@@ -270,7 +299,8 @@ class ApiServer:
         tcp = self.tcp_address
         if tcp is not None:
             host, port = tcp
-            where += f" and http://{f'[{host}]' if ':' in host else host}:{port} (token)"
+            scheme = "https" if self.tls is not None else "http"
+            where += f" and {scheme}://{f'[{host}]' if ':' in host else host}:{port} (token)"
         log.info("fgpu server ready on %s", where)
         self.started.set()
 

@@ -122,6 +122,9 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         fair_share_milli=fair_milli,
         pending=sum(1 for w in active if w.phase == "pending"),
         running=sum(1 for w in active if w.holds_allocation),
+        members=list(c.members),
+        max_priority=c.max_priority,
+        nonpreemptible=c.nonpreemptible,
     )
 
 

@@ -28,6 +28,9 @@ def queue_record(row: QueueRow) -> QueueRecord:
         limit=QueueLimit(row.limit_gpu_milli, row.limit_cpu_milli, row.limit_memory_mib),
         over_quota_weight=row.over_quota_weight,
         priority=row.priority,
+        members=tuple(row.members),
+        max_priority=row.max_priority,
+        nonpreemptible=row.nonpreemptible,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -40,6 +43,9 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.limit_gpu_milli, row.limit_cpu_milli, row.limit_memory_mib = config.limit.as_tuple()
     row.over_quota_weight = float(config.over_quota_weight)
     row.priority = config.priority
+    row.members = list(config.members)
+    row.max_priority = config.max_priority
+    row.nonpreemptible = bool(config.nonpreemptible)
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:

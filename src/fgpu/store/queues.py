@@ -165,7 +165,10 @@ def _describe_queue(verb: str, config: QueueConfig) -> str:
     limit = config.limit.gpu_milli
     cap = "no GPU limit" if limit is None else f"GPU limit {limit / 1000:g}"
     parent = f" under {config.parent}" if config.parent else ""
+    members = ", ".join(config.members) if config.members else "admins only"
+    grant = ", non-preemptible work" if config.nonpreemptible else ""
     return (
         f"queue {config.name}{parent} {verb}: quota {gpus:g} GPU(s), {cap}, "
-        f"over-quota weight {config.over_quota_weight:g}, priority {config.priority}"
+        f"over-quota weight {config.over_quota_weight:g}, priority {config.priority}; "
+        f"members {members} (up to priority {config.max_priority}{grant})"
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fgpu.model.types import MODEL_SEPARATOR, Allocation, Request
-from fgpu.sched.workload import QueueSpec, Resources, Workload
+from fgpu.sched.workload import PRIORITY_CLASSES, QueueSpec, Resources, Workload
 
 PENDING = "pending"
 RUNNING = "running"
@@ -29,6 +29,9 @@ HOLDING_PHASES = frozenset({RUNNING, PAUSED})
 
 FINAL_PHASES = frozenset({SUCCEEDED, FAILED, CANCELLED})
 """Phases a workload ends in."""
+
+EVERYONE = "*"
+"""The queue member that stands for every user."""
 
 LOST_REASON = "lost while the service was down"
 """Reason of a running workload whose process was gone when the service came back."""
@@ -68,6 +71,13 @@ class QueueConfig:
         limit: hard caps, per dimension.
         over_quota_weight: share of the surplus among sibling queues (>= 0).
         priority: queue priority (>= 0; higher gets surplus first).
+        members: who may submit to it besides admins (DESIGN.md section 5): a user name or
+            uid, ``@group`` (a Unix group name or gid), or ``*`` for everyone; empty: admins
+            only.
+        max_priority: the highest workload priority its non-admin members may submit with
+            (default ``normal``, 50).
+        nonpreemptible: whether its non-admin members may submit non-preemptible work (a
+            priority class at or above ``high``, or ``preemptible: false``).
     """
 
     name: str
@@ -76,6 +86,9 @@ class QueueConfig:
     limit: QueueLimit = field(default_factory=QueueLimit)
     over_quota_weight: float = 1.0
     priority: int = 0
+    members: tuple[str, ...] = ()
+    max_priority: int = PRIORITY_CLASSES["normal"]
+    nonpreemptible: bool = False
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become

@@ -78,6 +78,10 @@ class QueueRow(Base):
     priority: Mapped[int]
     created_at: Mapped[float]
     updated_at: Mapped[float]
+    # who may submit (records.QueueConfig.members) and what non-admins may ask for
+    members: Mapped[list[str]] = mapped_column(JSON)
+    max_priority: Mapped[int]
+    nonpreemptible: Mapped[bool]
 
 
 class WorkloadRow(Base):

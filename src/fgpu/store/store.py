@@ -394,7 +394,13 @@ class Store(QueueStore, InventoryStore):
             return convert.workload_record(row)
 
     def mark_finished(
-        self, workload_id: str, phase: str, *, exit_code: int | None = None, reason: str = ""
+        self,
+        workload_id: str,
+        phase: str,
+        *,
+        exit_code: int | None = None,
+        reason: str = "",
+        finished_at: float | None = None,
     ) -> WorkloadRecord:
         """running or paused -> ``phase`` (succeeded, failed or cancelled; event named after
         the phase). The allocation is kept as history; the hold, if any, is dropped.
@@ -403,6 +409,8 @@ class Store(QueueStore, InventoryStore):
             phase: the final phase.
             exit_code: the process's exit status, if known.
             reason: why (default: the exit code).
+            finished_at: when it ended, seconds since the epoch, where that is known from
+                elsewhere (the wrapper's exit record, read after a restart); default: now.
 
         Raises:
             InvalidRequestError: ``phase`` is not a final phase.
@@ -419,15 +427,22 @@ class Store(QueueStore, InventoryStore):
         with self._write() as session:
             row = self._lock(session, workload_id)
             self._expect(row, HOLDING_PHASES, "mark_finished")
-            self._finish(session, row, phase, why, code)
+            ended = None if finished_at is None else validate.seconds("finished_at", finished_at)
+            self._finish(session, row, phase, why, code, ended)
             return convert.workload_record(row)
 
     def _finish(
-        self, session: Session, row: WorkloadRow, phase: str, reason: str, code: int | None
+        self,
+        session: Session,
+        row: WorkloadRow,
+        phase: str,
+        reason: str,
+        code: int | None,
+        ended: float | None = None,
     ) -> None:
         now = self._clock()
         row.phase = phase
-        row.finished_at = now
+        row.finished_at = now if ended is None else ended
         row.exit_code = code
         row.reason = reason
         session.execute(delete(HoldRow).where(HoldRow.workload_id == row.id))

@@ -16,6 +16,13 @@ from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 """Queue names: a letter or digit, then letters, digits, ``.``, ``_`` or ``-``."""
+MEMBER = re.compile(r"\*|@?[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
+"""A queue member: ``*``, a user name or uid, or ``@`` and a group name or gid (the
+characters of portable Unix user and group names, at most 32 of them)."""
+MAX_MEMBERS = 256
+"""Most entries in a queue's member list."""
+MAX_WORKLOAD_PRIORITY = 1000
+"""Highest workload priority there is (submissions above it are refused)."""
 
 MAX_AMOUNT = UNCAPPED - 1
 """Largest amount the store keeps (fits a signed 64-bit column with room to spare)."""
@@ -108,6 +115,40 @@ def queue_config(config: QueueConfig) -> None:
             "over_quota_weight", f"must be a finite number >= 0 (got {weight})"
         )
     integer("priority", config.priority)
+    members(config.members)
+    integer("max_priority", config.max_priority, maximum=MAX_WORKLOAD_PRIORITY)
+    if not isinstance(config.nonpreemptible, bool):
+        raise InvalidRequestError(
+            "nonpreemptible", f"must be true or false (got {config.nonpreemptible!r})"
+        )
+
+
+def members(entries: object) -> tuple[str, ...]:
+    """Check a queue's member list (see :data:`MEMBER`); duplicates are refused.
+
+    Raises:
+        InvalidRequestError: field ``members``: not a list of strings, too many entries, a
+            malformed or repeated entry (the entry is named).
+    """
+    if isinstance(entries, str) or not isinstance(entries, Sequence):
+        raise InvalidRequestError("members", f"must be a list of names (got {entries!r})")
+    if len(entries) > MAX_MEMBERS:
+        raise InvalidRequestError(
+            "members", f"{len(entries)} entries; a queue lists at most {MAX_MEMBERS}"
+        )
+    seen: set[str] = set()
+    for entry in entries:
+        if not isinstance(entry, str) or not MEMBER.fullmatch(entry):
+            shown = repr(entry) if len(repr(entry)) <= 40 else f"{repr(entry)[:40]}..."
+            raise InvalidRequestError(
+                "members",
+                f"{shown} is not a member: give a user name or uid, @group (name or gid), "
+                "or * for everyone",
+            )
+        if entry in seen:
+            raise InvalidRequestError("members", f"{entry!r} is listed twice")
+        seen.add(entry)
+    return tuple(entries)
 
 
 def submission(

@@ -44,6 +44,12 @@ _POLL_S = 0.0001
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+NEIGHBOUR_AGE_S = 3600.0
+"""How long another agent's empty cgroup must have stayed unchanged before an agent's start
+removes it (:meth:`CgroupFreezer.remove_empty_neighbours`): long enough that a live agent
+started by an older fgpu, which cannot recreate its subtree, is not caught between two
+workloads."""
+
 
 def stat_fields(pid: int) -> tuple[str, int, int, int] | None:
     """``(state, pgid, session, start_ticks)`` of ``pid`` from ``/proc/<pid>/stat`` (fields 3,
@@ -326,7 +332,11 @@ class CgroupFreezer:
     def adopt(self, handle: ProcessHandle) -> None:
         self._sweep()  # cgroups of ended workloads whose last members were still exiting
         group = self.path(handle)
-        group.mkdir(exist_ok=True)
+        try:
+            group.mkdir(exist_ok=True)
+        except FileNotFoundError:  # another agent's start removed this empty subtree
+            self.root.mkdir(exist_ok=True)
+            group.mkdir(exist_ok=True)
         self._write(group / "cgroup.freeze", "0")
         moved: set[int] = set()
         for _ in range(10):  # members may fork while they are being moved
@@ -438,6 +448,37 @@ class CgroupFreezer:
                 busy.append(group)
         return busy
 
+    def remove_empty_neighbours(self, min_age_s: float = NEIGHBOUR_AGE_S) -> list[Path]:
+        """Remove the empty cgroups other agents left beside ``root`` (their subtrees under
+        the same parent, and the workload cgroups in them) when unchanged for ``min_age_s``:
+        what a killed agent whose state folder is gone leaves behind. A cgroup with
+        processes is never removed (the kernel refuses); an agent that is alive but idle
+        that long recreates its subtree when it next needs it. Returns what was removed."""
+        removed: list[Path] = []
+        now = time.time()
+
+        def old(path: Path) -> bool:
+            try:
+                return now - path.stat().st_mtime >= min_age_s
+            except OSError:
+                return False
+
+        try:
+            subtrees = [p for p in self.root.parent.iterdir() if p.is_dir() and p != self.root]
+        except OSError:
+            return removed
+        for subtree in subtrees:
+            with contextlib.suppress(OSError):
+                for group in [p for p in subtree.iterdir() if p.is_dir() and old(p)]:
+                    with contextlib.suppress(OSError):
+                        group.rmdir()
+                        removed.append(group)
+            if old(subtree):
+                with contextlib.suppress(OSError):
+                    subtree.rmdir()
+                    removed.append(subtree)
+        return removed
+
     def close(self) -> None:
         """Remove the empty cgroups of ended workloads, and ``root`` itself when empty."""
         self._sweep()
@@ -458,7 +499,8 @@ def detect_freezer(
             ``"signal"``.
         cgroup_root: parent cgroup for workloads (default ``<cgroup2 mount>/fgpu``); a
             relative path is taken under ``<cgroup2 mount>/fgpu`` (one subtree per agent,
-            so that one agent's recovery never thaws another's workloads).
+            so that one agent's recovery never thaws another's workloads; at start the
+            empty subtrees and cgroups that dead agents left there are removed).
         hasten: boost tasks that are asked to stop so they stop within about a millisecond
             rather than a scheduler tick (see :class:`Hastener`; default on, a no-op without
             CAP_SYS_NICE).
@@ -478,7 +520,10 @@ def detect_freezer(
             if prefer == "cgroup":
                 raise OSError(errno.ENOENT, "no cgroup v2 hierarchy is mounted")
             return SignalFreezer(hasten=hasten)
+        shared = root is not None
         root = mount / "fgpu" / root if root is not None else mount / "fgpu"
+    else:
+        shared = False
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         freezer = CgroupFreezer(root, hasten=hasten)
@@ -488,6 +533,8 @@ def detect_freezer(
         log.info("cgroup v2 freezer unusable at %s (%s); using SIGSTOP/SIGCONT", root, exc)
         return SignalFreezer(hasten=hasten)
     freezer.recover()
+    if shared:  # one subtree per agent under <mount>/fgpu: sweep what dead ones left
+        freezer.remove_empty_neighbours()
     return freezer
 
 

@@ -1,0 +1,183 @@
+"""Who may submit what to which queue on one machine (DESIGN.md section 5, "Who may do what").
+
+The rules, checked at submission for callers who are not admins (admins may do anything):
+
+1. **Membership.** A queue admits the users and groups it lists
+   (:attr:`fgpu.store.records.QueueConfig.members`): a user name or uid, ``@group`` (a Unix
+   group name or gid, matched against the caller's primary and supplementary groups from the
+   user database), or ``*`` for everyone. An empty list admits admins only. The ``default``
+   queue lists ``*`` when the service creates it, so one-user setups need no configuration.
+2. **Priority.** A member may submit up to the queue's ``max_priority`` (``normal``, 50,
+   unless an admin raises it).
+3. **Non-preemptible work** (a class at or above ``high``, 100, unless marked preemptible, or
+   any priority with ``preemptible: false``) needs a queue that grants it
+   (``nonpreemptible``): such work may not be stopped for others, and at or above ``high``
+   it preempts lower-priority work of the queue's members.
+
+Each refusal is a :class:`fgpu.server.errors.Forbidden` (403) naming the field, the rule and
+the command an admin runs to allow it.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+from dataclasses import dataclass
+
+from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
+from fgpu.server.errors import Forbidden
+from fgpu.store.records import EVERYONE, QueueConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A caller as the user database knows them.
+
+    Attributes:
+        uid: the caller's uid (peer credentials of the Unix socket).
+        user: the user name, None when the uid has no entry.
+        gids: the primary and supplementary group ids (empty without an entry).
+        groups: the names of those groups that have names.
+    """
+
+    uid: int
+    user: str | None
+    gids: frozenset[int]
+    groups: frozenset[str]
+
+    @property
+    def shown(self) -> str:
+        """``uid 1001 (alice)``, or ``uid 1001`` without a user entry."""
+        return f"uid {self.uid}" + (f" ({self.user})" if self.user else "")
+
+
+def identity_of(uid: int) -> Identity:
+    """The caller ``uid`` with their user name and groups, read from the user database
+    (``pwd``, ``os.getgrouplist``, ``grp``) at each call, so group changes count at once."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return Identity(uid, None, frozenset(), frozenset())
+    try:
+        gids = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except OSError:
+        gids = frozenset({entry.pw_gid})
+    names = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return Identity(uid, entry.pw_name, gids, frozenset(names))
+
+
+def is_member(queue: QueueConfig, who: Identity) -> bool:
+    """Whether ``who`` is listed by ``queue`` (by user name or uid, by group, or ``*``)."""
+    for entry in queue.members:
+        if entry == EVERYONE:
+            return True
+        if entry.startswith("@"):
+            group = entry[1:]
+            if group in who.groups or (group.isdigit() and int(group) in who.gids):
+                return True
+        elif entry == who.user or (entry.isdigit() and int(entry) == who.uid):
+            return True
+    return False
+
+
+def unknown_members(members: tuple[str, ...]) -> list[str]:
+    """The entries of a member list that name no user or group of this machine (numeric
+    uids and gids always count as known: a user may be added before the account)."""
+    unknown = []
+    for entry in members:
+        if entry == EVERYONE or entry.lstrip("@").isdigit():
+            continue
+        try:
+            if entry.startswith("@"):
+                grp.getgrnam(entry[1:])
+            else:
+                pwd.getpwnam(entry)
+        except KeyError:
+            unknown.append(entry)
+    return unknown
+
+
+def priority_name(priority: int) -> str:
+    """``critical (125)`` for a class, else the number."""
+    for name, value in PRIORITY_CLASSES.items():
+        if value == priority:
+            return f"{name} ({value})"
+    return str(priority)
+
+
+def check_submission(
+    queue: QueueConfig,
+    uid: int,
+    *,
+    admin: bool,
+    priority: int,
+    preemptible: bool | None,
+) -> None:
+    """Refuse a submission the caller may not make (see the module docstring).
+
+    Args:
+        queue: the queue submitted to.
+        uid: the caller.
+        admin: the caller is root, the server's user or an ``--admin``: nothing is checked.
+        priority: the workload's numeric priority.
+        preemptible: the submission's flag; None takes the default of its priority
+            (non-preemptible from ``high``, 100).
+
+    Raises:
+        Forbidden: field ``queue`` (not a member), ``priority`` (above the queue's
+            ``max_priority``) or ``preemptible`` (non-preemptible work without the queue's
+            grant).
+    """
+    if admin:
+        return
+    who = identity_of(uid)
+    name = queue.name
+    whom = who.user or str(uid)
+    if not is_member(queue, who):
+        listed = ", ".join(queue.members) if queue.members else "none (admins only)"
+        raise Forbidden(
+            "queue",
+            f"{who.shown} is not a member of queue {name} (members: {listed}); rule: a queue "
+            f"takes work from its members and admins; an admin adds you with "
+            f"'fgpu queue set {name} --add-member {whom}'",
+        )
+    if priority > queue.max_priority:
+        raise Forbidden(
+            "priority",
+            f"priority {priority_name(priority)} is above what queue {name} allows its "
+            f"members ({priority_name(queue.max_priority)}); rule: users who are not admins "
+            f"submit up to the queue's max_priority; an admin raises it with "
+            f"'fgpu queue set {name} --max-priority {priority}'",
+        )
+    nonpreemptible = (
+        not preemptible if preemptible is not None else priority >= NON_PREEMPTIBLE_FROM
+    )
+    if nonpreemptible and not queue.nonpreemptible:
+        why = (
+            "preemptible is false"
+            if preemptible is False
+            else f"priority {priority_name(priority)} is non-preemptible by default"
+        )
+        raise Forbidden(
+            "preemptible",
+            f"non-preemptible work ({why}) needs an admin or a queue that grants it, and "
+            f"queue {name} does not; rule: non-preemptible work is never stopped for "
+            f"others, so an admin grants it with 'fgpu queue set {name} --nonpreemptible'; "
+            "or submit it --preemptible",
+        )
+
+
+__all__ = [
+    "Identity",
+    "check_submission",
+    "identity_of",
+    "is_member",
+    "priority_name",
+    "unknown_members",
+]
