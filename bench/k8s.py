@@ -132,7 +132,7 @@ def main() -> None:
             )
         setup_s = time.perf_counter() - started
 
-        scheduler = K8sScheduler(api)
+        scheduler = K8sScheduler(api, env_without_isolation=True)
         started = time.perf_counter()
         scheduler.sync()
         sync_s = time.perf_counter() - started

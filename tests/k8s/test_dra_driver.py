@@ -15,7 +15,7 @@ import pytest
 from fgpu.k8s import wire
 from fgpu.k8s.dra import cdi
 from fgpu.k8s.dra.driver import DraDriver
-from fgpu.k8s.dra.share import DRIVER, GpuShare, allocation, gpu_device
+from fgpu.k8s.dra.share import DRIVER, GpuShare, allocation, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, devices_of
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.standin.kubelet import KubeletStandIn
@@ -129,7 +129,7 @@ def test_the_kubelet_registers_the_driver_and_a_claim_gets_only_its_gpu(cluster,
         kubelet.discover()
         assert set(kubelet.plugins) == {DRIVER}
         assert driver.registered.is_set()
-        claim = claimed_pod(cluster, "train", [gpu_device(3)], GpuShare(500, 40960))
+        claim = claimed_pod(cluster, "train", [device_name("GPU-gpu-1-03")], GpuShare(500, 40960))
         kubelet.sync()
         assert kubelet.waiting == {}
         main = kubelet.containers[f"{cluster.namespace}/train"]["main"]
@@ -207,11 +207,11 @@ def test_a_claim_for_a_device_the_node_lacks_is_refused_with_the_reason(cluster,
     driver = node.driver(cluster)
     kubelet = node.kubelet(cluster)
     try:
-        claimed_pod(cluster, "far", [gpu_device(9)], GpuShare(500, 40960))
+        claimed_pod(cluster, "far", [device_name("GPU-gpu-1-09")], GpuShare(500, 40960))
         kubelet.sync()
         why = kubelet.waiting[f"{cluster.namespace}/far"]
         assert "could not prepare claim far-gpu" in why
-        assert "device 'gpu-9' is not one of this node's" in why
+        assert "device 'gpu-gpu-1-09' is not one of this node's" in why
     finally:
         driver.stop()
 
@@ -219,7 +219,7 @@ def test_a_claim_for_a_device_the_node_lacks_is_refused_with_the_reason(cluster,
 def test_a_driver_restart_leaves_running_pods_and_registers_again(cluster, node) -> None:
     driver = node.driver(cluster)
     kubelet = node.kubelet(cluster)
-    claim = claimed_pod(cluster, "long", [gpu_device(0)], GpuShare(250, 20480))
+    claim = claimed_pod(cluster, "long", [device_name("GPU-gpu-1-00")], GpuShare(250, 20480))
     kubelet.sync()
     uid = claim["metadata"]["uid"]
     before = cdi.spec_path(node.layout, uid).read_text()
@@ -245,7 +245,7 @@ def test_the_node_publishes_one_slice_with_gpus_and_mig_instances(cluster) -> No
     publisher = SlicePublisher(api, NODE)
     made = publisher.publish(inventory(2))
     assert made["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
-    assert [d["name"] for d in made["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+    assert [d["name"] for d in made["spec"]["devices"]] == ["gpu-gpu-1-00", "gpu-gpu-1-01"]
     first = made["spec"]["devices"][0]
     assert first["attributes"]["uuid"] == {"string": "GPU-gpu-1-00"}
     assert first["capacity"]["memory"] == {"value": "81920Mi"}
@@ -253,7 +253,7 @@ def test_the_node_publishes_one_slice_with_gpus_and_mig_instances(cluster) -> No
     grown = publisher.publish(inventory(3))
     assert grown["spec"]["pool"]["generation"] == 2
     mig = devices_of(inventory(1, mig=True))
-    assert [d["name"] for d in mig] == ["gpu-0-mig-0", "gpu-0-mig-4"]
+    assert [d["name"] for d in mig] == ["mig-a", "mig-b"]
     assert mig[1]["attributes"]["parentUUID"] == {"string": "GPU-gpu-1-00"}
     publisher.withdraw()
     assert api.list_slices(f"spec.nodeName={NODE}").items == []

@@ -69,6 +69,16 @@ def scheduler(
     min_runtime_s: Annotated[
         float, typer.Option(help="Seconds a pod runs before it can be a victim.")
     ] = 0.0,
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="Hand GPUs out by a per-pod environment ConfigMap instead of "
+            "ResourceClaims (clusters before Kubernetes 1.34). DOES NOT ISOLATE: any pod on "
+            "the node can name any GPU. Trusted single-tenant clusters only; give the "
+            "webhook the same flag.",
+        ),
+    ] = False,
 ) -> None:
     """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
@@ -94,6 +104,7 @@ def scheduler(
             policy=policy,
             config=SchedulerConfig(min_runtime_s=min_runtime_s),
             elector=elector,
+            env_without_isolation=env_without_isolation,
         )
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:

@@ -32,7 +32,7 @@ from typing import Any
 
 from fgpu.k8s import wire
 from fgpu.k8s.dra import cdi
-from fgpu.k8s.dra.share import DRIVER, ShareError, gpu_device, mig_device, results_of, share_of
+from fgpu.k8s.dra.share import DRIVER, ShareError, device_name, results_of, share_of
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.resourceapi import ResourceApi
 
@@ -123,10 +123,10 @@ class DraDriver:
         for g in self.inventory().gpus:
             minor = self.minors.get(g.uuid, g.index)
             if g.mig is None:
-                out[gpu_device(g.index)] = cdi.PreparedGpu(g.uuid, minor)
+                out[device_name(g.uuid)] = cdi.PreparedGpu(g.uuid, minor)
             else:
                 for m in g.mig:
-                    out[mig_device(g.index, m.start)] = cdi.PreparedGpu(m.uuid, minor)
+                    out[device_name(m.uuid)] = cdi.PreparedGpu(m.uuid, minor)
         return out
 
     def prepare(self, namespace: str, name: str, uid: str) -> list[PreparedDevice]:

@@ -2,7 +2,7 @@
 
 The scheduler allocates a ResourceClaim of device class :data:`DRIVER` by writing its
 ``status.allocation``: one result per GPU (``driver`` :data:`DRIVER`, ``pool`` the node's
-name, ``device`` the GPU's device name in the node's ResourceSlice, :func:`gpu_device`), the
+name, ``device`` the GPU's device name in the node's ResourceSlice, :func:`device_name`), the
 share as the driver's opaque configuration (:class:`GpuShare` in
 ``allocation.devices.config[].opaque.parameters``, ``source: FromClaim``), and a node
 selector naming the node. The driver reads the same objects back when the kubelet asks it
@@ -12,6 +12,7 @@ scheduler's right in RBAC), so what reaches the container is what the scheduler 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +35,22 @@ class ShareError(ValueError):
     the field and the value."""
 
 
-def gpu_device(index: int) -> str:
-    """The device name of GPU ``index`` (inventory order) in the node's ResourceSlice."""
-    return f"gpu-{index}"
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
-def mig_device(gpu_index: int, start: int) -> str:
-    """The device name of the MIG instance at ``start`` of GPU ``gpu_index``."""
-    return f"gpu-{gpu_index}-mig-{start}"
+def device_name(uuid: str) -> str:
+    """The device name of a GPU or MIG instance in the node's ResourceSlice: its uuid in
+    lower case (``GPU-5e1a...`` -> ``gpu-5e1a...``), so that a name never depends on
+    enumeration order and a renumbering agent moves nobody.
+
+    Raises:
+        ValueError: the uuid does not make a DNS label (at most 63 characters of
+            ``a-z0-9-``), which a device name must be.
+    """
+    name = uuid.lower()
+    if len(name) > 63 or not _LABEL.match(name):
+        raise ValueError(f"GPU uuid {uuid!r} does not make a device name (a DNS label)")
+    return name
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +63,7 @@ class GpuShare:
         queue: the pod's queue.
         priority: the pod's fgpu priority (0..1000).
         preemptible: whether fgpu may preempt it (None: the class's default).
+        mig: for a MIG instance, ``(instance uuid, parent GPU uuid, profile, start)``.
     """
 
     compute_milli: int
@@ -61,6 +71,7 @@ class GpuShare:
     queue: str = "default"
     priority: int = 50
     preemptible: bool | None = None
+    mig: tuple[str, str, str, int] | None = None
 
     def to_parameters(self) -> Obj:
         """The ``opaque.parameters`` object."""
@@ -74,6 +85,9 @@ class GpuShare:
         }
         if self.preemptible is not None:
             out["preemptible"] = self.preemptible
+        if self.mig is not None:
+            uuid, parent, profile, start = self.mig
+            out["mig"] = {"uuid": uuid, "gpuUUID": parent, "profile": profile, "start": start}
         return out
 
     @classmethod
@@ -105,7 +119,20 @@ class GpuShare:
         queue = data.get("queue", "default")
         if not isinstance(queue, str) or not queue:
             raise ShareError(f"opaque parameters: queue {queue!r} is not a queue name")
+        mig = data.get("mig")
+        held: tuple[str, str, str, int] | None = None
+        if mig is not None:
+            try:
+                held = (
+                    str(mig["uuid"]),
+                    str(mig["gpuUUID"]),
+                    str(mig["profile"]),
+                    int(mig["start"]),
+                )
+            except (KeyError, TypeError, ValueError):
+                raise ShareError(f"opaque parameters: mig {mig!r} is not a MIG instance") from None
         return cls(
+            mig=held,
             compute_milli=integer("computeMilli", 1, 1000),
             memory_mib=integer("memoryMiB", 1, 1 << 31),
             queue=queue,
@@ -180,9 +207,8 @@ __all__ = [
     "GpuShare",
     "ShareError",
     "allocation",
-    "gpu_device",
+    "device_name",
     "is_fgpu_claim",
-    "mig_device",
     "results_of",
     "share_of",
 ]

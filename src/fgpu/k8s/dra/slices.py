@@ -2,8 +2,8 @@
 
 One slice per node, named ``<node>-gpu.fgpu.io``, in a pool named after the node (one slice
 in the pool; the generation goes up with every change of the devices, so a consumer that
-sees two generations trusts the newest). Devices (names: :func:`~fgpu.k8s.dra.share.gpu_device`,
-:func:`~fgpu.k8s.dra.share.mig_device`):
+sees two generations trusts the newest). Devices, named by their uuids
+(:func:`~fgpu.k8s.dra.share.device_name`):
 
 - one per GPU not in MIG mode, attributes ``uuid``, ``model``, ``index`` (inventory order),
   ``memoryMiB``, ``mig`` false; capacity ``memory`` (``<MiB>Mi``) and ``compute``
@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from fgpu.k8s import wire
-from fgpu.k8s.dra.share import DRIVER, gpu_device, mig_device
+from fgpu.k8s.dra.share import DRIVER, device_name
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.resourceapi import API_VERSION, ResourceApi
 
@@ -45,7 +45,7 @@ def devices_of(inventory: wire.Inventory) -> list[Obj]:
         if g.mig is None:
             out.append(
                 {
-                    "name": gpu_device(g.index),
+                    "name": device_name(g.uuid),
                     "attributes": {
                         "uuid": {"string": g.uuid},
                         "model": {"string": g.model},
@@ -64,7 +64,7 @@ def devices_of(inventory: wire.Inventory) -> list[Obj]:
         for m in g.mig:
             out.append(
                 {
-                    "name": mig_device(g.index, m.start),
+                    "name": device_name(m.uuid),
                     "attributes": {
                         "uuid": {"string": m.uuid},
                         "parentUUID": {"string": g.uuid},
