@@ -88,7 +88,11 @@ def make_pod(api: KubeApi, name: str, gpu: str) -> None:
             ],
         },
     }
-    api._call(api.core.create_namespaced_pod, "default", json_patch(body, mutate(body)))
+    api._call(
+        api.core.create_namespaced_pod,
+        "default",
+        json_patch(body, mutate(body, env_without_isolation=True)),
+    )
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ from fgpu.k8s.kube import MERGE_PATCH
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.k8s.standin.kubelet import KubeletStandIn
+from fgpu.k8s.standin.patch import json_patch
+from fgpu.k8s.webhook import mutate
 from tests.k8s.conftest import Cluster
 from tests.k8s.kube import MODEL_MEMORY, add_node, bound, gpu_uuid, pod
 
@@ -32,14 +34,9 @@ pytestmark = pytest.mark.k8s
 
 
 def claim_pod(name: str, gpu: str = "0.5", **annotations: str) -> dict[str, Any]:
-    """An fgpu pod as the webhook leaves it on the DRA path."""
+    """An fgpu pod as the webhook admits it on the DRA path."""
     body = pod(name, gpu, **annotations)
-    body["spec"]["resourceClaims"] = [
-        {"name": claims.POD_CLAIM, "resourceClaimTemplateName": claims.TEMPLATE}
-    ]
-    for c in body["spec"]["containers"]:
-        c["resources"]["claims"] = [{"name": claims.POD_CLAIM}]
-    return body
+    return json_patch(body, mutate(body))
 
 
 def make(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +138,38 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
             assert main.env["NVIDIA_VISIBLE_DEVICES"] == gpu  # the claim's, not the image's
             index = int(gpu.rsplit("-", 1)[1])
             assert [n for n in main.device_nodes if n[-1].isdigit()] == [f"/dev/nvidia{index}"]
+    finally:
+        driver.stop()
+
+
+def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> None:
+    from tests.k8s.test_dra_webhook import restricted_pod, restricted_violations
+
+    add_node(cluster, "node-a", gpus=1)
+    layout = cdi.Layout(cdi_dir=host / "cdi", lib_dir=host / "lib", hint_dir=host / "hint")
+    driver = DraDriver(
+        ResourceApi(cluster.api),
+        "node-a",
+        lambda: inventory_of("node-a", 1),
+        layout,
+        registry_dir=host / "reg",
+        plugin_dir=host / "plug",
+        segment_dir=host / "seg",
+    )
+    driver.start()
+    try:
+        body = restricted_pod("locked")
+        admitted = json_patch(body, mutate(body))
+        assert restricted_violations(admitted) == []
+        make(cluster, admitted)
+        round_(K8sScheduler(cluster.api))
+        kubelet = KubeletStandIn(cluster.api, "node-a", host / "reg", [layout.cdi_dir])
+        kubelet.sync()
+        got = cluster.api.get_pod(cluster.namespace, "locked")
+        assert got["status"]["phase"] == "Running"
+        main = kubelet.containers[f"{cluster.namespace}/locked"]["main"]
+        assert main.env["CUDA_VISIBLE_DEVICES"] == gpu_uuid("node-a", 0)
+        assert str(layout.hint_dir) in {m["containerPath"] for m in main.mounts}
     finally:
         driver.stop()
 

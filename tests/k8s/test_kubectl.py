@@ -304,7 +304,7 @@ def test_the_standin_command_registers_nodes_and_calls_the_webhook(tmp_path: Pat
     from tests.k8s.conftest import Served
 
     port = free_port()
-    with Served(create_app()) as hook:
+    with Served(create_app(env_without_isolation=True)) as hook:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fgpu", "k8s", "standin", "--port", str(port),
              "--node", "a", "--node", "b", "--webhook", f"{hook.url}/mutate"],

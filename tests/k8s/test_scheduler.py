@@ -43,7 +43,7 @@ def per_gpu_milli(cluster: Cluster) -> Counter[str]:
 def test_sixteen_half_gpu_pods_created_at_once_land_two_per_gpu_each_seeing_its_own(
     make_cluster,
 ) -> None:
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         add_node(cluster, "node-a", gpus=8)
         scheduler = K8sScheduler(cluster.api, env_without_isolation=True)

@@ -142,6 +142,15 @@ def webhook(
             "fgpu.io/gpu-uuids, fgpu.io/hold, fgpu.io/env-configmap).",
         ),
     ] = wire.SCHEDULER_USER,
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="Give fgpu pods an environment ConfigMap (and the hint socket by hostPath) "
+            "instead of a ResourceClaim, for clusters before Kubernetes 1.34. DOES NOT "
+            "ISOLATE: trusted single-tenant clusters only; give the scheduler the same flag.",
+        ),
+    ] = False,
 ) -> None:
     """Run the admission webhook (POST /mutate)."""
     from fgpu.k8s.webhook import serve
@@ -157,6 +166,7 @@ def webhook(
             tls_key_file,
             agent_socket_volume=agent_socket_volume,
             scheduler_user=scheduler_user,
+            env_without_isolation=env_without_isolation,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None

@@ -35,6 +35,22 @@ volume named ``fgpu-agent`` or a container mounts anything else at or below ``/r
 the exact volume and mounts the webhook adds are accepted as they are (a pod copied from an
 admitted one).
 
+**The DRA path (default).** Instead of the ConfigMap, the ``envFrom`` and the ``hostPath``
+volume above, a good pod that asks for GPUs gets a ResourceClaim: the ``spec.resourceClaims``
+entry ``fgpu-gpu`` from the namespace's ResourceClaimTemplate ``fgpu-gpu`` (one device of
+class ``gpu.fgpu.io``; the scheduler creates the template where pods name it), referenced
+by every container and init container (``resources.claims``), and the toleration of the
+fgpu nodes' taint ``fgpu.io/gpu:NoSchedule``. The node's DRA driver puts the GPU, the
+interposer and the hint socket's folder into the containers through CDI
+(:mod:`fgpu.k8s.dra`), so the pod needs no ``hostPath`` and passes Pod Security
+``restricted``. A pod whose own ``fgpu-gpu`` entry names a claim (``resourceClaimName``)
+keeps it: users may write claims of class ``gpu.fgpu.io`` themselves. Refused besides:
+a privileged container (it would see every device of the node), also as an ephemeral
+container added later (``kubectl debug --profile=sysadmin``), and ``LD_PRELOAD`` or
+``FGPU_SEG`` in a container's own ``env`` (they carry the interposer). The ConfigMap path
+stays behind ``env_without_isolation`` (``--env-without-isolation``), for clusters before
+Kubernetes 1.34 and trusted single-tenant use: it does not isolate anything.
+
 On pod update it only checks (never patches): a change to an annotation fgpu writes
 (:data:`fgpu.k8s.wire.FGPU_ANNOTATIONS`) is refused unless the request's user is the
 scheduler's (:func:`check_update`).
@@ -59,6 +75,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from fgpu.k8s import wire
+from fgpu.k8s.claims import POD_CLAIM, TEMPLATE
+from fgpu.k8s.dra.share import TAINT_KEY
 from fgpu.k8s.objects import PodRequestError, pod_ask
 
 log = logging.getLogger("fgpu.k8s.webhook")
@@ -177,16 +195,99 @@ def check_spec(pod: Obj) -> None:
                     )
 
 
+DRA_RESERVED_ENV = ("LD_PRELOAD", "FGPU_SEG")
+"""Variables the DRA driver's CDI spec sets (the interposer); refused in a pod's own env."""
+TOLERATION = {"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
+"""The toleration of the fgpu nodes' taint that fgpu pods get."""
+
+
+def check_privileged(spec: Obj, groups: tuple[str, ...] = ("initContainers", "containers")) -> None:
+    """Refuse privileged containers in an fgpu pod: a privileged container sees every device
+    node of the host, so every GPU, whatever its claim says.
+
+    Raises:
+        PodRequestError: naming the container's field.
+    """
+    for group in groups:
+        for i, c in enumerate(spec.get(group) or []):
+            if ((c.get("securityContext") or {}).get("privileged")) is True:
+                raise PodRequestError(
+                    f"spec.{group}[{i}].securityContext.privileged",
+                    "true: a privileged container sees every GPU of the node, not only the "
+                    "one fgpu gives the pod; fgpu pods run unprivileged",
+                )
+
+
+def _dra_ops(pod: Obj, ask_gpus: bool) -> list[dict[str, Any]]:
+    """The ops of the DRA path (module docstring) after the common ones.
+
+    Raises:
+        PodRequestError: a privileged container, an interposer variable in ``env``, or a
+            ``fgpu-gpu`` claim entry that neither names a claim nor is fgpu's.
+    """
+    spec = pod.get("spec") or {}
+    check_privileged(spec)
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            for env in c.get("env") or []:
+                if env.get("name") in DRA_RESERVED_ENV:
+                    raise PodRequestError(
+                        f"spec.{group}[{i}].env",
+                        f"{env.get('name')} is set by fgpu's DRA driver (the interposer that "
+                        "enforces the pod's share); remove it",
+                    )
+    ops: list[dict[str, Any]] = []
+    tolerations = spec.get("tolerations") or []
+    if TOLERATION not in tolerations:
+        ops.append({"op": "add", "path": "/spec/tolerations", "value": [*tolerations, TOLERATION]})
+    if not ask_gpus:
+        return ops
+    ours = {"name": POD_CLAIM, "resourceClaimTemplateName": TEMPLATE}
+    entries = spec.get("resourceClaims") or []
+    taken = [e for e in entries if e.get("name") == POD_CLAIM]
+    if taken and taken[0] != ours and not taken[0].get("resourceClaimName"):
+        raise PodRequestError(
+            "spec.resourceClaims",
+            f"{POD_CLAIM!r} is the claim entry fgpu adds (template {TEMPLATE}); rename "
+            "this entry, or name a ResourceClaim of class gpu.fgpu.io in it",
+        )
+    if not taken:
+        ops.append({"op": "add", "path": "/spec/resourceClaims", "value": [*entries, ours]})
+    for group in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(group) or []):
+            resources = c.get("resources") or {}
+            refs = resources.get("claims") or []
+            if any(r.get("name") == POD_CLAIM for r in refs):
+                continue
+            if not c.get("resources"):
+                ops.append({"op": "add", "path": f"/spec/{group}/{i}/resources", "value": {}})
+            ops.append(
+                {
+                    "op": "add",
+                    "path": f"/spec/{group}/{i}/resources/claims",
+                    "value": [*refs, {"name": POD_CLAIM}],
+                }
+            )
+    return ops
+
+
 def mutate(
-    pod: Obj, configmap_name: str | None = None, *, agent_socket_volume: bool = True
+    pod: Obj,
+    configmap_name: str | None = None,
+    *,
+    agent_socket_volume: bool = True,
+    env_without_isolation: bool = False,
 ) -> list[dict[str, Any]]:
     """The JSON patch that admits ``pod`` (empty for a pod that is not fgpu's).
 
     Args:
         pod: the pod as submitted.
         configmap_name: the environment ConfigMap's name (default: ``fgpu-env-`` and 10
-            random hex digits).
-        agent_socket_volume: mount the agent's socket folder (module docstring).
+            random hex digits; only with ``env_without_isolation``).
+        agent_socket_volume: mount the agent's socket folder (module docstring; only with
+            ``env_without_isolation``: on the DRA path the CDI spec mounts it).
+        env_without_isolation: the ConfigMap path, which does not isolate (module
+            docstring); default: the DRA path.
 
     Raises:
         PodRequestError: a bad annotation (naming it and the reason, as the CLI would), a
@@ -197,7 +298,7 @@ def mutate(
         return []
     check_annotation_keys(pod)
     check_spec(pod)
-    pod_ask(pod)  # the same checks as `fgpu submit`
+    ask = pod_ask(pod)  # the same checks as `fgpu submit`
     spec = pod.get("spec") or {}
     notes = wire.annotations_of(pod)
     ops: list[dict[str, Any]] = []
@@ -214,13 +315,18 @@ def mutate(
                 "value": wire.DEFAULT_QUEUE,
             }
         )
+    ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
+    if not env_without_isolation:
+        if wire.ENV_CONFIGMAP in notes:  # copied from a pod of the ConfigMap path
+            path = f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}"
+            ops.append({"op": "remove", "path": path})
+        return ops + _dra_ops(pod, bool(ask.request.gpu_count or ask.mig_profile))
     # always a fresh name (a given one is another pod's: the scheduler would never bind
     # this one); "add" replaces a member that exists
     name = configmap_name or f"{ENV_PREFIX}{secrets.token_hex(5)}"
     ops.append(
         {"op": "add", "path": f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}", "value": name}
     )
-    ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     source = {"configMapRef": {"name": name, "optional": False}}
     copied = notes.get(wire.ENV_CONFIGMAP)
 
@@ -355,20 +461,36 @@ def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
 
 
 def review(
-    body: Obj, *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+    body: Obj,
+    *,
+    agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> dict[str, Any]:
     """Answer an ``AdmissionReview`` (admission.k8s.io/v1): pod CREATE is checked and
-    mutated (:func:`mutate`; ``agent_socket_volume`` as there), pod UPDATE only checked
-    (:func:`check_update`, never a patch); anything else is allowed as it is."""
+    mutated (:func:`mutate`; ``agent_socket_volume`` and ``env_without_isolation`` as
+    there), pod UPDATE only checked (:func:`check_update`, never a patch), an update of an
+    fgpu pod's ``ephemeralcontainers`` refused when one is privileged; anything else is
+    allowed as it is."""
     request = body.get("request") or {}
     uid = request.get("uid", "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     pod = request.get("object") or {}
     operation = request.get("operation", "CREATE")
-    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not request.get("subResource")
+    sub = request.get("subResource")
+    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not sub
+    if sub == "ephemeralcontainers" and wants_fgpu(pod):
+        try:
+            check_privileged(pod.get("spec") or {}, ("ephemeralContainers",))
+        except PodRequestError as exc:
+            response = _refusal(uid, exc)
     if is_pod and operation == "CREATE":
         try:
-            ops = mutate(pod, agent_socket_volume=agent_socket_volume)
+            ops = mutate(
+                pod,
+                agent_socket_volume=agent_socket_volume,
+                env_without_isolation=env_without_isolation,
+            )
         except PodRequestError as exc:
             response = _refusal(uid, exc)
         else:
@@ -385,11 +507,14 @@ def review(
 
 
 def create_app(
-    *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+    *,
+    agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> FastAPI:
     """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
-    ``agent_socket_volume`` as in :func:`mutate`, ``scheduler_user`` as in
-    :func:`check_update`."""
+    ``agent_socket_volume`` and ``env_without_isolation`` as in :func:`mutate`,
+    ``scheduler_user`` as in :func:`check_update`."""
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
     @app.post("/mutate")
@@ -399,7 +524,12 @@ def create_app(
         except ValueError:
             return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
         return JSONResponse(
-            review(body, agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user)
+            review(
+                body,
+                agent_socket_volume=agent_socket_volume,
+                scheduler_user=scheduler_user,
+                env_without_isolation=env_without_isolation,
+            )
         )
 
     @app.get("/healthz")
@@ -417,6 +547,7 @@ def serve(
     *,
     agent_socket_volume: bool = True,
     scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
     requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
@@ -430,7 +561,11 @@ def serve(
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     uvicorn.run(
-        create_app(agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user),
+        create_app(
+            agent_socket_volume=agent_socket_volume,
+            scheduler_user=scheduler_user,
+            env_without_isolation=env_without_isolation,
+        ),
         host=host,
         port=port,
         ssl_certfile=cert_file,
