@@ -15,10 +15,12 @@ import pytest
 from fgpu.k8s import wire
 from fgpu.k8s.dra import cdi
 from fgpu.k8s.dra.driver import DraDriver
+from fgpu.k8s.dra.node import AGENT_STATUS, publish_nothing, real_backend
 from fgpu.k8s.dra.share import DRIVER, GpuShare, allocation, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, devices_of
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.standin.kubelet import KubeletStandIn
+from tests.unit.test_agent_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.k8s
 
@@ -268,3 +270,35 @@ def test_the_committed_grpc_modules_match_the_protos(tmp_path) -> None:
     assert [p.name for p in made] == sorted(p.name for p in here.glob("*_pb2*.py*"))
     for path in made:
         assert path.read_text() == (here / path.name).read_text(), path.name
+
+
+@pytest.mark.parametrize(
+    ("nvml", "says"),
+    [
+        (FakeNvml([], init_error="NVML Shared Library Not Found"), "NVML is unavailable"),
+        (FakeNvml([]), "NVML reports no GPUs"),
+    ],
+    ids=["no-driver", "no-gpus"],
+)
+def test_an_agent_without_nvml_publishes_nothing_and_says_why(cluster, nvml, says) -> None:
+    api = ResourceApi(cluster.api)
+    cluster.api.core.create_node({"metadata": {"name": NODE}})
+    publisher = SlicePublisher(api, NODE)
+    publisher.publish(inventory(2))  # what an earlier run published
+    chosen = real_backend(None, NODE, nvml=nvml)
+    assert isinstance(chosen, str)
+    assert says in chosen
+    publish_nothing(cluster.api, publisher, NODE, chosen)
+    assert api.list_slices(f"spec.nodeName={NODE}").items == []
+    notes = cluster.api.get_node(NODE)["metadata"]["annotations"]
+    assert notes[AGENT_STATUS] == chosen
+    assert wire.INVENTORY not in notes
+    simulated = real_backend("2xA100-80GB", NODE, nvml=nvml)  # asked for on purpose
+    assert not isinstance(simulated, str)
+    assert len(simulated.gpus()) == 2
+
+
+def test_real_gpus_are_published_from_nvml(cluster) -> None:
+    chosen = real_backend(None, NODE, nvml=FakeNvml([FakeGpu()]))
+    assert not isinstance(chosen, str)
+    assert [d.uuid for d in chosen.gpus()] == [FakeGpu().uuid]

@@ -216,16 +216,47 @@ def node_agent(
             "reach the host's /run/fgpu/agent.sock through the webhook's mount. '' for none."
         ),
     ] = wire.AGENT_SOCKET,
+    cdi_dir: Annotated[
+        str, typer.Option(help="Where the DRA driver writes claims' CDI specs.")
+    ] = "/var/run/cdi",
+    interposer_dir: Annotated[
+        str,
+        typer.Option(help="Host folder of the interposer (libfgpu.so), mounted into pods."),
+    ] = "/opt/fgpu/lib",
+    segment_dir: Annotated[
+        str, typer.Option(help="Host folder of the claims' shared-state segments.")
+    ] = "/run/fgpu/segments",
+    plugin_registry_dir: Annotated[
+        str, typer.Option(help="The kubelet's plugin registration folder.")
+    ] = "/var/lib/kubelet/plugins_registry",
+    plugin_dir: Annotated[
+        str, typer.Option(help="This DRA driver's socket folder.")
+    ] = "/var/lib/kubelet/plugins/gpu.fgpu.io",
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="No DRA driver: publish the inventory only, for the scheduler's and "
+            "webhook's --env-without-isolation (DOES NOT ISOLATE; clusters before 1.34).",
+        ),
+    ] = False,
 ) -> None:
-    """Run the node agent: publish this node's GPUs, report usage, govern the pods."""
+    """Run the node agent: publish this node's GPUs, report usage, govern the pods. By
+    default it is the DRA driver gpu.fgpu.io (ResourceSlice, kubelet plugin, CDI specs);
+    without NVML it publishes nothing and says why on its Node, unless --simulate-gpus."""
     from pathlib import Path
 
     from fgpu.agent.backend import detect_backend
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
     from fgpu.k8s.agent import NodeAgent
+    from fgpu.k8s.dra import cdi
+    from fgpu.k8s.dra.driver import DraDriver
+    from fgpu.k8s.dra.node import publish_nothing, real_backend
+    from fgpu.k8s.dra.slices import SlicePublisher
     from fgpu.k8s.enforce import GovernorEnforcer, pod_freezer
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.resourceapi import ResourceApi
 
     _logging()
     log = logging.getLogger("fgpu.k8s.agent")
@@ -239,10 +270,39 @@ def node_agent(
             "--memory-policy warn or kill"
         ) from None
     governing: GovernorEnforcer | None = None
+    driver: DraDriver | None = None
     try:
-        backend = detect_backend(simulate_gpus, log, host=node)
         api = KubeApi(api_client(kubeconfig, server))
-        agent = NodeAgent(api, node, backend, gpus)
+        if env_without_isolation:
+            backend = detect_backend(simulate_gpus, log, host=node)
+            agent = NodeAgent(api, node, backend, gpus)
+        else:
+            slices = SlicePublisher(ResourceApi(api), node)
+            chosen = real_backend(simulate_gpus, node)
+            if isinstance(chosen, str):
+                publish_nothing(api, slices, node, chosen)
+                _wait_for_signal()
+                return
+            backend = chosen
+            agent = NodeAgent(api, node, backend, gpus, on_publish=slices.publish)
+            hint_dir = os.path.dirname(agent_socket) if agent_socket else "/run/fgpu"
+            layout = cdi.Layout(
+                cdi_dir=Path(cdi_dir),
+                lib_dir=Path(interposer_dir),
+                hint_dir=Path(hint_dir),
+                agent_socket=agent_socket or wire.AGENT_SOCKET,
+            )
+            driver = DraDriver(
+                ResourceApi(api),
+                node,
+                agent.inventory,
+                layout,
+                minors={d.uuid: d.index for d in agent.devices},
+                registry_dir=Path(plugin_registry_dir),
+                plugin_dir=Path(plugin_dir),
+                segment_dir=Path(segment_dir),
+            )
+            driver.start()
         if enforce is not False:
             try:
                 freezer = pod_freezer(Path(cgroup_root) if cgroup_root else None)
@@ -272,12 +332,14 @@ def node_agent(
                 )
         else:
             log.info("not enforcing (--no-enforce): log only")
-    except (KubeError, ValueError) as exc:
+    except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()
     agent.stop()
+    if driver is not None:
+        driver.stop()
     if governing is not None:
         thread.join(timeout=30)  # no sync after the governor closes
         governing.close()
