@@ -725,9 +725,10 @@ def _configured_webhook() -> dict[str, Any]:
 
 def test_the_configuration_sends_pod_creates_and_updates_but_no_subresources() -> None:
     hook = _configured_webhook()
-    (rule,) = hook["rules"]
+    rule, debug = hook["rules"]
     assert rule["operations"] == ["CREATE", "UPDATE"]
     assert rule["resources"] == ["pods"]  # not pods/status (the kubelet) nor pods/binding
+    assert (debug["operations"], debug["resources"]) == (["UPDATE"], ["pods/ephemeralcontainers"])
     assert hook["failurePolicy"] == "Fail"
     update = next(c for c in hook["matchConditions"] if "UPDATE" in c["expression"])
     # the annotations the UPDATE condition watches are the ones the webhook guards
@@ -742,23 +743,27 @@ def _condition_cases() -> list[Any]:
 
     a = {wire.ASSIGNMENT: "x"}
     return [
-        pytest.param("CREATE", p(None), None, False, id="create-plain"),
-        pytest.param("CREATE", p({"app": "x"}), None, False, id="create-other-annotation"),
-        pytest.param("CREATE", p({"fgpu.io/gpus": "1"}), None, True, id="create-fgpu-typo"),
-        pytest.param("CREATE", p(None, "fgpu"), None, True, id="create-fgpu-scheduler"),
-        pytest.param("UPDATE", p(None), p(None), False, id="update-plain"),
-        pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, id="update-label-like"),
-        pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, id="update-queue"),
-        pytest.param("UPDATE", p({}), p(a), True, id="update-remove-assignment"),
-        pytest.param("UPDATE", p(None), p(a), True, id="update-remove-all-annotations"),
-        pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, id="update-change"),
-        pytest.param("UPDATE", p({wire.HOLD: ""}), p(None), True, id="update-add-empty-hold"),
+        pytest.param("CREATE", p(None), None, False, "", id="create-plain"),
+        pytest.param("CREATE", p({"app": "x"}), None, False, "", id="create-other-annotation"),
+        pytest.param("CREATE", p({"fgpu.io/gpus": "1"}), None, True, "", id="create-fgpu-typo"),
+        pytest.param("CREATE", p(None, "fgpu"), None, True, "", id="create-fgpu-scheduler"),
+        pytest.param("UPDATE", p(None), p(None), False, "", id="update-plain"),
+        pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, "", id="update-label-like"),
+        pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, "", id="update-queue"),
+        pytest.param("UPDATE", p({}), p(a), True, "", id="update-remove-assignment"),
+        pytest.param("UPDATE", p(None), p(a), True, "", id="update-remove-all-annotations"),
+        pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, "", id="update-change"),
+        pytest.param("UPDATE", p({wire.HOLD: ""}), p(None), True, "", id="update-add-empty-hold"),
+        pytest.param(
+            "UPDATE", p(None, "fgpu"), p(None, "fgpu"), True, "ephemeralcontainers", id="debug-fgpu"
+        ),
+        pytest.param("UPDATE", p(None), p(None), False, "ephemeralcontainers", id="debug-other"),
     ]
 
 
-@pytest.mark.parametrize(("operation", "new", "old", "called"), _condition_cases())
+@pytest.mark.parametrize(("operation", "new", "old", "called", "sub"), _condition_cases())
 def test_the_match_conditions_send_only_fgpu_creates_and_fgpu_annotation_changes(
-    operation: str, new: dict[str, Any], old: dict[str, Any] | None, called: bool
+    operation: str, new: dict[str, Any], old: dict[str, Any] | None, called: bool, sub: str
 ) -> None:
     """With a CEL interpreter (``pip install cel-python``; skipped without): an outage of
     the webhook blocks nothing but these (failurePolicy Fail)."""
@@ -767,7 +772,7 @@ def test_the_match_conditions_send_only_fgpu_creates_and_fgpu_annotation_changes
     activation = {
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation}),
+        "request": celpy.json_to_cel({"operation": operation, "subResource": sub}),
     }
     results = [
         bool(env.program(env.compile(c["expression"])).evaluate(activation))
