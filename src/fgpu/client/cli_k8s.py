@@ -291,7 +291,7 @@ def node_agent(
                 lib_dir=Path(interposer_dir),
                 hint_dir=Path(hint_dir),
                 agent_socket=agent_socket or wire.AGENT_SOCKET,
-            )
+            ).absolute()
             driver = DraDriver(
                 ResourceApi(api),
                 node,
@@ -343,6 +343,55 @@ def node_agent(
     if governing is not None:
         thread.join(timeout=30)  # no sync after the governor closes
         governing.close()
+
+
+@k8s_app.command("kubelet")
+def kubelet_standin(
+    node: Annotated[str, typer.Option(help="The node this kubelet stand-in serves.")],
+    server: ServerOption = None,
+    kubeconfig: KubeconfigOption = None,
+    plugin_registry_dir: Annotated[
+        str, typer.Option(help="Where DRA drivers register (the node agent's flag of that name).")
+    ] = "/var/lib/kubelet/plugins_registry",
+    cdi_dir: Annotated[
+        str, typer.Option(help="Where the CDI specs are read (the node agent's --cdi-dir).")
+    ] = "/var/run/cdi",
+    interval_s: Annotated[float, typer.Option(help="Seconds between passes.")] = 0.5,
+) -> None:
+    """Run a KUBELET TEST STAND-IN for one node (demos and tests only): registers DRA
+    drivers, prepares the claims of bound pods over gRPC, reads their CDI specs, marks the
+    pods Running; nothing runs."""
+    from pathlib import Path
+
+    from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.standin.kubelet import KubeletStandIn
+
+    _logging()
+    log = logging.getLogger("fgpu.k8s.standin.kubelet")
+    if interval_s <= 0:
+        raise _fail(f"--interval-s: {interval_s} is not a positive number of seconds")
+    api = KubeApi(api_client(kubeconfig, server))
+    kubelet = KubeletStandIn(api, node, Path(plugin_registry_dir), [Path(cdi_dir)])
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    said: dict[str, str] = {}
+    while not stop.wait(interval_s):
+        try:
+            kubelet.sync()
+        except (KubeError, OSError) as exc:
+            log.warning("pass failed: %s", exc)
+            continue
+        for key, box in kubelet.containers.items():
+            for name, c in box.items():
+                text = f"{c.env.get('CUDA_VISIBLE_DEVICES', '')} {c.device_nodes}"
+                if said.get(f"{key}/{name}") != text:
+                    said[f"{key}/{name}"] = text
+                    log.info("started %s container %s: GPUs %s", key, name, text)
+        for key, why in kubelet.waiting.items():
+            if said.get(key) != why:
+                said[key] = why
+                log.info("%s waits: %s", key, why)
 
 
 @k8s_app.command("standin")

@@ -76,6 +76,16 @@ class Layout:
     agent_socket: str = "/run/fgpu/agent.sock"
     dev_root: Path = Path("/dev")
 
+    def absolute(self) -> Layout:
+        """The same layout with every folder made absolute (a spec names host paths)."""
+        return Layout(
+            self.cdi_dir.absolute(),
+            self.lib_dir.absolute(),
+            self.hint_dir.absolute(),
+            self.agent_socket,
+            self.dev_root,
+        )
+
 
 def device_name(claim_uid: str) -> str:
     """The CDI device name of a claim (its uid).

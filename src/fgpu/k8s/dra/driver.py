@@ -110,9 +110,9 @@ class DraDriver:
         self.inventory = inventory
         self.layout = layout
         self.minors = dict(minors or {})
-        self.registry_socket = registry_dir / f"{DRIVER}-reg.sock"
-        self.plugin_socket = plugin_dir / "dra.sock"
-        self.segment_dir = segment_dir
+        self.registry_socket = registry_dir.absolute() / f"{DRIVER}-reg.sock"
+        self.plugin_socket = plugin_dir.absolute() / "dra.sock"
+        self.segment_dir = segment_dir.absolute()
         self.registered = threading.Event()
         self.registration_error = ""
         self._servers: list[Any] = []

@@ -89,8 +89,8 @@ class KubeletStandIn:
         self.api = api
         self.resources = ResourceApi(api)
         self.node = node
-        self.registry_dir = registry_dir
-        self.cdi_dirs = cdi_dirs
+        self.registry_dir = registry_dir.absolute()
+        self.cdi_dirs = [d.absolute() for d in cdi_dirs]
         self.image_env = dict(image_env or {})
         self.plugins: dict[str, _Plugin] = {}
         self.refused: dict[str, str] = {}  # socket -> why not registered
