@@ -234,7 +234,11 @@ def main() -> None:
             Path(args.out).write_text(text + "\n")
     finally:
         standin.terminate()
-        standin.wait(timeout=10)
+        try:
+            standin.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # a loaded machine: do not leave it behind
+            standin.kill()
+            standin.wait()
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from fgpu.k8s.dra.share import (
     results_of,
     share_of,
 )
-from fgpu.k8s.objects import PodRequestError, container_requests
 from fgpu.k8s.resourceapi import ResourceApi
 
 Obj = dict[str, Any]
@@ -153,13 +152,14 @@ def _request_name(claim: Obj) -> str:
 
 
 def assignment_from_claim(
-    claim: Obj, pod: Obj, node: str, at: Mapping[str, int]
+    claim: Obj, requests: tuple[int, int], node: str, at: Mapping[str, int]
 ) -> wire.Assignment | str:
     """What a bound pod holds, read from its allocated claim.
 
     Args:
         claim: the pod's fgpu claim.
-        pod: the pod (its CPU and memory requests are counted).
+        requests: the pod's ``(cpu_milli, memory_mib)`` (:func:`~fgpu.k8s.objects.
+            container_requests`), counted with it.
         node: the node it is bound to.
         at: GPU uuid -> the GPU's index on that node (GPUs the decision core shares).
 
@@ -177,10 +177,7 @@ def assignment_from_claim(
     pools = {r.get("pool") for r in results}
     if pools != {node}:
         return f"claim {name} is allocated on {sorted(map(str, pools))}, not on {node}"
-    try:
-        cpu, memory = container_requests(pod)
-    except PodRequestError as exc:
-        return f"pod: {exc}"
+    cpu, memory = requests
     if share.mig is not None:
         uuid, parent, profile, start = share.mig
         return wire.Assignment(

@@ -169,6 +169,7 @@ class K8sScheduler:
         self._holds: dict[str, Hold] | None = None
         self._target_key: tuple[Request, ...] | None = None
         self._snap_claims: Mapping[str, Obj] = {}
+        self._requests_memo: dict[str, tuple[str, tuple[int, int]]] = {}
         self._scheduler = self._make(FALLBACK_TARGET)
         self._target: TargetWorkload = FALLBACK_TARGET
         self._node_memo: dict[str, tuple[Any, NodeInfo | None, Obj]] = {}
@@ -401,6 +402,8 @@ class K8sScheduler:
             del self._running_memo[stale]
         for stale in self._granted.keys() - rnd.pods.keys():
             del self._granted[stale]
+        for stale in self._requests_memo.keys() - rnd.pods.keys():
+            del self._requests_memo[stale]
         for stale in self._said.keys() - rnd.pods.keys():
             del self._said[stale]
         for stale in self._env_missed.keys() - rnd.pods.keys():
@@ -546,7 +549,12 @@ class K8sScheduler:
             claim, _ = claims.pod_claim(pod, self._snap_claims)
             if claim is not None:
                 rnd.claims[key] = claim
-                from_claim = claims.assignment_from_claim(claim, pod, node, at)
+                try:
+                    asked = self._requests_of(key, uid, pod)
+                except PodRequestError as exc:
+                    from_claim = f"pod: {exc}"
+                else:
+                    from_claim = claims.assignment_from_claim(claim, asked, node, at)
         read: wire.Assignment | None = None
         problem = ""
         if isinstance(from_claim, wire.Assignment):
@@ -627,6 +635,19 @@ class K8sScheduler:
                 terminating=terminating,
             )
         )
+
+    def _requests_of(self, key: str, uid: str, pod: Obj) -> tuple[int, int]:
+        """:func:`container_requests`, remembered per pod uid (a pod's spec does not change).
+
+        Raises:
+            PodRequestError: a value that is not a quantity.
+        """
+        memo = self._requests_memo.get(key)
+        if memo is not None and memo[0] == uid:
+            return memo[1]
+        found = container_requests(pod)
+        self._requests_memo[key] = (uid, found)
+        return found
 
     def _granted_to(
         self, key: str, uid: str, read: wire.Assignment | None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 DRIVER = "gpu.fgpu.io"
@@ -38,6 +39,7 @@ class ShareError(ValueError):
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
+@lru_cache(maxsize=1 << 16)
 def device_name(uuid: str) -> str:
     """The device name of a GPU or MIG instance in the node's ResourceSlice: its uuid in
     lower case (``GPU-5e1a...`` -> ``gpu-5e1a...``), so that a name never depends on
