@@ -11,7 +11,7 @@ import pytest
 
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.resourceapi import ResourceApi
-from fgpu.k8s.standin.claims import POD_CLAIM_NAME, generate_name
+from fgpu.k8s.standin.claims import FINALIZER, POD_CLAIM_NAME, generate_name
 
 pytestmark = pytest.mark.k8s
 
@@ -250,7 +250,10 @@ def test_a_pod_waits_for_its_template_then_gets_its_claim(cluster) -> None:
     assert api.get_claim(cluster.namespace, status["resourceClaimName"])
 
 
-def test_a_deleted_pod_leaves_its_claims_reservation_and_allocation(cluster) -> None:
+@pytest.mark.parametrize("protected", [True, False], ids=["finalizer", "no-finalizer"])
+def test_a_deleted_pod_leaves_its_claims_reservation(cluster, protected) -> None:
+    """The claim controller takes the pod out of ``reservedFor``; it deallocates only a
+    claim with the allocator's finalizer (and then removes the finalizer)."""
     api = ResourceApi(cluster.api)
     pod = cluster.api.core.create_namespaced_pod(
         cluster.namespace,
@@ -265,19 +268,37 @@ def test_a_deleted_pod_leaves_its_claims_reservation_and_allocation(cluster) -> 
     claim = api.create_claim(
         cluster.namespace, {"metadata": {"name": "mine"}, "spec": claim_spec()}
     )
+    if protected:
+        claim["metadata"]["finalizers"] = [FINALIZER]
+        claim = api.replace_claim(cluster.namespace, "mine", claim)
+    result = {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}
     claim["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}]
-            }
-        },
+        "allocation": {"devices": {"results": [result]}},
         "reservedFor": [{"resource": "pods", "name": "user", "uid": pod.metadata.uid}],
     }
     api.replace_claim_status(cluster.namespace, "mine", claim)
     cluster.api.delete_pod(cluster.namespace, "user", grace_s=0)
     left = api.get_claim(cluster.namespace, "mine")  # a claim the user wrote stays
     assert "reservedFor" not in left["status"]
-    assert "allocation" not in left["status"]
+    assert ("allocation" in left["status"]) is not protected
+    assert not left["metadata"].get("finalizers")
+
+
+def test_a_claim_with_a_finalizer_goes_once_it_is_removed(cluster) -> None:
+    api = ResourceApi(cluster.api)
+    claim = api.create_claim(
+        cluster.namespace,
+        {"metadata": {"name": "kept", "finalizers": ["example.com/hold"]}, "spec": claim_spec()},
+    )
+    api.delete_claim(cluster.namespace, "kept")
+    marked = api.get_claim(cluster.namespace, "kept")
+    assert marked["metadata"]["deletionTimestamp"]
+    marked["metadata"]["finalizers"] = []
+    api.replace_claim(cluster.namespace, "kept", marked)
+    with pytest.raises(KubeError) as gone:
+        api.get_claim(cluster.namespace, "kept")
+    assert gone.value.status == 404
+    assert claim["metadata"]["name"] == "kept"
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,7 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
             share = share_of(claim)
             assert share is not None
             assert (share.compute_milli, share.memory_mib) == (500, 40960)
+            assert claim["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
             assert claim["status"]["reservedFor"] == [
                 {"resource": "pods", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]}
             ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from fgpu.k8s import wire
 from fgpu.k8s.dra.share import (
+    CLAIM_FINALIZER,
     DRIVER,
     REQUEST,
     GpuShare,
@@ -114,8 +115,11 @@ def share_for(assignment: wire.Assignment) -> GpuShare:
 
 def allocate(api: ResourceApi, claim: Obj, pod: Obj, assignment: wire.Assignment) -> Obj:
     """Write the claim's allocation for ``assignment`` and reserve it for ``pod`` (one status
-    write, with the claim's ``resourceVersion`` as precondition). A claim left allocated
-    differently by an earlier attempt at the same pod is first deallocated.
+    write, with the claim's ``resourceVersion`` as precondition), after adding the finalizer
+    :data:`~fgpu.k8s.dra.share.CLAIM_FINALIZER` where it is missing (as the kube-scheduler
+    does: without it the resource claim controller never deallocates the claim once its
+    pod is gone). A claim left allocated differently by an earlier attempt at the same pod
+    is first deallocated.
 
     Returns:
         The claim as written.
@@ -136,6 +140,13 @@ def allocate(api: ResourceApi, claim: Obj, pod: Obj, assignment: wire.Assignment
     status = claim.get("status") or {}
     if status.get("allocation") == wanted and reserve in (status.get("reservedFor") or []):
         return claim
+    finalizers = list(meta.get("finalizers") or [])
+    if CLAIM_FINALIZER not in finalizers:
+        marked: Obj = {
+            "metadata": {**meta, "finalizers": [*finalizers, CLAIM_FINALIZER]},
+            "spec": claim.get("spec"),
+        }
+        meta = api.replace_claim(ns, name, marked)["metadata"]
     body = {"metadata": dict(meta), "spec": claim.get("spec"), "status": {}}
     if status.get("allocation") is not None and status.get("allocation") != wanted:
         body = api.replace_claim_status(ns, name, body)  # deallocate the stale attempt

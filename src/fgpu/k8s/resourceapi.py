@@ -82,6 +82,14 @@ class ResourceApi:
         out: Obj = self.api._call(self.resource.create_namespaced_resource_claim, namespace, body)
         return out
 
+    def replace_claim(self, namespace: str, name: str, body: Obj) -> Obj:
+        """Replace a claim's object (its finalizers; the spec cannot change); the body's
+        ``metadata.resourceVersion`` is a precondition (409 Conflict when stale)."""
+        out: Obj = self.api._call(
+            self.resource.replace_namespaced_resource_claim, name, namespace, body
+        )
+        return out
+
     def replace_claim_status(self, namespace: str, name: str, body: Obj) -> Obj:
         """Write a claim's status (allocation, ``reservedFor``); the body's
         ``metadata.resourceVersion`` is a precondition (409 Conflict when stale)."""

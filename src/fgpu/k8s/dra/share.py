@@ -25,6 +25,11 @@ SHARE_KIND = "GpuShare"
 REQUEST = "gpu"
 """The request name in the claims the webhook's ResourceClaimTemplate makes."""
 
+CLAIM_FINALIZER = "resource.kubernetes.io/delete-protection"
+"""The finalizer an allocator puts on a claim before allocating it (the kube-scheduler's
+``resourceapi.Finalizer``): the resource claim controller deallocates a claim nobody
+reserves any more, and removes it, only when it is there."""
+
 TAINT_KEY = "fgpu.io/gpu"
 """The taint on fgpu nodes (``NoSchedule``); the webhook gives fgpu pods its toleration."""
 
@@ -201,6 +206,7 @@ def is_fgpu_claim(claim: Obj) -> bool:
 
 
 __all__ = [
+    "CLAIM_FINALIZER",
     "DRIVER",
     "REQUEST",
     "SHARE_API_VERSION",

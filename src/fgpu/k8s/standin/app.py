@@ -180,7 +180,10 @@ class StandInApi:
             ]
             for o in owned:
                 meta = o["metadata"]
-                self.store.delete(kind, meta["namespace"], meta["name"], {})
+                if kind.plural == "resourceclaims":  # finalizers
+                    self.claims.delete(kind, meta["namespace"], meta["name"], {})
+                else:
+                    self.store.delete(kind, meta["namespace"], meta["name"], {})
 
     def _pod_gone(self, plural: str, gone: Obj) -> None:
         """The claim controller's part when a pod goes (:mod:`~fgpu.k8s.standin.resource`)."""
@@ -504,6 +507,9 @@ class StandInApi:
                 options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
             if kind.plural == "pods":
                 return self._delete_pod(ns, name, options)
+            if kind.plural == "resourceclaims":
+                preconditions = options.get("preconditions") or {}
+                return JSONResponse(self.claims.delete(kind, ns, name, preconditions))
             return JSONResponse(
                 self.store.delete(kind, ns, name, options.get("preconditions") or {})
             )
@@ -566,6 +572,8 @@ class StandInApi:
             )
         new = resource.admit(kind, new, old, status=sub == "status")
         written = self.store.replace(kind, ns, name, new, check_rv=check_rv)
+        if kind.plural == "resourceclaims":
+            written = self.claims.finish(kind, written)
         if kind.plural == "pods" and (written.get("status") or {}).get("phase") in _TERMINAL:
             self.claims.pod_done(written)
         return JSONResponse(written, headers=warnings)

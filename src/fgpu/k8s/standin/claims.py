@@ -11,10 +11,13 @@ Imitated here, synchronously, as the API server's requests happen:
   ``resource.kubernetes.io/pod-claim-name``, the template's labels and annotations, owned
   by the pod as its controller; and records it in the pod's
   ``status.resourceClaimStatuses``. A template created later is used when it appears.
-- when a pod is deleted or finishes, it is removed from the ``reservedFor`` of its claims,
-  and a claim reserved by nobody any more is deallocated (its ``status.allocation``
-  removed), as the controller does for claims the scheduler allocated. Generated claims go
-  with their pod (garbage collection).
+- when a pod is deleted or finishes, it is removed from the ``reservedFor`` of its claims;
+  a claim reserved by nobody any more that carries the finalizer
+  ``resource.kubernetes.io/delete-protection`` (which the allocating scheduler adds) is
+  deallocated (its ``status.allocation`` removed) and the finalizer removed, as the
+  controller does. Generated claims go with their pod (garbage collection); a claim with
+  finalizers is only marked (``deletionTimestamp``) until they are gone, as the API server
+  does.
 """
 
 from __future__ import annotations
@@ -23,12 +26,15 @@ import copy
 from typing import Any
 
 from fgpu.k8s.standin.resource import admit
-from fgpu.k8s.standin.store import Kind, Store
+from fgpu.k8s.standin.store import Kind, Store, now_rfc3339
 
 Obj = dict[str, Any]
 
 POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
 """Annotation the claim controller puts on a generated claim: the pod's claim entry name."""
+FINALIZER = "resource.kubernetes.io/delete-protection"
+"""The finalizer of allocated claims (``resourceapi.Finalizer``): the allocator adds it, the
+claim controller removes it once the claim is deallocated."""
 
 
 def generate_name(pod_name: str, claim_name: str) -> str:
@@ -120,6 +126,29 @@ class ClaimController:
         for pod in waiting:
             self.pod_claims(pod)
 
+    def delete(self, kind: Kind, namespace: str, name: str, preconditions: Any) -> Obj:
+        """Delete a claim: at once without finalizers, else mark it (``deletionTimestamp``)
+        and leave it to whoever removes the last finalizer.
+
+        Raises:
+            ApiStatusError: 404, 409 (a precondition).
+        """
+        claim = self.store.get(kind, namespace, name)
+        if not claim["metadata"].get("finalizers"):
+            return self.store.delete(kind, namespace, name, preconditions or {})
+        if not claim["metadata"].get("deletionTimestamp"):
+            claim["metadata"]["deletionTimestamp"] = now_rfc3339()
+            claim["metadata"].pop("resourceVersion", None)
+            return self.store.replace(kind, namespace, name, claim, check_rv=False, system=True)
+        return claim
+
+    def finish(self, kind: Kind, written: Obj) -> Obj:
+        """After a write: a marked claim whose last finalizer went is deleted now."""
+        meta = written["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self.store.delete(kind, meta.get("namespace", ""), meta["name"], {})
+        return written
+
     def pod_done(self, pod: Obj) -> None:
         """A pod was deleted or finished: take it out of its claims' ``reservedFor`` and
         deallocate a claim nobody reserves any more."""
@@ -132,15 +161,24 @@ class ClaimController:
             if any(r.get("uid") == uid for r in (c.get("status") or {}).get("reservedFor") or [])
         ]
         for claim in touched:
+            name = claim["metadata"]["name"]
             status = claim.setdefault("status", {})
             left = [r for r in status.get("reservedFor") or [] if r.get("uid") != uid]
+            protected = FINALIZER in (claim["metadata"].get("finalizers") or [])
             if left:
                 status["reservedFor"] = left
             else:
                 status.pop("reservedFor", None)
-                status.pop("allocation", None)
+                if protected:  # allocated by a scheduler: deallocate
+                    status.pop("allocation", None)
             claim["metadata"].pop("resourceVersion", None)
-            self.store.replace(kind, ns, claim["metadata"]["name"], claim, check_rv=False)
+            written = self.store.replace(kind, ns, name, claim, check_rv=False)
+            if not left and protected and not written["status"].get("allocation"):
+                written["metadata"]["finalizers"] = [
+                    f for f in written["metadata"]["finalizers"] if f != FINALIZER
+                ]
+                written["metadata"].pop("resourceVersion", None)
+                self.finish(kind, self.store.replace(kind, ns, name, written, check_rv=False))
 
 
-__all__ = ["POD_CLAIM_NAME", "ClaimController", "generate_name"]
+__all__ = ["FINALIZER", "POD_CLAIM_NAME", "ClaimController", "generate_name"]
