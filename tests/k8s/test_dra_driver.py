@@ -302,3 +302,19 @@ def test_real_gpus_are_published_from_nvml(cluster) -> None:
     chosen = real_backend(None, NODE, nvml=FakeNvml([FakeGpu()]))
     assert not isinstance(chosen, str)
     assert [d.uuid for d in chosen.gpus()] == [FakeGpu().uuid]
+
+
+def test_a_pod_waits_while_its_driver_is_not_registered(cluster, node) -> None:
+    kubelet = node.kubelet(cluster)
+    claimed_pod(cluster, "orphan", [device_name("GPU-gpu-1-00")], GpuShare(500, 40960))
+    kubelet.sync()
+    assert kubelet.waiting[f"{cluster.namespace}/orphan"] == (
+        f"preparing claims with {DRIVER} failed: DRA driver {DRIVER} is not registered"
+    )
+    driver = node.driver(cluster)
+    try:
+        kubelet.sync()  # registered now: it starts
+        assert f"{cluster.namespace}/orphan" not in kubelet.waiting
+        assert f"{cluster.namespace}/orphan" in kubelet.containers
+    finally:
+        driver.stop()

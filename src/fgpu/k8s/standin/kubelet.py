@@ -196,12 +196,14 @@ class KubeletStandIn:
             results = (claim["status"]["allocation"].get("devices") or {}).get("results") or []
             for driver in sorted({r["driver"] for r in results}):
                 by_driver.setdefault(driver, []).append(ref)
+        import grpc
+
         cdi_ids: list[str] = []
         prepared: list[tuple[str, Obj]] = []
         for driver, refs in sorted(by_driver.items()):
             try:
                 answers = self._call(driver, "prepare", refs)
-            except (LookupError, Exception) as exc:  # grpc.RpcError, not registered
+            except (LookupError, grpc.RpcError) as exc:  # not registered, or the call failed
                 return f"preparing claims with {driver} failed: {exc}"
             for ref in refs:
                 answer = answers.get(ref["uid"])
