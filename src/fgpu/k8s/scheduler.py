@@ -170,6 +170,7 @@ class K8sScheduler:
         self._target_key: tuple[Request, ...] | None = None
         self._snap_claims: Mapping[str, Obj] = {}
         self._requests_memo: dict[str, tuple[str, tuple[int, int]]] = {}
+        self._claim_memo: dict[str, tuple[tuple[Any, ...], NodeInfo, wire.Assignment | str]] = {}
         self._scheduler = self._make(FALLBACK_TARGET)
         self._target: TargetWorkload = FALLBACK_TARGET
         self._node_memo: dict[str, tuple[Any, NodeInfo | None, Obj]] = {}
@@ -325,6 +326,7 @@ class K8sScheduler:
                 n = index.get(node)
                 memo = self._running_memo.get(key)
                 claim_rv = None
+                held: Obj | None = None
                 if not self.env_without_isolation and spec.get("resourceClaims"):
                     held, _ = claims.pod_claim(pod, self._snap_claims)
                     claim_rv = held["metadata"].get("resourceVersion") if held else None
@@ -348,7 +350,7 @@ class K8sScheduler:
                     self._fast[id(pod)] = (pod, memo[2], key, node, memo[1])
                     continue
                 before = len(rnd.workloads)
-                self._running(rnd, key, pod, node, text, index, gpu_at, now)
+                self._running(rnd, key, pod, node, text, index, gpu_at, now, held)
                 if n is not None and len(rnd.workloads) > before:
                     self._running_memo[key] = (sig, rnd.infos[n], rnd.workloads[-1])
                 if n is not None and memo is not None and len(rnd.workloads) > before:
@@ -404,6 +406,8 @@ class K8sScheduler:
             del self._granted[stale]
         for stale in self._requests_memo.keys() - rnd.pods.keys():
             del self._requests_memo[stale]
+        for stale in self._claim_memo.keys() - rnd.pods.keys():
+            del self._claim_memo[stale]
         for stale in self._said.keys() - rnd.pods.keys():
             del self._said[stale]
         for stale in self._env_missed.keys() - rnd.pods.keys():
@@ -535,6 +539,7 @@ class K8sScheduler:
         index: Mapping[str, int],
         gpu_at: dict[int, dict[str, int]],
         now: float,
+        claim: Obj | None = None,
     ) -> None:
         if node not in index:
             return  # a node fgpu does not manage (or that is gone): nothing to count
@@ -545,16 +550,9 @@ class K8sScheduler:
         meta = pod["metadata"]
         uid = meta.get("uid", "")
         from_claim: wire.Assignment | str | None = None
-        if not self.env_without_isolation and (pod.get("spec") or {}).get("resourceClaims"):
-            claim, _ = claims.pod_claim(pod, self._snap_claims)
-            if claim is not None:
-                rnd.claims[key] = claim
-                try:
-                    asked = self._requests_of(key, uid, pod)
-                except PodRequestError as exc:
-                    from_claim = f"pod: {exc}"
-                else:
-                    from_claim = claims.assignment_from_claim(claim, asked, node, at)
+        if claim is not None:  # the pod's fgpu claim (build found it)
+            rnd.claims[key] = claim
+            from_claim = self._from_claim(key, uid, pod, claim, node, at, rnd.infos[n])
         read: wire.Assignment | None = None
         problem = ""
         if isinstance(from_claim, wire.Assignment):
@@ -635,6 +633,31 @@ class K8sScheduler:
                 terminating=terminating,
             )
         )
+
+    def _from_claim(
+        self,
+        key: str,
+        uid: str,
+        pod: Obj,
+        claim: Obj,
+        node: str,
+        at: Mapping[str, int],
+        info: NodeInfo,
+    ) -> wire.Assignment | str:
+        """:func:`claims.assignment_from_claim`, remembered while the claim's version and
+        the node's view are the same (an allocation does not change once written)."""
+        meta = claim["metadata"]
+        sig = (uid, meta.get("uid"), meta.get("resourceVersion"), node)
+        memo = self._claim_memo.get(key)
+        if memo is not None and memo[0] == sig and memo[1] is info:
+            return memo[2]
+        try:
+            asked = self._requests_of(key, uid, pod)
+        except PodRequestError as exc:
+            return f"pod: {exc}"
+        found = claims.assignment_from_claim(claim, asked, node, at)
+        self._claim_memo[key] = (sig, info, found)
+        return found
 
     def _requests_of(self, key: str, uid: str, pod: Obj) -> tuple[int, int]:
         """:func:`container_requests`, remembered per pod uid (a pod's spec does not change).
