@@ -200,7 +200,11 @@ def main() -> None:
         result = {
             "benchmark": "k8s",
             "path": "env-without-isolation" if env else "resource-claims",
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "load_average_1m_end": round(os.getloadavg()[0], 2),  # other work competing
+            },
             "cluster": {
                 "nodes": args.nodes,
                 "gpus": args.nodes * 8,
