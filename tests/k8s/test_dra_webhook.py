@@ -12,7 +12,8 @@ import pytest
 from fgpu.k8s import claims, wire
 from fgpu.k8s.objects import PodRequestError
 from fgpu.k8s.standin.patch import json_patch
-from fgpu.k8s.webhook import TOLERATION, mutate, review
+from fgpu.k8s.webhook import mutate, review
+from fgpu.k8s.webhook_dra import TOLERATION
 from tests.k8s.kube import pod
 
 pytestmark = pytest.mark.k8s
