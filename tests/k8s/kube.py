@@ -83,7 +83,7 @@ def create(cluster: Cluster, body: dict[str, Any], admit: bool = True) -> dict[s
     """Create a pod; ``admit`` applies the webhook's patch first (what the API server does
     with the webhook configured; tests of admission itself go through HTTP)."""
     if admit:
-        body = json_patch(body, mutate(body))
+        body = json_patch(body, mutate(body, env_without_isolation=True))
     result: dict[str, Any] = cluster.api._call(
         cluster.api.core.create_namespaced_pod, cluster.namespace, body
     )

@@ -53,7 +53,7 @@ def test_the_agent_publishes_its_gpus_and_the_scheduler_uses_them(cluster) -> No
     inventory = wire.Inventory.from_json(node["metadata"]["annotations"][wire.INVENTORY])
     assert [g.uuid for g in inventory.gpus] == [d.uuid for d in backend.gpus()]
     create(cluster, pod("w", "0.5"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     placed = cluster.api.get_pod(cluster.namespace, "w")

@@ -1,8 +1,9 @@
-"""The "Try it without a cluster" demo of docs/kubernetes.md, run from that page: its four
-``fgpu k8s`` commands (stand-in, webhook, simulated node agent, scheduler) as processes on
-free ports, and its half-GPU pod sixteen times; the pods land two per GPU, each with its own
-GPU in its environment ConfigMap. The first test creates the pods through the official
-client; the second runs the page's ``kubectl create`` line (skipped without kubectl)."""
+"""The "Try it without a cluster" demo of docs/kubernetes.md, run from that page: its five
+``fgpu k8s`` commands (API stand-in, webhook, simulated node agent with its DRA driver,
+kubelet stand-in, scheduler) as processes on free ports, and its half-GPU pod sixteen times;
+the pods land two per GPU, each claim allocated and prepared over gRPC, each CDI spec naming
+only the pod's own GPU. The first test creates the pods through the official client; the
+second runs the page's ``kubectl create`` line (skipped without kubectl)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,9 @@ import pytest
 import yaml
 
 from fgpu.k8s import wire
+from fgpu.k8s.dra import cdi
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
+from fgpu.k8s.resourceapi import ResourceApi
 from tests.k8s.conftest import REAL, free_port
 from tests.k8s.kube import wait_until
 
@@ -60,6 +64,7 @@ class Demo:
     api_port: int
     webhook_port: int
     logs: Path
+    cwd: Path
 
 
 @pytest.fixture
@@ -71,11 +76,18 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
     commands = [line for line in blocks(section(), "sh")[0].splitlines() if " k8s " in line]
     # as written after the README's setup (the virtual environment is not activated)
     assert all(c.startswith(f"{FGPU} k8s ") for c in commands), commands
-    assert [c.split()[2] for c in commands] == ["standin", "webhook", "node-agent", "scheduler"]
+    assert [c.split()[2] for c in commands] == [
+        "standin",
+        "webhook",
+        "node-agent",
+        "kubelet",
+        "scheduler",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("FGPU_")}
     procs: list[tuple[str, subprocess.Popen[bytes]]] = []
     logs = tmp_path / "logs"
     logs.mkdir()
+    cwd = Path(tempfile.mkdtemp(prefix="fgpu-demo-"))  # short: the driver's Unix sockets
     url = f"http://127.0.0.1:{api_port}"
     try:
         for command in commands:
@@ -89,7 +101,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     env=env,
-                    cwd=tmp_path,
+                    cwd=cwd,
                 )
             procs.append((name, proc))
         api = KubeApi(api_client(host=url))
@@ -106,7 +118,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
             return wire.INVENTORY in wire.annotations_of(node)
 
         wait_until(up, "the stand-in, webhook and node agent to come up", limit_s=120)
-        yield Demo(api, url, api_port, webhook_port, logs)
+        yield Demo(api, url, api_port, webhook_port, logs, cwd)
     finally:
         for _, proc in procs:
             with contextlib.suppress(ProcessLookupError):
@@ -117,6 +129,7 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(cwd, ignore_errors=True)
 
 
 def half_pod() -> str:
@@ -126,7 +139,8 @@ def half_pod() -> str:
 
 
 def check_two_per_gpu(demo: Demo) -> None:
-    """16 pods bound to the node, two per GPU, each ConfigMap naming the pod's own GPU."""
+    """16 pods bound to the node, two per GPU, running, each with its claim allocated and
+    prepared, the claim's CDI spec naming the pod's own GPU and nothing else."""
 
     def pods() -> list[dict[str, Any]]:
         return [
@@ -135,10 +149,22 @@ def check_two_per_gpu(demo: Demo) -> None:
             if p["metadata"]["name"].startswith("half-")
         ]
 
-    def bound() -> bool:
-        return len([p for p in pods() if wire.GPU_UUIDS in wire.annotations_of(p)]) == 16
+    def started() -> bool:
+        return (
+            len(
+                [
+                    p
+                    for p in pods()
+                    if wire.GPU_UUIDS in wire.annotations_of(p)
+                    and p["status"].get("phase") == "Running"
+                ]
+            )
+            == 16
+        )
 
-    wait_until(bound, "the scheduler to bind the 16 pods", limit_s=120)
+    wait_until(started, "the scheduler to bind and the kubelet to start 16 pods", limit_s=120)
+    resources = ResourceApi(demo.api)
+    layout = cdi.Layout(cdi_dir=demo.cwd / "demo" / "cdi")
     inventory = wire.Inventory.from_json(
         wire.annotations_of(demo.api.get_node(NODE))[wire.INVENTORY]
     )
@@ -152,13 +178,20 @@ def check_two_per_gpu(demo: Demo) -> None:
         assert p["spec"]["nodeName"] == NODE
         assert p["spec"]["schedulerName"] == "fgpu"
         assert p["status"]["phase"] == "Running"
-        data = demo.api.get_config_map("default", notes[wire.ENV_CONFIGMAP])["data"]
-        assert data["NVIDIA_VISIBLE_DEVICES"] == notes[wire.GPU_UUIDS], name
-        assert data["FGPU_WORKLOAD_ID"] == f"default/{name}"
-        assert data["FGPU_GPU_COMPUTE_MILLI"] == "500"
-        assert {"name": "fgpu-agent", "mountPath": "/run/fgpu", "readOnly": True} in p["spec"][
-            "containers"
-        ][0]["volumeMounts"]
+        assert "volumes" not in p["spec"]  # no hostPath: the CDI spec mounts what is needed
+        (status,) = p["status"]["resourceClaimStatuses"]
+        claim = resources.get_claim("default", status["resourceClaimName"])
+        assert claim["status"]["reservedFor"][0]["uid"] == p["metadata"]["uid"]
+        spec = cdi.read_spec(cdi.spec_path(layout, claim["metadata"]["uid"]))
+        edits = spec["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == notes[wire.GPU_UUIDS], name
+        assert env["CUDA_VISIBLE_DEVICES"] == notes[wire.GPU_UUIDS], name
+        assert env["FGPU_WORKLOAD_ID"] == f"default/{name}"
+        assert env["FGPU_GPU_COMPUTE_MILLI"] == "500"
+        index = next(g.index for g in inventory.gpus if g.uuid == notes[wire.GPU_UUIDS])
+        gpu_nodes = [d["path"] for d in edits["deviceNodes"] if d["path"][-1].isdigit()]
+        assert gpu_nodes == [f"/dev/nvidia{index}"], name
 
 
 def test_the_documented_demo_places_sixteen_half_gpu_pods_two_per_gpu(demo: Demo) -> None:
@@ -179,7 +212,7 @@ def test_the_documented_kubectl_create_line_works(demo: Demo, tmp_path: Path) ->
         pytest.skip("kubectl is not installed")
     script = on_ports(blocks(section(), "sh")[1], demo.api_port, demo.webhook_port)
     done = subprocess.run(
-        ["bash", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        ["bash", "-e", "-c", script], cwd=demo.cwd, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"pod/half-{i:02d} created" for i in range(1, 17)]

@@ -45,6 +45,15 @@ def test_discovery_through_the_official_client(cluster) -> None:
         "policy": "v1",
         "scheduling.k8s.io": "v1",
         "fgpu.io": "v1alpha1",
+        "resource.k8s.io": "v1",
+    }
+    dra = client.ResourceV1Api(api).get_api_resources().resources
+    assert {r.name for r in dra} == {
+        "deviceclasses",
+        "resourceslices",
+        "resourceclaims",
+        "resourceclaims/status",
+        "resourceclaimtemplates",
     }
     resources = {r.name: r for r in client.CoreV1Api(api).get_api_resources().resources}
     assert resources["pods"].namespaced
@@ -56,7 +65,7 @@ def test_discovery_through_the_official_client(cluster) -> None:
     assert [(r.name, r.kind, r.short_names) for r in queues if "/" not in r.name] == [
         ("queues", "Queue", ["fq"])
     ]
-    assert client.VersionApi(api).get_code().git_version == "v1.32.0-fgpu-standin"
+    assert client.VersionApi(api).get_code().git_version == "v1.34.0-fgpu-standin"
 
 
 def test_openapi_tells_kubectl_the_server_checks_fields(cluster) -> None:
@@ -68,6 +77,7 @@ def test_openapi_tells_kubectl_the_server_checks_fields(cluster) -> None:
         "apis/policy/v1",
         "apis/scheduling.k8s.io/v1",
         "apis/fgpu.io/v1alpha1",
+        "apis/resource.k8s.io/v1",
     }
     doc = httpx.get(url + root["paths"]["api/v1"]["serverRelativeURL"]).json()
     patch = doc["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"]["patch"]
@@ -294,7 +304,7 @@ def test_the_standin_command_registers_nodes_and_calls_the_webhook(tmp_path: Pat
     from tests.k8s.conftest import Served
 
     port = free_port()
-    with Served(create_app()) as hook:
+    with Served(create_app(env_without_isolation=True)) as hook:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fgpu", "k8s", "standin", "--port", str(port),
              "--node", "a", "--node", "b", "--webhook", f"{hook.url}/mutate"],

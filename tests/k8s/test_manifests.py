@@ -60,6 +60,7 @@ def test_every_rendered_object_deserialises_into_the_client_models(folder: Path)
         "DaemonSet",
         "MutatingWebhookConfiguration",
         "Service",
+        "DeviceClass",
     } <= kinds
     for obj in objects:
         name = model_name(obj)
@@ -97,3 +98,38 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
     assert spec.quota.gpu_milli == 1500
     assert spec.over_quota_weight == 2
     assert spec.parent == "org"
+
+
+def _rules(objects: list[dict[str, Any]], role: str) -> set[tuple[str, str, str]]:
+    found = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == role)
+    return {
+        (group, resource, verb)
+        for rule in found["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_dra_path_needs_no_configmap_rights_and_the_old_path_says_so() -> None:
+    base = render(DEPLOY / "base")
+    scheduler = _rules(base, "fgpu-scheduler")
+    assert not {r for r in scheduler if r[1] == "configmaps"}
+    assert ("resource.k8s.io", "resourceclaims/status", "update") in scheduler
+    agent = _rules(base, "fgpu-node-agent")
+    assert ("resource.k8s.io", "resourceslices", "create") in agent
+    assert ("resource.k8s.io", "resourceclaims", "get") in agent
+    (klass,) = [o for o in base if o["kind"] == "DeviceClass"]
+    assert klass["metadata"]["name"] == "gpu.fgpu.io"
+    (daemon,) = [o for o in base if o["kind"] == "DaemonSet"]
+    assert daemon["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"] == 0
+    mounts = {
+        m["mountPath"] for m in daemon["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    }
+    assert {"/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
+    old = render(DEPLOY / "overlays" / "env-without-isolation")
+    assert ("", "configmaps", "create") in _rules(old, "fgpu-scheduler")
+    for obj in old:
+        if obj["kind"] in ("Deployment", "DaemonSet"):
+            args = obj["spec"]["template"]["spec"]["containers"][0]["args"]
+            assert "--env-without-isolation" in args, obj["metadata"]["name"]

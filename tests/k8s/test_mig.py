@@ -127,7 +127,7 @@ def test_a_mig_pod_asks_for_its_profile_and_its_containers_cpu_and_memory() -> N
 
 
 def test_bad_mig_profiles_are_refused_at_admission_with_field_and_reason(make_cluster) -> None:
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
@@ -149,7 +149,7 @@ def test_bad_mig_profiles_are_refused_at_admission_with_field_and_reason(make_cl
     # a profile of a model no node has yet is admitted (nodes may join) and waits, saying why
     assert elsewhere["spec"]["schedulerName"] == "fgpu"
     mig_node(cluster, "mig-a")
-    round_(K8sScheduler(cluster.api))
+    round_(K8sScheduler(cluster.api, env_without_isolation=True))
     assert condition(cluster, "elsewhere") == (
         "no node has a MIG GPU with profile 1g.6gb (a profile of A30; MIG GPU models in "
         "the cluster: A100-80GB); the pod waits for such a node"
@@ -173,7 +173,7 @@ def test_the_agent_publishes_mig_gpus_and_the_core_never_shares_them(cluster) ->
     assert info is not None
     assert info.uuids == (shared.uuid,)
     create(cluster, pod("whole", "1"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(scheduler)
     assert assignment(cluster.api.get_pod(cluster.namespace, "whole")).uuids == (shared.uuid,)
     create(cluster, pod("half", "0.5"))
@@ -229,7 +229,7 @@ def test_a_mig_pod_binds_to_a_free_instance_and_its_configmap_names_the_instance
     instance = device(agent).create("3g.40gb", 4)
     agent.publish()
     create(cluster, mig_pod("m", "3g.40gb"))
-    round_(K8sScheduler(cluster.api))
+    round_(K8sScheduler(cluster.api, env_without_isolation=True))
     got = cluster.api.get_pod(cluster.namespace, "m")
     assert got["spec"]["nodeName"] == "mig-a"
     a = assignment(got)
@@ -253,14 +253,16 @@ def test_two_pods_never_get_the_same_instance(cluster) -> None:
     agent.publish()
     for i in range(4):
         create(cluster, mig_pod(f"m-{i}", "1g.10gb"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     scheduler.run_once()  # before the watch (none runs) shows the binds: they are assumed
     placed = bound(cluster)
     assert Counter(assignment(p).uuids[0] for p in placed) == {m.uuid: 1 for m in made}
     round_(scheduler)
-    round_(K8sScheduler(cluster.api))  # a new scheduler reads them back from the pods
+    round_(
+        K8sScheduler(cluster.api, env_without_isolation=True)
+    )  # a new scheduler reads them back from the pods
     assert len(bound(cluster)) == 2
     waiting = [p["metadata"]["name"] for p in pods(cluster) if not p["spec"].get("nodeName")]
     assert len(waiting) == 2
@@ -276,7 +278,7 @@ def test_mig_pods_bind_with_the_scheduler_and_the_agent_running(cluster) -> None
     profiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb", "3g.40gb", "4g.40gb"]
     for i, profile in enumerate(profiles):
         create(cluster, mig_pod(f"m-{i}", profile))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     scheduler.start(tick_s=0.5)
     runner = threading.Thread(target=agent.run, args=(0.1,), daemon=True)
     runner.start()
@@ -310,7 +312,7 @@ def test_an_idle_gpu_is_reconfigured_through_the_node_and_the_agent_then_the_pod
     agent.publish()
     create(cluster, mig_pod("big", "4g.40gb"))
     create(cluster, mig_pod("mid", "3g.40gb"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(scheduler)
     request = wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST])
     assert request.generation == 1
@@ -345,7 +347,7 @@ def test_a_gpu_with_an_instance_held_is_never_reconfigured(cluster) -> None:
     small = device(agent).create("1g.10gb", 0)
     agent.publish()
     create(cluster, mig_pod("small", "1g.10gb"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(scheduler)
     assert assignment(cluster.api.get_pod(cluster.namespace, "small")).uuids == (small.uuid,)
     create(cluster, mig_pod("whole", "7g.80gb"))
@@ -378,7 +380,9 @@ def test_a_gpu_with_an_instance_held_is_never_reconfigured(cluster) -> None:
     again = NodeAgent(cluster.api, "mig-a", SimulatedBackend("1xA100-80GB:mig"))
     again.publish()
     assert device(again).instances() == []
-    round_(K8sScheduler(cluster.api, clock=lambda: time.time() + 120))  # past the refusal
+    round_(
+        K8sScheduler(cluster.api, env_without_isolation=True, clock=lambda: time.time() + 120)
+    )  # past the refusal
     assert wire.MigLayoutRequest.from_json(
         node_notes(cluster, "mig-a")[wire.MIG_REQUEST]
     ) == wire.MigLayoutRequest(1, {gpu: (("7g.80gb", 0),)})  # only the test's own
@@ -391,7 +395,7 @@ def test_an_instance_in_use_outside_fgpu_stops_the_change_and_is_retried_later(c
     device(agent).set_in_use(busy.uuid)  # processes fgpu does not know of
     agent.publish()
     create(cluster, mig_pod("whole", "7g.80gb"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(scheduler)
     status = agent.reconcile_mig()
     assert status is not None
@@ -404,7 +408,7 @@ def test_an_instance_in_use_outside_fgpu_stops_the_change_and_is_retried_later(c
         wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST]).generation
         == 1
     )  # not asked again at once
-    later = K8sScheduler(cluster.api, clock=lambda: time.time() + 120)
+    later = K8sScheduler(cluster.api, env_without_isolation=True, clock=lambda: time.time() + 120)
     device(agent).set_in_use(busy.uuid, False)
     round_(later)
     assert (
@@ -425,14 +429,14 @@ def test_deleting_a_mig_pod_frees_its_instance_even_when_the_scheduler_was_down(
     whole = device(agent).create("7g.80gb", 0)
     agent.publish()
     create(cluster, mig_pod("first", "7g.80gb"))
-    first = K8sScheduler(cluster.api)
+    first = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(first)
     create(cluster, mig_pod("second", "7g.80gb"))
     round_(first)
     assert not cluster.api.get_pod(cluster.namespace, "second")["spec"].get("nodeName")
     del first  # the scheduler is gone; the pod is deleted meanwhile
     cluster.api.delete_pod(cluster.namespace, "first", grace_s=0)
-    round_(K8sScheduler(cluster.api))
+    round_(K8sScheduler(cluster.api, env_without_isolation=True))
     assert assignment(cluster.api.get_pod(cluster.namespace, "second")).uuids == (whole.uuid,)
 
 
@@ -456,7 +460,7 @@ def test_mig_pods_go_only_where_their_node_selector_and_taints_allow(cluster) ->
     wide = mig_pod("wide", "4g.40gb")  # needs a change: only on a node it may use
     wide["spec"]["nodeSelector"] = {"zone": "2"}
     create(cluster, wide)
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(scheduler)
     got = cluster.api.get_pod(cluster.namespace, "picky")
     assert got["spec"]["nodeName"] == "mig-c"  # mig-a: other zone; mig-b: tainted
@@ -481,7 +485,7 @@ def test_a_deletion_seen_through_the_watch_frees_the_instance(cluster) -> None:
     whole = device(agent).create("7g.80gb", 0)
     agent.publish()
     create(cluster, mig_pod("first", "7g.80gb"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     scheduler.start(tick_s=0.5)
     try:
         wait_until(lambda: len(bound(cluster)) == 1, "first bound")
@@ -506,7 +510,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_mig_state(cluster) -> None:
     for i in range(2):
         create(cluster, mig_pod(f"m-{i}", "3g.40gb"))
     create(cluster, pod("frac", "0.5"))
-    first = K8sScheduler(cluster.api)
+    first = K8sScheduler(cluster.api, env_without_isolation=True)
     round_(first)
     assert len(bound(cluster)) == 3
     create(cluster, mig_pod("waits", "2g.20gb"))  # makes a request for the idle GPU 1
@@ -514,7 +518,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_mig_state(cluster) -> None:
     assert wire.MIG_REQUEST in node_notes(cluster, "mig-a")
     first.sync()
     rnd_a, dec_a = first.plan()
-    second = K8sScheduler(cluster.api)
+    second = K8sScheduler(cluster.api, env_without_isolation=True)
     second.sync()
     rnd_b, dec_b = second.plan()
     assert rnd_a.mig == rnd_b.mig
@@ -545,7 +549,7 @@ def test_a_queue_limit_counts_mig_instances(cluster) -> None:
     for start in (0, 4):
         device(agent).create("3g.40gb", start)
     agent.publish()
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     create(cluster, pod("frac", "0.5", queue="team-a"))
     round_(scheduler)
     create(cluster, mig_pod("mig-1", "3g.40gb", queue="team-a"))
@@ -611,7 +615,7 @@ def test_a_batch_seen_over_two_rounds_gets_every_instance_two_gpus_can_hold(clus
     # reconfigures is filled with 1g.10gb instances, so that the 9 seen later find 2 free
     # there (a GPU holding pods is never changed again) and 7 on the other GPU.
     agent = mig_node(cluster, "mig-a", "2xA100-80GB:mig")
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
     for i in range(5):
         create(cluster, mig_pod(f"early-{i}", "1g.10gb"))
     round_(scheduler)

@@ -69,7 +69,7 @@ def test_a_queue_annotation_that_is_not_a_queue_name_is_refused() -> None:
 
 
 def test_a_bad_annotation_is_refused_at_admission_with_field_and_reason(make_cluster) -> None:
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
@@ -101,7 +101,7 @@ def test_pods_created_from_generate_name_get_distinct_configmaps() -> None:
     body["metadata"]["generateName"] = "job-"
     names = set()
     for _ in range(50):
-        ops = mutate(body)
+        ops = mutate(body, env_without_isolation=True)
         names.update(op["value"] for op in ops if op["path"].endswith("env-configmap"))
     assert len(names) == 50
 
@@ -110,7 +110,7 @@ def test_a_container_may_not_choose_its_own_gpus() -> None:
     body = pod("sneaky", "0.5")
     body["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
     with pytest.raises(PodRequestError) as err:
-        mutate(body)
+        mutate(body, env_without_isolation=True)
     assert err.value.field == "spec.containers[0].env"
     assert "NVIDIA_VISIBLE_DEVICES is set by fgpu" in err.value.reason
 
@@ -118,7 +118,7 @@ def test_a_container_may_not_choose_its_own_gpus() -> None:
 def test_pods_that_are_not_fgpus_pass_untouched() -> None:
     body = pod("plain", None)
     body["spec"].pop("schedulerName")
-    assert mutate(body) == []
+    assert mutate(body, env_without_isolation=True) == []
 
 
 def test_gpu_count_with_a_fraction_is_a_share_on_each_gpu() -> None:
@@ -165,7 +165,9 @@ def test_the_webhook_serves_tls_from_certificate_files(make_cluster, tmp_path: P
         check=True,
         capture_output=True,
     )
-    with Served(create_app(), ssl_certfile=str(cert), ssl_keyfile=str(key)) as webhook:
+    with Served(
+        create_app(env_without_isolation=True), ssl_certfile=str(cert), ssl_keyfile=str(key)
+    ) as webhook:
         assert webhook.url.startswith("https://")
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"], webhook_ca=str(cert))
         if cluster.real:
@@ -204,7 +206,7 @@ def busy_pod() -> dict[str, Any]:
 def test_the_agent_socket_folder_is_mounted_read_only_in_every_container() -> None:
     from kubernetes import client
 
-    admitted = json_patch(busy_pod(), mutate(busy_pod()))
+    admitted = json_patch(busy_pod(), mutate(busy_pod(), env_without_isolation=True))
     spec = admitted["spec"]
     assert spec["volumes"] == [{"name": "data", "emptyDir": {}}, AGENT_VOLUME]
     assert spec["initContainers"][0]["volumeMounts"] == [AGENT_MOUNT]
@@ -224,7 +226,7 @@ def test_the_agent_socket_folder_is_mounted_read_only_in_every_container() -> No
 def placed_copy() -> dict[str, Any]:
     """``kubectl get pod -o json`` of an admitted pod the scheduler placed, with the fields
     the API server refuses on creation (and ``spec.nodeName``, refused below) taken out."""
-    admitted = json_patch(busy_pod(), mutate(busy_pod()))
+    admitted = json_patch(busy_pod(), mutate(busy_pod(), env_without_isolation=True))
     notes = admitted["metadata"]["annotations"]
     notes[wire.ASSIGNMENT] = '{"node":"n1"}'
     notes[wire.GPU_UUIDS] = "GPU-1"
@@ -235,7 +237,7 @@ def placed_copy() -> dict[str, Any]:
 def test_a_pod_copied_from_a_placed_one_gets_its_own_configmap_and_no_placement() -> None:
     copy = placed_copy()
     given = copy["metadata"]["annotations"][wire.ENV_CONFIGMAP]
-    again = json_patch(copy, mutate(copy))
+    again = json_patch(copy, mutate(copy, env_without_isolation=True))
     notes = again["metadata"]["annotations"]
     fresh = notes[wire.ENV_CONFIGMAP]
     assert fresh.startswith("fgpu-env-")
@@ -261,7 +263,7 @@ def test_a_given_configmap_name_is_replaced_and_other_env_sources_kept() -> None
         mine,
         {"configMapRef": {"name": "someone-elses", "optional": False}},
     ]
-    admitted = json_patch(body, mutate(body, "fgpu-env-new"))
+    admitted = json_patch(body, mutate(body, "fgpu-env-new", env_without_isolation=True))
     assert admitted["metadata"]["annotations"][wire.ENV_CONFIGMAP] == "fgpu-env-new"
     assert admitted["spec"]["containers"][0]["envFrom"] == [
         mine,
@@ -277,7 +279,7 @@ def test_a_copied_reference_in_another_spelling_is_replaced_too() -> None:
         {"configMapRef": {"name": "fgpu-env-0123456789"}},
         {"configMapRef": {"name": "fgpu-env-aaaaaaaaaa", "optional": True}},
     ]
-    admitted = json_patch(body, mutate(body, "fgpu-env-new"))
+    admitted = json_patch(body, mutate(body, "fgpu-env-new", env_without_isolation=True))
     assert admitted["spec"]["containers"][0]["envFrom"] == [
         {"configMapRef": {"name": "fgpu-env-new", "optional": False}},
     ]
@@ -286,7 +288,7 @@ def test_a_copied_reference_in_another_spelling_is_replaced_too() -> None:
 def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
     make_cluster,
 ) -> None:
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
@@ -307,7 +309,9 @@ def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
 
 
 def test_without_the_socket_volume_nothing_is_mounted() -> None:
-    admitted = json_patch(busy_pod(), mutate(busy_pod(), agent_socket_volume=False))
+    admitted = json_patch(
+        busy_pod(), mutate(busy_pod(), agent_socket_volume=False, env_without_isolation=True)
+    )
     assert admitted["spec"]["volumes"] == [{"name": "data", "emptyDir": {}}]
     assert "volumeMounts" not in admitted["spec"]["containers"][0]
     assert admitted["spec"]["containers"][0]["envFrom"]  # the environment is still there
@@ -400,17 +404,19 @@ def test_a_volume_or_mount_in_the_agent_sockets_place_is_refused(
     body: dict[str, Any], field: str, reason: str
 ) -> None:
     with pytest.raises(PodRequestError) as err:
-        mutate(body)
+        mutate(body, env_without_isolation=True)
     assert err.value.field == field
     assert err.value.reason.startswith(reason)
-    assert mutate(body, agent_socket_volume=False)  # admitted when the webhook adds nothing
+    assert mutate(
+        body, agent_socket_volume=False, env_without_isolation=True
+    )  # admitted when the webhook adds nothing
 
 
 def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off(
     make_cluster,
 ) -> None:
     body = _with_mount({"name": "mine", "mountPath": "/run/fgpu"})
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
@@ -421,7 +427,7 @@ def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off
         "denied the request: spec.containers[0].volumeMounts[1].mountPath: /run/fgpu is where "
         "fgpu mounts the node agent's socket folder" in err.value.message
     )
-    with Served(create_app(agent_socket_volume=False)) as webhook:
+    with Served(create_app(agent_socket_volume=False, env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         made = create(cluster, body, admit=False)
     assert made["spec"]["volumes"] == [{"name": "mine", "emptyDir": {}}]
@@ -491,7 +497,7 @@ def test_an_fgpu_pod_that_bypasses_fgpu_is_refused(
     body: dict[str, Any], field: str, reason: str
 ) -> None:
     with pytest.raises(PodRequestError) as err:
-        mutate(body)
+        mutate(body, env_without_isolation=True)
     assert err.value.field == field
     assert err.value.reason.startswith(reason)
 
@@ -502,14 +508,17 @@ def test_the_default_scheduler_or_fgpu_becomes_fgpu(scheduler: str | None) -> No
     body["spec"].pop("schedulerName")
     if scheduler is not None:
         body["spec"]["schedulerName"] = scheduler
-    assert json_patch(body, mutate(body))["spec"]["schedulerName"] == "fgpu"
+    assert (
+        json_patch(body, mutate(body, env_without_isolation=True))["spec"]["schedulerName"]
+        == "fgpu"
+    )
 
 
 def test_a_plain_pod_may_name_its_node_scheduler_and_device_plugin_gpus() -> None:
     body = pod("plain", None)
     body["spec"].update(nodeName="n1", schedulerName="volcano")
     body["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
-    assert mutate(body) == []
+    assert mutate(body, env_without_isolation=True) == []
 
 
 @pytest.mark.parametrize(
@@ -529,7 +538,7 @@ def test_an_unknown_fgpu_annotation_is_refused_with_the_closest_one(
     body["spec"].pop("schedulerName")
     body["metadata"]["annotations"] = {key: "0.5"}  # the typo alone makes it fgpu's
     with pytest.raises(PodRequestError) as err:
-        mutate(body)
+        mutate(body, env_without_isolation=True)
     assert err.value.field == key
     assert err.value.reason.startswith("not an fgpu annotation; ")
     if suggestion:
@@ -540,7 +549,7 @@ def test_an_unknown_fgpu_annotation_is_refused_with_the_closest_one(
 
 
 def test_the_bypasses_are_refused_at_admission(make_cluster) -> None:
-    with Served(create_app()) as webhook:
+    with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
@@ -574,12 +583,12 @@ def _review(old: dict[str, Any], new: dict[str, Any], user: str) -> dict[str, An
             "oldObject": old,
         }
     }
-    response: dict[str, Any] = review(body)["response"]
+    response: dict[str, Any] = review(body, env_without_isolation=True)["response"]
     return response
 
 
 def _placed() -> dict[str, Any]:
-    admitted = json_patch(pod("p", "0.5"), mutate(pod("p", "0.5")))
+    admitted = json_patch(pod("p", "0.5"), mutate(pod("p", "0.5"), env_without_isolation=True))
     admitted["spec"]["nodeName"] = "n1"
     admitted["metadata"]["annotations"][wire.ASSIGNMENT] = '{"node":"n1"}'
     admitted["metadata"]["annotations"][wire.GPU_UUIDS] = "GPU-1"
@@ -638,7 +647,7 @@ class Recorder:
         async def route(request: Request) -> dict[str, Any]:
             body = json.loads(await request.body())
             self.requests.append(body["request"])
-            return review(body)
+            return review(body, env_without_isolation=True)
 
 
 def _as(cluster: Any, user: str) -> KubeApi:
@@ -716,9 +725,10 @@ def _configured_webhook() -> dict[str, Any]:
 
 def test_the_configuration_sends_pod_creates_and_updates_but_no_subresources() -> None:
     hook = _configured_webhook()
-    (rule,) = hook["rules"]
+    rule, debug = hook["rules"]
     assert rule["operations"] == ["CREATE", "UPDATE"]
     assert rule["resources"] == ["pods"]  # not pods/status (the kubelet) nor pods/binding
+    assert (debug["operations"], debug["resources"]) == (["UPDATE"], ["pods/ephemeralcontainers"])
     assert hook["failurePolicy"] == "Fail"
     update = next(c for c in hook["matchConditions"] if "UPDATE" in c["expression"])
     # the annotations the UPDATE condition watches are the ones the webhook guards
@@ -733,23 +743,27 @@ def _condition_cases() -> list[Any]:
 
     a = {wire.ASSIGNMENT: "x"}
     return [
-        pytest.param("CREATE", p(None), None, False, id="create-plain"),
-        pytest.param("CREATE", p({"app": "x"}), None, False, id="create-other-annotation"),
-        pytest.param("CREATE", p({"fgpu.io/gpus": "1"}), None, True, id="create-fgpu-typo"),
-        pytest.param("CREATE", p(None, "fgpu"), None, True, id="create-fgpu-scheduler"),
-        pytest.param("UPDATE", p(None), p(None), False, id="update-plain"),
-        pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, id="update-label-like"),
-        pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, id="update-queue"),
-        pytest.param("UPDATE", p({}), p(a), True, id="update-remove-assignment"),
-        pytest.param("UPDATE", p(None), p(a), True, id="update-remove-all-annotations"),
-        pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, id="update-change"),
-        pytest.param("UPDATE", p({wire.HOLD: ""}), p(None), True, id="update-add-empty-hold"),
+        pytest.param("CREATE", p(None), None, False, "", id="create-plain"),
+        pytest.param("CREATE", p({"app": "x"}), None, False, "", id="create-other-annotation"),
+        pytest.param("CREATE", p({"fgpu.io/gpus": "1"}), None, True, "", id="create-fgpu-typo"),
+        pytest.param("CREATE", p(None, "fgpu"), None, True, "", id="create-fgpu-scheduler"),
+        pytest.param("UPDATE", p(None), p(None), False, "", id="update-plain"),
+        pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, "", id="update-label-like"),
+        pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, "", id="update-queue"),
+        pytest.param("UPDATE", p({}), p(a), True, "", id="update-remove-assignment"),
+        pytest.param("UPDATE", p(None), p(a), True, "", id="update-remove-all-annotations"),
+        pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, "", id="update-change"),
+        pytest.param("UPDATE", p({wire.HOLD: ""}), p(None), True, "", id="update-add-empty-hold"),
+        pytest.param(
+            "UPDATE", p(None, "fgpu"), p(None, "fgpu"), True, "ephemeralcontainers", id="debug-fgpu"
+        ),
+        pytest.param("UPDATE", p(None), p(None), False, "ephemeralcontainers", id="debug-other"),
     ]
 
 
-@pytest.mark.parametrize(("operation", "new", "old", "called"), _condition_cases())
+@pytest.mark.parametrize(("operation", "new", "old", "called", "sub"), _condition_cases())
 def test_the_match_conditions_send_only_fgpu_creates_and_fgpu_annotation_changes(
-    operation: str, new: dict[str, Any], old: dict[str, Any] | None, called: bool
+    operation: str, new: dict[str, Any], old: dict[str, Any] | None, called: bool, sub: str
 ) -> None:
     """With a CEL interpreter (``pip install cel-python``; skipped without): an outage of
     the webhook blocks nothing but these (failurePolicy Fail)."""
@@ -758,7 +772,7 @@ def test_the_match_conditions_send_only_fgpu_creates_and_fgpu_annotation_changes
     activation = {
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation}),
+        "request": celpy.json_to_cel({"operation": operation, "subResource": sub}),
     }
     results = [
         bool(env.program(env.compile(c["expression"])).evaluate(activation))

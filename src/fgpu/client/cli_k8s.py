@@ -70,6 +70,16 @@ def scheduler(
     min_runtime_s: Annotated[
         float, typer.Option(help="Seconds a pod runs before it can be a victim.")
     ] = 0.0,
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="Hand GPUs out by a per-pod environment ConfigMap instead of "
+            "ResourceClaims (clusters before Kubernetes 1.34). DOES NOT ISOLATE: any pod on "
+            "the node can name any GPU. Trusted single-tenant clusters only; give the "
+            "webhook the same flag.",
+        ),
+    ] = False,
 ) -> None:
     """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
@@ -95,6 +105,7 @@ def scheduler(
             policy=policy,
             config=SchedulerConfig(min_runtime_s=min_runtime_s),
             elector=elector,
+            env_without_isolation=env_without_isolation,
         )
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
@@ -132,6 +143,15 @@ def webhook(
             "fgpu.io/gpu-uuids, fgpu.io/hold, fgpu.io/env-configmap).",
         ),
     ] = wire.SCHEDULER_USER,
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="Give fgpu pods an environment ConfigMap (and the hint socket by hostPath) "
+            "instead of a ResourceClaim, for clusters before Kubernetes 1.34. DOES NOT "
+            "ISOLATE: trusted single-tenant clusters only; give the scheduler the same flag.",
+        ),
+    ] = False,
 ) -> None:
     """Run the admission webhook (POST /mutate)."""
     from fgpu.k8s.webhook import serve
@@ -147,6 +167,7 @@ def webhook(
             tls_key_file,
             agent_socket_volume=agent_socket_volume,
             scheduler_user=scheduler_user,
+            env_without_isolation=env_without_isolation,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
@@ -196,16 +217,47 @@ def node_agent(
             "reach the host's /run/fgpu/agent.sock through the webhook's mount. '' for none."
         ),
     ] = wire.AGENT_SOCKET,
+    cdi_dir: Annotated[
+        str, typer.Option(help="Where the DRA driver writes claims' CDI specs.")
+    ] = "/var/run/cdi",
+    interposer_dir: Annotated[
+        str,
+        typer.Option(help="Host folder of the interposer (libfgpu.so), mounted into pods."),
+    ] = "/opt/fgpu/lib",
+    segment_dir: Annotated[
+        str, typer.Option(help="Host folder of the claims' shared-state segments.")
+    ] = "/run/fgpu/segments",
+    plugin_registry_dir: Annotated[
+        str, typer.Option(help="The kubelet's plugin registration folder.")
+    ] = "/var/lib/kubelet/plugins_registry",
+    plugin_dir: Annotated[
+        str, typer.Option(help="This DRA driver's socket folder.")
+    ] = "/var/lib/kubelet/plugins/gpu.fgpu.io",
+    env_without_isolation: Annotated[
+        bool,
+        typer.Option(
+            "--env-without-isolation",
+            help="No DRA driver: publish the inventory only, for the scheduler's and "
+            "webhook's --env-without-isolation (DOES NOT ISOLATE; clusters before 1.34).",
+        ),
+    ] = False,
 ) -> None:
-    """Run the node agent: publish this node's GPUs, report usage, govern the pods."""
+    """Run the node agent: publish this node's GPUs, report usage, govern the pods. By
+    default it is the DRA driver gpu.fgpu.io (ResourceSlice, kubelet plugin, CDI specs);
+    without NVML it publishes nothing and says why on its Node, unless --simulate-gpus."""
     from pathlib import Path
 
     from fgpu.agent.backend import detect_backend
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
     from fgpu.k8s.agent import NodeAgent
+    from fgpu.k8s.dra import cdi
+    from fgpu.k8s.dra.driver import DraDriver
+    from fgpu.k8s.dra.node import publish_nothing, real_backend
+    from fgpu.k8s.dra.slices import SlicePublisher
     from fgpu.k8s.enforce import GovernorEnforcer, pod_freezer
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.resourceapi import ResourceApi
 
     _logging()
     log = logging.getLogger("fgpu.k8s.agent")
@@ -219,10 +271,39 @@ def node_agent(
             "--memory-policy warn or kill"
         ) from None
     governing: GovernorEnforcer | None = None
+    driver: DraDriver | None = None
     try:
-        backend = detect_backend(simulate_gpus, log, host=node)
         api = KubeApi(api_client(kubeconfig, server))
-        agent = NodeAgent(api, node, backend, gpus)
+        if env_without_isolation:
+            backend = detect_backend(simulate_gpus, log, host=node)
+            agent = NodeAgent(api, node, backend, gpus)
+        else:
+            slices = SlicePublisher(ResourceApi(api), node)
+            chosen = real_backend(simulate_gpus, node)
+            if isinstance(chosen, str):
+                publish_nothing(api, slices, node, chosen)
+                _wait_for_signal()
+                return
+            backend = chosen
+            agent = NodeAgent(api, node, backend, gpus, on_publish=slices.publish)
+            hint_dir = os.path.dirname(agent_socket) if agent_socket else "/run/fgpu"
+            layout = cdi.Layout(
+                cdi_dir=Path(cdi_dir),
+                lib_dir=Path(interposer_dir),
+                hint_dir=Path(hint_dir),
+                agent_socket=agent_socket or wire.AGENT_SOCKET,
+            ).absolute()
+            driver = DraDriver(
+                ResourceApi(api),
+                node,
+                agent.inventory,
+                layout,
+                minors={d.uuid: d.index for d in agent.devices},
+                registry_dir=Path(plugin_registry_dir),
+                plugin_dir=Path(plugin_dir),
+                segment_dir=Path(segment_dir),
+            )
+            driver.start()
         if enforce is not False:
             try:
                 freezer = pod_freezer(Path(cgroup_root) if cgroup_root else None)
@@ -252,15 +333,66 @@ def node_agent(
                 )
         else:
             log.info("not enforcing (--no-enforce): log only")
-    except (KubeError, ValueError) as exc:
+    except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()
     agent.stop()
+    if driver is not None:
+        driver.stop()
     if governing is not None:
         thread.join(timeout=30)  # no sync after the governor closes
         governing.close()
+
+
+@k8s_app.command("kubelet")
+def kubelet_standin(
+    node: Annotated[str, typer.Option(help="The node this kubelet stand-in serves.")],
+    server: ServerOption = None,
+    kubeconfig: KubeconfigOption = None,
+    plugin_registry_dir: Annotated[
+        str, typer.Option(help="Where DRA drivers register (the node agent's flag of that name).")
+    ] = "/var/lib/kubelet/plugins_registry",
+    cdi_dir: Annotated[
+        str, typer.Option(help="Where the CDI specs are read (the node agent's --cdi-dir).")
+    ] = "/var/run/cdi",
+    interval_s: Annotated[float, typer.Option(help="Seconds between passes.")] = 0.5,
+) -> None:
+    """Run a KUBELET TEST STAND-IN for one node (demos and tests only): registers DRA
+    drivers, prepares the claims of bound pods over gRPC, reads their CDI specs, marks the
+    pods Running; nothing runs."""
+    from pathlib import Path
+
+    from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.standin.kubelet import KubeletStandIn
+
+    _logging()
+    log = logging.getLogger("fgpu.k8s.standin.kubelet")
+    if interval_s <= 0:
+        raise _fail(f"--interval-s: {interval_s} is not a positive number of seconds")
+    api = KubeApi(api_client(kubeconfig, server))
+    kubelet = KubeletStandIn(api, node, Path(plugin_registry_dir), [Path(cdi_dir)])
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    said: dict[str, str] = {}
+    while not stop.wait(interval_s):
+        try:
+            kubelet.sync()
+        except (KubeError, OSError) as exc:
+            log.warning("pass failed: %s", exc)
+            continue
+        for key, box in kubelet.containers.items():
+            for name, c in box.items():
+                text = f"{c.env.get('CUDA_VISIBLE_DEVICES', '')} {c.device_nodes}"
+                if said.get(f"{key}/{name}") != text:
+                    said[f"{key}/{name}"] = text
+                    log.info("started %s container %s: GPUs %s", key, name, text)
+        for key, why in kubelet.waiting.items():
+            if said.get(key) != why:
+                said[key] = why
+                log.info("%s waits: %s", key, why)
 
 
 @k8s_app.command("standin")

@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -128,6 +128,8 @@ class NodeAgent:
         backend: GPU backend.
         gpus: the ``--gpus`` spec (None: all).
         enforcer: what enforces the pods' shares (default: :class:`LogOnlyEnforcer`).
+        on_publish: called with the inventory after every publication (the DRA driver's
+            ResourceSlice, :class:`fgpu.k8s.dra.slices.SlicePublisher`).
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class NodeAgent:
         backend: GpuBackend,
         gpus: str | None = None,
         enforcer: Enforcer | None = None,
+        on_publish: Callable[[wire.Inventory], Any] | None = None,
     ) -> None:
         self.api = api
         self.node = node
@@ -161,6 +164,7 @@ class NodeAgent:
                 self.mig[d.uuid] = device
             self.devices.append(d)
         self.enforcer = enforcer or LogOnlyEnforcer()
+        self.on_publish = on_publish
         self._stop = threading.Event()
         self._published: str | None = None
 
@@ -203,6 +207,8 @@ class NodeAgent:
             notes[wire.MIG_STATUS] = status.to_json()
         self.api.patch_node(self.node, {"metadata": {"labels": labels, "annotations": notes}})
         self._published = text
+        if self.on_publish is not None:
+            self.on_publish(inv)
 
     def report(self) -> None:
         """Publish per-GPU memory in use (MiB) and utilization (%), and sync the enforcer."""

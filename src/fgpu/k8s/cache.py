@@ -1,5 +1,5 @@
-"""What the scheduler knows of the cluster: nodes, pods and ``Queue`` objects, kept by
-list-then-watch (an informer).
+"""What the scheduler knows of the cluster: nodes, pods, ``Queue`` objects and
+ResourceClaims, kept by list-then-watch (an informer).
 
 Nothing is kept anywhere else: on start, and whenever a watch cannot resume (``410 Gone``
 or a broken connection), the resource is listed again and the cache replaced, so a pod
@@ -20,7 +20,7 @@ from fgpu.k8s.kube import KubeApi, KubeError, Listed
 log = logging.getLogger("fgpu.k8s.cache")
 
 Obj = dict[str, Any]
-RESOURCES = ("nodes", "pods", "queues")
+RESOURCES = ("nodes", "pods", "queues", "resourceclaims")
 
 
 def _key(obj: Obj) -> str:
@@ -36,6 +36,8 @@ class Snapshot:
     nodes: list[Obj]
     pods: list[Obj]
     queues: list[Obj]
+    claims: dict[str, Obj] | None = None
+    """``namespace/name`` -> ResourceClaim (None: not kept)."""
 
 
 class ClusterCache:
@@ -69,9 +71,13 @@ class ClusterCache:
         if resource == "pods":
             return self.api.list_pods()
         try:
+            if resource == "resourceclaims":
+                from fgpu.k8s.resourceapi import ResourceApi
+
+                return ResourceApi(self.api).list_claims()
             return self.api.list_queues()
         except KubeError as exc:
-            if exc.status == 404:  # the Queue CRD is not installed: no queues
+            if exc.status == 404:  # no Queue CRD, or no resource.k8s.io/v1 (before 1.34)
                 return Listed([], "")
             raise
 
@@ -104,6 +110,7 @@ class ClusterCache:
                 list(self._objects["nodes"].values()),
                 list(self._objects["pods"].values()),
                 list(self._objects["queues"].values()),
+                dict(self._objects["resourceclaims"]),
             )
 
     def apply(self, resource: str, kind: str, obj: Obj) -> None:

@@ -151,7 +151,8 @@ class KubeApi:
     def watch(
         self, resource: str, resource_version: str, timeout_s: int = 300
     ) -> Iterator[tuple[str, Obj]]:
-        """``(type, object)`` changes of ``nodes``, ``pods`` or ``queues`` after a version;
+        """``(type, object)`` changes of ``nodes``, ``pods``, ``queues`` or
+        ``resourceclaims`` after a version;
         type is ADDED, MODIFIED, DELETED or BOOKMARK (only a newer version to resume from).
 
         Ends when the server closes the watch (``timeout_s``, or a restart).
@@ -172,6 +173,11 @@ class KubeApi:
         elif resource == "queues":
             func = self.custom.list_cluster_custom_object
             args = (QUEUE_GROUP, QUEUE_VERSION, QUEUE_PLURAL)
+        elif resource == "resourceclaims":
+            from kubernetes import client as k8s
+
+            func = k8s.ResourceV1Api(self.client).list_resource_claim_for_all_namespaces
+            args = ()
         else:
             raise ValueError(f"resource: cannot watch {resource!r}")
         # The client's Watch helper fails on ERROR events when it does not deserialize

@@ -4,9 +4,15 @@ Each round (after a change, debounced, or on a slow tick) turns the cache
 (:class:`fgpu.k8s.cache.ClusterCache`) into the core's inputs, calls
 :meth:`fgpu.sched.decide.Scheduler.decide`, and acts:
 
-- **Place**: create the pod's environment ConfigMap (owned by the pod, so deleted with it),
-  then bind through the Binding subresource carrying ``fgpu.io/assignment`` and
-  ``fgpu.io/gpu-uuids``: the API server writes them with ``spec.nodeName`` in one write.
+- **Place**: allocate the pod's ResourceClaim (device class ``gpu.fgpu.io``: the GPUs the
+  core chose, the share as the driver's opaque configuration, the node selector) and
+  reserve it for the pod (:mod:`fgpu.k8s.claims`), then bind through the Binding
+  subresource carrying ``fgpu.io/assignment`` and ``fgpu.io/gpu-uuids``: the API server
+  writes them with ``spec.nodeName`` in one write. The kubelet then has the node's DRA
+  driver prepare exactly that claim. Only with ``env_without_isolation`` (clusters before
+  Kubernetes 1.34; trusted single-tenant use) is the pod's environment ConfigMap written
+  instead of a claim: that path hands GPUs out by environment variables, which do not
+  isolate anything.
   The placement is *assumed* in memory at once, so the next round does not hand out the
   same GPU before the watch brings the bound pod back.
 - **Preempt**: ask for the victim's eviction (PodDisruptionBudgets apply). A refused
@@ -18,10 +24,11 @@ Each round (after a change, debounced, or on a slow tick) turns the cache
 Pods that ask for a MIG instance (``fgpu.io/mig-profile``) are placed by the MIG pass after
 the core's round (:mod:`fgpu.k8s.mig`), bound the same way (ConfigMap, then Binding).
 
-The ledger is the cluster itself: a bound pod holds what its ``fgpu.io/assignment`` says
-until it is deleted or finishes; its GPUs are found by UUID, so an agent restart that
-renumbers GPUs does not move anybody. Holds (capacity freed by preemption) are kept on the
-preemptor as ``fgpu.io/hold`` so that a new leader inherits them. Only the holder of the
+The ledger is the cluster itself: a bound pod holds what its allocated claim says (or,
+without a claim, its ``fgpu.io/assignment``) until it is deleted or finishes; its GPUs are
+found by UUID, so an agent restart that renumbers GPUs does not move anybody. Holds
+(capacity freed by preemption) are kept on the preemptor as ``fgpu.io/hold`` so that a new
+leader inherits them. Only the holder of the
 Lease acts (:class:`fgpu.k8s.leader.LeaseElector`).
 """
 
@@ -37,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fgpu.k8s import wire
+from fgpu.k8s import claims, wire
 from fgpu.k8s.cache import ClusterCache, Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
@@ -52,6 +59,7 @@ from fgpu.k8s.objects import (
     pod_ask,
     queue_tree,
 )
+from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
@@ -89,6 +97,8 @@ class Round:
         mig_held: MIG pods bound (or assumed bound) to fgpu nodes, with their assignments
             (:mod:`fgpu.k8s.mig`; the core sees only their CPU and memory, in ``others``).
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
+        claims: workload id -> the pod's fgpu ResourceClaim (pending and bound pods).
+        templates: namespaces whose pods wait for fgpu's ResourceClaimTemplate.
     """
 
     infos: list[NodeInfo]
@@ -101,6 +111,8 @@ class Round:
     unavailable: int = 0
     mig_held: list[tuple[str, wire.Assignment]] = field(default_factory=list)
     mig: MigDecision | None = None
+    claims: dict[str, Obj] = field(default_factory=dict)
+    templates: set[str] = field(default_factory=set)
 
 
 class K8sScheduler:
@@ -116,6 +128,10 @@ class K8sScheduler:
         protect_s: how long a victim whose eviction a disruption budget refused is kept
             out of victim sets.
         workers: parallel API calls when binding a round's placements.
+        env_without_isolation: hand GPUs out through a per-pod environment ConfigMap
+            instead of ResourceClaims, for clusters before Kubernetes 1.34. It DOES NOT
+            ISOLATE: any pod on the node can name any GPU in its environment. Trusted
+            single-tenant use only.
     """
 
     def __init__(
@@ -128,6 +144,7 @@ class K8sScheduler:
         clock: Callable[[], float] = time.time,
         protect_s: float = 60.0,
         workers: int = 8,
+        env_without_isolation: bool = False,
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # a bad name fails here
         self.api = api
@@ -136,6 +153,9 @@ class K8sScheduler:
         self.elector = elector
         self.clock = clock
         self.protect_s = protect_s
+        self.env_without_isolation = env_without_isolation
+        self.resources = ResourceApi(api)
+        self._claim_of: dict[str, Obj] = {}  # workload id -> its fgpu claim (last round)
         self.cache = ClusterCache(api, on_change=self._changed)
         self.mig = MigPass(clock)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fgpu-bind")
@@ -149,6 +169,9 @@ class K8sScheduler:
         self._reasons: dict[str, str] = {}
         self._holds: dict[str, Hold] | None = None
         self._target_key: tuple[Request, ...] | None = None
+        self._snap_claims: Mapping[str, Obj] = {}
+        self._requests_memo: dict[str, tuple[str, tuple[int, int]]] = {}
+        self._claim_memo: dict[str, tuple[tuple[Any, ...], NodeInfo, wire.Assignment | str]] = {}
         self._scheduler = self._make(FALLBACK_TARGET)
         self._target: TargetWorkload = FALLBACK_TARGET
         self._node_memo: dict[str, tuple[Any, NodeInfo | None, Obj]] = {}
@@ -253,6 +276,7 @@ class K8sScheduler:
         infos: list[NodeInfo] = []
         facts: list[NodeFacts] = []
         unavailable = 0
+        self._snap_claims = snap.claims or {}
         for obj in snap.nodes:
             info = self._node(obj)
             if info is not None:
@@ -302,7 +326,21 @@ class K8sScheduler:
                 protected = self._protected.get(key, 0.0) > now
                 n = index.get(node)
                 memo = self._running_memo.get(key)
-                sig = (uid, meta.get("resourceVersion"), node, n, text, terminating, protected)
+                claim_rv = None
+                held: Obj | None = None
+                if not self.env_without_isolation and spec.get("resourceClaims"):
+                    held, _ = claims.pod_claim(pod, self._snap_claims)
+                    claim_rv = held["metadata"].get("resourceVersion") if held else None
+                sig = (
+                    uid,
+                    meta.get("resourceVersion"),
+                    node,
+                    n,
+                    text,
+                    terminating,
+                    protected,
+                    claim_rv,
+                )
                 if (
                     n is not None
                     and memo is not None
@@ -313,7 +351,7 @@ class K8sScheduler:
                     self._fast[id(pod)] = (pod, memo[2], key, node, memo[1])
                     continue
                 before = len(rnd.workloads)
-                self._running(rnd, key, pod, node, text, index, gpu_at, now)
+                self._running(rnd, key, pod, node, text, index, gpu_at, now, held)
                 if n is not None and len(rnd.workloads) > before:
                     self._running_memo[key] = (sig, rnd.infos[n], rnd.workloads[-1])
                 if n is not None and memo is not None and len(rnd.workloads) > before:
@@ -330,12 +368,24 @@ class K8sScheduler:
                 log.exception("reading pod %s failed", key)
                 rnd.refused[key] = f"fgpu could not read this pod ({type(exc).__name__}: {exc})"
                 continue
-            if not (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP):
-                rnd.refused[key] = (
-                    "not admitted by the fgpu webhook (no fgpu.io/env-configmap annotation); "
-                    "create it again once the webhook runs"
-                )
-                continue
+            if self.env_without_isolation:
+                if not (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP):
+                    rnd.refused[key] = (
+                        "not admitted by the fgpu webhook (no fgpu.io/env-configmap "
+                        "annotation); create it again once the webhook runs"
+                    )
+                    continue
+            elif ask.request.gpu_count or ask.mig_profile:
+                claim, why = claims.pod_claim(pod, snap.claims or {})
+                if claim is None:
+                    rnd.refused[key] = why
+                    if why.startswith("waiting for its ResourceClaim ") and any(
+                        e.get("resourceClaimTemplateName") == claims.TEMPLATE
+                        for e in spec.get("resourceClaims") or []
+                    ):
+                        rnd.templates.add(meta.get("namespace", "default"))
+                    continue
+                rnd.claims[key] = claim
             allowed = self._constraints.allowed(pod)
             if allowed.note:
                 rnd.notes[key] = allowed.note
@@ -355,6 +405,10 @@ class K8sScheduler:
             del self._running_memo[stale]
         for stale in self._granted.keys() - rnd.pods.keys():
             del self._granted[stale]
+        for stale in self._requests_memo.keys() - rnd.pods.keys():
+            del self._requests_memo[stale]
+        for stale in self._claim_memo.keys() - rnd.pods.keys():
+            del self._claim_memo[stale]
         for stale in self._said.keys() - rnd.pods.keys():
             del self._said[stale]
         for stale in self._env_missed.keys() - rnd.pods.keys():
@@ -486,6 +540,7 @@ class K8sScheduler:
         index: Mapping[str, int],
         gpu_at: dict[int, dict[str, int]],
         now: float,
+        claim: Obj | None = None,
     ) -> None:
         if node not in index:
             return  # a node fgpu does not manage (or that is gone): nothing to count
@@ -495,12 +550,21 @@ class K8sScheduler:
             at = gpu_at[n] = {u: g for g, u in enumerate(rnd.infos[n].uuids)}
         meta = pod["metadata"]
         uid = meta.get("uid", "")
-        try:
-            if text is None:
-                raise wire.WireError(wire.ASSIGNMENT, "missing")
-            read: wire.Assignment | None = wire.Assignment.from_json(text)
-        except wire.WireError as exc:
-            read, problem = None, str(exc)
+        from_claim: wire.Assignment | str | None = None
+        if claim is not None:  # the pod's fgpu claim (build found it)
+            rnd.claims[key] = claim
+            from_claim = self._from_claim(key, uid, pod, claim, node, at, rnd.infos[n])
+        read: wire.Assignment | None = None
+        problem = ""
+        if isinstance(from_claim, wire.Assignment):
+            read = from_claim  # the claim is the ledger: no user can edit its status
+        else:
+            try:
+                if text is None:
+                    raise wire.WireError(wire.ASSIGNMENT, "missing")
+                read = wire.Assignment.from_json(text)
+            except wire.WireError as exc:
+                problem = str(exc) if from_claim is None else f"{from_claim}; {exc}"
         a = self._granted_to(key, uid, read)
         if a is None:
             a = self._from_env(key, uid, pod, node, at)
@@ -570,6 +634,44 @@ class K8sScheduler:
                 terminating=terminating,
             )
         )
+
+    def _from_claim(
+        self,
+        key: str,
+        uid: str,
+        pod: Obj,
+        claim: Obj,
+        node: str,
+        at: Mapping[str, int],
+        info: NodeInfo,
+    ) -> wire.Assignment | str:
+        """:func:`claims.assignment_from_claim`, remembered while the claim's version and
+        the node's view are the same (an allocation does not change once written)."""
+        meta = claim["metadata"]
+        sig = (uid, meta.get("uid"), meta.get("resourceVersion"), node)
+        memo = self._claim_memo.get(key)
+        if memo is not None and memo[0] == sig and memo[1] is info:
+            return memo[2]
+        try:
+            asked = self._requests_of(key, uid, pod)
+        except PodRequestError as exc:
+            return f"pod: {exc}"
+        found = claims.assignment_from_claim(claim, asked, node, at)
+        self._claim_memo[key] = (sig, info, found)
+        return found
+
+    def _requests_of(self, key: str, uid: str, pod: Obj) -> tuple[int, int]:
+        """:func:`container_requests`, remembered per pod uid (a pod's spec does not change).
+
+        Raises:
+            PodRequestError: a value that is not a quantity.
+        """
+        memo = self._requests_memo.get(key)
+        if memo is not None and memo[0] == uid:
+            return memo[1]
+        found = container_requests(pod)
+        self._requests_memo[key] = (uid, found)
+        return found
 
     def _granted_to(
         self, key: str, uid: str, read: wire.Assignment | None
@@ -723,6 +825,8 @@ class K8sScheduler:
                     self._wait(rnd, action.workload, reason)
             for key, reason in rnd.refused.items():
                 self._wait(rnd, key, reason)
+            for namespace in sorted(rnd.templates):
+                self._ensure_template(namespace)
             if places and self.is_leader():
                 results = list(self._pool.map(lambda a: self._place(rnd, a), places))
                 self.bound += sum(results)
@@ -766,23 +870,33 @@ class K8sScheduler:
             priority=ask.priority,
             preemptible=ask.preemptible,
         )
-        return self._bind(action.workload, pod, assignment)
+        return self._bind(rnd, action.workload, pod, assignment)
 
-    def _bind(self, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs") -> bool:
-        """Write the pod's environment ConfigMap, then bind it with its assignment, and
-        assume the placement until the watch shows it."""
+    def _bind(
+        self, rnd: Round, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs"
+    ) -> bool:
+        """Allocate the pod's claim and reserve it for the pod (or, with
+        ``env_without_isolation``, write its environment ConfigMap), then bind it with its
+        assignment, and assume the placement until the watch shows it."""
         meta = pod["metadata"]
         ns, name, uid = meta.get("namespace", "default"), meta["name"], meta["uid"]
         uuids = list(assignment.uuids)
-        cm_name = (meta.get("annotations") or {})[wire.ENV_CONFIGMAP]
-        data = env_data(
-            key,
-            uuids,
-            assignment.gpu_milli[0] if assignment.gpu_milli else 0,
-            assignment.gpu_memory_mib[0] if assignment.gpu_memory_mib else 0,
-        )
         try:
-            write_env(self.api, ns, cm_name, uid, name, data)
+            if self.env_without_isolation:
+                cm_name = (meta.get("annotations") or {})[wire.ENV_CONFIGMAP]
+                data = env_data(
+                    key,
+                    uuids,
+                    assignment.gpu_milli[0] if assignment.gpu_milli else 0,
+                    assignment.gpu_memory_mib[0] if assignment.gpu_memory_mib else 0,
+                )
+                write_env(self.api, ns, cm_name, uid, name, data)
+            elif uuids:
+                claim = rnd.claims[key]
+                if not self.is_leader():
+                    return False
+                written = claims.allocate(self.resources, claim, pod, assignment)
+                self.cache.apply("resourceclaims", "MODIFIED", written)
             if not self.is_leader():
                 return False
             self.api.bind(
@@ -792,7 +906,7 @@ class K8sScheduler:
                 assignment.node,
                 {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)},
             )
-        except KubeError as exc:
+        except (KubeError, ValueError) as exc:
             self._complain(key, f"binding {key} to {assignment.node} failed: {exc}")
             return False
         self._assumed[key] = (uid, assignment)
@@ -806,6 +920,15 @@ class K8sScheduler:
             + (f" ({what} {', '.join(uuids)})" if uuids else ""),
         )
         return True
+
+    def _ensure_template(self, namespace: str) -> None:
+        """Create fgpu's ResourceClaimTemplate in a namespace whose pods name it."""
+        try:
+            self.resources.create_claim_template(namespace, claims.template_body())
+            log.info("created ResourceClaimTemplate %s/%s", namespace, claims.TEMPLATE)
+        except KubeError as exc:
+            if exc.reason != "AlreadyExists":
+                log.warning("ResourceClaimTemplate in %s not created: %s", namespace, exc)
 
     def _act_mig(self, rnd: Round, mig: MigDecision) -> None:
         """Carry out the MIG pass: layout requests on nodes, binds, reasons."""
@@ -836,7 +959,7 @@ class K8sScheduler:
         if mig.binds and self.is_leader():
             done = list(
                 self._pool.map(
-                    lambda b: self._bind(b.key, rnd.pods[b.key], b.assignment, "MIG instance"),
+                    lambda b: self._bind(rnd, b.key, rnd.pods[b.key], b.assignment, "MIG instance"),
                     mig.binds,
                 )
             )

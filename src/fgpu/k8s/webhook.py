@@ -35,6 +35,22 @@ volume named ``fgpu-agent`` or a container mounts anything else at or below ``/r
 the exact volume and mounts the webhook adds are accepted as they are (a pod copied from an
 admitted one).
 
+**The DRA path (default).** Instead of the ConfigMap, the ``envFrom`` and the ``hostPath``
+volume above, a good pod that asks for GPUs gets a ResourceClaim: the ``spec.resourceClaims``
+entry ``fgpu-gpu`` from the namespace's ResourceClaimTemplate ``fgpu-gpu`` (one device of
+class ``gpu.fgpu.io``; the scheduler creates the template where pods name it), referenced
+by every container and init container (``resources.claims``), and the toleration of the
+fgpu nodes' taint ``fgpu.io/gpu:NoSchedule``. The node's DRA driver puts the GPU, the
+interposer and the hint socket's folder into the containers through CDI
+(:mod:`fgpu.k8s.dra`), so the pod needs no ``hostPath`` and passes Pod Security
+``restricted``. A pod whose own ``fgpu-gpu`` entry names a claim (``resourceClaimName``)
+keeps it: users may write claims of class ``gpu.fgpu.io`` themselves. Refused besides:
+a privileged container (it would see every device of the node), also as an ephemeral
+container added later (``kubectl debug --profile=sysadmin``), and ``LD_PRELOAD`` or
+``FGPU_SEG`` in a container's own ``env`` (they carry the interposer). The ConfigMap path
+stays behind ``env_without_isolation`` (``--env-without-isolation``), for clusters before
+Kubernetes 1.34 and trusted single-tenant use: it does not isolate anything.
+
 On pod update it only checks (never patches): a change to an annotation fgpu writes
 (:data:`fgpu.k8s.wire.FGPU_ANNOTATIONS`) is refused unless the request's user is the
 scheduler's (:func:`check_update`).
@@ -60,6 +76,7 @@ from fastapi.responses import JSONResponse
 
 from fgpu.k8s import wire
 from fgpu.k8s.objects import PodRequestError, pod_ask
+from fgpu.k8s.webhook_dra import check_privileged, dra_ops
 
 log = logging.getLogger("fgpu.k8s.webhook")
 
@@ -178,15 +195,22 @@ def check_spec(pod: Obj) -> None:
 
 
 def mutate(
-    pod: Obj, configmap_name: str | None = None, *, agent_socket_volume: bool = True
+    pod: Obj,
+    configmap_name: str | None = None,
+    *,
+    agent_socket_volume: bool = True,
+    env_without_isolation: bool = False,
 ) -> list[dict[str, Any]]:
     """The JSON patch that admits ``pod`` (empty for a pod that is not fgpu's).
 
     Args:
         pod: the pod as submitted.
         configmap_name: the environment ConfigMap's name (default: ``fgpu-env-`` and 10
-            random hex digits).
-        agent_socket_volume: mount the agent's socket folder (module docstring).
+            random hex digits; only with ``env_without_isolation``).
+        agent_socket_volume: mount the agent's socket folder (module docstring; only with
+            ``env_without_isolation``: on the DRA path the CDI spec mounts it).
+        env_without_isolation: the ConfigMap path, which does not isolate (module
+            docstring); default: the DRA path.
 
     Raises:
         PodRequestError: a bad annotation (naming it and the reason, as the CLI would), a
@@ -197,7 +221,7 @@ def mutate(
         return []
     check_annotation_keys(pod)
     check_spec(pod)
-    pod_ask(pod)  # the same checks as `fgpu submit`
+    ask = pod_ask(pod)  # the same checks as `fgpu submit`
     spec = pod.get("spec") or {}
     notes = wire.annotations_of(pod)
     ops: list[dict[str, Any]] = []
@@ -214,13 +238,18 @@ def mutate(
                 "value": wire.DEFAULT_QUEUE,
             }
         )
+    ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
+    if not env_without_isolation:
+        if wire.ENV_CONFIGMAP in notes:  # copied from a pod of the ConfigMap path
+            path = f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}"
+            ops.append({"op": "remove", "path": path})
+        return ops + dra_ops(pod, bool(ask.request.gpu_count or ask.mig_profile))
     # always a fresh name (a given one is another pod's: the scheduler would never bind
     # this one); "add" replaces a member that exists
     name = configmap_name or f"{ENV_PREFIX}{secrets.token_hex(5)}"
     ops.append(
         {"op": "add", "path": f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}", "value": name}
     )
-    ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     source = {"configMapRef": {"name": name, "optional": False}}
     copied = notes.get(wire.ENV_CONFIGMAP)
 
@@ -355,20 +384,36 @@ def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
 
 
 def review(
-    body: Obj, *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+    body: Obj,
+    *,
+    agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> dict[str, Any]:
     """Answer an ``AdmissionReview`` (admission.k8s.io/v1): pod CREATE is checked and
-    mutated (:func:`mutate`; ``agent_socket_volume`` as there), pod UPDATE only checked
-    (:func:`check_update`, never a patch); anything else is allowed as it is."""
+    mutated (:func:`mutate`; ``agent_socket_volume`` and ``env_without_isolation`` as
+    there), pod UPDATE only checked (:func:`check_update`, never a patch), an update of an
+    fgpu pod's ``ephemeralcontainers`` refused when one is privileged; anything else is
+    allowed as it is."""
     request = body.get("request") or {}
     uid = request.get("uid", "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     pod = request.get("object") or {}
     operation = request.get("operation", "CREATE")
-    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not request.get("subResource")
+    sub = request.get("subResource")
+    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not sub
+    if sub == "ephemeralcontainers" and wants_fgpu(pod):
+        try:
+            check_privileged(pod.get("spec") or {}, ("ephemeralContainers",))
+        except PodRequestError as exc:
+            response = _refusal(uid, exc)
     if is_pod and operation == "CREATE":
         try:
-            ops = mutate(pod, agent_socket_volume=agent_socket_volume)
+            ops = mutate(
+                pod,
+                agent_socket_volume=agent_socket_volume,
+                env_without_isolation=env_without_isolation,
+            )
         except PodRequestError as exc:
             response = _refusal(uid, exc)
         else:
@@ -385,11 +430,14 @@ def review(
 
 
 def create_app(
-    *, agent_socket_volume: bool = True, scheduler_user: str = SCHEDULER_USER
+    *,
+    agent_socket_volume: bool = True,
+    scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> FastAPI:
     """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
-    ``agent_socket_volume`` as in :func:`mutate`, ``scheduler_user`` as in
-    :func:`check_update`."""
+    ``agent_socket_volume`` and ``env_without_isolation`` as in :func:`mutate`,
+    ``scheduler_user`` as in :func:`check_update`."""
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
     @app.post("/mutate")
@@ -399,7 +447,12 @@ def create_app(
         except ValueError:
             return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
         return JSONResponse(
-            review(body, agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user)
+            review(
+                body,
+                agent_socket_volume=agent_socket_volume,
+                scheduler_user=scheduler_user,
+                env_without_isolation=env_without_isolation,
+            )
         )
 
     @app.get("/healthz")
@@ -417,6 +470,7 @@ def serve(
     *,
     agent_socket_volume: bool = True,
     scheduler_user: str = SCHEDULER_USER,
+    env_without_isolation: bool = False,
 ) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
     requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
@@ -430,7 +484,11 @@ def serve(
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
     uvicorn.run(
-        create_app(agent_socket_volume=agent_socket_volume, scheduler_user=scheduler_user),
+        create_app(
+            agent_socket_volume=agent_socket_volume,
+            scheduler_user=scheduler_user,
+            env_without_isolation=env_without_isolation,
+        ),
         host=host,
         port=port,
         ssl_certfile=cert_file,

@@ -19,6 +19,11 @@ with the semantics they rely on:
 - Leases, Events, ConfigMaps (deleted with their owner pod, as the garbage collector does),
   PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
   the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
+- ``resource.k8s.io/v1`` (Dynamic Resource Allocation, Kubernetes 1.34): DeviceClass,
+  ResourceSlice, ResourceClaim (with ``/status``) and ResourceClaimTemplate with the API
+  server's validation, and the resource claim controller's part (a claim per pod from its
+  template; reservations and allocations dropped when pods go)
+  (:mod:`~fgpu.k8s.standin.resource`, :mod:`~fgpu.k8s.standin.claims`);
 - admission webhooks on pod creation and update (AdmissionReview v1 over HTTP or HTTPS,
   JSON patch responses, denials answered as the API server words them; the requester named
   by ``Impersonate-User``, trusted unchecked, else ``system:anonymous``);

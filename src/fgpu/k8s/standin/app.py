@@ -24,7 +24,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fgpu.k8s.standin import discovery, fields, tables
+from fgpu.k8s.standin import claims, discovery, fields, resource, tables
 from fgpu.k8s.standin.patch import PatchError, json_patch, merge_patch
 from fgpu.k8s.standin.selectors import (
     SelectorError,
@@ -161,6 +161,8 @@ class StandInApi:
         self.options = options or Options()
         self.store = Store()
         self.store.on_delete.append(self._collect_garbage)
+        self.claims = claims.ClaimController(self.store, {k.plural: k for k in KINDS})
+        self.store.on_delete.append(self._pod_gone)
         self._http: httpx.AsyncClient | None = None
         self.calls = 0
 
@@ -178,7 +180,15 @@ class StandInApi:
             ]
             for o in owned:
                 meta = o["metadata"]
-                self.store.delete(kind, meta["namespace"], meta["name"], {})
+                if kind.plural == "resourceclaims":  # finalizers
+                    self.claims.delete(kind, meta["namespace"], meta["name"], {})
+                else:
+                    self.store.delete(kind, meta["namespace"], meta["name"], {})
+
+    def _pod_gone(self, plural: str, gone: Obj) -> None:
+        """The claim controller's part when a pod goes (:mod:`~fgpu.k8s.standin.resource`)."""
+        if plural == "pods":
+            self.claims.pod_done(gone)
 
     def _list(self, route: _Route, query: dict[str, str]) -> Obj:
         kind = route.kind
@@ -465,7 +475,16 @@ class StandInApi:
         if kind.plural == "pods":
             body = await self._admit(body, ns, user_info(headers))
             self._pod_defaults(body)
-        return JSONResponse(self.store.create(kind, ns, body), status_code=201, headers=warnings)
+        if kind.status_subresource and kind.group == resource.GROUP:
+            body = {**body, "status": {}}  # status only through /status
+        body = resource.admit(kind, body)
+        made = self.store.create(kind, ns, body)
+        if kind.plural == "pods" and (made.get("spec") or {}).get("resourceClaims"):
+            self.claims.pod_claims(made)
+            made = self.store.get(kind, ns, made["metadata"]["name"])
+        elif kind.plural == "resourceclaimtemplates":
+            self.claims.template_added(made)
+        return JSONResponse(made, status_code=201, headers=warnings)
 
     async def _object(
         self, route: _Route, method: str, body: Any, headers: Any, query: dict[str, str]
@@ -488,6 +507,9 @@ class StandInApi:
                 options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
             if kind.plural == "pods":
                 return self._delete_pod(ns, name, options)
+            if kind.plural == "resourceclaims":
+                preconditions = options.get("preconditions") or {}
+                return JSONResponse(self.claims.delete(kind, ns, name, preconditions))
             return JSONResponse(
                 self.store.delete(kind, ns, name, options.get("preconditions") or {})
             )
@@ -548,9 +570,13 @@ class StandInApi:
                 f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
                 "other than the mutable ones (the stand-in allows none)",
             )
-        return JSONResponse(
-            self.store.replace(kind, ns, name, new, check_rv=check_rv), headers=warnings
-        )
+        new = resource.admit(kind, new, old, status=sub == "status")
+        written = self.store.replace(kind, ns, name, new, check_rv=check_rv)
+        if kind.plural == "resourceclaims":
+            written = self.claims.finish(kind, written)
+        if kind.plural == "pods" and (written.get("status") or {}).get("phase") in _TERMINAL:
+            self.claims.pod_done(written)
+        return JSONResponse(written, headers=warnings)
 
     # ------------------------------------------------------------------- watch
     def _watch(self, route: _Route, query: dict[str, str], as_table: bool = False) -> Response:

@@ -25,7 +25,7 @@ from fgpu.k8s.standin.store import Kind
 
 Obj = dict[str, Any]
 
-SERVER_VERSION = {"major": "1", "minor": "32"}
+SERVER_VERSION = {"major": "1", "minor": "34"}
 """The Kubernetes version the stand-in claims (its behaviour follows this API)."""
 
 _SHORT_NAMES = {

@@ -27,6 +27,10 @@ _MODELS = {
     "Lease": "V1Lease",
     "PodDisruptionBudget": "V1PodDisruptionBudget",
     "PriorityClass": "V1PriorityClass",
+    "DeviceClass": "V1DeviceClass",
+    "ResourceSlice": "V1ResourceSlice",
+    "ResourceClaim": "ResourceV1ResourceClaim",
+    "ResourceClaimTemplate": "V1ResourceClaimTemplate",
 }
 _client: Any = None
 

@@ -74,6 +74,17 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
     Kind("fgpu.io", "v1alpha1", "queues", "Queue", False, status_subresource=True),
+    Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+    Kind(
+        "resource.k8s.io",
+        "v1",
+        "resourceslices",
+        "ResourceSlice",
+        False,
+        frozenset({"metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"}),
+    ),
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, status_subresource=True),
+    Kind("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True),
 )
 
 
