@@ -36,7 +36,7 @@ DEFAULT_PODS = PUBLISHED_PODS_FILE
 MAX_TUNE = 10.0
 _SEED_PART = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?$")
 _GROUPS = ("all", "published")
-_SLOW_POLICIES = ("fgd", "fgd-exact")
+_SLOW_POLICIES = ("fgd", "fgd-exact", "fgd-pattern", "fgd-pattern-lookahead")
 
 
 class ExperimentError(ValueError):
