@@ -30,13 +30,13 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import fgpu
+from fgpu.agent.fakegpu import device_time
 from fgpu.agent.governor.freezer import SignalFreezer
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
@@ -77,24 +77,7 @@ class Bench:
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
     def device_time(self, pids: list[int]) -> dict[int, int]:
-        script = (
-            "import ctypes, json, sys\n"
-            f"lib = ctypes.CDLL({str(fake_driver_dir() / 'libcuda.so.1')!r})\n"
-            "out = {}\n"
-            "for pid in map(int, sys.argv[1:]):\n"
-            "    ns = ctypes.c_ulonglong(0)\n"
-            f"    lib.fgpuFakeDeviceTime({UUID.encode()!r}, pid, ctypes.byref(ns))\n"
-            "    out[pid] = ns.value\n"
-            "print(json.dumps(out))\n"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", script, *map(str, pids)],
-            env=self.env(None),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return {int(k): int(v) for k, v in json.loads(done.stdout).items()}
+        return device_time(self.state, UUID, pids)
 
 
 def summary(samples: list[float]) -> dict[str, float]:

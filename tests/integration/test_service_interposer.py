@@ -10,8 +10,6 @@ its quota; ``fgpu nodes`` says which enforcement is active and why.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +17,9 @@ from typing import Any
 
 import pytest
 
+from fgpu.agent.fakegpu import device_time as fake_device_time
 from fgpu.agent.interposer.preload import default_segment_root
-from fgpu.native import ensure_built, fake_driver_dir, lib_dir
+from fgpu.native import ensure_built, lib_dir
 from tests.serverproc import ServerProcess, wait_for
 
 GIB = 1 << 30
@@ -49,27 +48,10 @@ def events(server: ServerProcess, wid: str) -> list[dict[str, Any]]:
 
 
 def device_time(server: ServerProcess, pids: list[int]) -> dict[int, int]:
-    """The fake driver's device time per pid (ns), read in a fresh process."""
+    """The fake driver's device time per pid (ns)."""
     state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
     uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
-    script = (
-        "import ctypes, json, sys\n"
-        f"lib = ctypes.CDLL({str(fake_driver_dir() / 'libcuda.so.1')!r})\n"
-        "out = {}\n"
-        "for pid in map(int, sys.argv[1:]):\n"
-        "    ns = ctypes.c_ulonglong(0)\n"
-        f"    lib.fgpuFakeDeviceTime({uuid.encode()!r}, pid, ctypes.byref(ns))\n"
-        "    out[pid] = ns.value\n"
-        "print(json.dumps(out))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, *map(str, pids)],
-        env={"FGPU_FAKE_GPU_STATE": str(state), "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return {int(k): int(v) for k, v in json.loads(done.stdout).items()}
+    return fake_device_time(state, uuid, pids)
 
 
 def test_nodes_say_which_enforcement_is_active_and_why(server: ServerProcess) -> None:

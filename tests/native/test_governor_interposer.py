@@ -10,9 +10,7 @@ points, over a measuring window).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from fgpu.agent.fakegpu import device_time
 from fgpu.agent.governor.freezer import SignalFreezer
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy, RunState
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
@@ -84,27 +83,8 @@ class Machine:
         return handle, segment
 
     def device_time(self) -> dict[int, int]:
-        """The fake driver's device time per pid on the GPU (ns), read in a fresh process."""
-        script = (
-            "import ctypes, json, sys\n"
-            f"lib = ctypes.CDLL({str(fake_driver_dir() / 'libcuda.so.1')!r})\n"
-            "pids = [int(p) for p in sys.argv[1:]]\n"
-            "out = {}\n"
-            "for pid in pids:\n"
-            "    ns = ctypes.c_ulonglong(0)\n"
-            f"    rc = lib.fgpuFakeDeviceTime({UUID.encode()!r}, pid, ctypes.byref(ns))\n"
-            "    out[pid] = ns.value if rc == 0 else -rc - 1\n"
-            "print(json.dumps(out))\n"
-        )
-        pids = [str(h.pgid) for h in self.handles]
-        done = subprocess.run(
-            [sys.executable, "-c", script, *pids],
-            env=self.env(None),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return {int(k): int(v) for k, v in json.loads(done.stdout).items()}
+        """The fake driver's device time per pid on the GPU (ns)."""
+        return device_time(self.state, UUID, [h.pgid for h in self.handles])
 
 
 @pytest.fixture

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from fgpu.agent.backend import GpuProcess, SimulatedBackend
@@ -80,4 +84,41 @@ class FakeDriverBackend(SimulatedBackend):
             self._nvml = None
 
 
-__all__ = ["FakeDriverBackend"]
+_DEVICE_TIME = """
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+out = {}
+for pid in map(int, sys.argv[3:]):
+    ns = ctypes.c_ulonglong(0)
+    rc = lib.fgpuFakeDeviceTime(sys.argv[2].encode(), pid, ctypes.byref(ns))
+    out[pid] = ns.value if rc == 0 else None
+print(json.dumps(out))
+"""
+
+
+def device_time(state_file: Path, uuid: str, pids: Sequence[int]) -> dict[int, int]:
+    """Device time the fake driver counted for each pid on GPU ``uuid`` (ns): the ground truth
+    that tests and ``bench/interposer.py`` compare shares with. Read in a fresh process (the
+    fake libraries keep the first state file a process opens).
+
+    Raises:
+        RuntimeError: the fake driver does not know the GPU or a pid (named).
+    """
+    from fgpu.native import fake_driver_dir
+
+    done = subprocess.run(
+        [sys.executable, "-c", _DEVICE_TIME, str(fake_driver_dir() / "libcuda.so.1"), uuid]
+        + [str(p) for p in pids],
+        env={**os.environ, "FGPU_FAKE_GPU_STATE": str(state_file)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found: dict[str, int | None] = json.loads(done.stdout)
+    missing = [pid for pid, ns in found.items() if ns is None]
+    if missing:
+        raise RuntimeError(f"the fake driver has no device time of pid(s) {missing} on {uuid}")
+    return {int(pid): int(ns) for pid, ns in found.items() if ns is not None}
+
+
+__all__ = ["FakeDriverBackend", "device_time"]
