@@ -266,10 +266,12 @@ def test_a_busy_higher_priority_workload_pauses_a_lower_one_at_launch(machine: M
         wait_until(lambda: state("low") is RunState.FROZEN_BY_PRIORITY, "low paused")
         wait_until(lambda: low_seg.stats().inflight == 0, "low's launches drained")
         paused = machine.device_time()
-        time.sleep(1.0)  # high runs alone in this window
+        wait_until(  # high runs alone meanwhile: at least 100 ms of it
+            lambda: machine.device_time()[high_h.pgid] > paused[high_h.pgid] + 100_000_000,
+            "high on the GPU",
+        )
         later = machine.device_time()
         assert later[low_h.pgid] == paused[low_h.pgid]
-        assert later[high_h.pgid] > paused[high_h.pgid]
         machine.launcher.signal(high_h, 9)
         gov.update(specs[:1])
         wait_until(lambda: state("low") is RunState.RUNNING, "low resumed")
