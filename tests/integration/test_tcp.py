@@ -6,6 +6,7 @@ in ``test_api.py``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import ssl
 import subprocess
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 from fgpu.cli import app
 from fgpu.server.main import is_loopback
 from tests.integration.test_cli_service import start_server, stop_server
+from tests.localusers import ALICE, BOB, ensure_users, uid_of
 
 SECRET = "tcp-token-0123456789abcdef"
 
@@ -50,6 +52,27 @@ def test_a_token_file_open_to_group_or_others_is_refused_with_the_chmod(
     assert code == 2
     assert f"--token-file: {token} is open to group or others (mode {mode:04o})" in stderr
     assert f"run chmod 600 {token}" in stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file to another user")
+def test_a_token_file_of_another_user_or_a_link_is_refused(tmp_path: Path, token: Path) -> None:
+    """Whoever owns the token file could act as the token's user: a root server takes only a
+    file of root's (or its own user's), never through a symbolic link."""
+    ensure_users()
+    os.chown(token, uid_of(BOB), -1)
+    code, stderr = serve(
+        tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(token), "--token-user", ALICE
+    )
+    assert code == 2
+    assert f"--token-file: {token} belongs to uid {uid_of(BOB)}" in stderr
+    os.chown(token, 0, -1)
+    link = tmp_path / "link"
+    link.symlink_to(token)
+    code, stderr = serve(
+        tmp_path, "--listen", "127.0.0.1:0", "--token-file", str(link), "--token-user", ALICE
+    )
+    assert code == 2
+    assert f"--token-file: cannot read {link}: it is a symbolic link" in stderr
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "[::]"])

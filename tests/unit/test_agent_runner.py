@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from fgpu.agent import runner
 from fgpu.agent.runner import ExitRecord, read_exit_record, write_exit_record
+from tests.localusers import BOB, ensure_users, uid_of
 
 
 def test_exit_record_round_trip(tmp_path: Path) -> None:
@@ -120,4 +123,32 @@ def test_bad_settings_are_a_wrapper_failure(tmp_path: Path) -> None:
     assert "launch settings are not a JSON object" in stderr
     assert read_exit_record(tmp_path / "exit.json") == ExitRecord(
         125, "launch settings are not a JSON object"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a command as another user")
+def test_the_working_directory_is_entered_as_the_user_not_as_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check that the user may enter ``cwd`` and the entering itself are apart in time; a
+    user who swaps a symbolic link between them must not get a directory only root may enter.
+    Here the check is made to pass (as in the race's window): entered as the user, the private
+    directory is still refused, and the command never runs."""
+    ensure_users()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "secret").write_text("root's\n")
+    monkeypatch.setattr(runner, "_accessible_as", lambda *_: True)
+    exit_file = tmp_path / "exit.json"
+    wrapper = runner._Wrapper(exit_file, None)
+    code = wrapper.run(
+        ["/bin/cat", "secret"],
+        {"cwd": str(private), "uid": uid_of(BOB), "gid": None, "groups": []},
+    )
+    assert code == runner.EXIT_CANNOT_RUN
+    record = read_exit_record(exit_file)
+    assert record is not None
+    assert (
+        record.reason
+        == f"working directory {str(private)!r} is not accessible to uid {uid_of(BOB)}"
     )

@@ -223,20 +223,31 @@ class _Wrapper:
                     EXIT_CANNOT_RUN,
                     f"working directory {cwd!r} is not accessible to uid {uid}",
                 )
+        # Switching user, the working directory is entered as that user (after the switch,
+        # in the child): entered as root, a directory swapped for a symbolic link between the
+        # check above and the chdir could take the command where its user may not go.
+        as_user = uid is not None and os.geteuid() == 0 and cwd is not None
         try:
             self.child = subprocess.Popen(
                 command,
-                cwd=cwd,
+                cwd=None if as_user else cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 process_group=0,
                 user=uid,
                 group=gid,
                 extra_groups=groups,
+                preexec_fn=(lambda: os.chdir(cwd)) if as_user else None,
             )
         except OSError as exc:
             return self.fail(*_start_failure(exc, command[0], cwd, uid))
-        except (ValueError, subprocess.SubprocessError) as exc:
+        except subprocess.SubprocessError as exc:
+            if as_user and "preexec_fn" in str(exc):
+                return self.fail(
+                    EXIT_CANNOT_RUN, f"working directory {cwd!r} is not accessible to uid {uid}"
+                )
+            return self.fail(EXIT_WRAPPER_FAILED, f"cannot start {command[0]!r}: {exc}")
+        except ValueError as exc:
             return self.fail(EXIT_WRAPPER_FAILED, f"cannot start {command[0]!r}: {exc}")
         self.ready(f"ok {self.child.pid}")
         for signum in self.pending:

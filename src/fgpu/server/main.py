@@ -13,6 +13,7 @@ service cannot start (database, GPU backend), 3 when its startup fails inside th
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
@@ -68,16 +69,32 @@ def read_token(token_file: Path | None, env: dict[str, str]) -> str | None:
     """The bearer token for ``--listen``: the file's first line, else ``$FGPU_TOKEN``.
 
     Raises:
-        ServeOptionError: the file cannot be read, is empty, or is open to group or others
-            (the message gives the ``chmod`` to run).
+        ServeOptionError: the file cannot be read, is a symbolic link, is empty, belongs to
+            another user than root or the server's own, or is open to group or others (the
+            message gives the ``chmod`` to run).
     """
     if token_file is not None:
         try:
-            text = token_file.read_text(encoding="utf-8")
-            mode = token_file.stat().st_mode
+            fd = os.open(token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                with os.fdopen(fd, encoding="utf-8", closefd=False) as handle:
+                    text = handle.read()
+            finally:
+                os.close(fd)
+            mode = info.st_mode
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+                reason = "it is a symbolic link (name the file itself)"
             raise ServeOptionError(f"--token-file: cannot read {token_file}: {reason}") from None
+        if info.st_uid not in (0, os.geteuid()):
+            owner = info.st_uid
+            raise ServeOptionError(
+                f"--token-file: {token_file} belongs to uid {owner}, who could then act as the "
+                f"token's user; use a file owned by root or by the server's own user "
+                f"(uid {os.geteuid()})"
+            )
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise ServeOptionError(
                 f"--token-file: {token_file} is open to group or others (mode "
