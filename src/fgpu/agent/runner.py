@@ -227,6 +227,7 @@ class _Wrapper:
         # in the child): entered as root, a directory swapped for a symbolic link between the
         # check above and the chdir could take the command where its user may not go.
         as_user = uid is not None and os.geteuid() == 0 and cwd is not None
+        target = str(cwd)
         try:
             self.child = subprocess.Popen(
                 command,
@@ -237,7 +238,7 @@ class _Wrapper:
                 user=uid,
                 group=gid,
                 extra_groups=groups,
-                preexec_fn=(lambda: os.chdir(cwd)) if as_user else None,
+                preexec_fn=(lambda: os.chdir(target)) if as_user else None,
             )
         except OSError as exc:
             return self.fail(*_start_failure(exc, command[0], cwd, uid))
