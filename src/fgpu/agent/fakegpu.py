@@ -25,9 +25,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fgpu.agent.backend import GpuProcess, SimulatedBackend
 from fgpu.agent.interposer.preload import FakeGpu, fake_gpus_spec
+
+if TYPE_CHECKING:
+    from fgpu.agent.nvml import NvmlBackend
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 class FakeDriverBackend(SimulatedBackend):
     """See the module docstring. Build it with :meth:`wrap`."""
 
-    _nvml: object | None = None
+    _nvml: NvmlBackend | None = None
 
     @classmethod
     def wrap(
@@ -74,13 +78,13 @@ class FakeDriverBackend(SimulatedBackend):
         found = list(super().process_memory())
         nvml = self._nvml
         if nvml is not None:
-            found.extend(nvml.process_memory())  # type: ignore[attr-defined]
+            found.extend(nvml.process_memory())
         return found
 
     def close(self) -> None:
         nvml = self._nvml
         if nvml is not None:
-            nvml.close()  # type: ignore[attr-defined]
+            nvml.close()
             self._nvml = None
 
 

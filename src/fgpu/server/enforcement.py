@@ -277,11 +277,6 @@ class Enforcement:
         """Thaw ``workload_id`` and stop governing it, before it is signalled."""
         self.governor.before_signal(workload_id)
 
-    @property
-    def interposer_on(self) -> bool:
-        """Whether workloads get the interposer."""
-        return self.segments is not None
-
     def launch_env(
         self,
         uuids: Sequence[str],
