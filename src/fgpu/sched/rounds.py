@@ -26,16 +26,20 @@ def state_with(
     workloads: Sequence[Workload],
     on_error: Callable[[Workload, InvalidRequestError], None],
 ) -> ClusterState:
-    """The cluster with every running workload's allocation applied (terminating ones too).
+    """The cluster with every running workload's allocation applied (terminating ones too);
+    a squeezed workload holds its CPU and memory but no compute.
 
     A workload whose allocation does not fit the nodes (they changed under it) is passed to
     ``on_error`` and left out; the round goes on.
     """
     state = ClusterState(nodes)
-    for w in workloads:
+    # squeezed ones first: each takes its compute only for the moment of allocating it
+    for w in sorted(workloads, key=lambda x: not x.squeezed):
         if w.allocation is not None:
             try:
-                state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                taken = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                if w.squeezed:
+                    state.suspend_compute(taken)
             except InvalidRequestError as exc:
                 on_error(w, exc)
     return state
