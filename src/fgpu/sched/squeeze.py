@@ -468,9 +468,7 @@ def check_squeeze_invariants(nodes_state: ClusterState, workloads: Sequence[Work
             raise AssertionError(f"GPU {key}: {total} MiB granted, above its {cap} MiB")
 
 
-def execute_squeeze(
-    state: ClusterState, w: Workload, action: Squeeze | Unsqueeze
-) -> Workload:
+def execute_squeeze(state: ClusterState, w: Workload, action: Squeeze | Unsqueeze) -> Workload:
     """Carry out a :class:`Squeeze` or :class:`Unsqueeze` on a shell's live state.
 
     A first squeeze gives the workload's compute back to ``state`` (it keeps CPU and
