@@ -160,6 +160,14 @@ class WorkloadView(BaseModel):
         description="running or paused, and being stopped (cancel or preemption: SIGTERM "
         "sent, SIGKILL after the grace period)",
     )
+    squeezed: bool = Field(
+        default=False,
+        description="running with its memory, but its compute was lent to higher-priority "
+        "work of its queue (squeeze before evict): paused while that work is busy",
+    )
+    squeezed_by: list[str] = Field(
+        default_factory=list, description="ids of the workloads that squeezed it"
+    )
 
 
 class EventView(BaseModel):
@@ -261,6 +269,11 @@ class GpuHolder(BaseModel):
     enforcement: str | None = Field(
         default=None,
         description="how it is held: interposer (at kernel launch) or the freezer's kind",
+    )
+    squeezed_by: list[str] | None = Field(
+        default=None,
+        description="ids of the workloads that squeezed it (its compute is theirs while they "
+        "are busy); None: not squeezed",
     )
 
 

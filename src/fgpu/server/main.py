@@ -172,6 +172,15 @@ def serve(
         list[str] | None,
         typer.Option(help="A uid or user name that may manage queues and all work; repeatable."),
     ] = None,
+    squeeze: Annotated[
+        bool,
+        typer.Option(
+            "--squeeze/--no-squeeze",
+            help="Squeeze before evict: higher-priority work shares a GPU with lower work of "
+            "its queue (which pauses while it is busy) where memory allows, instead of "
+            "evicting it; --no-squeeze evicts. Queues may choose for themselves.",
+        ),
+    ] = True,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -250,6 +259,7 @@ def serve(
             log_level=log_level,
             interposer=interposer,
             fake_driver=fake_driver,
+            squeeze=squeeze,
         )
     )
 
@@ -275,6 +285,7 @@ def run_serve(
     fake_driver: bool = False,
     tls_files: tuple[Path | None, Path | None] = (None, None),
     tokens_in_clear: bool = False,
+    squeeze: bool = True,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -370,6 +381,7 @@ def run_serve(
         interposer,
         fake_driver,
         tls,
+        squeeze,
     )
 
 
@@ -439,11 +451,13 @@ def _start(
     interposer: str = "auto",
     fake_driver: bool = False,
     tls: ssl.SSLContext | None = None,
+    squeeze: bool = True,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
+    from fgpu.sched.decide import SchedulerConfig
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
@@ -478,6 +492,7 @@ def _start(
                 interposer=InterposerMode(interposer),
             ),
             fake_driver=fake_driver,
+            config=SchedulerConfig(squeeze=squeeze),
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

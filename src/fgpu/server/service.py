@@ -64,6 +64,8 @@ from fgpu.sched.workload import (
     Preempt,
     QueueTree,
     Resources,
+    Squeeze,
+    Unsqueeze,
     Wait,
     Workload,
 )
@@ -75,6 +77,7 @@ from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segm
 from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigCandidate, MigPool
 from fgpu.server.requests import parse_submission, queue_config
+from fgpu.server.squeezing import record_squeeze
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
@@ -451,6 +454,8 @@ class Service:
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
+                elif isinstance(action, Squeeze | Unsqueeze):
+                    record_squeeze(self._tracked, action)
             try:
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries

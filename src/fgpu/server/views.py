@@ -82,6 +82,8 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
         stopping=record.holds_allocation and record.stop_requested_at is not None,
         reason=reason,
         restarts=record.restarts,
+        squeezed=record.holds_allocation and record.squeezed_by is not None,
+        squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
     )
 
 
@@ -134,13 +136,14 @@ def _gpu_view(
     used_mib: Mapping[str, int],
     utilization: Mapping[str, int],
 ) -> GpuView:
-    """One GPU with its holders (allocated = what they hold) and live figures."""
+    """One GPU with its holders (allocated = what they hold, squeezed workloads' compute not
+    counted: it is lent to the workloads that squeezed them) and live figures."""
     return GpuView(
         index=device.index,
         uuid=device.uuid,
         model=device.model,
         memory_mib=device.memory_mib,
-        allocated_milli=sum(h.compute_milli for h in holders),
+        allocated_milli=sum(h.compute_milli for h in holders if h.squeezed_by is None),
         allocated_memory_mib=sum(h.memory_mib for h in holders),
         holders=holders,
         used_memory_mib=used_mib.get(device.uuid),
@@ -160,7 +163,13 @@ def node(
     gpus: list[GpuView] = []
     for index, device in enumerate(devices):
         holders = [
-            GpuHolder(workload_id=w.id, name=w.name, compute_milli=m, memory_mib=mm)
+            GpuHolder(
+                workload_id=w.id,
+                name=w.name,
+                compute_milli=m,
+                memory_mib=mm,
+                squeezed_by=None if w.squeezed_by is None else list(w.squeezed_by),
+            )
             for w in running
             if w.allocation is not None and w.allocation.node_name == spec.name
             for g, m, mm in zip(
