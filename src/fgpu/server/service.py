@@ -52,6 +52,8 @@ from fgpu.agent.runner import ExitRecord
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
+from fgpu.rules.errors import BadRequest, Conflict, Forbidden, NotFoundError
+from fgpu.rules.requests import parse_submission, queue_config
 from fgpu.sched.budget import QueueBudget
 from fgpu.sched.decide import Decision, OutsideUse, Scheduler, SchedulerConfig, allocation_resources
 from fgpu.sched.fairshare import config_warnings
@@ -70,11 +72,9 @@ from fgpu.sched.workload import (
 from fgpu.server import views
 from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
-from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigCandidate, MigPool
-from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
