@@ -24,7 +24,9 @@ def _imports(package: str) -> dict[str, set[str]]:
                 names.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
                 names.update(a.name for a in node.names)
-        found[str(path.relative_to(SRC))] = {n for n in names if n.split(".")[0] == "fgpu"}
+        found[str(path.relative_to(SRC))] = {
+            n for n in names if n.split(".")[0] in ("fgpu", "fgpu_standin")
+        }
     return found
 
 
@@ -57,9 +59,7 @@ def test_the_client_is_the_http_client_only() -> None:
     # the typed client needs the wire models and nothing of the service, the adapters or
     # the command line
     for module, names in _imports("client").items():
-        assert {n for n in names if not n.startswith(("fgpu.client", "fgpu.wire"))} == set(), (
-            module
-        )
+        assert {n for n in names if not n.startswith(("fgpu.client", "fgpu.wire"))} == set(), module
 
 
 def test_only_the_entry_point_imports_the_command_line() -> None:
@@ -69,5 +69,18 @@ def test_only_the_entry_point_imports_the_command_line() -> None:
         for module, names in _imports(package).items()
         for name in names
         if name == "fgpu.cli" or name.startswith("fgpu.cli.")
+    ]
+    assert users == []
+
+
+def test_the_product_does_not_import_the_api_stand_in() -> None:
+    # fgpu_standin (the Kubernetes API TEST STAND-IN) serves the tests and the
+    # `fgpu k8s standin|kubelet` commands; nothing else of fgpu reaches it
+    users = [
+        f"{module} imports {name}"
+        for package in sorted(p.name for p in SRC.iterdir() if p.is_dir())
+        for module, names in _imports(package).items()
+        for name in names
+        if name.startswith("fgpu_standin") and module != "cli/k8s.py"
     ]
     assert users == []
