@@ -61,7 +61,7 @@ from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, target_for, target_key
 from fgpu.sched.state import CONSTRAINED, ClusterState
-from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
+from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze, Wait, Workload
 
 log = logging.getLogger("fgpu.k8s.scheduler")
 
@@ -265,6 +265,8 @@ class K8sScheduler(RoundActions):
                     places.append(action)
                 elif isinstance(action, Preempt):
                     self._preempt(rnd, action, decision)
+                elif isinstance(action, Squeeze | Unsqueeze):
+                    self._squeeze(rnd, action)
                 elif isinstance(action, Wait):
                     reason = action.reason
                     note = rnd.notes.get(action.workload)

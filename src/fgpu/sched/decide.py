@@ -46,7 +46,7 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    they are squeezed (:class:`Squeeze`), keep running with their memory, and get their
    compute back (:class:`Unsqueeze`) at the start of a later round, after holds, when it
    fits again. Squeezed workloads count CPU and memory but not compute in their queue's
-   allocation; their compute counts as demand.
+   allocation, and their compute is not demand either.
 
 8. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
    preempts and reserves only there; the nodes left out are counted first in its reason.
@@ -366,8 +366,7 @@ class Scheduler:
                     )
                     continue
                 gpu = sum(running.gpu_milli)
-                if w.squeezed:  # its compute is lent: demand, not allocation
-                    pending_demand[w.queue][0] += gpu
+                if w.squeezed:  # its compute is lent: neither allocation nor demand
                     gpu = 0
                 acc = allocated[w.queue]  # in place: this loop sees every running workload
                 acc[0] += gpu

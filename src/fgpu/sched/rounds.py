@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fgpu.model.types import InvalidRequestError, Node, Request
+from fgpu.model.types import Allocation, InvalidRequestError, Node, Request
 from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.squeeze import held_allocation
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Workload
 
@@ -33,16 +34,29 @@ def state_with(
     ``on_error`` and left out; the round goes on.
     """
     state = ClusterState(nodes)
-    # squeezed ones first: each takes its compute only for the moment of allocating it
-    for w in sorted(workloads, key=lambda x: not x.squeezed):
+    for w in workloads:
         if w.allocation is not None:
             try:
-                taken = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
-                if w.squeezed:
-                    state.suspend_compute(taken)
+                apply_running(state, w)
             except InvalidRequestError as exc:
                 on_error(w, exc)
     return state
+
+
+def apply_running(state: ClusterState, w: Workload) -> Allocation:
+    """Apply running ``w`` to ``state`` and return what it holds there: its allocation
+    (checked against its request), or, when it is squeezed, its CPU and memory without
+    compute (:func:`fgpu.sched.squeeze.held_allocation`).
+
+    Raises:
+        InvalidRequestError: it does not fit; nothing changes then.
+    """
+    assert w.allocation is not None
+    if w.squeezed:
+        held = held_allocation(w)
+        state.occupy(held)
+        return held
+    return state.allocate(w.request, w.allocation.node, w.allocation.gpus)
 
 
 def target_key(workloads: Sequence[Workload], window: int = TARGET_WINDOW) -> tuple[Request, ...]:

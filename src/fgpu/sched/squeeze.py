@@ -45,7 +45,10 @@ then earliest started, before any pending work is placed. The others keep the re
 - *Quotas and fair share.* A squeezed workload counts its CPU and host memory in its
   queue's allocation but not its compute (lent to the preemptor, which counts it), so a
   queue's allocated GPU is the compute it is granted and the queues' allocations never
-  add up to more than the cluster. Its compute counts as demand, like pending work.
+  add up to more than the cluster. Its compute is not demand either: counted as demand it
+  would raise its queue's fair share and so make the queue reclaim other queues' work for
+  compute its own squeezed work only waits for (measured: 3.6 times the reclaims of
+  eviction only on the benchmark day).
 - *Several preemptors.* Each squeeze adds its preemptor to ``squeezed_by``; a workload is
   released only when its whole compute fits, i.e. when enough of them have ended. When all
   the workloads it names have ended but its compute still does not fit, it is attributed
