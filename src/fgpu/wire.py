@@ -224,6 +224,11 @@ class QueueBody(_Strict):
     nonpreemptible: bool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
     )
+    squeeze: bool | None = Field(
+        default=None,
+        description="squeeze before evict for preemption inside the queue: true, false "
+        "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
+    )
 
 
 class QueueView(BaseModel):
@@ -242,6 +247,7 @@ class QueueView(BaseModel):
     members: list[str] = Field(default_factory=list)
     max_priority: int = 50
     nonpreemptible: bool = False
+    squeeze: bool | None = None
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

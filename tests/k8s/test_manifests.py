@@ -82,7 +82,7 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
     props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
         "properties"
     ]
-    assert set(props) == {"quota", "limit", "overQuotaWeight", "priority", "parent"}
+    assert set(props) == {"quota", "limit", "overQuotaWeight", "priority", "parent", "squeeze"}
     spec = queue_spec(
         {
             "metadata": {"name": "team-a"},
@@ -92,9 +92,11 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
                 "overQuotaWeight": 2,
                 "priority": 1,
                 "parent": "org",
+                "squeeze": False,
             },
         }
     )
+    assert spec.squeeze is False
     assert spec.quota.gpu_milli == 1500
     assert spec.over_quota_weight == 2
     assert spec.parent == "org"

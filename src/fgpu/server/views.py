@@ -127,6 +127,7 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         members=list(c.members),
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
+        squeeze=c.squeeze,
     )
 
 
