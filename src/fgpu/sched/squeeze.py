@@ -28,8 +28,9 @@ one rank of a multi-GPU job alone stalls its peers (``shared/governor-notes.md``
 workloads squeezed earlier is taken first (they are paused already), then new workloads are
 squeezed lowest priority first, most recently started first, and every one that is not
 needed is put back. GPUs compare by the highest priority squeezed, then how many are newly
-squeezed, then how many squeezed ones lose their remainder; among equal ones the placement
-policy picks the node as for any placement (fragmentation as today).
+squeezed, then how many squeezed ones lose their remainder, then how much compute is
+squeezed beyond the need (it idles while the preemptor is busy); among equal ones the
+placement policy picks the node as for any placement (fragmentation as today).
 
 **Compute left over.** Squeezing whole workloads frees more compute than the preemptor
 needs; the rest stays with the squeezed workloads of that GPU (highest priority first), so
@@ -130,14 +131,14 @@ class SqueezePlan:
         squeezed: workloads newly squeezed there.
         compressed: workloads squeezed earlier whose remaining compute it takes.
         key: the cost (lower is better): highest priority touched, newly squeezed,
-            compressed.
+            compressed, compute squeezed beyond the preemptor's need.
     """
 
     node: int
     gpu: int
     squeezed: list[Workload]
     compressed: list[Workload]
-    key: tuple[int, int, int]
+    key: tuple[int, int, int, int]
 
 
 class SqueezeBook:
@@ -363,7 +364,8 @@ class SqueezeBook:
                     chosen.remove(v)
                     deficit += v.allocation.gpu_milli[0]
             touched = chosen + compressed
-            key = (max(v.priority for v in touched), len(chosen), len(compressed))
+            # -deficit: compute squeezed beyond the need, left idle while the preemptor is busy
+            key = (max(v.priority for v in touched), len(chosen), len(compressed), -deficit)
             plans.append(SqueezePlan(node, gpu, chosen, compressed, key))
         if not plans:
             return None
