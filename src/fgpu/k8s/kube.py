@@ -62,22 +62,34 @@ class Listed:
     resource_version: str
 
 
-def api_client(kubeconfig: str | None = None, host: str | None = None) -> Any:
+def api_client(
+    kubeconfig: str | None = None, host: str | None = None, pool_size: int | None = None
+) -> Any:
     """An official ``ApiClient``.
 
     Args:
         kubeconfig: a kubeconfig file (None: ``$KUBECONFIG`` or ``~/.kube/config``, else
             the in-cluster service account).
         host: an API server URL without credentials (the test stand-in); wins over the rest.
+        pool_size: connections kept open to the API server (urllib3's pool ``maxsize``);
+            None: the client's default, 5 per CPU. Size it to the threads that call at
+            once (every open watch holds one): past it, urllib3 opens a connection per
+            call and discards it afterwards ("Connection pool is full, discarding
+            connection"), a new TCP and TLS handshake each time.
 
     Raises:
         KubeError: no configuration could be loaded (status 0).
+        ValueError: ``pool_size`` below 1.
     """
     from kubernetes import client, config
 
+    if pool_size is not None and pool_size < 1:
+        raise ValueError(f"pool_size: {pool_size} is not a positive number of connections")
     if host is not None:
         configuration = client.Configuration()
         configuration.host = host
+        if pool_size is not None:
+            configuration.connection_pool_maxsize = pool_size
         return client.ApiClient(configuration)
     try:
         if kubeconfig is not None:
@@ -91,7 +103,15 @@ def api_client(kubeconfig: str | None = None, host: str | None = None) -> Any:
         raise KubeError(
             0, "NoConfiguration", f"cannot configure the Kubernetes client: {exc}"
         ) from None
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def pool_size(api: KubeApi) -> int:
+    """The connections ``api``'s client keeps open to the API server (urllib3 ``maxsize``)."""
+    return int(api.client.rest_client.pool_manager.connection_pool_kw.get("maxsize") or 1)
 
 
 class KubeApi:

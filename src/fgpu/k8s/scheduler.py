@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fgpu.k8s import claims, wire
-from fgpu.k8s.cache import ClusterCache, Snapshot
+from fgpu.k8s.cache import RESOURCES, ClusterCache, Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
-from fgpu.k8s.kube import KubeApi, KubeError
+from fgpu.k8s.kube import KubeApi, KubeError, pool_size
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.mig import MigDecision, MigPass
 from fgpu.k8s.objects import (
@@ -75,6 +75,13 @@ Obj = dict[str, Any]
 _TERMINAL = ("Succeeded", "Failed")
 SETTLE_EVERY_S = 60.0
 """How often the loop runs :meth:`K8sScheduler.settle_memory` (seconds)."""
+
+
+def connections_needed(workers: int) -> int:
+    """API connections a scheduler with ``workers`` bind workers uses at once: one per
+    worker, one per open watch (:data:`fgpu.k8s.cache.RESOURCES`), one for the Lease's
+    renewal thread and one for the round's own calls (status, events, evictions)."""
+    return workers + len(RESOURCES) + 2
 
 
 @dataclass(slots=True)
@@ -159,10 +166,23 @@ class K8sScheduler:
         self.cache = ClusterCache(api, on_change=self._changed)
         self.mig = MigPass(clock)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fgpu-bind")
+        have, need = pool_size(api), connections_needed(workers)
+        if have < need:
+            log.warning(
+                "the API client keeps %d connections open, fewer than the %d this scheduler "
+                "uses at once (%d bind workers, %d watches, the lease and the round): "
+                "make it with api_client(pool_size=%d)",
+                have,
+                need,
+                workers,
+                len(RESOURCES),
+                need,
+            )
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lease_thread: threading.Thread | None = None
         self._assumed: dict[str, tuple[str, wire.Assignment]] = {}  # id -> (uid, assignment)
         self._evicting: dict[str, str] = {}  # id -> uid
         self._protected: dict[str, float] = {}  # id -> until (clock)
@@ -229,6 +249,14 @@ class K8sScheduler:
         self.settle_memory()
         self.cache.start()
         self._stop.clear()
+        if self.elector is not None:  # renewal apart from rounds (fgpu.k8s.leader)
+            self._lease_thread = threading.Thread(
+                target=self.elector.run,
+                args=(self._stop, self._wake.set),  # a new leader decides at once
+                name="fgpu-lease",
+                daemon=True,
+            )
+            self._lease_thread.start()
         self._thread = threading.Thread(
             target=self._loop, args=(tick_s, debounce_s), name="fgpu-scheduler", daemon=True
         )
@@ -241,18 +269,14 @@ class K8sScheduler:
         self.cache.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._lease_thread is not None:
+            self._lease_thread.join(timeout=30)
         if self.elector is not None:
             self.elector.release()
 
     def _loop(self, tick_s: float, debounce_s: float) -> None:
-        renew_every = (self.elector.lease_s / 3) if self.elector else tick_s
-        next_renew = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
-            if self.elector is not None and now >= next_renew:
-                self.elector.step()
-                next_renew = now + renew_every
-            self._wake.wait(timeout=min(tick_s, renew_every))
+            self._wake.wait(timeout=tick_s)
             if self._stop.is_set():
                 break
             self._stop.wait(debounce_s)  # a burst becomes one round
@@ -969,7 +993,7 @@ class K8sScheduler:
 
     def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
         victim = rnd.pods.get(action.victim)
-        if victim is None:
+        if victim is None or not self.is_leader():
             return
         meta = victim["metadata"]
         try:
@@ -1008,7 +1032,7 @@ class K8sScheduler:
         if self._reasons.get(key) == reason:
             return
         pod = rnd.pods.get(key)
-        if pod is None:
+        if pod is None or not self.is_leader():
             return
         current = next(
             (

@@ -57,6 +57,11 @@ class Options:
             MutatingWebhookConfiguration for ``pods`` with operations CREATE and UPDATE
             would (its ``matchConditions`` are not evaluated: every pod request is sent).
         webhook_ca: CA bundle file for ``https`` webhook URLs.
+        latency_s: seconds every request waits before it is served (watches: before the
+            stream starts), to test against the latencies of a real API server, whose
+            writes go through etcd (a few to tens of milliseconds each) rather than this
+            stand-in's memory. Requests still run concurrently: it delays, it does not
+            serialise.
 
     The requester's identity (``userInfo`` in the AdmissionReview) comes from the
     ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
@@ -68,6 +73,7 @@ class Options:
     graceful_delete: bool = False
     webhooks: list[str] = field(default_factory=list)
     webhook_ca: str | None = None
+    latency_s: float = 0.0
 
 
 ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
@@ -426,6 +432,8 @@ class StandInApi:
     async def handle(self, request: Request, path: str) -> Response:
         """Serve one request."""
         self.calls += 1
+        if self.options.latency_s > 0:
+            await asyncio.sleep(self.options.latency_s)
         try:
             host = request.headers.get("host", "")
             if request.method == "GET" and (found := discovery.document(path, KINDS, host)):
