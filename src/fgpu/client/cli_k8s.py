@@ -275,7 +275,9 @@ def node_agent(
     governing: GovernorEnforcer | None = None
     driver: DraDriver | None = None
     try:
-        api = KubeApi(api_client(kubeconfig, server))
+        # two watches (its Node, its pods), the report loop, the DRA driver's calls, the
+        # enforcer's evictions, the ResourceSlice writes
+        api = KubeApi(api_client(kubeconfig, server, pool_size=8))
         if env_without_isolation:
             backend = detect_backend(simulate_gpus, log, host=node)
             agent = NodeAgent(api, node, backend, gpus)

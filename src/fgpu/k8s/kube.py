@@ -146,18 +146,46 @@ class KubeApi:
         return json.loads(data) if data else None
 
     # --------------------------------------------------------------- listing
-    def list_nodes(self, label_selector: str | None = None) -> Listed:
-        """Nodes (optionally by label selector)."""
-        out = self._call(self.core.list_node, label_selector=label_selector)
+    def list_nodes(
+        self,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+    ) -> Listed:
+        """Nodes (optionally by label or field selector).
+
+        ``resource_version="0"`` lets the API server answer from its watch cache instead of
+        a quorum read from etcd (what informers ask for their first list); None: the most
+        recent data, read through etcd.
+        """
+        out = self._call(
+            self.core.list_node,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
+        )
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
-    def list_pods(self, field_selector: str | None = None, namespace: str | None = None) -> Listed:
-        """Pods in every namespace (or one), optionally by field selector."""
+    def list_pods(
+        self,
+        field_selector: str | None = None,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> Listed:
+        """Pods in every namespace (or one), optionally by field selector
+        (``resource_version`` as for :meth:`list_nodes`)."""
         if namespace is None:
-            out = self._call(self.core.list_pod_for_all_namespaces, field_selector=field_selector)
+            out = self._call(
+                self.core.list_pod_for_all_namespaces,
+                field_selector=field_selector,
+                resource_version=resource_version,
+            )
         else:
             out = self._call(
-                self.core.list_namespaced_pod, namespace, field_selector=field_selector
+                self.core.list_namespaced_pod,
+                namespace,
+                field_selector=field_selector,
+                resource_version=resource_version,
             )
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
@@ -169,10 +197,15 @@ class KubeApi:
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
     def watch(
-        self, resource: str, resource_version: str, timeout_s: int = 300
+        self,
+        resource: str,
+        resource_version: str,
+        timeout_s: int = 300,
+        field_selector: str | None = None,
     ) -> Iterator[tuple[str, Obj]]:
         """``(type, object)`` changes of ``nodes``, ``pods``, ``queues`` or
-        ``resourceclaims`` after a version;
+        ``resourceclaims`` after a version (only those matching ``field_selector`` when
+        given: an object leaving the selection comes as DELETED);
         type is ADDED, MODIFIED, DELETED or BOOKMARK (only a newer version to resume from).
 
         Ends when the server closes the watch (``timeout_s``, or a restart).
@@ -202,9 +235,13 @@ class KubeApi:
             raise ValueError(f"resource: cannot watch {resource!r}")
         # The client's Watch helper fails on ERROR events when it does not deserialize
         # (it looks for a key only its deserializing path sets), so the stream is read here.
+        extra: dict[str, Any] = {}
+        if field_selector is not None:
+            extra["field_selector"] = field_selector
         try:
             response = func(
                 *args,
+                **extra,
                 watch=True,
                 resource_version=resource_version,
                 timeout_seconds=timeout_s,
