@@ -111,18 +111,22 @@ def test_usage_is_written_when_it_moved_by_a_step(running) -> None:
     assert f'"{gpu}": 4096' in usage
 
 
+def _u(memory: dict[str, int], util: dict[str, int]) -> dict[str, dict[str, int]]:
+    return {"memory_mib": memory, "utilization": util}
+
+
 @pytest.mark.parametrize(
     ("last", "now", "moved"),
     [
-        (None, {"memory_mib": {"g": 0}, "utilization": {}}, True),
-        ({"memory_mib": {"g": 0}, "utilization": {"g": 5}}, {"memory_mib": {"g": 255}, "utilization": {"g": 14}}, False),
-        ({"memory_mib": {"g": 0}, "utilization": {}}, {"memory_mib": {"g": 256}, "utilization": {}}, True),
-        ({"memory_mib": {"g": 0}, "utilization": {"g": 5}}, {"memory_mib": {"g": 0}, "utilization": {"g": 15}}, True),
-        ({"memory_mib": {"g": 0}, "utilization": {}}, {"memory_mib": {"h": 0}, "utilization": {}}, True),
-        ({"garbage": 1}, {"memory_mib": {}, "utilization": {}}, True),
+        (None, _u({"g": 0}, {}), True),
+        (_u({"g": 0}, {"g": 5}), _u({"g": 255}, {"g": 14}), False),
+        (_u({"g": 0}, {}), _u({"g": 256}, {}), True),
+        (_u({"g": 0}, {"g": 5}), _u({"g": 0}, {"g": 15}), True),
+        (_u({"g": 0}, {}), _u({"h": 0}, {}), True),
+        ({"garbage": 1}, _u({}, {}), True),
     ],
     ids=["first", "small-moves", "memory-step", "utilization-step", "other-gpus", "unreadable"],
-)  # fmt: skip
+)
 def test_usage_moved(last, now, moved) -> None:
     assert usage_moved(last, now) is moved
 
