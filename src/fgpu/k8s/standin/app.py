@@ -153,6 +153,38 @@ def _check_fields(kind: Kind, obj: Any, query: dict[str, str]) -> dict[str, str]
     return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
 
 
+HIGHEST_USER_PRIORITY = 1_000_000_000
+"""The highest value a PriorityClass that is not a system one may have (scheduling/v1)."""
+
+
+def _check_priority_class(body: Obj) -> None:
+    """The API server's validation of a new PriorityClass's name and value: names with the
+    ``system-`` prefix are reserved, and other classes go up to
+    :data:`HIGHEST_USER_PRIORITY` (422 Invalid, worded as the API server words it)."""
+    name = str((body.get("metadata") or {}).get("name", ""))
+    problems = []
+    if name.startswith("system-"):
+        problems.append(
+            "metadata.name: Forbidden: priority class names with 'system-' prefix are reserved "
+            "for system use only"
+        )
+    try:
+        value = int(body.get("value", 0))
+    except (TypeError, ValueError):
+        value = 0
+    if value > HIGHEST_USER_PRIORITY and not name.startswith("system-"):
+        problems.append(
+            "value: Forbidden: maximum allowed value of a user defined priority is "
+            f"{HIGHEST_USER_PRIORITY}"
+        )
+    if problems:
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'PriorityClass.scheduling.k8s.io "{name}" is invalid: ' + ", ".join(problems),
+        )
+
+
 def _success(code: int = 201) -> JSONResponse:
     return JSONResponse(
         {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": code},
@@ -486,6 +518,8 @@ class StandInApi:
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
         body = resource.admit(kind, body)
+        if kind.plural == "priorityclasses":
+            _check_priority_class(body)
         made = self.store.create(kind, ns, body)
         if kind.plural == "pods" and (made.get("spec") or {}).get("resourceClaims"):
             self.claims.pod_claims(made)
