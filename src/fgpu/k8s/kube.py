@@ -372,6 +372,17 @@ class KubeApi:
         result: Obj = self._call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH)
         return result
 
+    # ---------------------------------------------------------------- volumes
+    def get_volume_claim(self, namespace: str, name: str) -> Obj:
+        """One PersistentVolumeClaim. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        return result
+
+    def get_volume(self, name: str) -> Obj:
+        """One PersistentVolume. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_persistent_volume, name)
+        return result
+
     # ----------------------------------------------------------------- leases
     def get_lease(self, namespace: str, name: str) -> Obj | None:
         """The Lease, or None when there is none."""

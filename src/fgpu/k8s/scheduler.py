@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from fgpu.k8s import claims, wire
+from fgpu.k8s import claims, parity, wire
 from fgpu.k8s.cache import RESOURCES, ClusterCache, Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError, pool_size
@@ -106,6 +106,7 @@ class Round:
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
         claims: workload id -> the pod's fgpu ResourceClaim (pending and bound pods).
         templates: namespaces whose pods wait for fgpu's ResourceClaimTemplate.
+        load: pods and host ports on the fgpu nodes (:mod:`fgpu.k8s.parity`).
     """
 
     infos: list[NodeInfo]
@@ -120,6 +121,7 @@ class Round:
     mig: MigDecision | None = None
     claims: dict[str, Obj] = field(default_factory=dict)
     templates: set[str] = field(default_factory=set)
+    load: parity.NodeLoad | None = None
 
 
 class K8sScheduler:
@@ -207,6 +209,7 @@ class K8sScheduler:
         self._queue_problems: list[str] = []
         self._env_missed: dict[str, str] = {}  # id -> uid whose environment had no grant
         self._constraints = ConstraintCache()
+        self._volumes = parity.VolumeLookup(api)
         self.last: Decision | None = None
         self.bound = 0
         self._settled = time.monotonic()
@@ -299,6 +302,7 @@ class K8sScheduler:
         forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
         facts: list[NodeFacts] = []
+        fgpu_nodes: list[Obj] = []
         unavailable = 0
         self._snap_claims = snap.claims or {}
         for obj in snap.nodes:
@@ -306,11 +310,16 @@ class K8sScheduler:
             if info is not None:
                 infos.append(info)
                 facts.append(self._facts(obj))
+                fgpu_nodes.append(obj)
             elif wire.INVENTORY in ((obj.get("metadata") or {}).get("annotations") or {}):
                 unavailable += 1  # an fgpu node, cordoned or not Ready (or unreadable)
         infos.sort(key=lambda i: i.node.name)
-        self._constraints.nodes(sorted(facts, key=lambda f: f.name))
+        facts.sort(key=lambda f: f.name)
+        self._constraints.nodes(facts)
         rnd = Round(infos, unavailable=unavailable)
+        late = {k: a.node for k, (_, a) in self._assumed.items()}
+        rnd.load = load = parity.node_load(fgpu_nodes, snap.pods, late)
+        full = load.full()
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed
         now = self.clock()
@@ -411,6 +420,11 @@ class K8sScheduler:
                     continue
                 rnd.claims[key] = claim
             allowed = self._constraints.allowed(pod)
+            try:  # allocatable pods, host ports, volumes' node affinity
+                allowed = parity.narrow(pod, allowed, facts, load, full, self._volumes)
+            except LookupError as exc:
+                rnd.refused[key] = str(exc)
+                continue
             if allowed.note:
                 rnd.notes[key] = allowed.note
             rnd.workloads.append(
@@ -846,11 +860,26 @@ class K8sScheduler:
                     note = rnd.notes.get(action.workload)
                     if note and CONSTRAINED in reason:
                         reason = reason.replace(CONSTRAINED, f"{CONSTRAINED} ({note})", 1)
+                    pod = rnd.pods.get(action.workload)
+                    if pod is not None and (
+                        "insufficient CPU" in reason or "insufficient memory" in reason
+                    ):
+                        sizing = parity.requests_note(pod)
+                        reason += f" ({sizing})" if sizing else ""
                     self._wait(rnd, action.workload, reason)
             for key, reason in rnd.refused.items():
                 self._wait(rnd, key, reason)
             for namespace in sorted(rnd.templates):
                 self._ensure_template(namespace)
+            if places and rnd.load is not None:  # the round's placements against each other
+                tally, admitted = parity.RoundTally(rnd.load), []
+                for place in places:
+                    why = tally.admit(rnd.pods[place.workload], place.allocation.node_name)
+                    if why is None:
+                        admitted.append(place)
+                    else:
+                        self._wait(rnd, place.workload, why)
+                places = admitted
             if places and self.is_leader():
                 results = list(self._pool.map(lambda a: self._place(rnd, a), places))
                 self.bound += sum(results)
