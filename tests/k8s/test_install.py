@@ -25,6 +25,10 @@ import json
 import os
 import shlex
 import shutil
+import socket
+import ssl
+import subprocess
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,7 @@ from typing import Any
 import pytest
 
 from fgpu.k8s.kube import KubeError
-from tests.k8s.kube import MERGE_PATCH
+from tests.k8s.kube import MERGE_PATCH, wait_until
 from tests.k8s.test_manifests import DEPLOY, render
 
 ROOT = DEPLOY.parent
@@ -243,7 +247,6 @@ def test_the_webhook_budget_keeps_one_replica_through_a_drain(make_cluster) -> N
         )
         uids[i] = made.metadata.uid
         cluster.api.bind(cluster.namespace, f"webhook-{i}", uids[i], "n1", {})
-    from tests.k8s.kube import wait_until
 
     def running() -> int:
         pods = cluster.api.list_pods(namespace=cluster.namespace).items
@@ -255,3 +258,65 @@ def test_the_webhook_budget_keeps_one_replica_through_a_drain(make_cluster) -> N
     with pytest.raises(KubeError) as err:
         cluster.api.evict(cluster.namespace, "webhook-1", uids[1])
     assert err.value.status == 429  # the last one stays: the budget says minAvailable 1
+
+
+# ------------------------------------------------------------------ certificate renewal
+def _pair(folder: Path, name: str) -> tuple[Path, Path]:
+    cert, key = folder / f"{name}.crt", folder / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-days", "1", "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def _served_cert(port: int) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_webhook_serves_a_renewed_certificate_without_a_restart(tmp_path: Path) -> None:
+    """cert-manager renews the Secret and the kubelet updates the mounted files; the
+    webhook's next handshakes present the new certificate (a pair that does not match is
+    refused and the old one kept)."""
+    from fgpu.k8s.webhook import make_server
+    from tests.k8s.conftest import free_port
+
+    mounted = tmp_path / "tls"
+    mounted.mkdir()
+    old_cert, old_key = _pair(tmp_path, "old")
+    new_cert, new_key = _pair(tmp_path, "new")
+    shutil.copy(old_cert, mounted / "tls.crt")
+    shutil.copy(old_key, mounted / "tls.key")
+    port = free_port()
+    server, reloader = make_server(
+        "127.0.0.1", port, str(mounted / "tls.crt"), str(mounted / "tls.key")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, "the webhook serving")
+        first = _served_cert(port)
+        assert reloader.check() is False  # nothing changed
+        shutil.copy(new_cert, mounted / "tls.crt")  # a half-written pair: cert without key
+        assert reloader.check() is False
+        assert _served_cert(port) == first
+        shutil.copy(new_key, mounted / "tls.key")
+        assert reloader.check() is True
+        renewed = _served_cert(port)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert renewed != first
+    assert renewed == ssl.PEM_cert_to_DER_cert(new_cert.read_text())
