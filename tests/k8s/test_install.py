@@ -95,7 +95,7 @@ def test_the_dockerfile_copies_only_what_is_in_the_build_context() -> None:
     for source in sources:
         assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
         assert not ignored(source.rstrip("/")), f"COPY {source}: excluded by .dockerignore"
-    for needed in ("native/build.py", "src/fgpu/cli.py", "src/fgpu/k8s/agent.py"):
+    for needed in ("native/build.py", "src/fgpu/cli/__init__.py", "src/fgpu/k8s/agent.py"):
         assert not ignored(needed), needed
     assert ignored("tests/k8s/test_install.py")  # the context stays small
     assert ignored("src/fgpu/_native/libfgpu.so")  # built inside, never copied from here

@@ -6,7 +6,7 @@ kube-scheduler and kube-controller-manager elect their leader with): the holder 
 ``renewTime`` every retry period (2 s by default), stops acting once it has not renewed for
 ``renewDeadline`` (10 s), and another candidate takes over only after ``leaseDuration``
 (15 s) without a renewal; a takeover increments ``spec.leaseTransitions``. The stand-in
-here answers every request after a delay (:attr:`fgpu.k8s.standin.Options.latency_s`), as
+here answers every request after a delay (:attr:`fgpu_standin.Options.latency_s`), as
 an API server writing through etcd does, so that one round's serial status and event writes
 outlast the renew deadline.
 """
