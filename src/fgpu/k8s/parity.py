@@ -111,40 +111,81 @@ class NodeLoad:
         return {n for n, cap in self.capacity.items() if self.pods.get(n, 0) >= cap}
 
 
-def node_load(
-    nodes: Iterable[Obj], pods: Iterable[Obj], assumed: Mapping[str, str] | None = None
-) -> NodeLoad:
-    """The :class:`NodeLoad` of ``nodes`` from every pod object.
+def _pod_facts(pod: Obj) -> tuple[str | None, bool, tuple[Port, ...], str]:
+    """``(node, unfinished, host ports, key)`` of one pod object."""
+    meta = pod.get("metadata") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    live = (pod.get("status") or {}).get("phase") not in _TERMINAL
+    key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
+    return node, live, tuple(host_ports(pod)), key
 
-    Args:
-        nodes: Node objects (only these are counted).
-        pods: all pods (any scheduler).
-        assumed: pod key -> node of pods bound by this scheduler that the pod objects do
-            not show bound yet.
-    """
-    capacity: dict[str, int] = {}
-    for n in nodes:
-        text = ((n.get("status") or {}).get("allocatable") or {}).get("pods")
-        if text is not None:
-            try:
-                capacity[n["metadata"]["name"]] = int(str(text))
-            except ValueError:
-                log.warning("node %s: allocatable pods %r is not a number", n, text)
-    count: dict[str, int] = {}
-    ports: dict[str, list[Port]] = {}
-    late = dict(assumed or {})
-    for pod in pods:
-        meta = pod.get("metadata") or {}
-        node = (pod.get("spec") or {}).get("nodeName")
-        key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        node = node or late.get(key)
-        if not node or (pod.get("status") or {}).get("phase") in _TERMINAL:
-            continue
-        count[node] = count.get(node, 0) + 1
-        taken = host_ports(pod)
-        if taken:
-            ports.setdefault(node, []).extend(taken)
-    return NodeLoad(capacity, count, ports)
+
+def _capacity(node: Obj) -> int | None:
+    text = ((node.get("status") or {}).get("allocatable") or {}).get("pods")
+    if text is None:
+        return None
+    try:
+        return int(str(text))
+    except ValueError:
+        log.warning("node %s: allocatable pods %r is not a number", node["metadata"]["name"], text)
+        return None
+
+
+class LoadCounter:
+    """:class:`NodeLoad` round after round, reading each pod and node object once: what it
+    reads of an object is remembered while the cache holds that very object (the cache
+    replaces an object when it changes), so a round costs a dictionary lookup per pod."""
+
+    def __init__(self) -> None:
+        self._pods: dict[int, tuple[Obj, tuple[str | None, bool, tuple[Port, ...], str]]] = {}
+        self._nodes: dict[int, tuple[Obj, int | None]] = {}
+
+    def count(
+        self, nodes: Iterable[Obj], pods: Sequence[Obj], assumed: Mapping[str, str] | None = None
+    ) -> NodeLoad:
+        """The :class:`NodeLoad` of ``nodes`` from every pod object.
+
+        Args:
+            nodes: Node objects (only these are counted).
+            pods: all pods (any scheduler).
+            assumed: pod key -> node of pods bound by this scheduler that the pod objects
+                do not show bound yet.
+        """
+        capacity: dict[str, int] = {}
+        seen_nodes: dict[int, tuple[Obj, int | None]] = {}
+        for n in nodes:
+            m = self._nodes.get(id(n))
+            if m is None or m[0] is not n:
+                m = (n, _capacity(n))
+            seen_nodes[id(n)] = m
+            if m[1] is not None:
+                capacity[n["metadata"]["name"]] = m[1]
+        self._nodes = seen_nodes
+        count: dict[str, int] = {}
+        ports: dict[str, list[Port]] = {}
+        late = assumed or {}
+        memo = self._pods
+        for pod in pods:
+            got = memo.get(id(pod))
+            if got is None or got[0] is not pod:
+                got = memo[id(pod)] = (pod, _pod_facts(pod))
+            node, live, taken, key = got[1]
+            if not live or (node is None and (node := late.get(key)) is None):
+                continue
+            count[node] = count.get(node, 0) + 1
+            if taken:
+                ports.setdefault(node, []).extend(taken)
+        if len(memo) > 2 * len(pods) + 1024:  # objects the cache let go: forget them now and then
+            held = {id(p) for p in pods}
+            self._pods = {k: v for k, v in memo.items() if k in held}
+        return NodeLoad(capacity, count, ports)
+
+
+def node_load(
+    nodes: Iterable[Obj], pods: Sequence[Obj], assumed: Mapping[str, str] | None = None
+) -> NodeLoad:
+    """:meth:`LoadCounter.count` without memory between calls."""
+    return LoadCounter().count(nodes, pods, assumed)
 
 
 class VolumeLookup:

@@ -106,6 +106,7 @@ class RoundBuilder:
     _env_missed: dict[str, str]
     _constraints: ConstraintCache
     _volumes: parity.VolumeLookup
+    _load_counter: parity.LoadCounter
 
     def build(self, snap: Snapshot) -> Round:
         """The core's inputs from a snapshot and this replica's assumed placements and
@@ -129,7 +130,7 @@ class RoundBuilder:
         self._constraints.nodes(facts)
         rnd = Round(infos, unavailable=unavailable)
         late = {k: a.node for k, (_, a) in self._assumed.items()}
-        rnd.load = load = parity.node_load(fgpu_nodes, snap.pods, late)
+        rnd.load = load = self._load_counter.count(fgpu_nodes, snap.pods, late)
         full = load.full()
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed

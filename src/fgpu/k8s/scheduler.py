@@ -162,6 +162,7 @@ class K8sScheduler(RoundActions):
         self._env_missed: dict[str, str] = {}  # id -> uid whose environment had no grant
         self._constraints = ConstraintCache()
         self._volumes = parity.VolumeLookup(api)
+        self._load_counter = parity.LoadCounter()
         self.last: Decision | None = None
         self.bound = 0
         self._settled = time.monotonic()
