@@ -128,7 +128,10 @@ class Informer:
         self.on_change()
 
     def start(self) -> None:
-        """List (when never listed), then keep the objects current from a thread."""
+        """List (when never listed), then keep the objects current from a thread (once:
+        a second call while it runs does nothing)."""
+        if self.watching:
+            return
         if self._version is None:
             self.relist()
         self._stop.clear()
