@@ -113,11 +113,12 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     for wid in lows.values():
         assert listing[wid]["phase"] in ("running", "paused"), listing[wid]
         assert listing[wid]["restarts"] == 0
-    assert "squeezed by " + crit in server.cli("ls").stdout
+    wide = {"COLUMNS": "300"}  # one line per row: a folded cell would split the words
+    assert "squeezed by " + crit in server.cli("ls", env_extra=wide).stdout
     detail = server.describe(victim)
     assert "squeezed" in event_kinds(detail)
     assert "preempted" not in event_kinds(detail)
-    assert "Squeezed" in server.cli("describe", victim).stdout
+    assert "squeezed by " + crit in server.cli("describe", victim, env_extra=wide).stdout
     (gpu,) = server.json("top")
     holders = {h["workload_id"]: h for h in gpu["holders"]}
     assert set(holders) == {*lows.values(), crit}
