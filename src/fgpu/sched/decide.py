@@ -65,6 +65,7 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.reasons import wait_reason
 from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
     Action,
@@ -505,6 +506,7 @@ class Scheduler:
         resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
         searches = 0
+        lowest: dict[str, int] | None = None  # queue -> lowest priority it may lose
 
         def admit(w: Workload, res: Vec) -> str | None:
             for a in ancestors(w.queue):
@@ -656,7 +658,25 @@ class Scheduler:
                     Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
                 )
             else:
-                actions.append(Wait(w.id, result.reason))
+                if lowest is None:  # once a round, at the first that waits
+                    lowest = {
+                        vq: min(v.priority for v in items)
+                        for vq, items in victim_candidates().items()
+                        if items
+                    }
+                holder = _holder(work, w.request, exclude, new_holds)
+                why = wait_reason(
+                    w,
+                    res[0],
+                    result.reason,
+                    allocated=allocated,
+                    fair=fair,
+                    lowest=lowest,
+                    within_fair_share=cfg.reclaim_within_fair_share,
+                    held_for=holder.workload if holder else None,
+                    held_node=holder.node if holder else None,
+                )
+                actions.append(Wait(w.id, why))
             heapq.heappush(heap, (ratio(q), neg_prio, q))
 
         return Decision(
@@ -788,3 +808,22 @@ class Scheduler:
             return None
         free = work.gpu_free_total[candidates]
         return int(candidates[np.argmax(free)])
+
+
+def _holder(
+    work: ClusterState,
+    request: Request,
+    exclude: np.ndarray | None,
+    holds: Mapping[str, Hold],
+) -> Hold | None:
+    """The reservation that keeps ``request`` off free capacity that would fit it (a node
+    left out of this placement), or None."""
+    if exclude is None:
+        return None
+    ok, _ = work.feasible(request)
+    for i in np.flatnonzero(ok & exclude):
+        name = work.node_names[int(i)]
+        for hold in holds.values():
+            if hold.node == name:
+                return hold
+    return None
