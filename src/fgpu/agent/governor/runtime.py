@@ -164,9 +164,10 @@ class WorkloadView:
         busy: whether it counts as busy now.
         activity: where ``busy`` comes from: ``interposer`` (its launches), ``hints``,
             ``nvml`` or ``assumed``.
-        achieved_milli: run time received while busy over the last
-            ``achieved_window_s`` (or since it was first governed, if shorter), per mille of
-            that time (1000 = ran all the time).
+        achieved_milli: its part of its GPU's time over the last ``achieved_window_s`` (or
+            since it was first governed, if shorter), per mille: the run time it received
+            while busy, split with the workloads that ran on the GPU at the same time, so
+            that the parts on one GPU add up to at most 1000.
         blocker: why it is held back by priority, or None.
         enforcement: how it is held: ``interposer`` (at launch, device time) or the
             freezer's kind (``cgroup-v2``, ``signal``).
@@ -219,7 +220,9 @@ class _Record:
     used_ns: int = 0
     total_ns: int = 0
     mark_ns: int = 0
-    samples: deque[tuple[int, int]] = field(default_factory=deque)
+    samples: deque[tuple[int, int]] = field(default_factory=deque)  # (time, share_ns)
+    share_ns: int = 0  # its part of its GPUs' time (see Governor._share_gpu_time)
+    counted_ns: int = 0  # total_ns already counted into share_ns
     blocker: str | None = None
     slow_reported: bool = False
     held: bool = False  # paused or compressed by priority (between a paused and a resumed)
@@ -292,6 +295,7 @@ class Governor:
         self._released: dict[str, ProcessHandle | None] = {}
         self._leases: dict[str, Lease] = {}
         self._period_start = clock()
+        self._shared_at = self._period_start
         self._next_poll = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
@@ -486,8 +490,10 @@ class Governor:
             self._period_start = boundary
         for record in self._records.values():
             record.charge(now)
+        self._share_gpu_time(now)
+        for record in self._records.values():
             if now - record.samples[-1][0] >= ACHIEVED_SAMPLE_NS:
-                record.samples.append((now, record.total_ns))
+                record.samples.append((now, record.share_ns))
                 window = int(self.config.achieved_window_s * 1e9)
                 while len(record.samples) > 2 and now - record.samples[1][0] >= window:
                     record.samples.popleft()
@@ -786,15 +792,39 @@ class Governor:
             pids = self.freezer.pids(record.spec.handle)
             self._set_busy(record, any(p in busy_pids for p in pids), now, "nvml")
 
+    def _share_gpu_time(self, now: int) -> None:
+        """Add to each workload's ``share_ns`` its part of its GPUs' time since the last step.
+
+        Its part is the run time it was charged since then (wall time running while busy,
+        or the device time its interposer reported), except on a GPU whose workloads were
+        charged more than the wall time that passed: they ran at once and split the GPU, so
+        their times are scaled down in proportion until they add up to the time that
+        passed (a workload on several GPUs takes the most crowded one's scale). So the
+        achieved shares of one GPU's workloads never add up to more than 1.
+        """
+        span = now - self._shared_at
+        self._shared_at = max(self._shared_at, now)
+        charged: dict[str, int] = {}
+        for wid, record in self._records.items():
+            charged[wid] = max(0, record.total_ns - record.counted_ns)
+            record.counted_ns = record.total_ns
+        if span <= 0:
+            return
+        load: dict[str, int] = {}
+        for wid, record in self._records.items():
+            for gpu in record.spec.gpu_uuids:
+                load[gpu] = load.get(gpu, 0) + charged[wid]
+        for wid, record in self._records.items():
+            part = charged[wid]
+            crowded = max((load[g] for g in record.spec.gpu_uuids), default=0)
+            record.share_ns += part if crowded <= span else part * span // crowded
+
     # -- views -------------------------------------------------------------------------------
 
     def _view(self, record: _Record, now: int) -> WorkloadView:
         spec = record.spec
-        total = record.total_ns
-        if record.cuda:
-            total += record.gpu_pending_ns
-        elif record.state is RunState.RUNNING and record.busy:
-            total += max(0, now - record.mark_ns)
+        total = record.share_ns
+        now = self._shared_at  # share_ns is counted up to the last step
         window = int(self.config.achieved_window_s * 1e9)
         start_ns, start_total = record.samples[0]
         for stamp, value in record.samples:
