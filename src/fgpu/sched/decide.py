@@ -65,7 +65,7 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
-from fgpu.sched.reasons import wait_reason
+from fgpu.sched.reasons import WaitReasons
 from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
     Action,
@@ -506,7 +506,8 @@ class Scheduler:
         resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
         searches = 0
-        lowest: dict[str, int] | None = None  # queue -> lowest priority it may lose
+        # (index in actions, workload, GPU milli, node fit, hold) of those that found no place
+        unexplained: list[tuple[int, Workload, int, str, Hold | None]] = []
 
         def admit(w: Workload, res: Vec) -> str | None:
             for a in ancestors(w.queue):
@@ -658,26 +659,23 @@ class Scheduler:
                     Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
                 )
             else:
-                if lowest is None:  # once a round, at the first that waits
-                    lowest = {
-                        vq: min(v.priority for v in items)
-                        for vq, items in victim_candidates().items()
-                        if items
-                    }
+                # the rule that holds it is named once the round is decided (below)
                 holder = _holder(work, w.request, exclude, new_holds)
-                why = wait_reason(
-                    w,
-                    res[0],
-                    result.reason,
-                    allocated=allocated,
-                    fair=fair,
-                    lowest=lowest,
-                    within_fair_share=cfg.reclaim_within_fair_share,
-                    held_for=holder.workload if holder else None,
-                    held_node=holder.node if holder else None,
-                )
-                actions.append(Wait(w.id, why))
+                unexplained.append((len(actions), w, res[0], result.reason, holder))
+                actions.append(Wait(w.id, result.reason))
             heapq.heappush(heap, (ratio(q), neg_prio, q))
+
+        if unexplained:  # with the round's allocations (fgpu.sched.reasons)
+            lowest = {
+                vq: min(v.priority for v in items)
+                for vq, items in victim_candidates().items()
+                if items
+            }
+            explain = WaitReasons(fair, lowest, allocated, cfg.reclaim_within_fair_share)
+            for i, waiting, milli, fit, holder in unexplained:
+                why = explain.explain(waiting, milli, fit, holder)
+                if why is not fit:
+                    actions[i] = Wait(waiting.id, why)
 
         return Decision(
             actions=actions,

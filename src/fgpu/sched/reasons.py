@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fgpu.sched.workload import Workload
+from fgpu.sched.workload import Hold, Workload
 
 Vec = list[int]
 
@@ -95,4 +95,41 @@ def wait_reason(
     return f"waits for capacity: {'; '.join(rules)} ({fit})"
 
 
-__all__ = ["gpus", "wait_reason"]
+class WaitReasons:
+    """:func:`wait_reason` for the workloads of one round that found no place, with the
+    round's final allocations, remembered: thousands of pending workloads of a few shapes and
+    queues wait for the same reason (``bench/decide.py``)."""
+
+    def __init__(
+        self,
+        fair: Mapping[str, Vec],
+        lowest: Mapping[str, int],
+        allocated: Mapping[str, Vec],
+        within_fair_share: bool = True,
+    ) -> None:
+        self.fair = fair
+        self.lowest = lowest
+        self.allocated = allocated
+        self.within_fair_share = within_fair_share
+        self._known: dict[tuple[object, ...], str] = {}
+
+    def explain(self, w: Workload, need_milli: int, fit: str, hold: Hold | None) -> str:
+        """Why ``w`` waits (``fit`` itself when the node fit is what blocks it)."""
+        key = (w.queue, w.priority, need_milli, fit, hold)
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = wait_reason(
+                w,
+                need_milli,
+                fit,
+                allocated=self.allocated,
+                fair=self.fair,
+                lowest=self.lowest,
+                within_fair_share=self.within_fair_share,
+                held_for=hold.workload if hold else None,
+                held_node=hold.node if hold else None,
+            )
+        return known
+
+
+__all__ = ["WaitReasons", "gpus", "wait_reason"]
