@@ -371,7 +371,16 @@ class Governor:
         """The governed workloads now (see :class:`GovernorSnapshot`)."""
         with self._lock:
             now = self._clock()
-            views = [self._view(r, now) for _, r in sorted(self._records.items())]
+            # each GPU's workloads are measured over one span, from the first of them
+            since: dict[str, int] = {}
+            for record in self._records.values():
+                first = record.samples[0][0]
+                for gpu in record.spec.gpu_uuids:
+                    since[gpu] = min(since.get(gpu, first), first)
+            views = [
+                self._view(r, now, min(since[g] for g in r.spec.gpu_uuids))
+                for _, r in sorted(self._records.items())
+            ]
             dropped = self.listener.dropped if self.listener is not None else 0
         cfg = self.config.planner
         return GovernorSnapshot(
@@ -821,18 +830,21 @@ class Governor:
 
     # -- views -------------------------------------------------------------------------------
 
-    def _view(self, record: _Record, now: int) -> WorkloadView:
+    def _view(self, record: _Record, now: int, since: int | None = None) -> WorkloadView:
+        """The governor's view of one workload; its achieved share is its part of the GPU's
+        time from ``since`` (when the first of the GPU's workloads came, within the window)
+        to the last step, so that the parts of one GPU's workloads add up to at most 1."""
         spec = record.spec
-        total = record.share_ns
-        now = self._shared_at  # share_ns is counted up to the last step
+        end = self._shared_at  # share_ns is counted up to the last step
         window = int(self.config.achieved_window_s * 1e9)
-        start_ns, start_total = record.samples[0]
-        for stamp, value in record.samples:
-            if now - stamp <= window:
-                start_ns, start_total = stamp, value
+        start = max(end - window, record.samples[0][0] if since is None else since)
+        start_total = 0  # nothing before it was governed
+        for stamp, value in record.samples:  # the last sample at or before the start
+            if stamp > start:
                 break
-        span = now - start_ns
-        achieved = (total - start_total) * MILLI // span if span > 0 else 0
+            start_total = value
+        span = end - start
+        achieved = (record.share_ns - start_total) * MILLI // span if span > 0 else 0
         modes = tuple(str(spec.mode or self._gpus[g].mode) for g in spec.gpu_uuids)
         return WorkloadView(
             workload_id=spec.workload_id,
