@@ -203,7 +203,7 @@ def test_five_3gib_workloads_share_a_16gib_t4_and_a_sixth_waits_for_memory(
     detail = server.describe(waiting)
     assert detail["phase"] == "pending"
     assert "3072 MiB" in detail["reason"], detail["reason"]
-    text = server.cli("describe", waiting).stdout
+    text = " ".join(server.cli("describe", waiting).stdout.split())  # wrapped lines joined
     assert "3072 MiB" in text, text
 
     # one ends: the sixth gets its memory
