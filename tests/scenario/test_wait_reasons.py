@@ -69,3 +69,14 @@ def test_capacity_held_for_another_workload_is_named() -> None:
     assert why["tiny"].startswith(
         "the free capacity that fits it on b is held for workload big (a hold"
     ), why
+
+
+def test_the_node_fit_alone_when_no_allowed_node_could_take_it() -> None:
+    # work runs, but no node the workload allows could hold it even empty
+    sh = Shell(cluster(node("a").gpus(1), node("b").gpus(1)), QueueTree.single())
+    sh.run("busy", "default", pod().gpu(1).build(), 0, [0], priority=100)
+    sh.submit("pinned", "default", pod().gpu(1).build(), nodes=frozenset({"gone"}))
+    sh.submit("wide", "default", pod().gpu(2).build(), nodes=frozenset({"a"}))
+    why = reasons(sh)
+    assert why["pinned"].startswith("0/2 nodes fit: 2 excluded"), why
+    assert why["wide"].startswith("0/2 nodes fit: 1 excluded"), why

@@ -508,6 +508,7 @@ class Scheduler:
         searches = 0
         # (index in actions, workload, GPU milli, node fit, hold) of those that found no place
         unexplained: list[tuple[int, Workload, int, str, Hold | None]] = []
+        could_fit: dict[tuple[Request, frozenset[str] | None], bool] = {}  # on empty nodes
 
         def admit(w: Workload, res: Vec) -> str | None:
             for a in ancestors(w.queue):
@@ -659,9 +660,17 @@ class Scheduler:
                     Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
                 )
             else:
-                # the rule that holds it is named once the round is decided (below)
-                holder = _holder(work, w.request, exclude, new_holds)
-                unexplained.append((len(actions), w, res[0], result.reason, holder))
+                # the rule that holds it is named once the round is decided (below), unless
+                # no allowed node could take it even empty: then the node fit is the reason
+                ever_key = (w.request, w.nodes)
+                ever = could_fit.get(ever_key)
+                if ever is None:
+                    none_reserved = np.zeros_like(reserved)
+                    spot = self._reservation_node(work, w.request, none_reserved, allowed)
+                    ever = could_fit[ever_key] = spot is not None
+                if ever:
+                    holder = _holder(work, w.request, exclude, new_holds)
+                    unexplained.append((len(actions), w, res[0], result.reason, holder))
                 actions.append(Wait(w.id, result.reason))
             heapq.heappush(heap, (ratio(q), neg_prio, q))
 
