@@ -20,7 +20,13 @@ from fgpu.cli.k8s import k8s_app
 from fgpu.cli.sim import sim_app
 from fgpu.server.main import serve
 
-app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
+app = typer.Typer(
+    help="fgpu: fractional GPU sharing.",
+    no_args_is_help=True,
+    # plain help and errors: the Rich renderer alone takes longer to load than a command
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
 app.add_typer(sim_app, name="sim")
 app.add_typer(mig.mig_app, name="mig")
 app.add_typer(k8s_app, name="k8s")

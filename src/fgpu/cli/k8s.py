@@ -17,7 +17,9 @@ import typer
 from fgpu.k8s import wire
 
 k8s_app = typer.Typer(
-    help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Kubernetes: scheduler, admission webhook, node agent.",
+    no_args_is_help=True,
 )
 
 KubeconfigOption = Annotated[

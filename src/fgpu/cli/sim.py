@@ -6,48 +6,16 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fgpu.model.types import InvalidRequestError
-from fgpu.plugins import DEFAULT_POLICY, UnknownPolicyError
-from fgpu.sched.decide import SchedulerConfig
-from fgpu.sim.experiment import (
-    DEFAULT_NODES,
-    DEFAULT_PODS,
-    ExperimentError,
-    OutputFolder,
-    Trace,
-    check_out_name,
-    check_tune,
-    default_trace_file,
-    parse_seeds,
-    prepare_out_dir,
-    resolve_policies,
-    resolve_workers,
-    run_experiment,
-    trace_warnings,
-)
-from fgpu.sim.fill import DEFAULT_TUNE
-from fgpu.sim.replay import (
-    DutyCycles,
-    GpuSpecError,
-    ReplayError,
-    build_scheduler,
-    parse_gpus,
-    run_replay,
-    tenant_queues,
-)
-from fgpu.sim.replay_report import replay_table, write_replay_report
-from fgpu.sim.report import RunCurve, comparison_table, write_report
-from fgpu.sim.trace import TraceFormatError, load_pods
-from fgpu.sim.workloads import generate, load_workloads
+if TYPE_CHECKING:
+    from fgpu.sim.experiment import OutputFolder
 
-sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
+
+sim_app = typer.Typer(rich_markup_mode=None, help="Trace simulators.", no_args_is_help=True)
 err = Console(stderr=True)
 # Tables keep their columns readable when stdout is a file or a pipe (CI logs).
 out = Console(width=None if Console().is_terminal else 120)
@@ -59,6 +27,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _default_trace_file(name: str, option: str) -> Path:
+    from fgpu.sim.experiment import ExperimentError, default_trace_file
+
     try:
         return default_trace_file(name, option)
     except ExperimentError as exc:
@@ -89,7 +59,7 @@ def sim_fill(
     seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 1,2,3 or 1-3,10.")] = "42-51",
     tune: Annotated[
         float, typer.Option(help="Arrived GPU at the end, x capacity (protocol: 1.3).")
-    ] = DEFAULT_TUNE,
+    ] = 1.3,  # fgpu.sim.fill.DEFAULT_TUNE, spelled out: --help loads no simulator
     workers: Annotated[
         int | None, typer.Option(help="Parallel processes (default and cap: CPU count).")
     ] = None,
@@ -99,6 +69,19 @@ def sim_fill(
 ) -> None:
     """Fill experiment of the FGD paper: place pods until 130 % of the GPUs have arrived,
     and report unallocated GPU and fragmentation per policy (median over seeds)."""
+    from fgpu.sim.experiment import (
+        DEFAULT_NODES,
+        DEFAULT_PODS,
+        ExperimentError,
+        check_out_name,
+        check_tune,
+        default_trace_file,
+        parse_seeds,
+        prepare_out_dir,
+        resolve_policies,
+        resolve_workers,
+    )
+
     started = time.perf_counter()
     # Every option is checked before a CSV is read or a folder is made.
     try:
@@ -143,6 +126,14 @@ def _fill(
     started: float,
 ) -> None:
     """The body of ``fgpu sim fill`` once the options are checked and the folder exists."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fgpu.model.types import InvalidRequestError
+    from fgpu.plugins import UnknownPolicyError
+    from fgpu.sim.experiment import ExperimentError, Trace, run_experiment, trace_warnings
+    from fgpu.sim.report import RunCurve, comparison_table, write_report
+    from fgpu.sim.trace import TraceFormatError
+
     try:
         trace = Trace.load(nodes_path, pods_path)
     except (ExperimentError, TraceFormatError, InvalidRequestError) as exc:
@@ -234,7 +225,7 @@ def sim_replay(
     ] = None,
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="Placement policy.")
-    ] = DEFAULT_POLICY,
+    ] = "fgd-pattern",  # fgpu.plugins.DEFAULT_POLICY, spelled out
     grace: Annotated[float, typer.Option(help="Seconds a victim takes to exit.")] = 30.0,
     min_runtime: Annotated[
         float, typer.Option(help="Seconds a workload runs before it can be reclaimed.")
@@ -279,6 +270,25 @@ def sim_replay(
     """Dynamic simulator: arrivals and departures on a virtual clock, driving the decision
     core with queues, fair share, preemption and reclaim; reports allocation, delays and
     fairness."""
+    import numpy as np
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fgpu.plugins import UnknownPolicyError
+    from fgpu.sched.decide import SchedulerConfig
+    from fgpu.sim.experiment import DEFAULT_PODS
+    from fgpu.sim.replay import (
+        DutyCycles,
+        GpuSpecError,
+        ReplayError,
+        build_scheduler,
+        parse_gpus,
+        run_replay,
+        tenant_queues,
+    )
+    from fgpu.sim.replay_report import replay_table, write_replay_report
+    from fgpu.sim.trace import TraceFormatError, load_pods
+    from fgpu.sim.workloads import generate, load_workloads
+
     _check_number("--hours", hours, 0, strict=True)
     _check_number("--load", load, 0, strict=True)
     _check_number("--grace", grace, 0, strict=False)

@@ -73,6 +73,7 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.reasons import WaitReasons
 from fgpu.sched.squeeze import SqueezeBook, can_squeeze
 from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
@@ -528,6 +529,9 @@ class Scheduler:
         resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
         searches = 0
+        # (index in actions, workload, GPU milli, node fit, hold) of those that found no place
+        unexplained: list[tuple[int, Workload, int, str, Hold | None]] = []
+        could_fit: dict[tuple[Request, frozenset[str] | None], bool] = {}  # on empty nodes
 
         def admit(w: Workload, res: Vec) -> str | None:
             for a in ancestors(w.queue):
@@ -716,8 +720,31 @@ class Scheduler:
                     Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
                 )
             else:
+                # the rule that holds it is named once the round is decided (below), unless
+                # no allowed node could take it even empty: then the node fit is the reason
+                ever_key = (w.request, w.nodes)
+                ever = could_fit.get(ever_key)
+                if ever is None:
+                    none_reserved = np.zeros_like(reserved)
+                    spot = self._reservation_node(work, w.request, none_reserved, allowed)
+                    ever = could_fit[ever_key] = spot is not None
+                if ever:
+                    holder = _holder(work, w.request, exclude, new_holds)
+                    unexplained.append((len(actions), w, res[0], result.reason, holder))
                 actions.append(Wait(w.id, result.reason))
             heapq.heappush(heap, (ratio(q), neg_prio, q))
+
+        if unexplained:  # with the round's allocations (fgpu.sched.reasons)
+            lowest = {
+                vq: min(v.priority for v in items)
+                for vq, items in victim_candidates().items()
+                if items
+            }
+            explain = WaitReasons(fair, lowest, allocated, cfg.reclaim_within_fair_share)
+            for i, waiting, milli, fit, holder in unexplained:
+                why = explain.explain(waiting, milli, fit, holder)
+                if why is not fit:
+                    actions[i] = Wait(waiting.id, why)
 
         return Decision(
             actions=actions,
@@ -851,3 +878,22 @@ class Scheduler:
             return None
         free = work.gpu_free_total[candidates]
         return int(candidates[np.argmax(free)])
+
+
+def _holder(
+    work: ClusterState,
+    request: Request,
+    exclude: np.ndarray | None,
+    holds: Mapping[str, Hold],
+) -> Hold | None:
+    """The reservation that keeps ``request`` off free capacity that would fit it (a node
+    left out of this placement), or None."""
+    if exclude is None:
+        return None
+    ok, _ = work.feasible(request)
+    for i in np.flatnonzero(ok & exclude):
+        name = work.node_names[int(i)]
+        for hold in holds.values():
+            if hold.node == name:
+                return hold
+    return None

@@ -77,7 +77,7 @@ class ServiceApi(Protocol):
     async def stop(self) -> None: ...
     def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView: ...
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
-    def get_workload(self, workload_id: str) -> WorkloadDetail: ...
+    def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
     def list_queues(self) -> list[QueueView]: ...
@@ -202,7 +202,12 @@ def current_caller(request: Request) -> Caller:
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
 WorkloadId = Annotated[
-    str, Path(min_length=1, max_length=ID_LENGTH, description="the workload's id")
+    str,
+    Path(
+        min_length=1,
+        max_length=max(ID_LENGTH, NAME_LENGTH),
+        description="the workload's id, a unique prefix of it, or its name",
+    ),
 ]
 QueueName = Annotated[
     str, Path(min_length=1, max_length=NAME_LENGTH, description="the queue's name")
@@ -356,9 +361,9 @@ def create_app(
         return service.submit(caller, body)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])
-    def get_workload(workload_id: WorkloadId) -> WorkloadDetail:
+    def get_workload(workload_id: WorkloadId, caller: CallerDep) -> WorkloadDetail:
         """One workload: request, placement, events and, while pending, why it waits."""
-        return service.get_workload(workload_id)
+        return service.get_workload(workload_id, caller)
 
     @api.post("/workloads/{workload_id}/cancel", tags=["workloads"])
     def cancel(workload_id: WorkloadId, caller: CallerDep) -> WorkloadView:

@@ -22,7 +22,6 @@ from fgpu.agent.process import ProcessHandle
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
-from fgpu.rules.errors import NotFoundError
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET
@@ -33,6 +32,7 @@ from fgpu.server.enforcing import EnforcementHooks
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
 from fgpu.server.mig_pool import MigPool
+from fgpu.server.naming import resolve
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, StoreConflict
@@ -167,6 +167,7 @@ class ServiceCore(EnforcementHooks):
         self._active: dict[str, Workload] | None = None
         self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
         self._mirror_lock = threading.Lock()
+        self._names_lock = threading.Lock()  # a name's check and its submission, together
         self._tracked = _Tracked(self)
         self._state_lock: IO[str] | None = None
         self._db_claim: DatabaseClaim | None = None
@@ -377,11 +378,19 @@ class ServiceCore(EnforcementHooks):
     def _is_admin(self, caller: Caller) -> bool:
         return caller.admin or caller.uid == 0 or caller.uid in self.admins
 
-    def _get(self, workload_id: str) -> WorkloadRecord:
+    def _get(self, workload_id: str, caller_uid: int | None = None) -> WorkloadRecord:
+        """The workload an id, a unique id prefix or a name means
+        (:func:`fgpu.server.naming.resolve`; the caller's own names first).
+
+        Raises:
+            NotFoundError: nothing fits; BadRequest: several fit (listed).
+        """
         try:
             return self.store.get(workload_id)
         except NotFound:
-            raise NotFoundError("id", f"no workload {workload_id!r}") from None
+            pass
+        uid = os.geteuid() if caller_uid is None else caller_uid
+        return resolve(workload_id, self.store.list_workloads(), uid)
 
 
 __all__ = ["DEFAULT_QUEUE", "Caller", "ServiceCore", "claim_state_dir", "default_state_dir"]

@@ -27,7 +27,7 @@ from typing import Annotated
 
 import typer
 
-from fgpu.wire import SOCKET_ENV, default_socket_path
+from fgpu.addresses import SOCKET_ENV, default_socket_path
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -194,7 +194,8 @@ def serve(
         str,
         typer.Option(
             help="How a shared GPU's time is divided: fair (shares are minimums, idle time "
-            "goes to busy workloads) or strict (each gets its share, no more).",
+            "goes to busy workloads; a lone one runs freely) or strict (each gets its share, no "
+            "more, alone or not).",
             rich_help_panel="On the GPU",
         ),
     ] = "fair",

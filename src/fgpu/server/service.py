@@ -47,8 +47,10 @@ from fgpu.server import views
 from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.loop import SchedulingLoop
+from fgpu.server.naming import base_name, check_name_free, unique_name
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import ACTIVE_PHASES, QueueConfig
+from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import (
     EnforcementLayer,
     EventView,
@@ -115,23 +117,32 @@ class Service(SchedulingLoop):
         )
         if sub.mig_request is None:
             self._check_could_fit(request)
-        try:
-            record = self._tracked.submit(
-                owner_uid=caller.uid,
-                queue=body.queue,
-                request=request,
-                argv=sub.argv,
-                name=sub.name,
-                priority=sub.priority,
-                preemptible=body.preemptible,
-                shell=body.shell,
-                cwd=body.cwd,
-                env=body.env,
-                grace_s=body.grace_s,
-                mig_request=sub.mig_request,
-            )
-        except InvalidRequestError as exc:
-            raise BadRequest(exc.field, exc.reason) from None
+        with self._names_lock:  # names are unique among the owner's active workloads
+            own = self.store.list_workloads(ACTIVE_PHASES, owner_uid=caller.uid)
+            if body.name:
+                name = sub.name
+                check_name_free(name, own)
+            else:
+                name = unique_name(
+                    base_name(sub.argv, body.shell), (r.name for r in own), NAME_LENGTH
+                )
+            try:
+                record = self._tracked.submit(
+                    owner_uid=caller.uid,
+                    queue=body.queue,
+                    request=request,
+                    argv=sub.argv,
+                    name=name,
+                    priority=sub.priority,
+                    preemptible=body.preemptible,
+                    shell=body.shell,
+                    cwd=body.cwd,
+                    env=body.env,
+                    grace_s=body.grace_s,
+                    mig_request=sub.mig_request,
+                )
+            except InvalidRequestError as exc:
+                raise BadRequest(exc.field, exc.reason) from None
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 
@@ -180,21 +191,32 @@ class Service(SchedulingLoop):
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
         phases = None if include_done else ACTIVE_PHASES
+        states = self._gpu_states()
         return [
-            views.workload(r, self._reasons.get(r.id)) for r in self.store.list_workloads(phases)
+            views.workload(r, self._reasons.get(r.id), states.get(r.id))
+            for r in self.store.list_workloads(phases)
         ]
 
-    def get_workload(self, workload_id: str) -> WorkloadDetail:
-        """One workload with its events and, while pending, why it waits.
+    def _gpu_states(self) -> dict[str, str]:
+        """The governor's state of each governed workload (running, frozen-by-share,
+        frozen-by-priority), by id."""
+        return {wid: str(v.state) for wid, v in self.enforcement.views().items()}
+
+    def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail:
+        """One workload with its events and, while pending, why it waits. ``workload_id``
+        may be a unique id prefix or a name (the caller's own first; see
+        :func:`fgpu.server.naming.resolve`).
 
         Raises:
-            NotFoundError: unknown id.
+            NotFoundError: unknown id; BadRequest: a prefix or name of several (listed).
         """
-        record = self._get(workload_id)
-        events = self.store.events(workload_id)
-        detail = views.detail(record, self._reasons.get(workload_id), events)
+        record = self._get(workload_id, caller.uid if caller else None)
+        events = self.store.events(record.id)
+        detail = views.detail(
+            record, self._reasons.get(record.id), events, self._gpu_states().get(record.id)
+        )
         if record.phase in ("running", "paused"):
-            detail.enforcement = self.enforcement.describe(workload_id)
+            detail.enforcement = self.enforcement.describe(record.id)
         return detail
 
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
@@ -203,6 +225,7 @@ class Service(SchedulingLoop):
         Raises:
             NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
         """
+        workload_id = self._get(workload_id, caller.uid).id
         with self._lock:
             try:
                 record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
@@ -226,14 +249,13 @@ class Service(SchedulingLoop):
         """
         if stream not in ("stdout", "stderr"):
             raise BadRequest("stream", "must be stdout or stderr")
-        record = self._get(workload_id)
+        record = self._get(workload_id, caller.uid)
         if record.owner_uid != caller.uid and not self._is_admin(caller):
             raise Forbidden(
                 "id",
-                f"workload {workload_id} belongs to uid {record.owner_uid}; its logs are "
-                "its owner's",
+                f"workload {record.id} belongs to uid {record.owner_uid}; its logs are its owner's",
             )
-        return self.log_dir / workload_id / f"{stream}.log"
+        return self.log_dir / record.id / f"{stream}.log"
 
     # -------------------------------------------------------------------- queues
     def _queue_change(

@@ -12,6 +12,7 @@ from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
 from fgpu.server.mig_pool import MigPool
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
+    TERMINAL_PHASES,
     EnforcementLayer,
     EventView,
     GpuGrant,
@@ -26,12 +27,16 @@ from fgpu.wire import (
 )
 
 
-def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
-    """The list view; a pending workload's reason is why it waits (last round)."""
+def workload(
+    record: WorkloadRecord, wait_reason: str | None, gpu_state: str | None = None
+) -> WorkloadView:
+    """The list view; a pending workload's reason is why it waits (last round). A finished
+    workload shows where it last ran. ``gpu_state``: the governor's state of a running one
+    (:class:`fgpu.agent.governor.plan.RunState`), where it is governed."""
     r = record.request
     grants: list[GpuGrant] = []
     a = record.allocation
-    if a is not None and record.holds_allocation:
+    if a is not None and (record.holds_allocation or record.phase in TERMINAL_PHASES):
         uuids = a.gpu_uuids or ("",) * len(a.gpus)
         mig = a.mig
         grants = [
@@ -80,6 +85,7 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
         finished_at=record.finished_at,
         exit_code=record.exit_code,
         stopping=record.holds_allocation and record.stop_requested_at is not None,
+        gpu_state=gpu_state if record.holds_allocation else None,
         reason=reason,
         restarts=record.restarts,
         squeezed=record.holds_allocation and record.squeezed_by is not None,
@@ -100,10 +106,13 @@ def event(record: EventRecord) -> EventView:
 
 
 def detail(
-    record: WorkloadRecord, wait_reason: str | None, events: Sequence[EventRecord]
+    record: WorkloadRecord,
+    wait_reason: str | None,
+    events: Sequence[EventRecord],
+    gpu_state: str | None = None,
 ) -> WorkloadDetail:
     """The describe view: the workload and its events."""
-    base = workload(record, wait_reason)
+    base = workload(record, wait_reason, gpu_state)
     return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
 
 
