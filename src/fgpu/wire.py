@@ -262,6 +262,10 @@ class GpuHolder(BaseModel):
         default=None,
         description="how it is held: interposer (at kernel launch) or the freezer's kind",
     )
+    used_memory_mib: int | None = Field(
+        default=None,
+        description="GPU memory its processes hold on this GPU (None: not measured)",
+    )
 
 
 class MigInstanceView(BaseModel):

@@ -49,6 +49,7 @@ from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.agent.runner import ExitRecord
+from fgpu.metrics import fleet_fragmentation
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
@@ -73,6 +74,7 @@ from fgpu.server.enforcement import Enforcement, EnforcementConfig, Running
 from fgpu.server.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
+from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigCandidate, MigPool
 from fgpu.server.requests import parse_submission, queue_config
 from fgpu.store import Store
@@ -123,6 +125,7 @@ class _Tracked:
         def write(*args: Any, **kwargs: Any) -> WorkloadRecord:
             record: WorkloadRecord = method(*args, **kwargs)
             self._service._sync(record)
+            self._service.metrics.wrote(name, record)
             return record
 
         return write
@@ -229,6 +232,7 @@ class Service:
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
+        self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {
             d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
@@ -248,6 +252,7 @@ class Service:
             fake_driver=fake_driver,
             interposer_off_reason=interposer_note,
         )
+        self.enforcement.events.subscribe(self.metrics.agent_event)
 
     # ----------------------------------------------------------------- composition
     @classmethod
@@ -432,6 +437,7 @@ class Service:
                 started = time.perf_counter()
                 await asyncio.to_thread(self.schedule_once)
                 self._round_s = time.perf_counter() - started
+                self.metrics.events.round_seconds.observe(self._round_s)
             except Exception:  # keep serving; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
 
@@ -451,6 +457,7 @@ class Service:
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
+                    self.metrics.events.preempted(action.kind)
             try:
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries
@@ -1178,6 +1185,8 @@ class Service:
         """Nodes and GPUs with the shares they hold and, where known, live use."""
         running = self.store.list_workloads(("running", "paused"))
         usage: dict[str, int] = {}
+        if isinstance(self.backend, SimulatedBackend):  # nothing reported: nothing used
+            usage = {d.uuid: 0 for d in self.backend.gpus() if not d.mig_enabled}
         with contextlib.suppress(Exception):
             for proc in self.backend.process_memory():
                 usage[proc.gpu_uuid] = usage.get(proc.gpu_uuid, 0) + proc.used_mib
@@ -1186,18 +1195,22 @@ class Service:
             util = self.backend.utilization()
         governed = self.enforcement.views()
         layers = self.enforcement.layers()
+        used = self.enforcement.used_memory(dict(self._handles))
         shared = [
             views.with_enforcement(
-                views.with_governor(
-                    views.node(
-                        node,
-                        self.machine.devices[node.name],
-                        running,
-                        usage,
-                        util,
-                        self.backend.kind,
+                views.with_used_memory(
+                    views.with_governor(
+                        views.node(
+                            node,
+                            self.machine.devices[node.name],
+                            running,
+                            usage,
+                            util,
+                            self.backend.kind,
+                        ),
+                        governed,
                     ),
-                    governed,
+                    used,
                 ),
                 {d.uuid: layers for d in self.machine.devices[node.name]},
             )
@@ -1219,6 +1232,13 @@ class Service:
         except Exception:  # a device error must not take the whole listing down
             log.exception("reading the MIG instances failed")
             return shared
+
+    def fragmentation(self) -> float:
+        """FGD fragmentation of the machine's GPUs now against the recent submissions, as a
+        share of GPU capacity (:func:`fgpu.metrics.fleet_fragmentation`)."""
+        workloads = self._workloads()
+        state = state_with(self.machine.nodes, workloads, lambda w, _: None)
+        return fleet_fragmentation(state, target_for(target_key(workloads)))
 
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after ``after_id`` (all when None), oldest first."""

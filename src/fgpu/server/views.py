@@ -251,6 +251,19 @@ def with_governor(node: NodeView, governed: Mapping[str, GovernorView]) -> NodeV
     return node.model_copy(update={"gpus": gpus})
 
 
+def with_used_memory(node: NodeView, used: Mapping[tuple[str, str], int]) -> NodeView:
+    """``node`` with each holder's measured memory, ``used[(workload id, GPU uuid)]`` in
+    MiB (0 for a holder whose processes hold nothing there)."""
+    gpus = []
+    for gpu in node.gpus:
+        holders = [
+            h.model_copy(update={"used_memory_mib": used.get((h.workload_id, gpu.uuid), 0)})
+            for h in gpu.holders
+        ]
+        gpus.append(gpu.model_copy(update={"holders": holders}))
+    return node.model_copy(update={"gpus": gpus})
+
+
 def with_enforcement(node: NodeView, layers: Mapping[str, list[EnforcementLayer]]) -> NodeView:
     """``node`` with each GPU's enforcement layers (by GPU uuid) filled in."""
     gpus = [g.model_copy(update={"enforcement": layers.get(g.uuid, [])}) for g in node.gpus]
