@@ -102,16 +102,19 @@ def test_a_scripted_scenario_shows_in_the_series(server: tuple[ServerProcess, in
         assert value(samples, "fgpu_workload_gpu_memory_limit_bytes", **labels) == 20 * GIB
         assert value(samples, "fgpu_workload_gpu_memory_used_bytes", **labels) == 0.0
         achieved = value(samples, "fgpu_workload_compute_achieved_ratio", **labels)
-        assert achieved is not None and 0.0 <= achieved <= 1.0
+        assert achieved is not None
+        assert 0.0 <= achieved <= 1.0
         for reason in ("share", "priority"):
             paused = value(samples, "fgpu_workload_paused_seconds_total", reason=reason, **labels)
-            assert paused is not None and paused >= 0.0
+            assert paused is not None
+            assert paused >= 0.0
     assert types["fgpu_workload_paused_seconds"] == "counter"
     assert value(samples, "fgpu_queue_allocated_gpus", queue="default") == 1.0
     assert value(samples, "fgpu_submission_to_start_seconds_count", queue="default") == 2.0
     assert value(samples, "fgpu_scheduling_round_seconds_count") >= 1.0  # type: ignore[operator]
     frag = value(samples, "fgpu_fragmentation_ratio")
-    assert frag is not None and 0.0 <= frag <= 1.0
+    assert frag is not None
+    assert 0.0 <= frag <= 1.0
 
     c = proc.submit("-g", "0.5", "--name", "third", command=sleeper(300))
 
