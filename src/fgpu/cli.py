@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fgpu.client import cli_mig, cli_queues, cli_workloads
+from fgpu.client import cli_mig, cli_queues, cli_ui, cli_workloads
 from fgpu.client.cli_k8s import k8s_app
 from fgpu.model.types import InvalidRequestError
 from fgpu.plugins import DEFAULT_POLICY, UnknownPolicyError
@@ -56,6 +56,7 @@ app.add_typer(k8s_app, name="k8s")
 app.command(rich_help_panel="Service")(serve)
 cli_workloads.register(app)
 cli_queues.register(app)
+cli_ui.register(app)
 err = Console(stderr=True)
 # Tables keep their columns readable when stdout is a file or a pipe (CI logs).
 out = Console(width=None if Console().is_terminal else 120)

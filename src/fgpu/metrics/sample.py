@@ -102,13 +102,14 @@ def pending_reason(reason: str | None) -> str:
     """The small fixed class of a pending workload's reason (the ``reason`` label of
     ``fgpu_queue_pending_workloads``; :data:`fgpu.metrics.names.PENDING_REASONS`).
 
-    None or an empty reason (no round has looked at it yet) -> ``scheduling``; a reason
+    None, an empty reason or ``submitted`` (no round has looked at it yet) ->
+    ``scheduling``; a reason
     naming preempted workloads -> ``preemption``; a reserved node -> ``reservation``; a
     queue limit or the non-preemptible quota -> ``quota``; an unknown queue -> ``queue``;
     node constraints -> ``constraints``; a placement that does not fit -> ``capacity``;
     anything else -> ``other``.
     """
-    if not reason:
+    if not reason or reason == "submitted":
         return "scheduling"
     for words, label in _REASON_WORDS:
         if words in reason:

@@ -12,8 +12,8 @@ which :func:`login` sets after the token was typed once and which is accepted on
 tail is shown only to its owner and admins, as ``GET /v1/workloads/{id}/logs``.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: the routes' annotations name the caller
+# dependency, imported inside mount_dashboard, and FastAPI reads them at definition time
 import hashlib
 import hmac
 import time
@@ -90,7 +90,7 @@ class _RecentEvents:
         return list(reversed(self._events))
 
 
-def _context(service: ServiceApi, events: _RecentEvents) -> dict[str, Any]:
+def _context(service: "ServiceApi", events: _RecentEvents) -> dict[str, Any]:
     nodes: list[NodeView] = service.nodes()
     workloads = service.list_workloads()
     by_id = {w.id: w for w in workloads}
@@ -107,7 +107,7 @@ def _context(service: ServiceApi, events: _RecentEvents) -> dict[str, Any]:
     }
 
 
-def mount_dashboard(app: FastAPI, service: ServiceApi) -> None:
+def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     """Add the dashboard's routes (``/ui``, ``/ui/login``, ``/ui/static``) to ``app``."""
     from fgpu.server.app import current_caller, read_from
     from fgpu.server.service import Caller
