@@ -31,6 +31,40 @@ ServerOption = Annotated[
     str | None,
     typer.Option(help="API server URL without credentials (the test stand-in only)."),
 ]
+MetricsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address).",
+        show_default=False,
+    ),
+]
+
+
+def _metrics_address(text: str | None) -> tuple[str, int] | None:
+    from fgpu.metrics.http import parse_address
+
+    if text is None:
+        return None
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise _fail(f"--metrics-listen: {exc}") from None
+
+
+def _serve_metrics(registry: object, address: tuple[str, int] | None) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from fgpu.metrics.http import serve_metrics
+
+    if address is None:
+        return
+    assert isinstance(registry, CollectorRegistry)
+    try:
+        serve_metrics(registry, address)
+    except OSError as exc:
+        raise _fail(
+            f"--metrics-listen: cannot listen on {address[0]}:{address[1]}: {exc}"
+        ) from None
 
 
 def _logging() -> None:
@@ -80,6 +114,7 @@ def scheduler(
             "webhook the same flag.",
         ),
     ] = False,
+    metrics_listen: MetricsOption = None,
 ) -> None:
     """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
@@ -89,6 +124,7 @@ def scheduler(
     from fgpu.sched.decide import SchedulerConfig
 
     _logging()
+    metrics_address = _metrics_address(metrics_listen)
     try:
         api = KubeApi(api_client(kubeconfig, server))
         me = f"{identity or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
@@ -110,6 +146,7 @@ def scheduler(
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    _serve_metrics(sched.metrics.registry, metrics_address)
     _wait_for_signal()
     try:
         sched.stop()
@@ -241,6 +278,7 @@ def node_agent(
             "webhook's --env-without-isolation (DOES NOT ISOLATE; clusters before 1.34).",
         ),
     ] = False,
+    metrics_listen: MetricsOption = None,
 ) -> None:
     """Run the node agent: publish this node's GPUs, report usage, govern the pods. By
     default it is the DRA driver gpu.fgpu.io (ResourceSlice, kubelet plugin, CDI specs);
@@ -261,6 +299,7 @@ def node_agent(
 
     _logging()
     log = logging.getLogger("fgpu.k8s.agent")
+    metrics_address = _metrics_address(metrics_listen)
     try:
         mode = ComputeMode(compute_mode)
         ppolicy = PriorityPolicy(priority_policy)
@@ -335,6 +374,13 @@ def node_agent(
             log.info("not enforcing (--no-enforce): log only")
     except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
+    from fgpu.k8s.metrics import AgentMetrics
+
+    views = (lambda: governing.governor.snapshot().workloads) if governing is not None else None
+    metrics = AgentMetrics(agent, views)
+    if governing is not None:
+        governing.events.subscribe(metrics.agent_event)
+    _serve_metrics(metrics.registry, metrics_address)
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()

@@ -166,6 +166,7 @@ class NodeAgent:
         self.enforcer = enforcer or LogOnlyEnforcer()
         self.on_publish = on_publish
         self._stop = threading.Event()
+        self.last_placed: list[PlacedContainer] = []
         self._published: str | None = None
 
     def inventory(self) -> wire.Inventory:
@@ -227,6 +228,7 @@ class NodeAgent:
             self.node, {"metadata": {"annotations": {wire.USAGE: json.dumps(usage)}}}
         )
         placed = self.placed()
+        self.last_placed = placed  # what the metrics show until the next report
         if self.mig:
             status = self.reconcile_mig(node, placed)
             if status is None and self.inventory().to_json() != self._published:

@@ -49,6 +49,7 @@ from fgpu.k8s.cache import ClusterCache, Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigDecision, MigPass
 from fgpu.k8s.objects import (
     NodeInfo,
@@ -189,6 +190,7 @@ class K8sScheduler:
         self._constraints = ConstraintCache()
         self.last: Decision | None = None
         self.bound = 0
+        self.metrics = SchedulerMetrics()
         self._settled = time.monotonic()
 
     def _make(self, target: Any) -> Scheduler:
@@ -258,7 +260,8 @@ class K8sScheduler:
             self._stop.wait(debounce_s)  # a burst becomes one round
             self._wake.clear()
             try:
-                self.run_once()
+                with self.metrics.events.round_seconds.time():
+                    self.run_once()
             except Exception:  # keep scheduling; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
             if time.monotonic() - self._settled >= SETTLE_EVERY_S:
@@ -796,6 +799,7 @@ class K8sScheduler:
             self.clock(), state, tree, rnd.workloads, self._holds_from(rnd), mig.outside()
         )
         rnd.mig = self.mig.decide(rnd, mig, state, tree, decision)
+        self.metrics.observe_round(rnd, decision, tree, self._target)
         return rnd, decision
 
     def run_once(self) -> Decision | None:
@@ -817,6 +821,7 @@ class K8sScheduler:
                     places.append(action)
                 elif isinstance(action, Preempt):
                     self._preempt(rnd, action, decision)
+                    self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Wait):
                     reason = action.reason
                     note = rnd.notes.get(action.workload)
@@ -870,7 +875,10 @@ class K8sScheduler:
             priority=ask.priority,
             preemptible=ask.preemptible,
         )
-        return self._bind(rnd, action.workload, pod, assignment)
+        bound = self._bind(rnd, action.workload, pod, assignment)
+        if bound:
+            self.metrics.events.started(ask.queue, ask.priority, self.clock() - created_at(pod))
+        return bound
 
     def _bind(
         self, rnd: Round, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs"

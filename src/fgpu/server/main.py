@@ -337,8 +337,10 @@ def run_serve(
             raise ServeOptionError("--token-user is only used with --listen")
         metrics_address = None
         if metrics_listen is not None:
+            from fgpu.metrics.http import parse_address
+
             try:
-                metrics_address = parse_listen(metrics_listen)
+                metrics_address = parse_address(metrics_listen)
             except ValueError as exc:
                 raise ServeOptionError(f"--metrics-listen: {exc}") from None
             if address is not None and metrics_address == address:
@@ -514,10 +516,10 @@ def _start(
         raise
     metrics_server = None
     if metrics_address is not None:
-        from fgpu.server.metrics import start_metrics_server
+        from fgpu.metrics.http import serve_metrics
 
         try:
-            metrics_server, _ = start_metrics_server(service.metrics.registry, metrics_address)
+            metrics_server, _ = serve_metrics(service.metrics.registry, metrics_address)
         except OSError as exc:
             server.release()
             host, port = metrics_address

@@ -4,7 +4,7 @@ stops victims and hears from the memory guard.
 
 Served at ``/metrics`` on the API (the Unix socket, and the TCP listener with its token)
 and, with ``fgpu serve --metrics-listen HOST:PORT``, on a plain HTTP port for scrapers
-(:func:`start_metrics_server`).
+(:func:`fgpu.metrics.http.serve_metrics`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import pwd
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, AgentEvent
 from fgpu.metrics import (
@@ -161,16 +160,3 @@ class ServiceMetrics:
             for q in service.list_queues()
         ]
         return FleetSample(gpus, running, queues, service.fragmentation())
-
-
-def start_metrics_server(
-    registry: CollectorRegistry, address: tuple[str, int]
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` at ``http://HOST:PORT/metrics`` (prometheus-client's threaded
-    server) until the returned server's ``shutdown()``.
-
-    Raises:
-        OSError: the address cannot be bound.
-    """
-    server, thread = start_http_server(address[1], addr=address[0], registry=registry)
-    return server, thread
