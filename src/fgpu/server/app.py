@@ -17,7 +17,7 @@ Identity:
   dashboard (``/ui``, :mod:`fgpu.server.dashboard`) need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
-(:class:`fgpu.server.errors.ServiceError`) with their status, request validation errors
+(:class:`fgpu.rules.errors.ServiceError`) with their status, request validation errors
 (malformed JSON, wrong types, unknown fields) with 422, a missing or wrong token with 401.
 """
 
@@ -41,8 +41,8 @@ from starlette.routing import Match
 
 from fgpu import __version__
 from fgpu.metrics import exposition
+from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_value
-from fgpu.server.errors import BadRequest, ServiceError
 from fgpu.server.service import Caller
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 from fgpu.wire import (

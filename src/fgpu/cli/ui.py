@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from fgpu.client.cli_common import SocketOption, err, fail
+from fgpu.cli.common import SocketOption, err, fail
 from fgpu.client.client import Client, ClientError
 from fgpu.wire import default_socket_path
 
@@ -19,7 +19,7 @@ def ui(
     port: Annotated[int, typer.Option(help="Port (0: any free one).", min=0, max=65535)] = 0,
 ) -> None:
     """Serve the server's read-only dashboard to this user's browser; prints the URL."""
-    from fgpu.client.ui_proxy import serve_ui
+    from fgpu.cli.ui_proxy import serve_ui
     from fgpu.server.main import is_loopback
 
     if not is_loopback(host):

@@ -1,6 +1,6 @@
 """HTTP routes of the API server stand-in (FastAPI).
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 Paths follow the API server's: ``/api/v1/...`` for the core group and
 ``/apis/GROUP/VERSION/...`` for the others; collections, objects, and the subresources
@@ -24,17 +24,17 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fgpu.k8s.standin import claims, discovery, fields, resource, tables
-from fgpu.k8s.standin.patch import PatchError, json_patch, merge_patch
-from fgpu.k8s.standin.selectors import (
+from fgpu_standin import claims, discovery, fields, resource, tables
+from fgpu_standin.patch import PatchError, json_patch, merge_patch
+from fgpu_standin.selectors import (
     SelectorError,
     field_selector,
     label_selector,
     match_label_selector_object,
 )
-from fgpu.k8s.standin.store import KINDS, ApiStatusError, Kind, Obj, Store, WatchEvent, now_rfc3339
+from fgpu_standin.store import KINDS, ApiStatusError, Kind, Obj, Store, WatchEvent, now_rfc3339
 
-log = logging.getLogger("fgpu.k8s.standin")
+log = logging.getLogger("fgpu_standin")
 
 _BY_PATH: dict[tuple[str, str, str], Kind] = {(k.group, k.version, k.plural): k for k in KINDS}
 _TERMINAL = ("Succeeded", "Failed")
@@ -186,7 +186,7 @@ class StandInApi:
                     self.store.delete(kind, meta["namespace"], meta["name"], {})
 
     def _pod_gone(self, plural: str, gone: Obj) -> None:
-        """The claim controller's part when a pod goes (:mod:`~fgpu.k8s.standin.resource`)."""
+        """The claim controller's part when a pod goes (:mod:`~fgpu_standin.resource`)."""
         if plural == "pods":
             self.claims.pod_done(gone)
 

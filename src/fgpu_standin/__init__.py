@@ -23,7 +23,7 @@ with the semantics they rely on:
   ResourceSlice, ResourceClaim (with ``/status``) and ResourceClaimTemplate with the API
   server's validation, and the resource claim controller's part (a claim per pod from its
   template; reservations and allocations dropped when pods go)
-  (:mod:`~fgpu.k8s.standin.resource`, :mod:`~fgpu.k8s.standin.claims`);
+  (:mod:`~fgpu_standin.resource`, :mod:`~fgpu_standin.claims`);
 - admission webhooks on pod creation and update (AdmissionReview v1 over HTTP or HTTPS,
   JSON patch responses, denials answered as the API server words them; the requester named
   by ``Impersonate-User``, trusted unchecked, else ``system:anonymous``);
@@ -31,8 +31,8 @@ with the semantics they rely on:
   ``Table`` answers for ``kubectl get``, event field selectors for ``kubectl describe``,
   and ``fieldValidation`` (unknown fields, from the official client's models) with the
   OpenAPI v3 documents that tell ``kubectl`` the server checks them
-  (:mod:`~fgpu.k8s.standin.discovery`, :mod:`~fgpu.k8s.standin.tables`,
-  :mod:`~fgpu.k8s.standin.fields`).
+  (:mod:`~fgpu_standin.discovery`, :mod:`~fgpu_standin.tables`,
+  :mod:`~fgpu_standin.fields`).
 
 Everything else — authentication, RBAC, most validation, schema checks of custom
 resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), controllers — is
@@ -48,7 +48,7 @@ import time
 
 import uvicorn
 
-from fgpu.k8s.standin.app import Options, StandInApi, create_app
+from fgpu_standin.app import Options, StandInApi, create_app
 
 __all__ = ["Options", "StandIn", "StandInApi"]
 
