@@ -175,3 +175,65 @@ def test_metrics_listen_refuses_a_bad_address(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--metrics-listen:" in result.stderr
     assert not sock.exists()
+
+
+def test_a_restart_after_preemption_is_not_a_new_start(tmp_path: Path) -> None:
+    """In-process service: a low-priority workload preempted by a critical one and started
+    again counts once in ``fgpu_submission_to_start_seconds``; the preemption counts once;
+    the series read from the service's memory agree with its API listing."""
+    import asyncio
+    import sys
+    import time
+
+    from fgpu.server.service import Caller, Service
+    from fgpu.wire import SubmitRequest
+
+    me = Caller(os.getuid(), admin=True)
+    release = tmp_path / "may-end"
+    waits = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.02)"
+
+    def job(name: str, priority: str, gpu: str) -> SubmitRequest:
+        command = [sys.executable, "-c", waits, str(release if name == "infer" else "/none")]
+        return SubmitRequest(command=command, gpu=gpu, priority=priority, name=name, grace_s=1.0)
+
+    async def until(check: object, what: str) -> None:
+        end = time.monotonic() + 60
+        while not check():  # type: ignore[operator]
+            assert time.monotonic() < end, f"not reached in 60 s: {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        svc = Service.create(
+            simulate_gpus="1xA100-40GB", state_dir=tmp_path / "s", db=str(tmp_path / "m.db")
+        )
+        await svc.start()
+        try:
+            phase = lambda wid: svc.get_workload(wid).phase  # noqa: E731
+            batch = svc.submit(me, job("batch", "low", "0.7")).id
+            await until(lambda: phase(batch) == "running", "batch running")
+            infer = svc.submit(me, job("infer", "critical", "0.5")).id
+            await until(lambda: phase(infer) == "running", "infer running")
+            samples = parse(svc.metrics.exposition().decode())[0]
+            assert value(samples, "fgpu_preemptions_total", kind="preempt") == 1.0
+            pending = value(samples, "fgpu_queue_pending_workloads", queue="default")
+            assert pending == 1.0
+            release.touch()
+            await until(lambda: phase(infer) == "succeeded", "infer done")
+            await until(lambda: svc.get_workload(batch).restarts == 1, "batch restarted")
+            await until(lambda: phase(batch) == "running", "batch running again")
+            samples = parse(svc.metrics.exposition().decode())[0]
+            started = "fgpu_submission_to_start_seconds_count"
+            assert value(samples, started, queue="default", priority="critical") == 1.0
+            assert value(samples, started, queue="default", priority="low") == 1.0  # not 2
+            for node in svc.nodes():  # memory and the API listing agree
+                for g in node.gpus:
+                    labels = {"node": node.name, "gpu": str(g.index)}
+                    ratio = value(samples, "fgpu_gpu_compute_allocated_ratio", **labels)
+                    assert ratio == g.allocated_milli / 1000
+            share = value(samples, "fgpu_workload_compute_share_ratio", workload=batch)
+            assert share == 0.7
+            svc.cancel(me, batch)
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())

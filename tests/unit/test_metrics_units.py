@@ -92,3 +92,56 @@ def test_the_collector_emits_and_drops_series() -> None:
     current["sample"] = FleetSample([gpu], [], [q], 0.25)
     text = exposition(registry).decode()
     assert "ab12" not in text
+
+
+def _parsed(text: str) -> list[tuple[str, str, str, tuple[tuple[str, str], ...], float]]:
+    """(family, its type, sample, labels, value) of every sample, in order."""
+    return sorted(
+        (f.name, f.type, s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    )
+
+
+def test_the_fast_text_is_what_the_client_library_writes() -> None:
+    # label values with every character the format escapes; governed and ungoverned
+    # workloads; a pending count; the fragmentation
+    gpu = GpuSample("n", 0, "GPU-1", "A100-80GB", 81920, 750, 40960, None, 37)
+    odd = 'say "hi"\\now\nnext'
+    w1 = WorkloadSample("ab12", odd, "default", "alice", "n", 0, 500, 40960, 1024, 800, {})
+    w2 = WorkloadSample("cd34", "b", "q-2", "bob", "n", 0, 250, 0, None, None)
+    q = QueueSample("default", 1500, 1000, 500, {"capacity": 2, "quota": 1})
+    sample = FleetSample([gpu], [w1, w2], [q], 0.125)
+    fleet = FleetCollector(lambda: sample)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(fleet)
+    fast = fleet.render().decode()
+    assert _parsed(fast) == _parsed(exposition(registry).decode())
+    names = {s.labels.get("name") for f in text_string_to_metric_families(fast) for s in f.samples}
+    assert odd in names  # escaped on the way out, the same string back
+
+
+def test_an_exporter_serves_its_events_and_its_fleet_over_http() -> None:
+    import httpx
+
+    from fgpu.metrics import Exporter
+    from fgpu.metrics.http import serve_metrics
+
+    gpu = GpuSample("n", 0, "GPU-1", "A100-80GB", 81920, 500, 40960)
+    exporter = Exporter(lambda: FleetSample([gpu]))
+    exporter.events.preempted("reclaim")
+    server, thread = serve_metrics(exporter.exposition, ("127.0.0.1", 0))
+    try:
+        port = server.server_address[1]
+        answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+        assert answer.status_code == 200
+        assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+        got = {(n, ls): v for _, _, n, ls, v in _parsed(answer.text)}
+        assert got[("fgpu_preemptions_total", (("kind", "reclaim"),))] == 1.0
+        labels = (("gpu", "0"), ("model", "A100-80GB"), ("node", "n"), ("uuid", "GPU-1"))
+        assert got[("fgpu_gpu_compute_allocated_ratio", labels)] == 0.5
+        assert httpx.get(f"http://127.0.0.1:{port}/other", timeout=30).status_code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)

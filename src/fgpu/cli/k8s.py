@@ -10,11 +10,14 @@ import socket
 import threading
 import time
 import uuid
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fgpu.k8s import wire
+
+if TYPE_CHECKING:
+    from fgpu.metrics import Exporter
 
 k8s_app = typer.Typer(
     help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
@@ -51,16 +54,13 @@ def _metrics_address(text: str | None) -> tuple[str, int] | None:
         raise _fail(f"--metrics-listen: {exc}") from None
 
 
-def _serve_metrics(registry: object, address: tuple[str, int] | None) -> None:
-    from prometheus_client import CollectorRegistry
-
+def _serve_metrics(exporter: Exporter, address: tuple[str, int] | None) -> None:
     from fgpu.metrics.http import serve_metrics
 
     if address is None:
         return
-    assert isinstance(registry, CollectorRegistry)
     try:
-        serve_metrics(registry, address)
+        serve_metrics(exporter.exposition, address)
     except OSError as exc:
         raise _fail(
             f"--metrics-listen: cannot listen on {address[0]}:{address[1]}: {exc}"
@@ -146,7 +146,7 @@ def scheduler(
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    _serve_metrics(sched.metrics.registry, metrics_address)
+    _serve_metrics(sched.metrics, metrics_address)
     _wait_for_signal()
     try:
         sched.stop()
@@ -380,7 +380,7 @@ def node_agent(
     metrics = AgentMetrics(agent, views)
     if governing is not None:
         governing.events.subscribe(metrics.agent_event)
-    _serve_metrics(metrics.registry, metrics_address)
+    _serve_metrics(metrics, metrics_address)
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()

@@ -14,14 +14,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
-
 from fgpu.agent.backend import SimulatedBackend
 from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, AgentEvent
 from fgpu.agent.governor.runtime import WorkloadView
 from fgpu.metrics import (
-    EventMetrics,
-    FleetCollector,
+    Exporter,
     FleetSample,
     GpuSample,
     QueueSample,
@@ -39,15 +36,13 @@ if TYPE_CHECKING:
     from fgpu.k8s.scheduler import Round
 
 
-class SchedulerMetrics:
-    """The scheduler's registry: the last round's fleet and the event series."""
+class SchedulerMetrics(Exporter):
+    """The scheduler's series: the last round's fleet and the event series."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.events = EventMetrics(self.registry)
+        super().__init__(lambda: self._last)
         self._lock = threading.Lock()
         self._last: FleetSample = FleetSample()
-        self.registry.register(FleetCollector(lambda: self._last))
 
     def observe_round(
         self, rnd: Round, decision: Decision, tree: QueueTree, target: TargetWorkload
@@ -121,8 +116,8 @@ class SchedulerMetrics:
             self._last = sample
 
 
-class AgentMetrics:
-    """The node agent's registry: its GPUs and pods as it last reported them.
+class AgentMetrics(Exporter):
+    """The node agent's series: its GPUs and pods as it last reported them.
 
     Args:
         agent: the node agent (its devices, backend and last placed pods).
@@ -134,11 +129,9 @@ class AgentMetrics:
         agent: NodeAgent,
         governor_views: Callable[[], Sequence[WorkloadView]] | None = None,
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.events = EventMetrics(self.registry)
+        super().__init__(self.sample)
         self._agent = agent
         self._views = governor_views
-        self.registry.register(FleetCollector(self.sample))
         if isinstance(agent.backend, SimulatedBackend):
             agent.backend.estimate_utilization(self.estimated_utilization)
 

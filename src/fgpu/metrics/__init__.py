@@ -3,12 +3,13 @@
 The three processes that export them (``fgpu serve``, ``fgpu k8s scheduler``, the node agent)
 share this package: :mod:`fgpu.metrics.sample` holds what a scrape reads (plain dataclasses
 the process fills from its own state), :mod:`fgpu.metrics.collector` turns one sample into
-the fixed series, and :mod:`fgpu.metrics.events` holds the counters and histograms observed
+the fixed series (:class:`Exporter`: one process's ``/metrics``), and
+:mod:`fgpu.metrics.events` holds the counters and histograms observed
 where things happen. Series names are fixed (dashboards and alerts rely on them); they are
 listed in :data:`fgpu.metrics.names.SERIES`.
 """
 
-from fgpu.metrics.collector import FleetCollector, exposition
+from fgpu.metrics.collector import CONTENT_TYPE, Exporter, FleetCollector, exposition
 from fgpu.metrics.events import EventMetrics, priority_class
 from fgpu.metrics.names import SERIES
 from fgpu.metrics.sample import (
@@ -21,8 +22,10 @@ from fgpu.metrics.sample import (
 )
 
 __all__ = [
+    "CONTENT_TYPE",
     "SERIES",
     "EventMetrics",
+    "Exporter",
     "FleetCollector",
     "FleetSample",
     "GpuSample",

@@ -1,13 +1,18 @@
-"""A plain HTTP endpoint for scrapers: ``/metrics`` of one registry on HOST:PORT
-(prometheus-client's threaded server), for ``--metrics-listen`` of ``fgpu serve``,
-``fgpu k8s scheduler`` and ``fgpu k8s node-agent``."""
+"""A plain HTTP endpoint for scrapers: ``/metrics`` of one :class:`~fgpu.metrics.Exporter`
+on HOST:PORT (the standard library's threaded HTTP server), for ``--metrics-listen`` of
+``fgpu serve``, ``fgpu k8s scheduler`` and ``fgpu k8s node-agent``."""
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from fgpu.metrics.collector import CONTENT_TYPE
+
+log = logging.getLogger("fgpu.metrics")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -30,14 +35,48 @@ def parse_address(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", port
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
 def serve_metrics(
-    registry: CollectorRegistry, address: tuple[str, int]
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``registry`` at ``http://HOST:PORT/metrics`` in a daemon thread until the
-    returned server's ``shutdown()``.
+    render: Callable[[], bytes], address: tuple[str, int]
+) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Answer ``GET /metrics`` (and ``/``) at ``http://HOST:PORT`` with ``render()`` in a
+    daemon thread until the returned server's ``shutdown()``; other paths get 404, a
+    failing ``render`` 500 (logged).
 
     Raises:
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound or resolved.
     """
-    server, thread = start_http_server(address[1], addr=address[0], registry=registry)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self._answer(404, b"only /metrics here\n", "text/plain; charset=utf-8")
+                return
+            try:
+                body = render()
+            except Exception:
+                log.exception("a scrape failed")
+                self._answer(500, b"the scrape failed; see the log\n", "text/plain")
+                return
+            self._answer(200, body, CONTENT_TYPE)
+
+        def _answer(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # a scrape every few seconds is not news
+
+    host, port = address
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    server = server_class((host, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="fgpu-metrics", daemon=True)
+    thread.start()
     return server, thread

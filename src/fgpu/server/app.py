@@ -35,12 +35,11 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Req
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
-from fgpu.metrics import exposition
+from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_value
 from fgpu.server.service import Caller
@@ -450,13 +449,13 @@ def create_app(
         """The OpenAPI document (the caller must be known, as for ``/v1``)."""
         return app.openapi()
 
-    registry = getattr(getattr(service, "metrics", None), "registry", None)
-    if isinstance(registry, CollectorRegistry):
+    exporter = getattr(service, "metrics", None)
+    if isinstance(exporter, Exporter):
 
         @app.get("/metrics", include_in_schema=False, dependencies=[Depends(current_caller)])
         def metrics() -> Response:
             """Prometheus series (``fgpu_*``, :mod:`fgpu.server.metrics`)."""
-            return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
+            return Response(exporter.exposition(), media_type=CONTENT_TYPE)
 
     mount_dashboard(app, service)
 

@@ -167,6 +167,7 @@ class ServiceCore(EnforcementHooks):
         self._stopping = False
         self._round_s = 0.0
         self._active: dict[str, Workload] | None = None
+        self._records: dict[str, WorkloadRecord] = {}  # the mirror's records, as stored
         self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
         self._mirror_lock = threading.Lock()
         self._tracked = _Tracked(self)
@@ -345,8 +346,22 @@ class ServiceCore(EnforcementHooks):
                     self._mirror(record, index)
             return list(self._active.values())
 
+    def _active_records(self) -> list[WorkloadRecord]:
+        """Active workloads (core and MIG) as stored, in submission order, from the mirror
+        (no store read once it is loaded): what listings, ``/metrics`` and the dashboard
+        show."""
+        self._workloads()  # loads the mirror once
+        with self._mirror_lock:
+            records = list(self._records.values())
+        records.sort(key=lambda r: (r.submitted_at, r.id))
+        return records
+
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None
+        if record.is_active:
+            self._records[record.id] = record
+        else:
+            self._records.pop(record.id, None)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
                 self._mig_active[record.id] = record

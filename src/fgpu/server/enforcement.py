@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fgpu.agent.backend import GpuBackend, SimulatedBackend
+from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
 from fgpu.agent.events import AgentEvent, EventLog
 from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import detect_freezer
@@ -478,13 +478,12 @@ class Enforcement:
                     busy[uuid] += view.achieved_milli
         return {uuid: min(100, milli // 10) for uuid, milli in busy.items()}
 
-    def used_memory(self, handles: Mapping[str, ProcessHandle]) -> dict[tuple[str, str], int]:
+    def used_memory(
+        self, handles: Mapping[str, ProcessHandle], procs: Sequence[GpuProcess]
+    ) -> dict[tuple[str, str], int]:
         """(workload id, GPU uuid) -> MiB its processes hold there, for the running
-        ``handles`` (NVML per process; simulated GPUs: what the workloads reported)."""
-        try:
-            procs = self.guard.backend.process_memory()
-        except Exception:  # NVML went away: the figures are unknown, not zero
-            return {}
+        ``handles``, from the backend's ``procs`` (NVML per process; simulated GPUs: what
+        the workloads reported)."""
         owner: dict[int, str] = {}
         for workload_id, handle in handles.items():
             for pid in self._pids(handle):

@@ -519,7 +519,7 @@ def _start(
         from fgpu.metrics.http import serve_metrics
 
         try:
-            metrics_server, _ = serve_metrics(service.metrics.registry, metrics_address)
+            metrics_server, _ = serve_metrics(service.metrics.exposition, metrics_address)
         except OSError as exc:
             server.release()
             host, port = metrics_address

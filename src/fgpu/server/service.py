@@ -33,25 +33,22 @@ the API routes call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from fgpu.agent.backend import SimulatedBackend
-from fgpu.metrics import fleet_fragmentation
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.rules.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.rules.requests import parse_submission, queue_config
 from fgpu.sched.fairshare import config_warnings
-from fgpu.sched.rounds import state_with, target_for, target_key
 from fgpu.sched.workload import Resources
 from fgpu.server import views
 from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
+from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.records import ACTIVE_PHASES, QueueConfig
+from fgpu.store.records import QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.wire import (
     EnforcementLayer,
     EventView,
@@ -182,10 +179,9 @@ class Service(SchedulingLoop):
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
-        phases = None if include_done else ACTIVE_PHASES
-        return [
-            views.workload(r, self._reasons.get(r.id)) for r in self.store.list_workloads(phases)
-        ]
+        reasons = self._reasons
+        records = self.store.list_workloads() if include_done else self._active_records()
+        return [views.workload(r, reasons.get(r.id)) for r in records]
 
     def get_workload(self, workload_id: str) -> WorkloadDetail:
         """One workload with its events and, while pending, why it waits.
@@ -268,13 +264,13 @@ class Service(SchedulingLoop):
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config), config)
-        return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
+        return self._queue_named(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config), config)
-        return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
+        return self._queue_named(name).model_copy(update={"warnings": self._warnings()})
 
     def _warnings(self) -> list[str]:
         """Warnings about the queue configuration as it now stands (GPUs only: queues are
@@ -290,52 +286,32 @@ class Service(SchedulingLoop):
 
     def list_queues(self) -> list[QueueView]:
         """Every queue with its quota, fair share and use."""
-        return [self._queue_view(q.name) for q in self.store.list_queues()]
+        active: dict[str, list[WorkloadRecord]] = {}
+        for r in self._active_records():
+            active.setdefault(r.queue, []).append(r)
+        return [self._queue_view(q, active.get(q.name, [])) for q in self.store.list_queues()]
 
-    def _queue_view(self, name: str) -> QueueView:
+    def _queue_view(self, record: QueueRecord, active: list[WorkloadRecord]) -> QueueView:
+        last = self._last
+        fair = last.fair_share.get(record.name) if last else None
+        return views.queue(record, active, fair.gpu_milli if fair else 0)
+
+    def _queue_named(self, name: str) -> QueueView:
         try:
             record = self.store.get_queue(name)
         except NotFound:
             raise NotFoundError("name", f"no queue {name!r}") from None
-        records = self.store.list_workloads(ACTIVE_PHASES, queue=name)
-        last = self._last
-        fair = last.fair_share.get(name) if last else None
-        return views.queue(record, records, fair.gpu_milli if fair else 0)
+        return self._queue_view(record, [r for r in self._active_records() if r.queue == name])
 
     # ---------------------------------------------------------------- nodes, events
     def nodes(self) -> list[NodeView]:
         """Nodes and GPUs with the shares they hold and, where known, live use."""
-        running = self.store.list_workloads(("running", "paused"))
-        usage: dict[str, int] = {}
-        if isinstance(self.backend, SimulatedBackend):  # nothing reported: nothing used
-            usage = {d.uuid: 0 for d in self.backend.gpus() if not d.mig_enabled}
-        with contextlib.suppress(Exception):
-            for proc in self.backend.process_memory():
-                usage[proc.gpu_uuid] = usage.get(proc.gpu_uuid, 0) + proc.used_mib
-        util: dict[str, int] = {}
-        with contextlib.suppress(Exception):
-            util = self.backend.utilization()
-        governed = self.enforcement.views()
+        running = [r for r in self._active_records() if r.holds_allocation]
+        live = read_live(self.backend, self.enforcement, dict(self._handles))
         layers = self.enforcement.layers()
-        used = self.enforcement.used_memory(dict(self._handles))
+        kind = self.backend.kind
         shared = [
-            views.with_enforcement(
-                views.with_used_memory(
-                    views.with_governor(
-                        views.node(
-                            node,
-                            self.machine.devices[node.name],
-                            running,
-                            usage,
-                            util,
-                            self.backend.kind,
-                        ),
-                        governed,
-                    ),
-                    used,
-                ),
-                {d.uuid: layers for d in self.machine.devices[node.name]},
-            )
+            views.node(node, self.machine.devices[node.name], running, live, kind, layers)
             for node in self.machine.nodes
         ]
         if not self.mig.gpus:
@@ -348,19 +324,14 @@ class Service(SchedulingLoop):
             )
         ]
         try:
-            pool = views.mig_node(self.mig, running, usage, util, self.backend.kind)
+            pool = views.mig_node(
+                self.mig, running, live.gpu_used_mib, live.utilization, self.backend.kind
+            )
             pool = views.with_enforcement(pool, {g.uuid: mig_layer for g in pool.gpus})
             return [*shared, pool]
         except Exception:  # a device error must not take the whole listing down
             log.exception("reading the MIG instances failed")
             return shared
-
-    def fragmentation(self) -> float:
-        """FGD fragmentation of the machine's GPUs now against the recent submissions, as a
-        share of GPU capacity (:func:`fgpu.metrics.fleet_fragmentation`)."""
-        workloads = self._workloads()
-        state = state_with(self.machine.nodes, workloads, lambda w, _: None)
-        return fleet_fragmentation(state, target_for(target_key(workloads)))
 
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after ``after_id`` (all when None), oldest first."""

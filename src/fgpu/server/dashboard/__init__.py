@@ -20,6 +20,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qs
@@ -28,9 +29,10 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
-from fgpu.server.errors import ServiceError
-from fgpu.wire import EventView, GpuHolder, GpuView, NodeView
+from fgpu.rules.errors import ServiceError
+from fgpu.wire import EventView, GpuHolder, NodeView
 
 if TYPE_CHECKING:
     from fgpu.server.app import ServiceApi
@@ -90,21 +92,69 @@ class _RecentEvents:
         return list(reversed(self._events))
 
 
+@dataclass(frozen=True, slots=True)
+class ShareCell:
+    """One workload's share of a GPU bar, its texts prepared once (the bar of a busy fleet
+    has a thousand of them; the template only prints)."""
+
+    workload_id: str
+    milli: int
+    width_pct: float
+    colour: str
+    marks: str
+    label: str
+    title: str
+    memory_pct: float
+
+
+def share_cell(holder: GpuHolder, queue: str | None) -> ShareCell:
+    """The cell of ``holder`` on its GPU's bar; ``queue`` None: not known (drawn grey)."""
+    marks = holder_marks(holder)
+    quota_gib = f"{holder.memory_mib / 1024:.1f}"
+    title = (
+        f"{holder.name} ({holder.workload_id}) queue {queue or '?'}: "
+        f"{holder.compute_milli / 10}% compute, {quota_gib} GiB quota"
+    )
+    label = f"{holder.name} {holder.compute_milli / 1000}"
+    if marks:
+        title += ", " + ", ".join(marks)
+        label += " \u00b7 " + ", ".join(marks)
+    used = holder.used_memory_mib or 0
+    return ShareCell(
+        workload_id=holder.workload_id,
+        milli=holder.compute_milli,
+        width_pct=holder.compute_milli / 10,
+        colour=queue_colour(queue or ""),
+        marks=" ".join(marks),
+        label=label,
+        title=title,
+        memory_pct=min(100.0, 100 * used / (holder.memory_mib or 1)),
+    )
+
+
 def _context(service: "ServiceApi", events: _RecentEvents) -> dict[str, Any]:
     nodes: list[NodeView] = service.nodes()
     workloads = service.list_workloads()
-    by_id = {w.id: w for w in workloads}
-    gpus: list[tuple[NodeView, GpuView]] = [(n, g) for n in nodes for g in n.gpus]
+    queue_of = {w.id: w.queue for w in workloads}
+    gpus = [
+        (n, g, [share_cell(h, queue_of.get(h.workload_id)) for h in g.holders])
+        for n in nodes
+        for g in n.gpus
+    ]
     return {
         "gpus": gpus,
-        "workloads": by_id,
         "queues": service.list_queues(),
         "pending": [w for w in workloads if w.phase == "pending"],
-        "running": [w for w in workloads if w.phase in ("running", "paused")],
         "events": events.latest(),
         "now": time.time(),
         "refresh_s": REFRESH_S,
     }
+
+
+def _version(body: str) -> str:
+    """A short digest of a rendered fragment: the page asks again with it, and an unchanged
+    fragment is answered 204 (htmx then swaps nothing)."""
+    return hashlib.blake2b(body.encode(), digest_size=8).hexdigest()
 
 
 def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
@@ -122,16 +172,35 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     def page(request: Request, name: str, context: dict[str, Any]) -> HTMLResponse:
         return _templates.TemplateResponse(request, name, context)
 
+    def wrap(body: str, source: str) -> str:
+        """``body`` (a rendered fragment) in the element that asks ``source`` for it again
+        every :data:`REFRESH_S`, with the fragment's version."""
+        return _templates.get_template("live.html").render(
+            source=f"{source}?v={_version(body)}", body=Markup(body), refresh_s=REFRESH_S
+        )
+
+    def fragment(body: str, source: str, since: str | None) -> Response:
+        """The live element again, or 204 when its fragment is still the version ``since``."""
+        if since == _version(body):
+            return Response(status_code=204)
+        return HTMLResponse(wrap(body, source))
+
+    def overview_body() -> tuple[str, dict[str, Any]]:
+        context = _context(service, events)
+        return _templates.get_template("overview_body.html").render(context), context
+
     @app.get("/ui", include_in_schema=False, dependencies=[Depends(current_caller)])
-    def overview(request: Request) -> HTMLResponse:
+    def overview(request: Request) -> Response:
         """The GPU map, queues, pending workloads and recent events."""
-        return page(request, "overview.html", _context(service, events))
+        body, context = overview_body()
+        live = Markup(wrap(body, "/ui/fragment/overview"))
+        return page(request, "overview.html", {**context, "live": live})
 
     @app.get(
         "/ui/fragment/overview", include_in_schema=False, dependencies=[Depends(current_caller)]
     )
-    def overview_fragment(request: Request) -> HTMLResponse:
-        return page(request, "overview_body.html", _context(service, events))
+    def overview_fragment(v: str | None = None) -> Response:
+        return fragment(overview_body()[0], "/ui/fragment/overview", v)
 
     def workload_context(workload_id: str, caller: Caller) -> dict[str, Any]:
         detail = service.get_workload(workload_id)
@@ -146,18 +215,27 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
             log = data.decode("utf-8", "replace")
         return {"w": detail, "log": log, "log_refused": refused, "now": time.time()}
 
+    def workload_body(workload_id: str, caller: Caller) -> tuple[str, dict[str, Any]]:
+        context = workload_context(workload_id, caller)
+        return _templates.get_template("workload_body.html").render(context), context
+
     @app.get("/ui/workloads/{workload_id}", include_in_schema=False)
     def workload_page(
         request: Request, workload_id: str, caller: Annotated[Caller, Depends(current_caller)]
-    ) -> HTMLResponse:
+    ) -> Response:
         """One workload: request, placement, events, the tail of its log."""
-        return page(request, "workload.html", workload_context(workload_id, caller))
+        body, context = workload_body(workload_id, caller)
+        live = Markup(wrap(body, f"/ui/fragment/workloads/{workload_id}"))
+        return page(request, "workload.html", {**context, "live": live})
 
     @app.get("/ui/fragment/workloads/{workload_id}", include_in_schema=False)
     def workload_fragment(
-        request: Request, workload_id: str, caller: Annotated[Caller, Depends(current_caller)]
-    ) -> HTMLResponse:
-        return page(request, "workload_body.html", workload_context(workload_id, caller))
+        workload_id: str,
+        caller: Annotated[Caller, Depends(current_caller)],
+        v: str | None = None,
+    ) -> Response:
+        body = workload_body(workload_id, caller)[0]
+        return fragment(body, f"/ui/fragment/workloads/{workload_id}", v)
 
     @app.get("/ui/login", include_in_schema=False)
     def login_form(request: Request) -> HTMLResponse:
