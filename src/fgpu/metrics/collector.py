@@ -52,8 +52,26 @@ def _label_text(names: Sequence[str], values: Sequence[str]) -> str:
     return ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
 
 
-def _families(sample: FleetSample) -> list[_Family]:
+class _LabelTexts:
+    """The label texts of one scrape, reusing those of the scrape before (a workload's
+    labels stay the same for its life): ``text(names, values)``; ``kept`` holds what the
+    next scrape may reuse (this scrape's labels only, so nothing piles up)."""
+
+    def __init__(self, previous: dict[tuple[str, ...], str]) -> None:
+        self._previous = previous
+        self.kept: dict[tuple[str, ...], str] = {}
+
+    def text(self, names: Sequence[str], values: tuple[str, ...]) -> str:
+        found = self._previous.get(values)
+        if found is None:
+            found = _label_text(names, values)
+        self.kept[values] = found
+        return found
+
+
+def _families(sample: FleetSample, texts: _LabelTexts | None = None) -> list[_Family]:
     """Every fleet family of ``sample`` in exposition order (empty ones included)."""
+    label = (texts or _LabelTexts({})).text
     fam = {name: _Family(name, []) for name in _ORDER}
     allocated = fam["fgpu_gpu_compute_allocated_ratio"]
     memory_allocated = fam["fgpu_gpu_memory_allocated_bytes"]
@@ -61,8 +79,8 @@ def _families(sample: FleetSample) -> list[_Family]:
     gpu_used = fam["fgpu_gpu_memory_used_bytes"]
     utilization = fam["fgpu_gpu_utilization_ratio"]
     for gpu in sample.gpus:
-        labels: Sequence[str] = (gpu.node, str(gpu.index), gpu.uuid, gpu.model)
-        text = _label_text(GPU_LABELS, labels)
+        labels: tuple[str, ...] = (gpu.node, str(gpu.index), gpu.uuid, gpu.model)
+        text = label(GPU_LABELS, labels)
         allocated.add(labels, text, gpu.allocated_milli / MILLI)
         memory_allocated.add(labels, text, gpu.allocated_memory_mib * MIB)
         total.add(labels, text, gpu.memory_mib * MIB)
@@ -70,26 +88,27 @@ def _families(sample: FleetSample) -> list[_Family]:
             gpu_used.add(labels, text, gpu.used_memory_mib * MIB)
         if gpu.utilization_pct is not None:
             utilization.add(labels, text, gpu.utilization_pct / 100.0)
-    share = fam["fgpu_workload_compute_share_ratio"]
-    achieved = fam["fgpu_workload_compute_achieved_ratio"]
-    limit = fam["fgpu_workload_gpu_memory_limit_bytes"]
-    used = fam["fgpu_workload_gpu_memory_used_bytes"]
-    paused = fam[_PAUSED_TOTAL]
-    paused_now = fam["fgpu_workload_paused"]
-    for w in sample.workloads:
+    share = fam["fgpu_workload_compute_share_ratio"].rows.append
+    achieved = fam["fgpu_workload_compute_achieved_ratio"].rows.append
+    limit = fam["fgpu_workload_gpu_memory_limit_bytes"].rows.append
+    used = fam["fgpu_workload_gpu_memory_used_bytes"].rows.append
+    paused = fam[_PAUSED_TOTAL].rows.append
+    paused_now = fam["fgpu_workload_paused"].rows.append
+    for w in sample.workloads:  # the hot loop: about 8 rows per share
         labels = (w.workload, w.name, w.queue, w.user, w.node, str(w.gpu))
-        text = _label_text(WORKLOAD_LABELS, labels)
-        share.add(labels, text, w.compute_milli / MILLI)
-        limit.add(labels, text, w.memory_mib * MIB)
+        text = label(WORKLOAD_LABELS, labels)
+        share((labels, text, w.compute_milli / MILLI))
+        limit((labels, text, w.memory_mib * MIB))
         if w.used_memory_mib is not None:
-            used.add(labels, text, w.used_memory_mib * MIB)
+            used((labels, text, w.used_memory_mib * MIB))
         if w.achieved_milli is not None:
-            achieved.add(labels, text, w.achieved_milli / MILLI)
-            paused_now.add(labels, text, 1.0 if w.paused else 0.0)
-            for reason in ("share", "priority"):
-                paused.add(
-                    (*labels, reason), f'{text},reason="{reason}"', w.paused_s.get(reason, 0.0)
-                )
+            achieved((labels, text, w.achieved_milli / MILLI))
+            paused_now((labels, text, 1.0 if w.paused else 0.0))
+            by_reason = w.paused_s
+            paused(((*labels, "share"), f'{text},reason="share"', by_reason.get("share", 0.0)))
+            paused(
+                ((*labels, "priority"), f'{text},reason="priority"', by_reason.get("priority", 0.0))
+            )
     quota = fam["fgpu_queue_quota_gpus"]
     fair = fam["fgpu_queue_fair_share_gpus"]
     queue_allocated = fam["fgpu_queue_allocated_gpus"]
@@ -153,10 +172,15 @@ def _render(family: _Family) -> str:
     help_text = series.help.replace("\\", "\\\\").replace("\n", "\\n")
     name = family.name  # a counter's too, with its _total, as the text format names it
     lines = [f"# HELP {name} {help_text}\n# TYPE {name} {series.type}\n"]
-    lines.extend(
-        f"{name}{{{text}}} {_number(value)}\n" if text else f"{name} {_number(value)}\n"
-        for _, text, value in family.rows
-    )
+    if series.labels:  # x - x == 0: finite, and repr() is the text format's number
+        lines.extend(
+            f"{name}{{{text}}} {value!r}\n"
+            if value - value == 0
+            else f"{name}{{{text}}} {_number(value)}\n"
+            for _, text, value in family.rows
+        )
+    else:
+        lines.extend(f"{name} {_number(value)}\n" for _, _, value in family.rows)
     return "".join(lines)
 
 
@@ -171,6 +195,7 @@ class FleetCollector(Collector):
 
     def __init__(self, read: Callable[[], FleetSample]) -> None:
         self._read = read
+        self._texts: dict[tuple[str, ...], str] = {}
 
     def describe(self) -> Iterable[Metric]:
         # nothing: the registry then does not call collect() at registration
@@ -192,7 +217,10 @@ class FleetCollector(Collector):
 
     def render(self) -> bytes:
         """The families of one ``read()`` in the text format (version 0.0.4), UTF-8."""
-        return "".join(_render(f) for f in _families(self._read())).encode()
+        texts = _LabelTexts(self._texts)
+        families = _families(self._read(), texts)
+        self._texts = texts.kept
+        return "".join(_render(f) for f in families).encode()
 
 
 class Exporter:

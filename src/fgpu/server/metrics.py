@@ -73,6 +73,11 @@ class ServiceMetrics(Exporter):
         self._writes = 0  # workloads written so far: the fragmentation's cache key
         self._fragmentation: tuple[int, float] | None = None
 
+    @property
+    def writes(self) -> int:
+        """Workload writes so far (every store write through the service's mirror)."""
+        return self._writes
+
     def wrote(self, method: str, record: WorkloadRecord) -> None:
         """The service wrote ``record`` through the store's ``method``: a first start is
         observed in ``fgpu_submission_to_start_seconds`` (a restart after preemption is

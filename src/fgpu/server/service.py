@@ -333,6 +333,15 @@ class Service(SchedulingLoop):
             log.exception("reading the MIG instances failed")
             return shared
 
+    def change_token(self) -> tuple[object, ...]:
+        """A value that changes whenever a listing may show something new, live figures
+        apart: a workload written, the queues changed, a round's wait reasons or fair
+        shares. No store read (the dashboard asks several times a second)."""
+        last = self._last
+        fair = sorted((q, r.gpu_milli) for q, r in last.fair_share.items()) if last else []
+        reasons = sorted(self._reasons.items())
+        return (self.metrics.writes, self._queue_tree(), tuple(reasons), tuple(fair))
+
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after ``after_id`` (all when None), oldest first."""
         if limit < 1 or limit > 10_000:

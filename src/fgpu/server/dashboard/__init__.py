@@ -16,6 +16,8 @@ tail is shown only to its owner and admins, as ``GET /v1/workloads/{id}/logs``.
 # dependency, imported inside mount_dashboard, and FastAPI reads them at definition time
 import hashlib
 import hmac
+import math
+import threading
 import time
 import zlib
 from collections import deque
@@ -40,7 +42,11 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 SESSION_COOKIE = "fgpu_session"
 REFRESH_S = 1.0
-"""How often a page fetches its fragment again (seconds); changes show within about this."""
+"""Seconds: the live figures (use, utilization, waiting times) of the overview are at most
+this old, and a workload's page asks for its fragment again this often."""
+POLL_S = 0.25
+"""Seconds: how often the overview asks whether anything changed (an unchanged answer is a
+204 without a body; a change shows within about this plus one render)."""
 LOG_TAIL_BYTES = 4096
 EVENTS_SHOWN = 20
 
@@ -79,8 +85,14 @@ class _RecentEvents:
         self._read = read
         self._after: int | None = None
         self._events: deque[EventView] = deque(maxlen=EVENTS_SHOWN)
+        self._lock = threading.Lock()
 
     def latest(self) -> list[EventView]:
+        """The last events, newest first."""
+        with self._lock:
+            return self._latest()
+
+    def _latest(self) -> list[EventView]:
         while True:
             batch = self._read(self._after, 10_000)
             if not batch:
@@ -132,7 +144,7 @@ def share_cell(holder: GpuHolder, queue: str | None) -> ShareCell:
     )
 
 
-def _context(service: "ServiceApi", events: _RecentEvents) -> dict[str, Any]:
+def _context(service: "ServiceApi", events: list[EventView]) -> dict[str, Any]:
     nodes: list[NodeView] = service.nodes()
     workloads = service.list_workloads()
     queue_of = {w.id: w.queue for w in workloads}
@@ -145,10 +157,37 @@ def _context(service: "ServiceApi", events: _RecentEvents) -> dict[str, Any]:
         "gpus": gpus,
         "queues": service.list_queues(),
         "pending": [w for w in workloads if w.phase == "pending"],
-        "events": events.latest(),
+        "events": events,
         "now": time.time(),
-        "refresh_s": REFRESH_S,
     }
+
+
+class _Overview:
+    """The overview's rendered fragment, one for every open page: rendered again at once
+    when the service's :meth:`change_token` or the events move, else when it is
+    :data:`REFRESH_S` old (for the live figures); a poll in between costs a token read and
+    a read of the new events."""
+
+    def __init__(self, service: "ServiceApi") -> None:
+        self._service = service
+        self._events = _RecentEvents(lambda after, limit: service.events(after, limit))
+        self._lock = threading.Lock()
+        self._token: tuple[object, ...] | None = None
+        self._at = -math.inf
+        self._body = ""
+        self._context: dict[str, Any] = {}
+
+    def current(self) -> tuple[str, dict[str, Any]]:
+        """The fragment (HTML) and the context it was rendered from."""
+        with self._lock:
+            events = self._events.latest()
+            token = (self._service.change_token(), events[0].id if events else None)
+            now = time.monotonic()
+            if token != self._token or now - self._at >= REFRESH_S:
+                context = _context(self._service, events)
+                self._body = _templates.get_template("overview_body.html").render(context)
+                self._token, self._at, self._context = token, now, context
+            return self._body, self._context
 
 
 def _version(body: str) -> str:
@@ -162,7 +201,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     from fgpu.server.app import current_caller, read_from
     from fgpu.server.service import Caller
 
-    events = _RecentEvents(lambda after, limit: service.events(after, limit))
+    overview_state = _Overview(service)
     env = _templates.env
     env.globals.update(marks=holder_marks, colour=queue_colour, refresh_s=REFRESH_S)
     env.filters["gib"] = lambda mib: f"{(mib or 0) / 1024:.1f}"
@@ -172,35 +211,31 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     def page(request: Request, name: str, context: dict[str, Any]) -> HTMLResponse:
         return _templates.TemplateResponse(request, name, context)
 
-    def wrap(body: str, source: str) -> str:
+    def wrap(body: str, source: str, every_s: float) -> str:
         """``body`` (a rendered fragment) in the element that asks ``source`` for it again
-        every :data:`REFRESH_S`, with the fragment's version."""
+        every ``every_s``, with the fragment's version."""
         return _templates.get_template("live.html").render(
-            source=f"{source}?v={_version(body)}", body=Markup(body), refresh_s=REFRESH_S
+            source=f"{source}?v={_version(body)}", body=Markup(body), every_s=every_s
         )
 
-    def fragment(body: str, source: str, since: str | None) -> Response:
+    def fragment(body: str, source: str, every_s: float, since: str | None) -> Response:
         """The live element again, or 204 when its fragment is still the version ``since``."""
         if since == _version(body):
             return Response(status_code=204)
-        return HTMLResponse(wrap(body, source))
-
-    def overview_body() -> tuple[str, dict[str, Any]]:
-        context = _context(service, events)
-        return _templates.get_template("overview_body.html").render(context), context
+        return HTMLResponse(wrap(body, source, every_s))
 
     @app.get("/ui", include_in_schema=False, dependencies=[Depends(current_caller)])
     def overview(request: Request) -> Response:
         """The GPU map, queues, pending workloads and recent events."""
-        body, context = overview_body()
-        live = Markup(wrap(body, "/ui/fragment/overview"))
+        body, context = overview_state.current()
+        live = Markup(wrap(body, "/ui/fragment/overview", POLL_S))
         return page(request, "overview.html", {**context, "live": live})
 
     @app.get(
         "/ui/fragment/overview", include_in_schema=False, dependencies=[Depends(current_caller)]
     )
     def overview_fragment(v: str | None = None) -> Response:
-        return fragment(overview_body()[0], "/ui/fragment/overview", v)
+        return fragment(overview_state.current()[0], "/ui/fragment/overview", POLL_S, v)
 
     def workload_context(workload_id: str, caller: Caller) -> dict[str, Any]:
         detail = service.get_workload(workload_id)
@@ -225,7 +260,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     ) -> Response:
         """One workload: request, placement, events, the tail of its log."""
         body, context = workload_body(workload_id, caller)
-        live = Markup(wrap(body, f"/ui/fragment/workloads/{workload_id}"))
+        live = Markup(wrap(body, f"/ui/fragment/workloads/{workload_id}", REFRESH_S))
         return page(request, "workload.html", {**context, "live": live})
 
     @app.get("/ui/fragment/workloads/{workload_id}", include_in_schema=False)
@@ -235,7 +270,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         v: str | None = None,
     ) -> Response:
         body = workload_body(workload_id, caller)[0]
-        return fragment(body, f"/ui/fragment/workloads/{workload_id}", v)
+        return fragment(body, f"/ui/fragment/workloads/{workload_id}", REFRESH_S, v)
 
     @app.get("/ui/login", include_in_schema=False)
     def login_form(request: Request) -> HTMLResponse:
