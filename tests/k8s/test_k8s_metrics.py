@@ -1,7 +1,8 @@
 """``--metrics-listen`` of ``fgpu k8s scheduler`` and of the node agent (issue 15), against
 the API stand-in: the five processes of docs/kubernetes.md's demo, with metrics on; two
 half-GPU pods show in the scheduler's series as one GPU allocated whole and as their
-shares, and in the agent's series as its GPUs' live figures and the pods' shares."""
+shares, and in the agent's series as its GPUs' live figures and the pods' shares. An
+enforcing agent exports each pod's memory in use (the processes of its cgroup)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from tests.k8s.conftest import REAL, free_port
 from tests.k8s.kube import wait_until
+from tests.k8s.podtree import GPU, Backend, Kubelet
 from tests.k8s.test_demo import FGPU, NODE, ROOT, blocks, half_pod, on_ports, section
 
 pytestmark = pytest.mark.k8s
@@ -137,3 +139,43 @@ def test_scheduler_and_agent_export_their_series(cluster: tuple[KubeApi, int, in
     assert len(util) == 8
     assert sorted(util.values())[-1] > 0.0  # the GPU holding the two pods is busy
     assert sum(1 for v in util.values() if v == 0.0) == 7
+
+
+def test_an_enforcing_agent_exports_each_pods_memory_in_use(kubelet: Kubelet) -> None:
+    """The memory the processes in a pod's cgroup hold is that pod's (real cgroups, a test
+    backend that reports per-process memory); another pod's processes are not counted."""
+    from fgpu.k8s.agent import NodeAgent
+    from fgpu.k8s.enforce import GovernorEnforcer
+    from fgpu.k8s.metrics import AgentMetrics
+    from fgpu.k8s.podcgroup import PodCgroupFreezer, pod_handle
+
+    backend = Backend()
+    first, _, first_pid = kubelet.pod("first")
+    second, _, second_pid = kubelet.pod("second")
+    backend.memory = {first_pid: 700, second_pid: 300, 999_999: 5000}
+    enforcer = GovernorEnforcer(backend, [GPU], PodCgroupFreezer(kubelet.root))
+    # the agent's API is never called here: the metrics read its devices and last placement
+    agent = NodeAgent(KubeApi(api_client(host="http://127.0.0.1:9")), "n", backend)
+    agent.last_placed = [first, second]
+    enforcer.start()
+    try:
+        enforcer.sync([first, second])
+        metrics = AgentMetrics(
+            agent,
+            lambda: enforcer.governor.snapshot().workloads,
+            lambda pod: enforcer.freezer.pids(pod_handle(pod)),
+        )
+        used = {w.workload: w.used_memory_mib for w in metrics.sample().workloads if w.gpu == 0}
+        assert used == {first.workload_id: 700, second.workload_id: 300}
+        text = metrics.exposition().decode()
+        series = {
+            s.labels["workload"]: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "fgpu_workload_gpu_memory_used_bytes"
+        }
+        assert series == {first.workload_id: 700 * 2**20, second.workload_id: 300 * 2**20}
+        unknown = AgentMetrics(agent)  # not enforcing: no pids, no per-pod figure
+        assert {w.used_memory_mib for w in unknown.sample().workloads} == {None}
+    finally:
+        enforcer.close()

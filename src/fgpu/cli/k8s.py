@@ -376,8 +376,14 @@ def node_agent(
         raise _fail(str(exc)) from None
     from fgpu.k8s.metrics import AgentMetrics
 
-    views = (lambda: governing.governor.snapshot().workloads) if governing is not None else None
-    metrics = AgentMetrics(agent, views)
+    views = pids_of = None
+    if governing is not None:
+        from fgpu.k8s.podcgroup import pod_handle
+
+        enforcing = governing
+        views = lambda: enforcing.governor.snapshot().workloads  # noqa: E731
+        pids_of = lambda pod: enforcing.freezer.pids(pod_handle(pod))  # noqa: E731
+    metrics = AgentMetrics(agent, views, pids_of)
     if governing is not None:
         governing.events.subscribe(metrics.agent_event)
     _serve_metrics(metrics, metrics_address)

@@ -5,7 +5,8 @@ granted on them, each running pod's shares (``workload`` is ``namespace/name``, 
 the namespace), the queues' quota, fair share, allocation and pending pods by reason, and
 the fragmentation against the recent requests; plus rounds, preemptions and start latency.
 The node agent shows its own GPUs' live figures (memory in use, utilization) and each of
-its pods' achieved share, paused time and memory use, and counts memory violations.
+its pods' share, and while enforcing their achieved share, paused time and memory in use
+(the pods' processes found through their cgroups), and counts memory violations.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from fgpu.agent.backend import SimulatedBackend
+from fgpu.agent.backend import GpuProcess, SimulatedBackend
 from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, AgentEvent
 from fgpu.agent.governor.runtime import WorkloadView
 from fgpu.metrics import (
@@ -122,16 +123,21 @@ class AgentMetrics(Exporter):
     Args:
         agent: the node agent (its devices, backend and last placed pods).
         governor_views: the governor's per-pod views, or None when not enforcing.
+        pids_of: a pod's processes (``namespace/name`` -> host pids, from its cgroup),
+            or None where they are not known (not enforcing: NVML's host pids cannot be
+            told apart); with it each pod's memory in use is exported.
     """
 
     def __init__(
         self,
         agent: NodeAgent,
         governor_views: Callable[[], Sequence[WorkloadView]] | None = None,
+        pids_of: Callable[[str], Sequence[int]] | None = None,
     ) -> None:
         super().__init__(self.sample)
         self._agent = agent
         self._views = governor_views
+        self._pids_of = pids_of
         if isinstance(agent.backend, SimulatedBackend):
             agent.backend.estimate_utilization(self.estimated_utilization)
 
@@ -162,13 +168,16 @@ class AgentMetrics(Exporter):
         placed: list[PlacedContainer] = list(agent.last_placed)
         backend = agent.backend
         used: dict[str, int] = {d.uuid: 0 for d in agent.devices}
+        procs = []
         try:
-            for proc in backend.process_memory():
+            procs = backend.process_memory()
+            for proc in procs:
                 if proc.gpu_uuid in used:
                     used[proc.gpu_uuid] += proc.used_mib
             util = backend.utilization()
         except Exception:  # a flaky driver: the live figures are unknown this scrape
             used, util = {}, {}
+        pod_used = self._pod_memory(placed, procs) if used else None
         milli: dict[str, int] = {}
         memory: dict[str, int] = {}
         governed = self._governed()
@@ -193,6 +202,9 @@ class AgentMetrics(Exporter):
                         gpu=index[uuid],
                         compute_milli=m,
                         memory_mib=mm,
+                        used_memory_mib=(
+                            pod_used.get((p.workload_id, uuid), 0) if pod_used is not None else None
+                        ),
                         achieved_milli=view.achieved_milli if view else None,
                         paused_s=(
                             {"share": view.paused_ns[0] / 1e9, "priority": view.paused_ns[1] / 1e9}
@@ -217,3 +229,18 @@ class AgentMetrics(Exporter):
             for d in agent.devices
         ]
         return FleetSample(gpus, running, ())
+
+    def _pod_memory(
+        self, placed: Sequence[PlacedContainer], procs: Sequence[GpuProcess]
+    ) -> dict[tuple[str, str], int] | None:
+        """(pod, GPU uuid) -> MiB its processes hold there; None without ``pids_of``."""
+        if self._pids_of is None:
+            return None
+        owner = {pid: p.workload_id for p in placed for pid in self._pids_of(p.workload_id)}
+        found: dict[tuple[str, str], int] = {}
+        for proc in procs:
+            pod = owner.get(proc.pid)
+            if pod is not None:
+                key = (pod, proc.gpu_uuid)
+                found[key] = found.get(key, 0) + proc.used_mib
+        return found
