@@ -1,4 +1,5 @@
-"""Prometheus series of fgpu (``fgpu_*``; DESIGN.md section 9, ``docs/metrics.md``).
+"""Prometheus series of fgpu (``fgpu_*``; DESIGN.md section 9, README "Metrics and
+dashboard").
 
 The three processes that export them (``fgpu serve``, ``fgpu k8s scheduler``, the node agent)
 share this package: :mod:`fgpu.metrics.sample` holds what a scrape reads (plain dataclasses

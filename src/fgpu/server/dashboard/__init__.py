@@ -1,9 +1,15 @@
-"""The read-only web dashboard at ``/ui`` (DESIGN.md section 9; ``docs/dashboard.md``).
+"""The read-only web dashboard at ``/ui`` (DESIGN.md section 9; README "Metrics and
+dashboard").
 
 Server-side Jinja2 templates, made live by htmx (a committed copy of ``htmx.min.js``, 2.x,
-BSD-0): each page holds a fragment that htmx fetches again every second and swaps in, so a
-change shows within about 1 s without a reload. No JavaScript build step, nothing to fetch at
-install or run time, and every figure is rendered by the same Python that serves the API.
+BSD-0): each page holds a live element that asks for its fragment again (the overview every
+:data:`POLL_S`, a workload's page every :data:`REFRESH_S`) with the version it shows; an
+unchanged fragment is answered 204 and htmx swaps nothing, a changed one replaces the
+element. The overview is rendered once for all open pages, again as soon as the service's
+change token or its events move and otherwise every :data:`REFRESH_S` (live figures), so a
+submit or a cancel shows within about half a second plus one render, without a reload
+(``bench/metrics.py`` measures it in Chromium). No JavaScript build step, nothing to fetch
+at install or run time, and every figure is rendered by the same Python that serves the API.
 
 Authorization is the API's: every route depends on :func:`fgpu.server.app.current_caller`
 (peer uid on the Unix socket; on TCP the bearer token, or the dashboard's session cookie,
