@@ -532,5 +532,6 @@ def _start(
     finally:
         if metrics_server is not None:
             metrics_server.shutdown()
+            metrics_server.server_close()
     log.info("stopped")
     return 0
