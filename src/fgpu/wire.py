@@ -160,6 +160,14 @@ class WorkloadView(BaseModel):
         description="running or paused, and being stopped (cancel or preemption: SIGTERM "
         "sent, SIGKILL after the grace period)",
     )
+    squeezed: bool = Field(
+        default=False,
+        description="running with its memory, but its compute was lent to higher-priority "
+        "work of its queue (squeeze before evict): paused while that work is busy",
+    )
+    squeezed_by: list[str] = Field(
+        default_factory=list, description="ids of the workloads that squeezed it"
+    )
 
 
 class EventView(BaseModel):
@@ -216,6 +224,11 @@ class QueueBody(_Strict):
     nonpreemptible: bool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
     )
+    squeeze: bool | None = Field(
+        default=None,
+        description="squeeze before evict for preemption inside the queue: true, false "
+        "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
+    )
 
 
 class QueueView(BaseModel):
@@ -234,6 +247,7 @@ class QueueView(BaseModel):
     members: list[str] = Field(default_factory=list)
     max_priority: int = 50
     nonpreemptible: bool = False
+    squeeze: bool | None = None
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "
@@ -265,6 +279,11 @@ class GpuHolder(BaseModel):
     used_memory_mib: int | None = Field(
         default=None,
         description="GPU memory its processes hold on this GPU (None: not measured)",
+    )
+    squeezed_by: list[str] | None = Field(
+        default=None,
+        description="ids of the workloads that squeezed it (its compute is theirs while they "
+        "are busy); None: not squeezed",
     )
 
 

@@ -57,6 +57,11 @@ class Options:
             MutatingWebhookConfiguration for ``pods`` with operations CREATE and UPDATE
             would (its ``matchConditions`` are not evaluated: every pod request is sent).
         webhook_ca: CA bundle file for ``https`` webhook URLs.
+        latency_s: seconds every request waits before it is served (watches: before the
+            stream starts), to test against the latencies of a real API server, whose
+            writes go through etcd (a few to tens of milliseconds each) rather than this
+            stand-in's memory. Requests still run concurrently: it delays, it does not
+            serialise.
 
     The requester's identity (``userInfo`` in the AdmissionReview) comes from the
     ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
@@ -68,6 +73,7 @@ class Options:
     graceful_delete: bool = False
     webhooks: list[str] = field(default_factory=list)
     webhook_ca: str | None = None
+    latency_s: float = 0.0
 
 
 ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
@@ -145,6 +151,38 @@ def _check_fields(kind: Kind, obj: Any, query: dict[str, str]) -> dict[str, str]
     if mode == "Strict":
         raise ApiStatusError(400, "BadRequest", fields.message(kind, unknown))
     return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
+
+
+HIGHEST_USER_PRIORITY = 1_000_000_000
+"""The highest value a PriorityClass that is not a system one may have (scheduling/v1)."""
+
+
+def _check_priority_class(body: Obj) -> None:
+    """The API server's validation of a new PriorityClass's name and value: names with the
+    ``system-`` prefix are reserved, and other classes go up to
+    :data:`HIGHEST_USER_PRIORITY` (422 Invalid, worded as the API server words it)."""
+    name = str((body.get("metadata") or {}).get("name", ""))
+    problems = []
+    if name.startswith("system-"):
+        problems.append(
+            "metadata.name: Forbidden: priority class names with 'system-' prefix are reserved "
+            "for system use only"
+        )
+    try:
+        value = int(body.get("value", 0))
+    except (TypeError, ValueError):
+        value = 0
+    if value > HIGHEST_USER_PRIORITY and not name.startswith("system-"):
+        problems.append(
+            "value: Forbidden: maximum allowed value of a user defined priority is "
+            f"{HIGHEST_USER_PRIORITY}"
+        )
+    if problems:
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'PriorityClass.scheduling.k8s.io "{name}" is invalid: ' + ", ".join(problems),
+        )
 
 
 def _success(code: int = 201) -> JSONResponse:
@@ -426,6 +464,8 @@ class StandInApi:
     async def handle(self, request: Request, path: str) -> Response:
         """Serve one request."""
         self.calls += 1
+        if self.options.latency_s > 0:
+            await asyncio.sleep(self.options.latency_s)
         try:
             host = request.headers.get("host", "")
             if request.method == "GET" and (found := discovery.document(path, KINDS, host)):
@@ -478,6 +518,8 @@ class StandInApi:
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
         body = resource.admit(kind, body)
+        if kind.plural == "priorityclasses":
+            _check_priority_class(body)
         made = self.store.create(kind, ns, body)
         if kind.plural == "pods" and (made.get("spec") or {}).get("resourceClaims"):
             self.claims.pod_claims(made)

@@ -233,6 +233,7 @@ def test_a_restart_after_preemption_is_not_a_new_start(tmp_path: Path) -> None:
             share = value(samples, "fgpu_workload_compute_share_ratio", workload=batch)
             assert share == 0.7
             svc.cancel(me, batch)
+            await until(lambda: phase(batch) == "cancelled", "batch stopped")
         finally:
             await svc.stop()
 

@@ -59,6 +59,15 @@ NonPreemptibleOption = Annotated[
     ),
 ]
 
+SqueezeOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--squeeze/--no-squeeze",
+        help="Squeeze before evict for preemption inside this queue, or evict (default: "
+        "the service's setting).",
+    ),
+]
+
 
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
     if json_out:
@@ -81,6 +90,7 @@ def create(
     member: MemberOption = None,
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
+    squeeze: SqueezeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -95,6 +105,7 @@ def create(
         ("members", member),
         ("max_priority", max_priority),
         ("nonpreemptible", nonpreemptible),
+        ("squeeze", squeeze),
     ):
         if value is not None:
             fields[key] = value
@@ -137,6 +148,7 @@ def update(
     ] = None,
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
+    squeeze: SqueezeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -165,6 +177,7 @@ def update(
             nonpreemptible=(
                 nonpreemptible if nonpreemptible is not None else current.nonpreemptible
             ),
+            squeeze=squeeze if squeeze is not None else current.squeeze,
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")

@@ -170,6 +170,8 @@ def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> 
         held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
         shown = v.phase not in ("running", "succeeded") or v.stopping
         reason = v.reason if shown else ""
+        if v.squeezed:
+            reason = squeezed_text(v.squeezed_by)
         table.add_row(
             v.id,
             safe(v.name),
@@ -182,6 +184,12 @@ def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> 
             safe(reason),
         )
     return table
+
+
+def squeezed_text(by: Sequence[str]) -> str:
+    """``squeezed by ID, ID (paused while they are busy)`` for a squeezed workload."""
+    who = ", ".join(by) if by else "nobody now (waiting for its compute)"
+    return f"squeezed by {who} (keeps its memory; paused while they are busy)"
 
 
 def detail_view(detail: WorkloadDetail) -> RenderableType:
@@ -212,6 +220,8 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
     if detail.restarts:
         rows.append(("Restarts", str(detail.restarts)))
     rows.append(("Placement", grants_text(detail) or "-"))
+    if detail.squeezed:
+        rows.append(("Squeezed", squeezed_text(detail.squeezed_by)))
     if detail.reason:
         label = "Waiting because" if detail.phase == "pending" else "Reason"
         rows.append((label, safe(detail.reason)))
@@ -269,6 +279,7 @@ def _holders(gpu: GpuView) -> str:
     return "\n".join(
         f"{h.workload_id} {safe(h.name)}: {gpus_text(h.compute_milli)} "
         f"({memory_text(h.memory_mib)}){_governed(h)}"
+        + ("" if h.squeezed_by is None else f", squeezed by {', '.join(h.squeezed_by) or '-'}")
         for h in gpu.holders
     )
 

@@ -34,6 +34,7 @@ from fgpu.sim.experiment import (
 )
 from fgpu.sim.fill import DEFAULT_TUNE
 from fgpu.sim.replay import (
+    DutyCycles,
     GpuSpecError,
     ReplayError,
     build_scheduler,
@@ -194,6 +195,18 @@ def _check_number(option: str, value: float | None, minimum: float, strict: bool
         raise _fail(f"{option}: must be a number {relation} {minimum:g}, got {value:g}")
 
 
+def _memory_ratio(text: str) -> tuple[float, float]:
+    """``--memory-ratio LOW,HIGH`` -> (low, high), 0 < low <= high <= 1."""
+    parts = text.split(",")
+    try:
+        low, high = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
+    except ValueError:
+        low = high = math.nan
+    if not (0 < low <= high <= 1):
+        raise _fail(f"--memory-ratio: {text!r} is not LOW,HIGH with 0 < LOW <= HIGH <= 1")
+    return low, high
+
+
 @sim_app.command("replay")
 def sim_replay(
     pods: Annotated[
@@ -239,6 +252,26 @@ def sim_replay(
     debug: Annotated[
         bool, typer.Option("--debug", help="Check invariants after every round (slower).")
     ] = False,
+    squeeze: Annotated[
+        bool,
+        typer.Option(
+            "--squeeze/--no-squeeze", help="Squeeze before evict (--no-squeeze: evict only)."
+        ),
+    ] = True,
+    inference_duty: Annotated[
+        float,
+        typer.Option(help="Fraction of the time the inference class (critical) is busy."),
+    ] = 0.3,
+    training_duty: Annotated[
+        float, typer.Option(help="Fraction of the time the other classes are busy.")
+    ] = 1.0,
+    memory_ratio: Annotated[
+        str,
+        typer.Option(
+            help="LOW,HIGH: a generated fractional workload's GPU memory is its share of the "
+            "GPU's memory times a ratio drawn uniformly in this range (1,1: in proportion)."
+        ),
+    ] = "0.25,1",
     out_dir: Annotated[
         Path, typer.Option("--out", help="Output folder for summary.json, timeline.csv, plots.")
     ] = Path("replay-results"),
@@ -253,6 +286,13 @@ def sim_replay(
     _check_number("--aging-interval", aging_interval, 0, strict=True)
     _check_number("--reservation-after", reservation_after, 0, strict=False)
     _check_number("--tick", tick, 0, strict=False)
+    for duty_option, duty_value in (
+        ("--inference-duty", inference_duty),
+        ("--training-duty", training_duty),
+    ):
+        if not (math.isfinite(duty_value) and 0.0 <= duty_value <= 1.0):
+            raise _fail(f"{duty_option}: must be a number in 0..1, got {duty_value:g}")
+    ratio = _memory_ratio(memory_ratio)
     if tenants is not None and tenants < 1:
         raise _fail(f"--tenants: must be at least 1, got {tenants}")
     if workloads_file is not None:
@@ -286,6 +326,8 @@ def sim_replay(
                 0.9 if load is None else load,
                 hours,
                 np.random.default_rng(workload_seed),
+                gpu_memory_mib=min(n.gpu_memory_mib for n in nodes),
+                memory_ratio=ratio,
             )
             queue_names = [f"tenant-{i + 1}" for i in range(n_tenants)]
     except TraceFormatError as exc:
@@ -296,6 +338,7 @@ def sim_replay(
         min_runtime_s=min_runtime,
         aging_interval_s=aging_interval,
         reservation_after_s=reservation_after,
+        squeeze=squeeze,
     )
     try:
         scheduler = build_scheduler(
@@ -341,6 +384,7 @@ def sim_replay(
                 tick_s=tick or None,
                 debug=debug,
                 on_round=advance,
+                duty=DutyCycles(inference_duty, training_duty),
             )
         except ReplayError as exc:  # a broken contract of the decision core: a bug, not input
             err.print(f"[bold red]replay stopped:[/] {exc}", highlight=False, soft_wrap=True)
@@ -363,6 +407,10 @@ def sim_replay(
         "aging_interval_s": aging_interval,
         "reservation_after_s": reservation_after,
         "tick_s": tick,
+        "squeeze": squeeze,
+        "inference_duty": inference_duty,
+        "training_duty": training_duty,
+        "memory_ratio": list(ratio) if workloads_file is None else None,
         "submitted": len(workloads),
     }
     try:

@@ -22,7 +22,7 @@ from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round, RoundBuilder
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.sched.decide import Decision
-from fgpu.sched.workload import Hold, Place, Preempt
+from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze
 
 log = logging.getLogger("fgpu.k8s.scheduler")
 
@@ -161,9 +161,23 @@ class RoundActions(RoundBuilder):
         for key, reason in waits.items():
             self._wait(rnd, key, reason)
 
+    def _squeeze(self, rnd: Round, action: Squeeze | Unsqueeze) -> None:
+        """Record a squeeze (or its release) on the pod: the :data:`wire.SQUEEZED_BY`
+        annotation, which the next rounds read, and an event. The pod keeps running; its
+        node's governor pauses it while a higher-priority pod on its GPU is busy."""
+        pod = rnd.pods.get(action.workload)
+        if pod is None or not self.is_leader():
+            return
+        if isinstance(action, Squeeze):
+            annotate(self.api, pod, {wire.SQUEEZED_BY: ",".join(action.by)})
+            post_event(self.api, pod, "Normal", "Squeezed", action.reason)
+        else:
+            annotate(self.api, pod, {wire.SQUEEZED_BY: None})
+            post_event(self.api, pod, "Normal", "Released", action.reason)
+
     def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
         victim = rnd.pods.get(action.victim)
-        if victim is None:
+        if victim is None or not self.is_leader():
             return
         meta = victim["metadata"]
         try:
@@ -202,7 +216,7 @@ class RoundActions(RoundBuilder):
         if self._reasons.get(key) == reason:
             return
         pod = rnd.pods.get(key)
-        if pod is None:
+        if pod is None or not self.is_leader():
             return
         current = next(
             (

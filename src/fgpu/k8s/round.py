@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fgpu.k8s import claims, wire
+from fgpu.k8s import claims, parity, wire
 from fgpu.k8s.cache import Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
@@ -28,7 +28,7 @@ from fgpu.k8s.objects import (
     pod_ask,
 )
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.sched.rounds import state_with
+from fgpu.sched.rounds import apply_running, state_with
 from fgpu.sched.state import ClusterState, check_invariants
 from fgpu.sched.workload import Hold, Workload
 
@@ -60,6 +60,7 @@ class Round:
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
         claims: workload id -> the pod's fgpu ResourceClaim (pending and bound pods).
         templates: namespaces whose pods wait for fgpu's ResourceClaimTemplate.
+        load: pods and host ports on the fgpu nodes (:mod:`fgpu.k8s.parity`).
     """
 
     infos: list[NodeInfo]
@@ -74,6 +75,7 @@ class Round:
     mig: MigDecision | None = None
     claims: dict[str, Obj] = field(default_factory=dict)
     templates: set[str] = field(default_factory=set)
+    load: parity.NodeLoad | None = None
 
 
 class RoundBuilder:
@@ -103,6 +105,8 @@ class RoundBuilder:
     _said: dict[str, str]
     _env_missed: dict[str, str]
     _constraints: ConstraintCache
+    _volumes: parity.VolumeLookup
+    _load_counter: parity.LoadCounter
 
     def build(self, snap: Snapshot) -> Round:
         """The core's inputs from a snapshot and this replica's assumed placements and
@@ -110,6 +114,7 @@ class RoundBuilder:
         forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
         facts: list[NodeFacts] = []
+        fgpu_nodes: list[Obj] = []
         unavailable = 0
         self._snap_claims = snap.claims or {}
         for obj in snap.nodes:
@@ -117,11 +122,16 @@ class RoundBuilder:
             if info is not None:
                 infos.append(info)
                 facts.append(self._facts(obj))
+                fgpu_nodes.append(obj)
             elif wire.INVENTORY in ((obj.get("metadata") or {}).get("annotations") or {}):
                 unavailable += 1  # an fgpu node, cordoned or not Ready (or unreadable)
         infos.sort(key=lambda i: i.node.name)
-        self._constraints.nodes(sorted(facts, key=lambda f: f.name))
+        facts.sort(key=lambda f: f.name)
+        self._constraints.nodes(facts)
         rnd = Round(infos, unavailable=unavailable)
+        late = {k: a.node for k, (_, a) in self._assumed.items()}
+        rnd.load = load = self._load_counter.count(fgpu_nodes, snap.pods, late)
+        full = load.full()
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed
         now = self.clock()
@@ -222,6 +232,11 @@ class RoundBuilder:
                     continue
                 rnd.claims[key] = claim
             allowed = self._constraints.allowed(pod)
+            try:  # allocatable pods, host ports, volumes' node affinity
+                allowed = parity.narrow(pod, allowed, facts, load, full, self._volumes)
+            except LookupError as exc:
+                rnd.refused[key] = str(exc)
+                continue
             if allowed.note:
                 rnd.notes[key] = allowed.note
             rnd.workloads.append(
@@ -315,7 +330,7 @@ class RoundBuilder:
                 if key not in self._base_held:
                     assert w.allocation is not None
                     try:
-                        alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                        alloc = apply_running(state, w)
                     except InvalidRequestError as exc:
                         log.warning("pod %s does not fit its node any more: %s", key, exc)
                         continue
@@ -333,7 +348,7 @@ class RoundBuilder:
         for key, w in held.items():
             assert w.allocation is not None
             try:
-                alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                alloc = apply_running(state, w)
             except InvalidRequestError as exc:
                 log.warning("pod %s does not fit its node any more: %s", key, exc)
                 continue
@@ -448,6 +463,7 @@ class RoundBuilder:
             return
         terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
         protected = self._protected.get(key, 0.0) > now
+        squeezed = (meta.get("annotations") or {}).get(wire.SQUEEZED_BY)
         started = created_at(
             {
                 "metadata": {
@@ -467,6 +483,8 @@ class RoundBuilder:
                 allocation=Allocation(n, node, gpus, milli, memory, a.cpu_milli, a.memory_mib),
                 started_at=started,
                 terminating=terminating,
+                squeezed=squeezed is not None,
+                squeezed_by=wire.squeezed_by(squeezed),
             )
         )
 

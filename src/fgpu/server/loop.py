@@ -21,11 +21,14 @@ from fgpu.sched.workload import (
     Place,
     Preempt,
     Resources,
+    Squeeze,
+    Unsqueeze,
     Wait,
     Workload,
 )
 from fgpu.server.mig_pool import MigCandidate
 from fgpu.server.recovery import Recovery
+from fgpu.server.squeezing import record_squeeze
 from fgpu.store.records import WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
@@ -113,6 +116,8 @@ class SchedulingLoop(Recovery):
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
                     self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Squeeze | Unsqueeze):
+                    record_squeeze(self._tracked, action)
             try:
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries

@@ -179,6 +179,15 @@ def serve(
         list[str] | None,
         typer.Option(help="A uid or user name that may manage queues and all work; repeatable."),
     ] = None,
+    squeeze: Annotated[
+        bool,
+        typer.Option(
+            "--squeeze/--no-squeeze",
+            help="Squeeze before evict: higher-priority work shares a GPU with lower work of "
+            "its queue (which pauses while it is busy) where memory allows, instead of "
+            "evicting it; --no-squeeze evicts. Queues may choose for themselves.",
+        ),
+    ] = True,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -258,6 +267,7 @@ def serve(
             interposer=interposer,
             fake_driver=fake_driver,
             metrics_listen=metrics_listen,
+            squeeze=squeeze,
         )
     )
 
@@ -284,6 +294,7 @@ def run_serve(
     tls_files: tuple[Path | None, Path | None] = (None, None),
     tokens_in_clear: bool = False,
     metrics_listen: str | None = None,
+    squeeze: bool = True,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -393,6 +404,7 @@ def run_serve(
         fake_driver,
         tls,
         metrics_address,
+        squeeze,
     )
 
 
@@ -463,11 +475,13 @@ def _start(
     fake_driver: bool = False,
     tls: ssl.SSLContext | None = None,
     metrics_address: tuple[str, int] | None = None,
+    squeeze: bool = True,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
+    from fgpu.sched.decide import SchedulerConfig
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
@@ -502,6 +516,7 @@ def _start(
                 interposer=InterposerMode(interposer),
             ),
             fake_driver=fake_driver,
+            config=SchedulerConfig(squeeze=squeeze),
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

@@ -134,7 +134,8 @@ class ServiceMetrics(Exporter):
                 if g >= len(devices):
                     continue
                 key = (a.node_name, g)
-                milli[key] = milli.get(key, 0) + m
+                if r.squeezed_by is None:  # a squeezed share is lent to who squeezed it
+                    milli[key] = milli.get(key, 0) + m
                 memory[key] = memory.get(key, 0) + mm
                 shares.append(_share(r, user, a.node_name, devices[g], m, mm, view, live))
         gpus = [

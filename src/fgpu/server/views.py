@@ -84,6 +84,8 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
         stopping=record.holds_allocation and record.stop_requested_at is not None,
         reason=reason,
         restarts=record.restarts,
+        squeezed=record.holds_allocation and record.squeezed_by is not None,
+        squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
     )
 
 
@@ -127,6 +129,7 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         members=list(c.members),
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
+        squeeze=c.squeeze,
     )
 
 
@@ -136,13 +139,14 @@ def _gpu_view(
     used_mib: Mapping[str, int],
     utilization: Mapping[str, int],
 ) -> GpuView:
-    """One GPU with its holders (allocated = what they hold) and live figures."""
+    """One GPU with its holders (allocated = what they hold, squeezed workloads' compute not
+    counted: it is lent to the workloads that squeezed them) and live figures."""
     return GpuView(
         index=device.index,
         uuid=device.uuid,
         model=device.model,
         memory_mib=device.memory_mib,
-        allocated_milli=sum(h.compute_milli for h in holders),
+        allocated_milli=sum(h.compute_milli for h in holders if h.squeezed_by is None),
         allocated_memory_mib=sum(h.memory_mib for h in holders),
         holders=holders,
         used_memory_mib=used_mib.get(device.uuid),
@@ -176,6 +180,7 @@ def node(
                     compute_milli=m,
                     memory_mib=mm,
                     used_memory_mib=live.holder_used_mib.get((w.id, uuid), 0),
+                    squeezed_by=None if w.squeezed_by is None else list(w.squeezed_by),
                     **governor_fields(v, uuid),
                 )
             )

@@ -67,12 +67,12 @@ def session_value(token: bytes) -> str:
 
 def holder_marks(holder: GpuHolder) -> list[str]:
     """What the GPU map marks on a share: ``paused`` while a higher priority holds it back
-    (the governor's ``frozen-by-priority``), ``time-sliced`` while it waits for its turn.
-    One place to add new marks (a squeezed workload, issue 17)."""
+    (the governor's ``frozen-by-priority``), ``squeezed`` while workloads that squeezed it
+    borrow its compute (issue 17)."""
     marks = []
     if holder.state == "frozen-by-priority":
         marks.append("paused")
-    if getattr(holder, "squeezed", False):
+    if holder.squeezed_by:
         marks.append("squeezed")
     return marks
 
