@@ -252,6 +252,10 @@ class GpuHolder(BaseModel):
         default=None,
         description="how it is held: interposer (at kernel launch) or the freezer's kind",
     )
+    used_memory_mib: int | None = Field(
+        default=None,
+        description="GPU memory its processes hold on this GPU (None: not measured)",
+    )
     squeezed_by: list[str] | None = Field(
         default=None,
         description="ids of the workloads that squeezed it (its compute is theirs while they "

@@ -15,8 +15,9 @@ from fgpu.k8s import claims, wire
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigDecision
-from fgpu.k8s.objects import pod_ask
+from fgpu.k8s.objects import created_at, pod_ask
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round, RoundBuilder
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
@@ -35,6 +36,7 @@ class RoundActions(RoundBuilder):
     cache: ClusterCache
     protect_s: float
     bound: int
+    metrics: SchedulerMetrics
     _pool: ThreadPoolExecutor
 
     def is_leader(self) -> bool:
@@ -59,7 +61,10 @@ class RoundActions(RoundBuilder):
             priority=ask.priority,
             preemptible=ask.preemptible,
         )
-        return self._bind(rnd, action.workload, pod, assignment)
+        bound = self._bind(rnd, action.workload, pod, assignment)
+        if bound:
+            self.metrics.events.started(ask.queue, ask.priority, self.clock() - created_at(pod))
+        return bound
 
     def _bind(
         self, rnd: Round, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs"

@@ -31,6 +31,7 @@ from fgpu.server.enforcement import Enforcement, EnforcementConfig
 from fgpu.server.enforcing import EnforcementHooks
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
+from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
 from fgpu.store import Store
@@ -62,6 +63,7 @@ class _Tracked:
         def write(*args: Any, **kwargs: Any) -> WorkloadRecord:
             record: WorkloadRecord = method(*args, **kwargs)
             self._service._sync(record)
+            self._service.metrics.wrote(name, record)
             return record
 
         return write
@@ -165,6 +167,7 @@ class ServiceCore(EnforcementHooks):
         self._stopping = False
         self._round_s = 0.0
         self._active: dict[str, Workload] | None = None
+        self._records: dict[str, WorkloadRecord] = {}  # the mirror's records, as stored
         self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
         self._mirror_lock = threading.Lock()
         self._names_lock = threading.Lock()  # a name's check and its submission, together
@@ -175,6 +178,7 @@ class ServiceCore(EnforcementHooks):
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
+        self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {
             d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
@@ -194,6 +198,7 @@ class ServiceCore(EnforcementHooks):
             fake_driver=fake_driver,
             interposer_off_reason=interposer_note,
         )
+        self.enforcement.events.subscribe(self.metrics.agent_event)
 
     # ----------------------------------------------------------------- composition
     @classmethod
@@ -342,8 +347,22 @@ class ServiceCore(EnforcementHooks):
                     self._mirror(record, index)
             return list(self._active.values())
 
+    def _active_records(self) -> list[WorkloadRecord]:
+        """Active workloads (core and MIG) as stored, in submission order, from the mirror
+        (no store read once it is loaded): what listings, ``/metrics`` and the dashboard
+        show."""
+        self._workloads()  # loads the mirror once
+        with self._mirror_lock:
+            records = list(self._records.values())
+        records.sort(key=lambda r: (r.submitted_at, r.id))
+        return records
+
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None
+        if record.is_active:
+            self._records[record.id] = record
+        else:
+            self._records.pop(record.id, None)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
                 self._mig_active[record.id] = record

@@ -95,6 +95,7 @@ class SchedulingLoop(Recovery):
                 started = time.perf_counter()
                 await asyncio.to_thread(self.schedule_once)
                 self._round_s = time.perf_counter() - started
+                self.metrics.events.round_seconds.observe(self._round_s)
             except Exception:  # keep serving; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
 
@@ -114,6 +115,7 @@ class SchedulingLoop(Recovery):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
+                    self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Squeeze | Unsqueeze):
                     record_squeeze(self._tracked, action)
             try:

@@ -171,6 +171,8 @@ class WorkloadView:
         blocker: why it is held back by priority, or None.
         enforcement: how it is held: ``interposer`` (at launch, device time) or the
             freezer's kind (``cgroup-v2``, ``signal``).
+        paused_ns: time held frozen since it was first governed, ns: by share (time
+            slicing) and by priority, in that order.
     """
 
     workload_id: str
@@ -184,6 +186,7 @@ class WorkloadView:
     achieved_milli: int
     blocker: str | None
     enforcement: str = ""
+    paused_ns: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,26 @@ class _Record:
     gpu_pending_ns: int = 0  # device time read from the segment, not yet charged
     steady: bool = False  # neither went busy nor idle since the period began
     oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
+    frozen_ns: list[int] = field(default_factory=lambda: [0, 0])  # by share, by priority
+    frozen_at: int = 0  # when the current frozen state began (while not running)
+
+    def enter(self, state: RunState, now: int) -> None:
+        """Change the run state at ``now``, adding a frozen spell that ends to its total."""
+        if self.state is not RunState.RUNNING:
+            spell = max(0, now - self.frozen_at)
+            self.frozen_ns[self.state is RunState.FROZEN_BY_PRIORITY] += spell
+        if state is not RunState.RUNNING:
+            self.frozen_at = now
+        self.state = state
+
+    def paused_ns(self, now: int) -> tuple[int, int]:
+        """Frozen time so far (by share, by priority), the current spell included."""
+        share, priority = self.frozen_ns
+        if self.state is RunState.FROZEN_BY_SHARE:
+            share += max(0, now - self.frozen_at)
+        elif self.state is RunState.FROZEN_BY_PRIORITY:
+            priority += max(0, now - self.frozen_at)
+        return share, priority
 
     def charge(self, now: int) -> None:
         """Count the running time since the last mark (when busy) and move the mark. A
@@ -586,14 +609,14 @@ class Governor:
                 freezing.append((record, action))
             else:
                 previous = record.state
-                record.state = action.reason
+                record.enter(action.reason, self._clock())
                 self._note(record, previous, action.reason, action.message, self._clock())
         timeout = self.config.confirm_timeout_s
         for record, action in freezing:
             confirmed = self._wait_held(record, timeout)
             stopped = self._clock()
             record.charge(stopped)  # it ran until the freeze took effect
-            record.state = action.reason
+            record.enter(action.reason, stopped)
             self._note(record, RunState.RUNNING, action.reason, action.message, stopped)
             if confirmed:
                 record.slow_reported = False
@@ -618,7 +641,7 @@ class Governor:
             before: RunState = waking.state
             self._release(waking)
             thawed = self._clock()
-            waking.state = RunState.RUNNING
+            waking.enter(RunState.RUNNING, thawed)
             waking.mark_ns = thawed
             waking.blocker = None
             self._note(waking, before, RunState.RUNNING, action.message, thawed)
@@ -858,6 +881,7 @@ class Governor:
             achieved_milli=min(MILLI, achieved),
             blocker=record.blocker,
             enforcement="interposer" if record.cuda else self.freezer.kind,
+            paused_ns=record.paused_ns(now),
         )
 
 
