@@ -13,6 +13,7 @@ busy/idle and scheduling rounds. After every step:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -155,7 +156,8 @@ class SqueezeMachine(RuleBasedStateMachine):
 
 TestSqueezeMachine = SqueezeMachine.TestCase
 TestSqueezeMachine.settings = settings(
-    max_examples=100,
+    # FGPU_SQUEEZE_EXAMPLES=2000 for a long search by hand; CI keeps 100
+    max_examples=int(os.environ.get("FGPU_SQUEEZE_EXAMPLES", "100")),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -195,3 +195,48 @@ def test_reclaim_across_queues_still_evicts() -> None:
     sh.submit("b1", "b", share(0.5, "16GiB"), priority=NORMAL)
     assert summary(sh.round()) == [("evict", "a2", "b1", "reclaim"), ("wait", "b1")]
     assert sh.squeezed() == {}
+
+
+def squeezer_preempted() -> Shell:
+    """S is squeezed by P; then H preempts P (memory leaves H no squeeze) and holds its place.
+
+    GPU 0 (1000 milli, 80 GiB): A (30, 0.25, 10 GiB), S (30, 0.5, 16 GiB), C (40, 0.25,
+    10 GiB); P (40, 0.5 with 40 GiB) squeezes S; H (50, 0.5, 16 GiB) finds 4 GiB free, so
+    it evicts P (the put-back keeps A, S and the older C).
+    """
+    sh = Shell(cluster(node("n1").gpus(1)), one_queue())
+    sh.run("C", "q", share(0.25, "10GiB"), 0, [0], priority=LOW, started=0.0)
+    sh.run("A", "q", share(0.25, "10GiB"), 0, [0], priority=30, started=1.0)
+    sh.run("S", "q", share(0.5, "16GiB"), 0, [0], priority=30, started=2.0)
+    sh.now = 10.0
+    sh.submit("P", "q", half(), priority=LOW)
+    assert summary(sh.round()) == [("squeeze", "S", "P"), ("place", "P", "(0,)")]
+    sh.submit("H", "q", share(0.5, "16GiB"), priority=NORMAL)
+    assert summary(sh.round()) == [("evict", "P", "H", "preemption"), ("wait", "H")]
+    return sh
+
+
+def test_a_squeeze_whose_squeezer_was_evicted_names_who_holds_the_compute_now() -> None:
+    # P exits; H takes its place on the hold in the next round: S's compute is held by C and
+    # by H, placed in this very round (before the fix it named C alone, or nobody without C)
+    sh = squeezer_preempted()
+    d = sh.round()
+    assert summary(d) == [("place", "H", "(0,)"), ("squeeze", "S", "C,H"), ("wait", "P")]
+    assert sh.squeezed() == {"S": ("C", "H")}
+
+
+def test_a_squeezed_workload_evicted_in_a_round_is_not_also_squeezed_in_it() -> None:
+    # without C, S is left squeezed by H alone (a change of squeezers), and P, pending again
+    # and short of memory to squeeze, evicts S and A: the eviction is the round's only word
+    # on S (found by the hypothesis machine: "squeezed and evicted in one round")
+    sh = squeezer_preempted()
+    sh.finish("C")
+    d = sh.round()
+    assert summary(d) == [
+        ("place", "H", "(0,)"),
+        ("evict", "S", "P", "preemption"),
+        ("evict", "A", "P", "preemption"),
+        ("wait", "P"),
+    ]
+    sh.round()  # the victims exit; S is no longer squeezed by anyone
+    assert sh.squeezed() == {}

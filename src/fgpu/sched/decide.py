@@ -84,6 +84,7 @@ from fgpu.sched.workload import (
     Preempt,
     QueueTree,
     Resources,
+    Squeeze,
     Wait,
     Workload,
 )
@@ -476,6 +477,7 @@ class Scheduler:
                     )
                 )
             else:
+                book.placed(w, allocation)
                 actions.append(Place(w.id, allocation, "placed on capacity held for it"))
                 if not w.is_preemptible:
                     nonpreempt[w.queue] += allocation_resources(allocation)[0]
@@ -745,6 +747,13 @@ class Scheduler:
                 why = explain.explain(waiting, milli, fit, holder)
                 if why is not fit:
                     actions[i] = Wait(waiting.id, why)
+        if victimized:  # after the reasons: they index actions
+            # a squeezed workload evicted later in the round: the eviction is the news, not
+            # the change of who squeezes it (settle, or a compress by a preemptor); newly
+            # squeezed ones are never victims in their round (book.lent)
+            actions = [
+                a for a in actions if not (isinstance(a, Squeeze) and a.workload in victimized)
+            ]
 
         return Decision(
             actions=actions,
@@ -800,7 +809,7 @@ class Scheduler:
         by_node: dict[int, list[Workload]] = defaultdict(list)
         for v in pool:
             assert v.allocation is not None
-            if v.id not in victimized and not reserved[v.allocation.node]:
+            if v.id not in victimized and v.id not in book.lent and not reserved[v.allocation.node]:
                 by_node[v.allocation.node].append(v)
         best: _Victims | None = None
         request = preemptor.request

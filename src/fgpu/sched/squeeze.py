@@ -53,11 +53,15 @@ then earliest started, before any pending work is placed. The others keep the re
 - *Several preemptors.* Each squeeze adds its preemptor to ``squeezed_by``; a workload is
   released only when its whole compute fits, i.e. when enough of them have ended. When all
   the workloads it names have ended but its compute still does not fit, it is attributed
-  to the higher-priority workloads that hold that GPU's compute.
+  to the higher-priority workloads that hold that GPU's compute (those placed earlier in
+  the same round, on a hold, included).
 - *Memory needed by pending work.* A squeezed workload's memory is taken only by eviction
   under the ordinary rules (preemption by strictly higher priority in its queue, reclaim
   across queues); among victims of equal priority squeezed ones go first, since they make
-  the least progress. There is no time limit on a squeeze: an always-busy preemptor keeps
+  the least progress. A workload squeezed in a round is not a victim in it (its compute
+  is lent to a preemptor placed in it); one already squeezed may be, and then the round
+  says only that it is evicted (no :class:`Squeeze` naming new squeezers as well).
+  There is no time limit on a squeeze: an always-busy preemptor keeps
   the work paused until it ends.
 - *Reclaim across queues* always evicts.
 
@@ -167,6 +171,10 @@ class SqueezeBook:
                 self.by[w.id] = w.squeezed_by
                 self.per_gpu[(w.allocation.node, w.allocation.gpus[0])].append(w.id)
         self.restored: set[str] = set()
+        self.lent: set[str] = set()
+        """ids newly squeezed this round (their compute is lent to a preemptor placed in
+        it): never victims in the same round, since the preemptor's place needs it."""
+        self._placed: dict[GpuKey, list[Workload]] = defaultdict(list)
         self._running: dict[GpuKey, list[Workload]] | None = None
         self._workloads = workloads
 
@@ -198,8 +206,15 @@ class SqueezeBook:
         w = self.by_id.get(wid)
         return w is not None and w.allocation is not None
 
+    def placed(self, w: Workload, allocation: Allocation) -> None:
+        """Note that pending ``w`` was placed this round (before :meth:`settle`: on a
+        hold), so that it counts among the holders of its GPUs' compute."""
+        for g in allocation.gpus:
+            self._placed[(allocation.node, g)].append(w)
+
     def _holders(self, key: GpuKey, w: Workload) -> tuple[str, ...]:
-        """Running, not squeezed workloads of higher priority on ``key``'s GPU."""
+        """Running (or placed this round), not squeezed workloads of higher priority on
+        ``key``'s GPU."""
         if self._running is None:
             self._running = defaultdict(list)
             for x in self._workloads:
@@ -209,7 +224,7 @@ class SqueezeBook:
         return tuple(
             sorted(
                 x.id
-                for x in self._running.get(key, ())
+                for x in (*self._running.get(key, ()), *self._placed.get(key, ()))
                 if x.priority > w.priority and not self.is_squeezed(x)
             )
         )
@@ -425,6 +440,7 @@ class SqueezeBook:
             )
             self.by[v.id] = (preemptor.id,)
             self.occupancy[v.id] = 0
+            self.lent.add(v.id)
             self.per_gpu[key].append(v.id)
         allocation = work.allocate(preemptor.request, plan.node, (plan.gpu,))
         self._spread(key)
