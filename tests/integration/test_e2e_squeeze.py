@@ -27,6 +27,7 @@ from tests.integration.test_service_governor import stopped
 from tests.serverproc import ServerProcess, wait_for
 
 GRACE = ("--grace", "1")
+LONG_S = 60.0  # a busy shared machine: CLI calls take seconds each
 
 
 @pytest.fixture
@@ -95,6 +96,7 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
         wait_for(lambda n=name: progress(root / f"{n}.count") > 0, f"{name} counting")
     pids = {wid: server.handle(wid)["pid"] for wid in lows.values()}
     groups = [server.handle(wid)["pgid"] for wid in lows.values()]  # the commands' pids
+    low_ids = list(lows.values())
 
     idle, end = root / "idle", root / "end"
     crit = server.submit(
@@ -131,13 +133,23 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     assert {wid: server.handle(wid)["pid"] for wid in lows.values()} == pids
     before = {name: progress(root / f"{name}.count") for name in lows}
 
-    # it goes idle: both run on from where they were (same pid, the counter goes on)
+    # it goes idle: both run on from where they were (same pid, the counter goes on). Both
+    # low jobs are busy on one GPU, so the governor time-slices them (one lease at a time,
+    # DESIGN.md section 7): one of them is frozen by share at almost any instant, and "both
+    # unfrozen at once" is a race lost under load. What must hold is that neither is held
+    # by priority any more and that each makes progress.
     idle.touch()
-    wait_for(lambda: not any(stopped(pid) for pid in groups), "both low jobs resumed")
+    resumed = server.wait_listing(
+        lambda ls: all(ls[wid]["gpu_state"] in ("running", "frozen-by-share") for wid in low_ids),
+        "both low jobs no longer paused by priority",
+        timeout_s=LONG_S,
+    )
+    assert all(resumed[wid]["phase"] == "running" for wid in low_ids), resumed
     for name in lows:
         wait_for(
             lambda n=name: progress(root / f"{n}.count") > before[n] + 5,
             f"{name} counting on from {before[name]}",
+            timeout_s=LONG_S,
         )
     assert {wid: server.handle(wid)["pid"] for wid in lows.values()} == pids
 
