@@ -109,6 +109,11 @@ def test_names_and_prefixes_work_where_ids_do_with_list_and_delete(
         (("--grace", "7200"), "--grace '7200.0': must be between 0 and 3600"),
         (("--gpu-memory", "5 parsecs"), "--gpu-memory '5 parsecs': "),
         (("-p", "urgent"), "-p: unknown priority 'urgent'"),
+        (("--name", ""), "--name: empty"),
+        (("--name", "   "), "--name: '   ' is only white space"),
+        (("--name", "a\u202eb"), "--name 'a\\u202eb': contains the format character U+202E"),
+        (("--name", "--all"), "--name: '--all' starts with '-'"),
+        (("--name", "x" * 5000), f"--name '{'x' * 40}'… (5000 characters): 5000 characters;"),
     ],
 )
 def test_errors_name_the_flag_typed_and_echo_the_value(
@@ -122,6 +127,7 @@ def test_errors_name_the_flag_typed_and_echo_the_value(
     result = fgpu("submit", *args, "--", "true")
     assert result.exit_code == 2, result.output
     assert message in result.stderr
+    assert len(result.stderr) < 300  # a long value is echoed shortened
     for internal in ("grace_s", "gpu_count", "gpu_memory_mib"):
         assert internal not in result.stderr
 

@@ -130,3 +130,35 @@ def test_an_ambiguous_prefix_is_refused_with_the_candidates_and_nothing_happens(
     with pytest.raises(NotFoundError) as missing:
         svc.get_workload("no-such-thing", ME)
     assert "no-such-thing" in missing.value.reason
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "empty"),
+        ("   ", "'   ' is only white space"),
+        ("evil\u202etxt.exe", "the format character U+202E RIGHT-TO-LEFT OVERRIDE"),
+        ("a\u200bb", "the format character U+200B ZERO WIDTH SPACE"),
+        ("two\u2028lines", "the separator character U+2028 LINE SEPARATOR"),
+        ("par\u2029a", "the separator character U+2029 PARAGRAPH SEPARATOR"),
+        ("bell\x07", "the control character U+0007"),
+        ("c1\x9b31m", "the control character U+009B"),
+        ("--all", "'--all' starts with '-'"),
+        ("x" * 129, "129 characters; the limit is 128"),
+    ],
+)
+def test_names_that_could_not_be_listed_or_typed_back_are_refused(
+    svc: Service, name: str, reason: str
+) -> None:
+    # the rules layer (shared with the webhook) refuses them for any API client, not only
+    # the CLI; nothing is stored
+    with pytest.raises(BadRequest) as refused:
+        svc.submit(ME, job("sleep", "30", name=name))
+    assert refused.value.field == "name"
+    assert reason in refused.value.reason
+    assert len(refused.value.reason) < 100  # a long value is never echoed whole
+    assert svc.list_workloads() == []
+
+
+def test_a_name_with_inner_spaces_and_other_scripts_is_kept(svc: Service) -> None:
+    assert svc.submit(ME, job("sleep", "30", name="résumé a-1 训练")).name == "résumé a-1 训练"

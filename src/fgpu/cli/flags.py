@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
+from fgpu.rules.names import shorten
+
 SUBMIT_FLAGS: Mapping[str, tuple[str, ...]] = {
     "command": ("the command after --",),
     "name": ("--name",),
@@ -65,7 +67,7 @@ def flag_message(
     shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     if shown in reason:  # the reason echoes it already
         return f"{flag}: {reason}"
-    return f"{flag} {shown!r}: {reason}"
+    return f"{flag} {shorten(shown)}: {reason}"
 
 
 __all__ = ["SUBMIT_FLAGS", "flag_message", "typed"]

@@ -20,6 +20,7 @@ from fgpu.model.units import (
     parse_memory_mib,
 )
 from fgpu.rules.errors import BadRequest
+from fgpu.rules.names import check_name
 from fgpu.sched.workload import Resources, parse_priority
 from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
@@ -108,15 +109,14 @@ def parse_submission(body: SubmitRequest) -> Submission:
         )
     _text("command", *body.command)
     _text("name", body.name or "")
-    _printable("name", body.name or "")
+    if body.name is not None:
+        check_name("name", body.name)
     _sizes(body.command, body.env)
     _text("cwd", body.cwd)
     _text("env", *body.env, *body.env.values())
     if not body.cwd.startswith("/"):
         raise BadRequest("cwd", "must be an absolute path")
     mig_request = _mig(body)
-    if body.name is not None and len(body.name) > NAME_LENGTH:
-        raise BadRequest("name", f"{len(body.name)} characters; the limit is {NAME_LENGTH}")
     # without a name, the command's base name (cut to the limit)
     name = body.name if body.name else body.command[0].rsplit("/", 1)[-1]
     if mig_request is not None:

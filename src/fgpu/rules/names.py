@@ -1,0 +1,72 @@
+"""Rules for the display names of workloads (``fgpu submit --name``, the API's ``name``).
+
+A name is what ``fgpu ls`` prints and what ``describe``/``cancel`` accept in place of an id,
+so it must be printable on one line and reachable from a command line:
+
+- not empty and not only white space (such a name could never be typed back);
+- no control characters (C0, DEL, C1), no Unicode format characters (category ``Cf``, e.g.
+  U+202E RIGHT-TO-LEFT OVERRIDE, which reverses the rest of a terminal row) and no line or
+  paragraph separators (``Zl``, ``Zp``);
+- not starting with ``-`` (it would read as an option: ``fgpu describe --all``);
+- at most :data:`NAME_LENGTH` characters.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from fgpu.rules.errors import BadRequest
+
+NAME_LENGTH = 128
+"""Longest workload name, as the store's column (:data:`fgpu.store.schema.NAME_LENGTH`);
+kept here so that the CLI can check a name without importing the store."""
+
+ECHO_LENGTH = 40
+"""How many characters of a long value an error message echoes."""
+
+_REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
+
+
+def shorten(value: str, keep: int = ECHO_LENGTH) -> str:
+    """``value`` as an error message may echo it: whole when at most ``keep`` characters,
+    else its first ``keep`` characters, ``…`` and the length (``'abc…' (5000 characters)``)."""
+    if len(value) <= keep:
+        return repr(value)
+    return f"{value[:keep]!r}… ({len(value)} characters)"
+
+
+def unprintable(value: str) -> str | None:
+    """Why ``value`` cannot be printed in a listing row, or None: the first control,
+    format (``Cf``) or line/paragraph separator character, named with its code point."""
+    for char in value:
+        category = unicodedata.category(char)
+        if category in _REFUSED_CATEGORIES:
+            kind = "control" if category == "Cc" else "format" if category == "Cf" else "separator"
+            label = unicodedata.name(char, "")
+            named = f"U+{ord(char):04X}" + (f" {label}" if label else "")
+            return f"contains the {kind} character {named}"
+    return None
+
+
+def check_name(field: str, value: str) -> None:
+    """Refuse a workload name that could not be listed or typed back.
+
+    Raises:
+        BadRequest: ``field``: empty, only white space, a control/format/separator character,
+            a leading ``-``, or more than :data:`NAME_LENGTH` characters (the reason echoes a
+            shortened value only where it helps).
+    """
+    if value == "":
+        raise BadRequest(field, "empty (leave the option out for the command's name)")
+    if not value.strip():
+        raise BadRequest(field, f"{value!r} is only white space")
+    if len(value) > NAME_LENGTH:
+        raise BadRequest(field, f"{len(value)} characters; the limit is {NAME_LENGTH}")
+    why = unprintable(value)
+    if why is not None:
+        raise BadRequest(field, why)
+    if value.startswith("-"):
+        raise BadRequest(field, f"{value!r} starts with '-' (it would read as an option)")
+
+
+__all__ = ["ECHO_LENGTH", "NAME_LENGTH", "check_name", "shorten", "unprintable"]
