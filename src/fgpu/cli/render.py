@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from pydantic import BaseModel
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -181,12 +182,22 @@ def safe(text: str) -> str:
     return "".join(c if " " <= c < "\x7f" or c >= "\xa0" else repr(c)[1:-1] for c in text)
 
 
-def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> Table:
-    """``fgpu ls``."""
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    columns = ("ID", "NAME", "USER", "PHASE", "STATE", "QUEUE", "PRIORITY", "GPUS", "AGE")
-    for column in (*columns, "REASON"):
-        table.add_column(column, overflow="fold")
+NAME_WIDTH = 16
+"""Widest NAME in ``fgpu ls`` (a longer one ends in an ellipsis; ``describe`` shows it)."""
+USER_WIDTH = 10
+"""Widest USER in ``fgpu ls``."""
+QUEUE_WIDTH = 12
+"""Widest QUEUE in ``fgpu ls``."""
+REASON_WIDTH = 12
+"""Narrowest free-text column (REASON, HOLDERS): it wraps at spaces instead."""
+
+
+def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> RenderableType:
+    """``fgpu ls``: one row per workload. Words are never split: every column but REASON
+    keeps its lines whole (long names, users and queues end in an ellipsis) and REASON wraps
+    at spaces; where even a narrow REASON does not fit (80 columns), the reasons follow the
+    table, one ``ID: reason`` line each."""
+    rows: list[tuple[str | Text, ...]] = []
     for v in views:
         held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
         if v.phase in TERMINAL_PHASES and v.gpus:
@@ -195,19 +206,83 @@ def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> 
         reason = v.reason if shown else ""
         if v.squeezed:
             reason = squeezed_text(v.squeezed_by)
-        table.add_row(
-            v.id,
-            safe(v.name),
-            user_text(v.owner_uid),
-            phase_text(v.phase),
-            state_text(v),
-            v.queue,
-            priority_text(v.priority),
-            held,
-            age_text(v.submitted_at, now),
-            safe(reason),
+        rows.append(
+            (
+                v.id,
+                safe(v.name),
+                user_text(v.owner_uid),
+                phase_text(v.phase),
+                state_text(v),
+                v.queue,
+                PRIORITY_NAMES.get(v.priority) or str(v.priority),
+                held,
+                age_text(v.submitted_at, now),
+                safe(reason),
+            )
         )
-    return table
+    return _FittedTable(rows)
+
+
+class _FittedTable:
+    """The ``fgpu ls`` table laid out for the console's width at render time."""
+
+    columns = ("ID", "NAME", "USER", "PHASE", "STATE", "QUEUE", "PRIORITY", "GPUS", "AGE")
+    caps = (None, NAME_WIDTH, USER_WIDTH, None, None, QUEUE_WIDTH, None, None, None)
+
+    def __init__(self, rows: Sequence[tuple[str | Text, ...]]) -> None:
+        self.rows = rows
+        self.widths = [
+            min(widest, cap) if cap else widest
+            for widest, cap in zip(
+                (
+                    max([len(column), *(_width(row[index]) for row in rows)])
+                    for index, column in enumerate(self.columns)
+                ),
+                self.caps,
+                strict=True,
+            )
+        ]
+
+    def table(self, with_reason: bool, narrow: bool) -> Table:
+        """The table; ``narrow``: GPUS wraps at spaces and an empty STATE is left out."""
+        table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
+        keep = [
+            i
+            for i, column in enumerate(self.columns)
+            if not (narrow and column == "STATE" and not any(_width(r[i]) for r in self.rows))
+        ]
+        for i in keep:
+            column, width = self.columns[i], self.widths[i]
+            if narrow and column == "GPUS":
+                words = [len(w) for r in self.rows for w in _plain(r[i]).split()]
+                table.add_column(column, overflow="fold", min_width=max([4, *words]))
+                continue
+            table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=width)
+            table.columns[-1].max_width = width
+        if with_reason:
+            table.add_column("REASON", overflow="fold", min_width=REASON_WIDTH)
+        for row in self.rows:
+            table.add_row(*(row[i] for i in keep), *((row[-1],) if with_reason else ()))
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        needed = sum(self.widths) + len(self.widths)
+        fits = needed + REASON_WIDTH <= options.max_width
+        reasons = [(row[0], row[-1]) for row in self.rows if row[-1]]
+        narrow = needed - 1 > options.max_width
+        yield self.table(with_reason=fits or not reasons, narrow=narrow)
+        if not fits and reasons:
+            for workload_id, reason in reasons:
+                yield Text(f"{workload_id}: {reason}", overflow="fold")
+
+
+def _plain(cell: str | Text) -> str:
+    return cell.plain if isinstance(cell, Text) else cell
+
+
+def _width(cell: str | Text) -> int:
+    """The widest line of a cell."""
+    return max((cell_len(line) for line in _plain(cell).split("\n")), default=0)
 
 
 def squeezed_text(by: Sequence[str]) -> str:
@@ -285,8 +360,9 @@ def _bar(milli: int, width: int = 10) -> str:
 def top_table(nodes: Sequence[NodeView]) -> Table:
     """``fgpu top``: each GPU with the shares it holds, by workload, and live use."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("GPU", "MODEL", "COMPUTE", "MEMORY", "USED", "UTIL", "HOLDERS"):
-        table.add_column(column, overflow="fold")
+    for column in ("GPU", "MODEL", "COMPUTE", "MEMORY", "USED", "UTIL"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    table.add_column("HOLDERS", overflow="fold", min_width=REASON_WIDTH, ratio=1)
     for n in nodes:
         for g in n.gpus:
             table.add_row(

@@ -1,0 +1,94 @@
+"""``fgpu ls`` and ``fgpu top`` in an 80-column terminal: no word of a short column is split
+across lines (issue 18 trial: "runnin/g", "defaul/t", "PRIORIT/Y", "fgpu-te/st-bob")."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+
+from fgpu.cli import render
+from fgpu.wire import GpuGrant, GpuHolder, GpuView, NodeView, ResourceRequest, WorkloadView
+
+REASON = "waiting for 0.5 GPU: queue default is over its limit of 1 GPU (1 GPU allocated)"
+
+
+def view(**fields: object) -> WorkloadView:
+    base: dict[str, object] = {
+        "id": "237094bf",
+        "name": "fgpu-test-bob",
+        "owner_uid": 0,
+        "phase": "running",
+        "queue": "default",
+        "priority": 50,
+        "preemptible": True,
+        "request": ResourceRequest(
+            gpu_count=1,
+            gpu_milli=500,
+            gpu_memory_mib=None,
+            gpu_models=[],
+            cpu_milli=0,
+            memory_mib=0,
+        ),
+        "gpus": [GpuGrant(node="vm", index=0, uuid="u", compute_milli=500, memory_mib=20480)],
+        "command": ["x"],
+        "submitted_at": 0.0,
+        "started_at": 0.0,
+        "finished_at": None,
+        "exit_code": None,
+        "reason": "",
+        "restarts": 0,
+    }
+    return WorkloadView.model_validate({**base, **fields})
+
+
+def shown(renderable: object, width: int) -> list[str]:
+    console = Console(width=width, record=True)
+    console.print(renderable)
+    return console.export_text().splitlines()
+
+
+def words(lines: list[str]) -> set[str]:
+    return {w for line in lines for w in re.split(r"\s+", line) if w}
+
+
+def test_ls_in_80_columns_keeps_every_short_word_whole() -> None:
+    views = [
+        view(),
+        view(id="11111111", name="fgpu-test-alice", phase="pending", gpus=[], reason=REASON),
+        view(id="22222222", name="x" * 60, phase="succeeded", priority=125),
+    ]
+    for width in (80, 100, 200):
+        lines = shown(render.workloads_table(views, now=90.0), width)
+        assert all(len(line.rstrip()) <= width for line in lines), lines
+        found = words(lines)
+        for word in ("ID", "NAME", "PHASE", "QUEUE", "PRIORITY", "AGE", "running", "pending"):
+            assert word in found, (width, lines)
+        assert {"default", "normal", "critical", "succeeded", "1m"} <= found, lines
+        assert {"fgpu-test-bob", "fgpu-test-alice", "237094bf", "11111111"} <= found, lines
+        assert "x" * 15 + "…" in found  # a long name ends in an ellipsis
+        # the reason is whole: its words in order, wrapped only at spaces
+        assert " ".join(w for line in lines for w in line.split()).count("over its limit") == 1
+        assert set(REASON.split()) <= found, lines
+
+
+def test_top_in_80_columns_wraps_only_the_holders_at_spaces() -> None:
+    holders = [
+        GpuHolder(workload_id=f"{i}a2b3c4d", name=f"train-{i}", compute_milli=250, memory_mib=1)
+        for i in range(3)
+    ]
+    gpu = GpuView(
+        index=0,
+        uuid="GPU-0",
+        model="A100-40GB",
+        memory_mib=40960,
+        allocated_milli=750,
+        allocated_memory_mib=3,
+        holders=holders,
+    )
+    node = NodeView(name="vm", backend="simulated", cpu_milli=0, memory_mib=0, gpus=[gpu])
+    lines = shown(render.top_table([node]), 80)
+    found = words(lines)
+    assert {"GPU", "MODEL", "COMPUTE", "MEMORY", "HOLDERS", "A100-40GB", "vm/0"} <= found, lines
+    for holder in holders:
+        assert {holder.workload_id, f"{holder.name}:"} <= found, lines
