@@ -106,10 +106,12 @@ def test_names_and_prefixes_work_where_ids_do_with_list_and_delete(
         (("-g", "1.5.2"), "-g '1.5.2': not a plain decimal number"),
         (("--gpu", "1.5.2"), "--gpu '1.5.2': not a plain decimal number"),
         (("-g", "100"), "-g: 100 is above the largest supported value"),
-        (("--grace", "7200"), "--grace '7200.0': must be between 0 and 3600"),
+        (("--grace", "7200"), "--grace '7200': must be between 0 and 3600"),
+        (("--grace", "-1"), "--grace '-1': must be between 0 and 3600"),
+        (("-g", ""), "-g '': "),
         (("--gpu-memory", "5 parsecs"), "--gpu-memory '5 parsecs': "),
         (("-p", "urgent"), "-p: unknown priority 'urgent'"),
-        (("--name", ""), "--name: empty"),
+        (("--name", ""), "--name '': empty"),
         (("--name", "   "), "--name: '   ' is only white space"),
         (("--name", "a\u202eb"), "--name 'a\\u202eb': contains the format character U+202E"),
         (("--name", "--all"), "--name: '--all' starts with '-'"),
@@ -271,3 +273,39 @@ def test_shell_completion_scripts_and_completions() -> None:
         },
     )
     assert answer.stdout.split() == ["list"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "code"),
+    [
+        (("queue", "create", "q-neg", "--quota", "-1"), "--quota '-1': must be", 2),
+        (
+            ("queue", "create", "q-lim", "--limit", "0.5", "--quota", "1"),
+            "--limit 0.5 is below --quota 1",
+            2,
+        ),
+        (
+            ("queue", "create", "q-max", "--max-priority", "bogus"),
+            "--max-priority: unknown priority 'bogus'",
+            2,
+        ),
+        (("queue", "set", "nosuch", "--quota", "1"), "NAME 'nosuch': no such queue", 1),
+        (("describe", "x" * 3000), f"ID '{'x' * 40}'… (3000 characters): ", 2),
+        (("describe", "no-such"), "ID: no workload with the id, id prefix or name 'no-such'", 1),
+        (("cancel", "no-such"), "ID: no workload with the id, id prefix or name 'no-such'", 1),
+    ],
+)
+def test_queue_and_argument_errors_name_what_was_typed(
+    fgpu: Callable[..., Result],
+    args: tuple[str, ...],
+    message: str,
+    code: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["fgpu", *args])
+    result = fgpu(*args)
+    assert result.exit_code == code, result.output
+    assert message in result.stderr
+    assert len(result.stderr) < 300
+    for internal in ("gpu_milli", "max_priority", "workload_id", "id:", "name:"):
+        assert internal not in result.stderr

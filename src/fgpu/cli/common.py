@@ -64,10 +64,14 @@ def exit_code(error: ClientError) -> int:
 
 
 @contextmanager
-def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
+def connect(
+    socket: Path | None,
+    url: str | None,
+    explain: Callable[[ClientError], str] | None = None,
+) -> Iterator[Client]:
     """A client for the command; a :class:`ClientError` inside ends the command with its
-    message and exit code."""
-    from fgpu.client.client import Client, ClientError
+    message (``explain(error)`` when given: the flag or argument as typed) and exit code."""
+    from fgpu.client.client import Client, ClientError, ServerUnavailable
 
     try:
         client = (
@@ -79,7 +83,9 @@ def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
         with client:
             yield client
     except ClientError as exc:
-        fail(str(exc), exit_code(exc))
+        if explain is None or isinstance(exc, ServerUnavailable):
+            fail(str(exc), exit_code(exc))
+        fail(explain(exc), exit_code(exc))
 
 
 def show(value: JsonValue, table: RenderableType, json_out: bool) -> None:

@@ -48,6 +48,24 @@ def typed(spellings: Sequence[str], argv: Sequence[str] | None = None) -> str:
     return spellings[-1]
 
 
+def typed_value(spellings: Sequence[str], argv: Sequence[str] | None = None) -> str | None:
+    """The text the user typed after a flag (``--grace -1`` -> ``'-1'``, ``--quota=2`` ->
+    ``'2'``), the last when repeated; None when the flag is not on the command line."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--" in words:
+        words = words[: words.index("--")]
+    found = None
+    for index, word in enumerate(words):
+        for spelling in spellings:
+            if not spelling.startswith("-"):
+                continue
+            if word == spelling and index + 1 < len(words):
+                found = words[index + 1]
+            elif spelling.startswith("--") and word.startswith(spelling + "="):
+                found = word[len(spelling) + 1 :]
+    return found
+
+
 def flag_message(
     field: str,
     reason: str,
@@ -56,7 +74,9 @@ def flag_message(
     argv: Sequence[str] | None = None,
 ) -> str:
     """``--grace '-1': must be ...`` for the API's ``grace_s: must be ...``: the flag as
-    typed and the value given (when the field is one the user set), else ``field: reason``."""
+    typed and the value as typed (a long one shortened), when the field is one the user set,
+    else ``field: reason``. An argument (a spelling without ``-``, e.g. ``ID``) is named as
+    the help names it, with the value given."""
     spellings = flags.get(field)
     if spellings is None:
         return f"{field}: {reason}" if field else reason
@@ -64,10 +84,46 @@ def flag_message(
     value = values.get(field)
     if value is None or value == []:
         return f"{flag}: {reason}"
-    shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    if shown in reason:  # the reason echoes it already
+    raw = None if isinstance(value, list) else typed_value(spellings, argv)
+    if raw is not None and _same(raw, value):
+        shown = raw
+    else:
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    if shown and shown in reason:  # the reason echoes it already
         return f"{flag}: {reason}"
     return f"{flag} {shorten(shown)}: {reason}"
 
 
-__all__ = ["SUBMIT_FLAGS", "flag_message", "typed"]
+def _same(raw: str, value: object) -> bool:
+    """Whether ``raw`` (read from the command line) is the text of ``value`` (as parsed)."""
+    if raw == str(value):
+        return True
+    try:
+        return isinstance(value, int | float) and float(raw) == value
+    except ValueError:
+        return False
+
+
+QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
+    "name": ("NAME",),
+    "parent": ("--parent",),
+    "quota": ("--quota",),
+    "limit": ("--limit",),
+    "over_quota_weight": ("--over-quota-weight",),
+    "priority": ("--priority",),
+    "members": ("--member",),
+    "max_priority": ("--max-priority",),
+}
+"""API field -> the flags that set it (``fgpu queue create|set``)."""
+
+WORKLOAD_ARGUMENT: Mapping[str, tuple[str, ...]] = {"id": ("ID",), "workload_id": ("ID",)}
+"""The workload argument of ``describe``, ``logs`` and ``cancel``, as their help names it."""
+
+__all__ = [
+    "QUEUE_FLAGS",
+    "SUBMIT_FLAGS",
+    "WORKLOAD_ARGUMENT",
+    "flag_message",
+    "typed",
+    "typed_value",
+]

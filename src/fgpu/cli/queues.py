@@ -21,6 +21,9 @@ from fgpu.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fgpu.client.client import ClientError
     from fgpu.wire import QueueView
 
 queue_app = typer.Typer(
@@ -117,7 +120,7 @@ def create(
         if value is not None:
             fields[key] = value
     body = QueueBody.model_validate(fields)
-    with connect(socket, url) as client:
+    with connect(socket, url, _explain(fields)) as client:
         view = client.create_queue(body)
     _print_queue(view, json_out, "created")
 
@@ -169,10 +172,13 @@ def update(
         fail("--limit and --no-limit exclude each other")
     if member is not None and (add_member or remove_member):
         fail("--member replaces the list; --add-member and --remove-member change it")
-    with connect(socket, url) as client:
+    typed: dict[str, object] = {"name": name, "quota": quota, "limit": limit}
+    typed |= {"over_quota_weight": over_quota_weight, "priority": priority, "parent": parent}
+    typed |= {"members": member or add_member, "max_priority": max_priority}
+    with connect(socket, url, _explain(typed)) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
-            fail(f"name: no queue {name!r}", EXIT_REFUSED)
+            fail(f"NAME {name!r}: no such queue (fgpu queue ls lists them)", EXIT_REFUSED)
         kept_limit = None if current.limit_milli is None else current.limit_milli / 1000
         body = QueueBody(
             name=name,
@@ -192,6 +198,22 @@ def update(
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")
+
+
+def _explain(values: dict[str, object]) -> Callable[[ClientError], str]:
+    """A refusal of a queue's settings naming the flag typed and its value as typed; a limit
+    below the quota in GPUs, as given (``--limit 0.5 is below --quota 1``)."""
+    from fgpu.cli.flags import QUEUE_FLAGS, flag_message, typed_value
+
+    def explain(error: ClientError) -> str:
+        if error.field.startswith("limit.") and "is below quota" in error.reason:
+            limit = typed_value(("--limit",)) or str(values.get("limit"))
+            quota = typed_value(("--quota",))
+            quota_text = f"--quota {quota}" if quota is not None else "the queue's quota"
+            return f"--limit {limit} is below {quota_text}"
+        return flag_message(error.field, error.reason, values, QUEUE_FLAGS)
+
+    return explain
 
 
 def _members(

@@ -29,7 +29,9 @@ from fgpu.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from fgpu.client.client import Client
+    from collections.abc import Callable
+
+    from fgpu.client.client import Client, ClientError
 
 FOLLOW_INTERVAL_S = 0.5
 
@@ -266,7 +268,7 @@ def describe(
     """Show a workload: request, placement, events, and why it waits while pending."""
     from fgpu.cli import render
 
-    with connect(socket, url) as client:
+    with connect(socket, url, _about(workload_id)) as client:
         detail = client.get_workload(workload_id)
     show(detail, render.detail_view(detail), json_out)
 
@@ -288,7 +290,7 @@ def logs(
     stream = "stderr" if stderr else "stdout"
     sink = sys.stdout.buffer
     offset = 0
-    with connect(socket, url) as client:
+    with connect(socket, url, _about(workload_id)) as client:
         if follow:  # a name or prefix is resolved once: a later namesake is not followed
             workload_id = client.get_workload(workload_id).id
         try:
@@ -363,8 +365,8 @@ def cancel(
             except ServerUnavailable:
                 raise
             except ClientError as exc:
-                which = f"{workload_id}: " if len(workload_ids) > 1 else ""
-                err.print(f"[bold red]error:[/] {escape(which + str(exc))}", markup=True)
+                message = _about(workload_id)(exc)
+                err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
                 first_error = first_error or exc
     if json_out:
         if len(workload_ids) > 1 or every:
@@ -426,6 +428,21 @@ def register(app: typer.Typer) -> None:
     app.command("delete", help="Same as cancel.")(cancel)
     app.command()(top)
     app.command()(nodes)
+
+
+def _about(workload_id: str) -> Callable[[ClientError], str]:
+    """An error about the workload argument, named as the help names it (``ID``) with the
+    value typed (shortened when long)."""
+    from fgpu.cli.flags import WORKLOAD_ARGUMENT, flag_message
+
+    values = {"id": workload_id, "workload_id": workload_id}
+
+    def explain(error: ClientError) -> str:
+        if error.field in WORKLOAD_ARGUMENT:
+            return flag_message(error.field, error.reason, values, WORKLOAD_ARGUMENT)
+        return f"ID {workload_id!r}: {error}" if len(workload_id) < 60 else str(error)
+
+    return explain
 
 
 def _is_text(value: str) -> bool:
