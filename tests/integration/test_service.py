@@ -21,6 +21,7 @@ import pytest
 
 from fgpu.rules.errors import BadRequest, Forbidden
 from fgpu.server.service import Caller, Service
+from fgpu.users import user_text
 from fgpu.wire import QueueBody, SubmitRequest, WorkloadView
 
 ME = Caller(os.getuid(), admin=True)
@@ -421,7 +422,7 @@ def test_empty_command_and_other_users_cancel(tmp_path: Path) -> None:
     with pytest.raises(BadRequest, match="command: give a command"):
         svc.submit(ME, SubmitRequest(command=[], gpu="0.5"))
     mine = svc.submit(Caller(1000, False), job(1, gpu="0.5"))
-    with pytest.raises(Forbidden, match="uid 1001 may not cancel it"):
+    with pytest.raises(Forbidden, match=f"{user_text(1001)} may not cancel it"):
         svc.cancel(Caller(1001, False), mine.id)
     assert svc.get_workload(mine.id).phase == "pending"
     with pytest.raises(Forbidden, match="may not manage queues"):

@@ -92,3 +92,23 @@ def test_top_in_80_columns_wraps_only_the_holders_at_spaces() -> None:
     assert {"GPU", "MODEL", "COMPUTE", "MEMORY", "HOLDERS", "A100-40GB", "vm/0"} <= found, lines
     for holder in holders:
         assert {holder.workload_id, f"{holder.name}:"} <= found, lines
+
+
+def test_messages_name_users_as_ls_does_with_the_uid_where_none_resolves() -> None:
+    import pwd
+
+    from fgpu.users import user_text
+
+    assert user_text(0) == pwd.getpwuid(0).pw_name == render.user_text(0)
+    unknown = next(uid for uid in range(4_000_000, 4_001_000) if _no_user(uid))
+    assert user_text(unknown) == f"uid {unknown}"
+
+
+def _no_user(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return True
+    return False

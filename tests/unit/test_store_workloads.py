@@ -20,6 +20,7 @@ from fgpu.store import (
     to_core,
 )
 from fgpu.store.records import StoredAllocation, StoredMigInstance, StoredMigRequest
+from fgpu.users import user_text
 from tests.unit.test_store_support import (
     T0,
     allocation_for,
@@ -29,6 +30,8 @@ from tests.unit.test_store_support import (
     submit,
     with_default_queue,
 )
+
+CANCELLED_BY = f"cancelled by {user_text(1000)}"
 
 
 @pytest.fixture
@@ -199,7 +202,13 @@ def test_preemption_returns_the_workload_to_pending(store: Store) -> None:
         pytest.param("succeeded", 0, "", "exit code 0", id="succeeded"),
         pytest.param("failed", 3, "", "exit code 3", id="failed"),
         pytest.param("failed", None, "over its memory quota", "over its memory quota", id="oom"),
-        pytest.param("cancelled", -15, "cancelled by uid 1000", "cancelled by uid 1000", id="cxl"),
+        pytest.param(
+            "cancelled",
+            -15,
+            f"cancelled by {user_text(1000)}",
+            f"cancelled by {user_text(1000)}",
+            id="cxl",
+        ),
     ],
 )
 def test_mark_finished(
@@ -225,7 +234,7 @@ def test_cancel_pending_is_immediate(store: Store) -> None:
     w = submit(store, owner=1000)
     cancelled = store.cancel(w.id, by_uid=1000)
     assert (cancelled.phase, cancelled.cancelled_by) == ("cancelled", 1000)
-    assert cancelled.reason == "cancelled by uid 1000"
+    assert cancelled.reason == f"cancelled by {user_text(1000)}"
     assert kinds(store, w.id) == ["submitted", "cancelled"]
 
 
@@ -248,7 +257,7 @@ def test_admin_may_cancel_anyones_workload(store: Store) -> None:
 def test_cancel_by_another_user_is_refused_and_changes_nothing(store: Store) -> None:
     w = submit(store, owner=1000)
     before = snapshot(store, w.id)
-    with pytest.raises(PermissionDenied, match="uid 1001 may not cancel"):
+    with pytest.raises(PermissionDenied, match=f"{user_text(1001)} may not cancel"):
         store.cancel(w.id, by_uid=1001)
     assert snapshot(store, w.id) == before
 

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
 from fgpu.store.records import WorkloadRecord
+from fgpu.users import user_text
 
 INTERPRETERS = frozenset(
     {"python", "python3", "bash", "sh", "zsh", "node", "ruby", "perl", "julia", "Rscript"}
@@ -127,7 +128,8 @@ def resolve(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> Wor
 
 def _ambiguous(ref: str, what: str, candidates: Sequence[WorkloadRecord]) -> BadRequest:
     listed = "; ".join(
-        f"{r.id} ({r.name}, uid {r.owner_uid}, {r.phase})" for r in candidates[:MAX_CANDIDATES]
+        f"{r.id} ({r.name}, {user_text(r.owner_uid)}, {r.phase})"
+        for r in candidates[:MAX_CANDIDATES]
     )
     more = len(candidates) - MAX_CANDIDATES
     if more > 0:

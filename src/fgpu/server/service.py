@@ -51,6 +51,7 @@ from fgpu.server.naming import base_name, check_name_free, unique_name
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import ACTIVE_PHASES, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
+from fgpu.users import user_text
 from fgpu.wire import (
     EnforcementLayer,
     EventView,
@@ -251,7 +252,8 @@ class Service(SchedulingLoop):
         if record.owner_uid != caller.uid and not self._is_admin(caller):
             raise Forbidden(
                 "id",
-                f"workload {record.id} belongs to uid {record.owner_uid}; its logs are its owner's",
+                f"workload {record.id} belongs to {user_text(record.owner_uid)}; its logs are "
+                "its owner's",
             )
         return self.log_dir / record.id / f"{stream}.log"
 
@@ -260,7 +262,9 @@ class Service(SchedulingLoop):
         self, caller: Caller, change: Callable[[], object], config: QueueConfig | None = None
     ) -> None:
         if not self._is_admin(caller):
-            raise Forbidden("queue", f"uid {caller.uid} may not manage queues (root or --admin)")
+            raise Forbidden(
+                "queue", f"{user_text(caller.uid)} may not manage queues (root or --admin)"
+            )
         unknown = unknown_members(config.members) if config is not None else []
         if unknown:
             raise BadRequest(

@@ -51,6 +51,7 @@ from fgpu.store.records import (
     to_core,
 )
 from fgpu.store.schema import Base, EventRow, HoldRow, QueueRow, WorkloadRow
+from fgpu.users import user_text
 
 DEFAULT_GRACE_S = 30.0
 """Seconds between SIGTERM and SIGKILL when a workload is stopped (issue 4, item 3)."""
@@ -391,7 +392,7 @@ class Store(QueueStore, InventoryStore):
             self._expect(row, HOLDING_PHASES, "mark_preempted")
             if row.cancelled_by is not None:
                 raise StoreConflict(
-                    f"workload {workload_id} was cancelled by uid {row.cancelled_by}; "
+                    f"workload {workload_id} was cancelled by {user_text(row.cancelled_by)}; "
                     "finish it as cancelled"
                 )
             now = self._clock()
@@ -492,11 +493,11 @@ class Store(QueueStore, InventoryStore):
             row = self._lock(session, workload_id)
             if not admin and row.owner_uid != by_uid:
                 raise PermissionDenied(
-                    f"workload {workload_id} belongs to uid {row.owner_uid}; uid {by_uid} may "
-                    "not cancel it"
+                    f"workload {workload_id} belongs to {user_text(row.owner_uid)}; "
+                    f"{user_text(by_uid)} may not cancel it"
                 )
             self._expect(row, ACTIVE_PHASES, "cancel")
-            reason = f"cancelled by uid {by_uid}"
+            reason = f"cancelled by {user_text(by_uid)}"
             if row.phase == PENDING:
                 row.cancelled_by = by_uid
                 self._finish(session, row, CANCELLED, reason, None)
