@@ -338,3 +338,6 @@ class Health(BaseModel):
     caller_uid: int | None = Field(
         None, description="the caller's uid from peer credentials (Unix socket only)"
     )
+    caller_admin: bool | None = Field(
+        None, description="whether that caller is an admin (Unix socket only)"
+    )

@@ -135,7 +135,7 @@ def test_errors_name_the_flag_typed_and_echo_the_value(
 
 
 def test_ls_filters_cancel_all_exit_codes_and_the_last_placement(
-    fgpu: Callable[..., Result], server: Server
+    fgpu: Callable[..., Result], server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     running = submit(fgpu, "-g", "0.5")
     waiting = submit(fgpu, "-g", "0.8")  # does not fit beside it: pending
@@ -152,7 +152,16 @@ def test_ls_filters_cancel_all_exit_codes_and_the_last_placement(
         running["id"],
         waiting["id"],
     ]
-    assert ids("--queue", "elsewhere") == []
+    # an unknown queue or an empty value is refused, as an unknown user or phase is
+    for args, message in (
+        (("--queue", "elsewhere"), "--queue 'elsewhere': no such queue"),
+        (("--queue", ""), "--queue '': an empty queue name"),
+        (("--phase", "running,"), "--phase 'running,': an empty phase"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["fgpu", "ls", *args])
+        refused = fgpu("ls", *args)
+        assert refused.exit_code == 2, refused.output
+        assert message in refused.stderr
     bad = fgpu("ls", "--phase", "sleeping")
     assert bad.exit_code == 2
     assert "--phase 'sleeping': not a phase" in bad.stderr

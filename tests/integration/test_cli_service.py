@@ -265,7 +265,7 @@ def test_logs_stdout_stderr_and_follow(fgpu: Callable[..., Result], server: Serv
         (["submit", "--", ""], 2, "command"),
         (["submit", "--bogus", "--", "true"], 2, "bogus"),
         (["describe", "nope"], 1, "nope"),
-        (["describe", ""], 1, "id: empty; give a workload id"),
+        (["describe", ""], 1, "ID '': empty; give a workload id"),
         (["cancel", ""], 1, "id: empty; give a workload id"),
         (["cancel", "nope"], 1, "nope"),
         (["logs", "nope"], 1, "nope"),

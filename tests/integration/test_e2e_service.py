@@ -560,7 +560,7 @@ def test_another_user_may_not_cancel_a_workload(shared_server: ServerProcess) ->
     before = shared_server.workloads()
     refused = shared_server.cli("cancel", job, user=AS_NOBODY, check=False)
     assert refused.returncode == 1, (refused.stdout, refused.stderr)
-    assert refused.stderr.startswith("error: id: "), refused.stderr
+    assert refused.stderr.startswith("error: ID: "), refused.stderr
     assert "may not cancel" in refused.stderr, refused.stderr
     assert shared_server.workloads() == before
     assert alive(shared_server.handle(job))

@@ -82,6 +82,9 @@ def test_bob_can_neither_preempt_nor_cancel_alices_work_nor_spend_her_queue(
     # her work is not his to cancel
     stderr = refused(server, BOB, "cancel", ids[0])
     assert "may not cancel" in stderr, stderr
+    # all of her work: refused once, up front, not once per workload
+    stderr = refused(server, BOB, "cancel", "--all", "-u", ALICE)
+    assert stderr == f"error: --user '{ALICE}': only admins may cancel another user's work\n"
     assert server.workloads() == before
     assert running_pids(server, ids) == pids
 

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from fgpu.cli.common import (
+    EXIT_REFUSED,
     JsonOption,
     SocketOption,
     UrlOption,
@@ -218,8 +219,15 @@ def ls(
 ) -> None:
     """List workloads (active ones; --all for finished too), oldest first."""
     from fgpu.cli import render
+    from fgpu.cli.flags import typed
 
-    phases = {p.strip() for item in phase or [] for p in item.split(",") if p.strip()}
+    for item in phase or []:
+        if not all(p.strip() for p in item.split(",")):
+            fail(f"--phase {item!r}: an empty phase; phases: {', '.join(PHASES)}")
+    for item in queue or []:
+        if not item.strip():
+            fail(f"{typed(('-q', '--queue'))} {item!r}: an empty queue name")
+    phases = {p.strip() for item in phase or [] for p in item.split(",")}
     unknown = sorted(phases - set(PHASES))
     if unknown:
         fail(f"--phase {', '.join(unknown)!r}: not a phase; phases: {', '.join(PHASES)}")
@@ -247,6 +255,10 @@ def ls(
         return render.workloads_table(views)
 
     with connect(socket, url) as client:
+        missing = sorted(queues - {q.name for q in client.list_queues()}) if queues else []
+        if missing:
+            flag = typed(("-q", "--queue"))
+            fail(f"{flag} {', '.join(missing)!r}: no such queue (fgpu queue ls lists them)")
         if watch:
             watch_loop(lambda: listing(client), interval)
             return
@@ -351,7 +363,13 @@ def cancel(
     first_error: ClientError | None = None
     with connect(socket, url) as client:
         if every:
-            owner = uid_of(user) if user is not None else client.health().caller_uid
+            health = client.health()
+            owner = uid_of(user) if user is not None else health.caller_uid
+            if owner != health.caller_uid and health.caller_admin is False:
+                fail(
+                    f"--user {user!r}: only admins may cancel another user's work",
+                    EXIT_REFUSED,
+                )
             if owner is None:
                 fail("--all: name the user with --user (over --url the server does not say who)")
             workload_ids = [w.id for w in client.list_workloads() if w.owner_uid == owner]

@@ -356,10 +356,12 @@ def create_app(
     def healthz(request: Request) -> Health:
         """The server answers; shows the caller's uid as the server sees it."""
         uid = request.scope.get(PEER_UID)
+        settings: _Settings = request.app.state.fgpu
         return Health(
             version=__version__,
             server_uid=own_uid,
             caller_uid=uid if isinstance(uid, int) else None,
+            caller_admin=settings.is_admin(uid) if isinstance(uid, int) else None,
         )
 
     @api.get("/workloads", tags=["workloads"])
