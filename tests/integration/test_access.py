@@ -78,6 +78,29 @@ def test_users_who_are_not_admins_submit_up_to_normal_and_preemptible_only(
     assert "fgpu queue set default" in error.reason
 
 
+def test_a_priority_that_breaks_both_rules_is_refused_once_naming_both(
+    svc: Service, users: tuple[Caller, Caller]
+) -> None:
+    _, bob = users
+    error = refused(svc, bob, job(priority="critical"))
+    assert error.field == "priority"
+    assert "users who are not admins submit up to the queue's max_priority" in error.reason
+    assert "non-preemptible work" in error.reason
+    assert "'fgpu queue set default --max-priority critical --nonpreemptible'" in error.reason
+    assert "--max-priority 125" not in error.reason
+    # after the admin does what it says, the same submission is taken
+    default = next(q for q in svc.list_queues() if q.name == "default")
+    body = QueueBody(
+        name="default",
+        quota=default.quota_milli / 1000,
+        members=default.members,
+        max_priority="critical",
+        nonpreemptible=True,
+    )
+    svc.update_queue(ROOT, "default", body)
+    assert svc.submit(bob, job(priority="critical")).priority == 125
+
+
 @pytest.mark.parametrize("priority", ["very-low", "low", "normal", "50"])
 def test_priorities_up_to_normal_are_anyones(
     svc: Service, users: tuple[Caller, Caller], priority: str

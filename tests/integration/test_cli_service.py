@@ -247,6 +247,12 @@ def test_logs_stdout_stderr_and_follow(fgpu: Callable[..., Result], server: Serv
     assert followed.exit_code == 0, followed.output
     assert followed.stdout == "a\nb\n"
     assert server.phase(slow) == "succeeded"
+    # -f ends with the workload's exit code, as a shell gives it
+    failing = fgpu("submit", "-g", "0.1", "--shell", "--", "echo c; exit 3").stdout.strip()
+    followed = fgpu("logs", "-f", failing)
+    assert followed.exit_code == 3, followed.output
+    assert followed.stdout == "c\n"
+    assert server.phase(failing) == "failed"
 
 
 # -------------------------------------------------------------------- bad input
@@ -266,7 +272,7 @@ def test_logs_stdout_stderr_and_follow(fgpu: Callable[..., Result], server: Serv
         (["submit", "--bogus", "--", "true"], 2, "bogus"),
         (["describe", "nope"], 1, "nope"),
         (["describe", ""], 1, "ID '': empty; give a workload id"),
-        (["cancel", ""], 1, "id: empty; give a workload id"),
+        (["cancel", ""], 1, "ID '': empty; give a workload id"),
         (["cancel", "nope"], 1, "nope"),
         (["logs", "nope"], 1, "nope"),
         (["queue", "rm", "nope"], 1, "nope"),

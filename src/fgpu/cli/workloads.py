@@ -296,7 +296,8 @@ def logs(
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """Print a workload's output (stdout, or stderr with --stderr)."""
+    """Print a workload's output (stdout, or stderr with --stderr). With -f, the exit code
+    is the workload's once it ends, as a shell gives it (128+N when killed by signal N)."""
     from fgpu.wire import TERMINAL_PHASES
 
     stream = "stderr" if stderr else "stdout"
@@ -314,12 +315,13 @@ def logs(
                     continue
                 if not follow:
                     return
-                if client.get_workload(workload_id).phase in TERMINAL_PHASES:
+                ended = client.get_workload(workload_id)
+                if ended.phase in TERMINAL_PHASES:
                     data, offset = client.logs(workload_id, stream, offset)
                     sink.write(data)
                     sink.flush()
                     if not data:
-                        return
+                        raise typer.Exit(_shell_status(ended.exit_code))
                     continue
                 time.sleep(FOLLOW_INTERVAL_S)
         except KeyboardInterrupt:
@@ -446,6 +448,14 @@ def register(app: typer.Typer) -> None:
     app.command("delete", help="Same as cancel.")(cancel)
     app.command()(top)
     app.command()(nodes)
+
+
+def _shell_status(exit_code: int | None) -> int:
+    """A workload's exit code as a shell's ``$?``: 0..255, 128+N for a signal N (negative),
+    0 when it has none (it never ran)."""
+    if exit_code is None:
+        return 0
+    return 128 - exit_code if exit_code < 0 else exit_code & 0xFF
 
 
 def _about(workload_id: str) -> Callable[[ClientError], str]:

@@ -147,18 +147,29 @@ def check_submission(
             f"takes work from its members and admins; an admin adds you with "
             f"'fgpu queue set {name} --add-member {whom}'",
         )
-    if priority > queue.max_priority:
+    nonpreemptible = (
+        not preemptible if preemptible is not None else priority >= NON_PREEMPTIBLE_FROM
+    )
+    too_high = priority > queue.max_priority
+    pinned = nonpreemptible and not queue.nonpreemptible
+    # the class name where there is one: what the user typed (-p critical), not 125
+    asked = next((n for n, v in PRIORITY_CLASSES.items() if v == priority), str(priority))
+    if too_high:
+        fixes = f"--max-priority {asked}" + (" --nonpreemptible" if pinned else "")
+        also = (
+            "; and non-preemptible work (its default from high) needs the queue's grant: "
+            "non-preemptible work is never stopped for others"
+            if pinned
+            else ""
+        )
         raise Forbidden(
             "priority",
             f"priority {priority_name(priority)} is above what queue {name} allows its "
             f"members ({priority_name(queue.max_priority)}); rule: users who are not admins "
-            f"submit up to the queue's max_priority; an admin raises it with "
-            f"'fgpu queue set {name} --max-priority {priority}'",
+            f"submit up to the queue's max_priority{also}; an admin grants it with "
+            f"'fgpu queue set {name} {fixes}'" + ("; or submit it --preemptible" if pinned else ""),
         )
-    nonpreemptible = (
-        not preemptible if preemptible is not None else priority >= NON_PREEMPTIBLE_FROM
-    )
-    if nonpreemptible and not queue.nonpreemptible:
+    if pinned:
         why = (
             "preemptible is false"
             if preemptible is False
