@@ -112,6 +112,7 @@ def test_names_and_prefixes_work_where_ids_do_with_list_and_delete(
         (("--gpu-memory", "5 parsecs"), "--gpu-memory '5 parsecs': "),
         (("-p", "urgent"), "-p: unknown priority 'urgent'"),
         (("--name", ""), "--name '': empty"),
+        (("--cpu", "1000000"), "--cpu '1000000': can never fit this machine"),
         (("--name", "   "), "--name: '   ' is only white space"),
         (("--name", "a\u202eb"), "--name 'a\\u202eb': contains the format character U+202E"),
         (("--name", "--all"), "--name: '--all' starts with '-'"),

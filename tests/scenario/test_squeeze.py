@@ -111,7 +111,9 @@ def test_squeezed_work_keeps_memory_and_gets_compute_back_when_the_preemptor_end
     assert d.allocated["q"].gpu_milli == 1000
     assert summary(d) == []  # a squeezed GPU is full: nothing moves
     sh.finish("crit")
-    assert summary(sh.round()) == [("release", "low-b")]
+    released = sh.round()
+    assert summary(released) == [("release", "low-b")]
+    assert [a.reason for a in released.actions] == ["compute returned (crit no longer needs it)"]
     assert sh.squeezed() == {}
     assert int(sh.state.gpu_free_milli[0, 0]) == 0
     assert sh.evictions() == 0
@@ -156,7 +158,9 @@ def test_two_preemptors_on_one_gpu_share_one_squeezed_workload() -> None:
     sh.finish("p1")
     assert summary(sh.round()) == [("squeeze", "low-b", "p2")]
     sh.finish("p2")
-    assert summary(sh.round()) == [("release", "low-b")]
+    released = sh.round()
+    assert summary(released) == [("release", "low-b")]
+    assert [a.reason for a in released.actions] == ["compute returned (p2 no longer needs it)"]
     assert sh.evictions() == 0
 
 

@@ -94,6 +94,29 @@ def flag_message(
     return f"{flag} {shorten(shown)}: {reason}"
 
 
+REQUEST_CAUSES: tuple[tuple[str, str], ...] = (
+    ("insufficient CPU", "cpu"),
+    ("insufficient memory", "memory"),
+    ("GPU memory too small", "gpu_memory"),
+    ("GPU model not allowed", "gpu_model"),
+    ("have fewer than", "gpu"),
+    ("insufficient GPU", "gpu"),
+)
+"""Words of a refusal of the whole request (field ``request``) -> the field that caused it."""
+
+
+def request_field(reason: str, values: Mapping[str, object]) -> str:
+    """The submit field a refusal of the whole ``request`` is about (``--cpu`` for
+    ``insufficient CPU``), when exactly one such cause is named and the user set it; else
+    ``request``."""
+    causes = {field for words, field in REQUEST_CAUSES if words in reason}
+    if len(causes) == 1:
+        (field,) = causes
+        if values.get(field) not in (None, []):
+            return field
+    return "request"
+
+
 def _same(raw: str, value: object) -> bool:
     """Whether ``raw`` (read from the command line) is the text of ``value`` (as parsed)."""
     if raw == str(value):
@@ -121,9 +144,11 @@ WORKLOAD_ARGUMENT: Mapping[str, tuple[str, ...]] = {"id": ("ID",), "workload_id"
 
 __all__ = [
     "QUEUE_FLAGS",
+    "REQUEST_CAUSES",
     "SUBMIT_FLAGS",
     "WORKLOAD_ARGUMENT",
     "flag_message",
+    "request_field",
     "typed",
     "typed_value",
 ]

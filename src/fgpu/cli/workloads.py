@@ -103,7 +103,7 @@ def submit(
     Example: fgpu submit -g 0.5 -- python train.py --epochs 3
     """
     from fgpu.cli import render
-    from fgpu.cli.flags import flag_message
+    from fgpu.cli.flags import flag_message, request_field
     from fgpu.client.client import ClientError, ServerUnavailable
     from fgpu.wire import SubmitRequest
 
@@ -174,7 +174,8 @@ def submit(
         except ServerUnavailable:
             raise
         except ClientError as exc:  # name the flag as typed, with the value given
-            fail(flag_message(exc.field, exc.reason, typed_values), exit_code(exc))
+            field = request_field(exc.reason, typed_values) if exc.field == "request" else exc.field
+            fail(flag_message(field, exc.reason, typed_values), exit_code(exc))
     if json_out:
         print(render.to_json(view))
         return

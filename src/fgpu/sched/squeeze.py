@@ -275,7 +275,8 @@ class SqueezeBook:
                     self.restored.add(wid)
                     self.per_gpu[key].remove(wid)
                     gone = ", ".join(w.squeezed_by) or "its squeezers"
-                    actions.append(Unsqueeze(wid, f"compute returned ({gone} no longer need it)"))
+                    verb = "needs" if len(w.squeezed_by) == 1 else "need"
+                    actions.append(Unsqueeze(wid, f"compute returned ({gone} no longer {verb} it)"))
                     continue
                 if free > 0:
                     self.work.resume_compute(_compute(w.allocation, free))
