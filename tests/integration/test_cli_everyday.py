@@ -319,3 +319,20 @@ def test_queue_and_argument_errors_name_what_was_typed(
     assert len(result.stderr) < 300
     for internal in ("gpu_milli", "max_priority", "workload_id", "id:", "name:"):
         assert internal not in result.stderr
+
+
+def test_piped_tables_have_no_trailing_spaces_and_version_prints(
+    fgpu: Callable[..., Result],
+) -> None:
+    view = submit(fgpu, "-g", "0.2", "--name", "piped")
+    for args in (("describe", "piped"), ("ls",), ("top",)):
+        shown = fgpu(*args)
+        assert shown.exit_code == 0, shown.output
+        lines = shown.stdout.splitlines()
+        assert lines, args
+        assert all(line == line.rstrip() for line in lines), (args, lines)
+    assert str(view["id"]) in fgpu("ls").stdout
+    from fgpu import __version__
+
+    version = CliRunner().invoke(app, ["--version"])
+    assert (version.exit_code, version.stdout) == (0, f"fgpu {__version__}\n")

@@ -29,6 +29,25 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from fgpu import __version__
+
+        print(f"fgpu {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """fgpu: fractional GPU sharing."""
+
+
 app.add_typer(sim_app, name="sim")
 app.add_typer(mig.mig_app, name="mig")
 app.add_typer(k8s_app, name="k8s")

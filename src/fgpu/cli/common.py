@@ -95,7 +95,18 @@ def show(value: JsonValue, table: RenderableType, json_out: bool) -> None:
     if json_out:
         print(render.to_json(value))
     else:
-        out.print(table)
+        emit(table)
+
+
+def emit(renderable: RenderableType) -> None:
+    """Print on stdout; into a file or a pipe without the spaces that pad table rows."""
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    with out.capture() as captured:
+        out.print(renderable)
+    for line in captured.get().splitlines():
+        print(line.rstrip())
 
 
 def uid_of(user: str) -> int:

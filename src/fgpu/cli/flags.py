@@ -89,7 +89,7 @@ def flag_message(
         shown = raw
     else:
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
-    if shown and shown in reason:  # the reason echoes it already
+    if shown and _echoes(reason, shown):
         return f"{flag}: {reason}"
     return f"{flag} {shorten(shown)}: {reason}"
 
@@ -115,6 +115,14 @@ def request_field(reason: str, values: Mapping[str, object]) -> str:
         if values.get(field) not in (None, []):
             return field
     return "request"
+
+
+def _echoes(reason: str, shown: str) -> bool:
+    """Whether the reason already names the value, as a whole word (``'1000000'`` is not
+    echoed by ``1000000000m``)."""
+    import re
+
+    return re.search(rf"(?<![\w.]){re.escape(shown)}(?![\w.])", reason) is not None
 
 
 def _same(raw: str, value: object) -> bool:

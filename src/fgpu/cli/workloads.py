@@ -20,6 +20,7 @@ from fgpu.cli.common import (
     SocketOption,
     UrlOption,
     connect,
+    emit,
     err,
     exit_code,
     fail,
@@ -267,7 +268,7 @@ def ls(
     if isinstance(shown, Text):
         err.print(shown)
     elif shown:
-        out.print(shown)
+        emit(shown)
 
 
 def describe(
