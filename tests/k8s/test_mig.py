@@ -25,7 +25,7 @@ from fgpu.mig.layout import is_valid, make_layout
 from fgpu.server.errors import BadRequest
 from fgpu.server.requests import parse_submission
 from fgpu.wire import SubmitRequest
-from tests.k8s.conftest import Cluster, Served
+from tests.k8s.conftest import Cluster, Served, fgpu_admission
 from tests.k8s.kube import (
     add_node,
     assignment,
@@ -128,7 +128,7 @@ def test_a_mig_pod_asks_for_its_profile_and_its_containers_cpu_and_memory() -> N
 
 def test_bad_mig_profiles_are_refused_at_admission_with_field_and_reason(make_cluster) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         with pytest.raises(KubeError) as unknown:
