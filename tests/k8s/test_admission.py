@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 
+from fgpu.agent.backend import SimulatedBackend
 from fgpu.k8s import tenancy, wire
+from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.scheduler import K8sScheduler
@@ -464,6 +466,25 @@ def test_the_node_agent_may_change_only_fgpu_keys_of_its_own_node(
         tokenless.patch_node("node-a", {"metadata": {"annotations": {wire.USAGE: "{}"}}})
     # anyone else is not matched by the policy (RBAC decides for them)
     cluster.api.patch_node("node-b", {"metadata": {"labels": {"team": "b"}}})
+
+
+def test_the_real_node_agent_passes_the_policy_on_its_own_node_only(
+    hooked: tuple[Cluster, Recorder],
+) -> None:
+    """The agent's own writes (labels, inventory, usage: all ``fgpu.io/``) pass the policy
+    on its node; the same agent pointed at another node's name is refused."""
+    cluster, _ = hooked
+    add_node(cluster, "node-a", gpus=1)
+    add_node(cluster, "node-b", gpus=1)
+    api = _as(cluster, AGENT, **{NODE_NAME_EXTRA: "node-a"})
+    agent = NodeAgent(api, "node-a", SimulatedBackend("2xA100-40GB"))
+    agent.publish()
+    agent.report()
+    assert cluster.api.get_node("node-a")["metadata"]["labels"][wire.COUNT_LABEL] == "2"
+    with pytest.raises(KubeError) as err:
+        NodeAgent(api, "node-b", SimulatedBackend("2xA100-40GB")).publish()
+    assert err.value.status == 403
+    assert err.value.message.startswith('nodes "node-b" is forbidden: ValidatingAdmissionPolicy')
 
 
 def test_the_scheduler_may_change_only_what_it_writes(hooked: tuple[Cluster, Recorder]) -> None:

@@ -41,6 +41,7 @@ configuration has an expression): the Kubernetes CEL libraries (``quantity``, ``
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -233,18 +234,26 @@ def _request(at: Attributes, obj: Obj | None) -> Obj:
     }
 
 
+@functools.lru_cache(maxsize=256)
+def _program(expression: str) -> Any:
+    """The compiled program of one CEL expression (compiled once: configurations are
+    evaluated on every write)."""
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(expression))
+
+
 def evaluate(expression: str, activation: Mapping[str, Any]) -> Any:
     """Evaluate one CEL ``expression`` over JSON ``activation`` values.
 
     Raises:
         CelError: the expression does not compile or fails (a missing field, a type error).
     """
-    import celpy
     from celpy.adapter import json_to_cel
 
-    env = celpy.Environment()
     try:
-        program = env.program(env.compile(expression))
+        program = _program(expression)
         result = program.evaluate({k: json_to_cel(v) for k, v in activation.items()})
     except Exception as exc:  # celpy's errors share no useful base class
         raise CelError(f"{expression!r}: {exc}") from None
@@ -445,7 +454,9 @@ def _check_policy(policy: Obj, binding: Obj, at: Attributes, obj: Obj | None) ->
                 message = str(evaluate(rule["messageExpression"], activation))
             reason = rule.get("reason") or "Invalid"
             code = {"Invalid": 422, "Forbidden": 403, "Unauthorized": 401}.get(reason, 422)
-            raise ApiStatusError(code, reason, prefix + message)
+            name = at.name or ((obj or {}).get("metadata") or {}).get("name", "")
+            what = f'{at.resource} "{name}" is forbidden: ' if code == 403 else ""
+            raise ApiStatusError(code, reason, what + prefix + message)
     except CelError as exc:
         if fail:
             raise ApiStatusError(422, "Invalid", f"{prefix}expression error: {exc}") from None
