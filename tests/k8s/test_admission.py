@@ -512,6 +512,26 @@ def test_the_scheduler_may_change_only_what_it_writes(hooked: tuple[Cluster, Rec
     )
 
 
+def test_the_real_scheduler_passes_its_policy(make_cluster: Any) -> None:
+    """The scheduler's own writes as its service account (the environment path: bindings,
+    ``fgpu-env-*`` ConfigMaps, status) pass ``fgpu-scheduler.fgpu.io``."""
+    cluster = make_cluster(admission=load([DEPLOY / "base" / "admission-policies.yaml"]))
+    if cluster.real:
+        pytest.skip("impersonates the scheduler's service account")
+    add_node(cluster, "node-a", gpus=1)
+    for i in range(2):
+        create(cluster, pod(f"half-{i}", "0.5"))
+    s = K8sScheduler(_as(cluster, wire.SCHEDULER_USER), env_without_isolation=True)
+    s.sync()
+    s.run_once()
+    placed = [cluster.api.get_pod(cluster.namespace, f"half-{i}") for i in range(2)]
+    assert all(p["spec"].get("nodeName") == "node-a" for p in placed)
+    for p in placed:
+        name = p["metadata"]["annotations"][wire.ENV_CONFIGMAP]
+        assert name.startswith("fgpu-env-")
+        assert cluster.api.get_config_map(cluster.namespace, name)["data"]
+
+
 def test_the_installed_admission_objects_are_the_ones_tested() -> None:
     """The tests above load deploy/base's files; the kustomization installs them."""
     kustomization = (DEPLOY / "base" / "kustomization.yaml").read_text()
@@ -599,3 +619,23 @@ def test_the_mutating_endpoint_never_refuses_and_the_validating_one_never_patche
     good = pod("good", "0.5")
     assert "patch" in mutate_review(body(good))["response"]
     assert validate(body(good))["response"] == {"uid": "u", "allowed": True}
+
+
+def test_an_unreadable_queue_or_namespace_refuses_rather_than_guesses() -> None:
+    """With the API unreachable the webhook cannot know the namespace's default queue or
+    who may use a queue: both endpoints refuse (503, try again) instead of admitting the
+    pod into a guessed queue."""
+    dead = KubeLookup(KubeApi(api_client(host="http://127.0.0.1:9"), timeout_s=2))
+    request = {
+        "uid": "u",
+        "operation": "CREATE",
+        "namespace": "team-a",
+        "kind": {"kind": "Pod"},
+        "object": pod("p", "0.5", queue="team-a"),
+    }
+    for answer in (mutate_review({"request": request}, lookup=dead),
+                   validate({"request": request}, lookup=dead)):  # fmt: skip
+        response = answer["response"]
+        assert response["allowed"] is False
+        assert response["status"]["code"] == 503
+        assert "could not read the pod's Namespace or Queue" in response["status"]["message"]

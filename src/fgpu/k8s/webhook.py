@@ -77,17 +77,15 @@ import logging
 import posixpath
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from fgpu.k8s import tenancy, wire
+from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.objects import PodRequestError, pod_ask
 from fgpu.k8s.webhook_dra import check_privileged, dra_ops
-
-if TYPE_CHECKING:
-    from fgpu.k8s.kube import KubeApi
 
 log = logging.getLogger("fgpu.k8s.webhook")
 
@@ -445,14 +443,14 @@ class KubeLookup:
         )
 
     def _get(self, method: Any, *args: Any) -> Obj | None:
-        from fgpu.k8s.kube import KubeError
-
         try:
             found: Obj | None = self.api._call(method, *args)
         except KubeError as exc:
             if exc.status == 404:
                 return None
             raise
+        except Exception as exc:  # urllib3's connection errors (MaxRetryError, ...)
+            raise KubeError(0, "Unreachable", f"{type(exc).__name__}: {exc}") from None
         return found
 
 
@@ -511,7 +509,22 @@ def validate(
                 _check_tenancy(pod, lookup, str(request.get("namespace") or ""))
     except PodRequestError as exc:
         return _answer(_refusal(uid, exc))
+    except KubeError as exc:  # the Queue could not be read: refuse rather than guess
+        return _answer(_unreadable(uid, exc))
     return _answer({"uid": uid, "allowed": True})
+
+
+def _unreadable(uid: str, exc: KubeError) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "allowed": False,
+        "status": {
+            "code": 503,
+            "reason": "ServiceUnavailable",
+            "message": f"the fgpu webhook could not read the pod's Namespace or Queue from "
+            f"the API ({exc}); try again",
+        },
+    }
 
 
 def _check_tenancy(pod: Obj, lookup: Lookup, namespace: str) -> None:
@@ -527,14 +540,18 @@ def mutate_review(
     lookup: Lookup | None = None,
 ) -> dict[str, Any]:
     """Answer an ``AdmissionReview`` for the MutatingWebhookConfiguration: on pod CREATE the
-    patch of :func:`mutate` (the queue default from the namespace through ``lookup``); never
-    a refusal: a pod it cannot read gets no patch, and the validating webhook refuses it
-    with the reason."""
+    patch of :func:`mutate` (the queue default from the namespace through ``lookup``). It
+    refuses nothing about the pod: a pod it cannot read gets no patch, and the validating
+    webhook refuses it with the reason. Only when the Namespace cannot be read is the
+    request refused (503), since the pod's queue would otherwise be guessed."""
     request, uid, pod, operation, _, is_pod = _request(body)
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if is_pod and operation == "CREATE" and wants_fgpu(pod):
         namespace = str(request.get("namespace") or "")
-        queue = tenancy.default_queue((lookup or NoLookup()).namespace(namespace))
+        try:
+            queue = tenancy.default_queue((lookup or NoLookup()).namespace(namespace))
+        except KubeError as exc:  # a pod in the wrong queue is worse than a retry
+            return _answer(_unreadable(uid, exc))
         try:
             ops = mutate(
                 pod,
