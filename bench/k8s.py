@@ -46,8 +46,8 @@ from fgpu.k8s import claims, wire
 from fgpu.k8s.kube import MERGE_PATCH, KubeApi, api_client
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.standin.patch import json_patch
 from fgpu.k8s.webhook import mutate
+from fgpu_standin.patch import json_patch
 
 SHAPES = ["0.25"] * 4 + ["0.5"] * 3 + ["1"] * 2 + ["2"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fgpu.server.errors import BadRequest, Forbidden
+from fgpu.rules.errors import BadRequest, Forbidden
 from fgpu.server.service import Caller, Service
 from fgpu.store import QueueConfig, Store
 from fgpu.wire import QueueBody, SubmitRequest

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fgpu.server.errors import BadRequest, Forbidden
+from fgpu.rules.errors import BadRequest, Forbidden
 from fgpu.server.service import Caller, Service
 from fgpu.wire import QueueBody, SubmitRequest, WorkloadView
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.mig.device import SimulatedMigDevice
-from fgpu.server.errors import BadRequest
+from fgpu.rules.errors import BadRequest
 from fgpu.server.service import Service
 from fgpu.wire import QueueBody, SubmitRequest
 from tests.integration.test_service import ME, crash, make, phases, until

@@ -2,7 +2,7 @@
 client.
 
 Without ``KUBECONFIG`` the cluster is the in-repo API server stand-in
-(:mod:`fgpu.k8s.standin`, a test stand-in, not a Kubernetes API server). With
+(:mod:`fgpu_standin`, a test stand-in, not a Kubernetes API server). With
 ``KUBECONFIG`` set *and* ``FGPU_K8S_TESTS_MAY_WRITE=1`` (the tests create fake Node objects
 labelled ``fgpu.io/test``, a namespace, pods and leases there, and delete them afterwards:
 a test cluster only, never one that runs real work), the same tests run against that
@@ -29,8 +29,8 @@ import uvicorn
 
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
-from fgpu.k8s.standin import Options, StandIn
-from fgpu.k8s.standin.admission import load, point_services
+from fgpu_standin import Options, StandIn
+from fgpu_standin.admission import load, point_services
 from tests.k8s.podtree import Kubelet
 
 pytestmark = pytest.mark.k8s
@@ -103,7 +103,7 @@ class Served:
 @pytest.fixture
 def make_cluster() -> Iterator[Callable[..., Cluster]]:
     """``make_cluster(**options)``: a cluster; options are the stand-in's
-    (:class:`fgpu.k8s.standin.Options`) and are ignored on a real cluster."""
+    (:class:`fgpu_standin.Options`) and are ignored on a real cluster."""
     made: list[Cluster] = []
 
     def make(**options: Any) -> Cluster:

@@ -8,8 +8,8 @@ from typing import Any
 
 from fgpu.k8s import wire
 from fgpu.k8s.kube import MERGE_PATCH
-from fgpu.k8s.standin.patch import json_patch
 from fgpu.k8s.webhook import mutate
+from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Cluster
 
 MODEL_MEMORY = {"A100-80GB": 81920, "A100-40GB": 40960, "H100-80GB": 81920}

@@ -19,14 +19,14 @@ from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.standin.admission import (
+from fgpu.k8s.webhook import KubeLookup, mutate_review, validate
+from fgpu_standin.admission import (
     Attributes,
     load,
     point_services,
     rule_matches,
     selector_matches,
 )
-from fgpu.k8s.webhook import KubeLookup, mutate_review, validate
 from tests.k8s.conftest import DEPLOY, Cluster, Served, fgpu_admission
 from tests.k8s.kube import add_node, create, pod, wait_until
 

@@ -242,7 +242,7 @@ def test_the_documented_kubectl_create_line_works(demo: Demo, tmp_path: Path) ->
 def test_the_scheduler_stops_cleanly_when_the_api_server_went_first(tmp_path: Path) -> None:
     """Ctrl-C in the demo's terminals in any order: a scheduler whose API server is gone
     says it could not give the lease up, without a traceback, and exits 0."""
-    from fgpu.k8s.standin import StandIn
+    from fgpu_standin import StandIn
 
     standin = StandIn().start()
     log_path = tmp_path / "scheduler.log"

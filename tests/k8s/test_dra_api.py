@@ -11,7 +11,7 @@ import pytest
 
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.resourceapi import ResourceApi
-from fgpu.k8s.standin.claims import FINALIZER, POD_CLAIM_NAME, generate_name
+from fgpu_standin.claims import FINALIZER, POD_CLAIM_NAME, generate_name
 
 pytestmark = pytest.mark.k8s
 

@@ -20,7 +20,7 @@ from fgpu.k8s.dra.node import AGENT_STATUS, publish_nothing, real_backend
 from fgpu.k8s.dra.share import DRIVER, GpuShare, allocation, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, devices_of
 from fgpu.k8s.resourceapi import ResourceApi
-from fgpu.k8s.standin.kubelet import KubeletStandIn
+from fgpu_standin.kubelet import KubeletStandIn
 from tests.unit.test_agent_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.k8s

@@ -24,9 +24,9 @@ from fgpu.k8s.dra.share import DRIVER, device_name, share_of
 from fgpu.k8s.kube import MERGE_PATCH
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.standin.kubelet import KubeletStandIn
-from fgpu.k8s.standin.patch import json_patch
 from fgpu.k8s.webhook import mutate
+from fgpu_standin.kubelet import KubeletStandIn
+from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Cluster
 from tests.k8s.kube import MODEL_MEMORY, add_node, bound, gpu_uuid, pod
 

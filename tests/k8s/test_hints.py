@@ -30,7 +30,7 @@ from fgpu.k8s.agent import PlacedContainer
 from fgpu.k8s.enforce import GovernorEnforcer
 from fgpu.k8s.kube import KubeApi, api_client
 from fgpu.k8s.podcgroup import PodCgroupFreezer
-from fgpu.k8s.standin import Options, StandIn
+from fgpu_standin import Options, StandIn
 from tests.k8s.podtree import (
     Backend,
     Kubelet,

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from fgpu.k8s import wire
-from fgpu.k8s.standin.tables import human_duration
+from fgpu_standin.tables import human_duration
 from tests.k8s.conftest import Cluster, free_port
 from tests.k8s.kube import add_node, create, pod, wait_until
 

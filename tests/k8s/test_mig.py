@@ -22,8 +22,8 @@ from fgpu.k8s.webhook import create_app
 from fgpu.mig.catalog import mig_profiles
 from fgpu.mig.device import SimulatedMigDevice
 from fgpu.mig.layout import is_valid, make_layout
-from fgpu.server.errors import BadRequest
-from fgpu.server.requests import parse_submission
+from fgpu.rules.errors import BadRequest
+from fgpu.rules.requests import parse_submission
 from fgpu.wire import SubmitRequest
 from tests.k8s.conftest import Cluster, Served, fgpu_admission
 from tests.k8s.kube import (

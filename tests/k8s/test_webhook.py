@@ -16,7 +16,6 @@ from fastapi import FastAPI, Request
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.objects import PodRequestError, pod_ask
-from fgpu.k8s.standin.patch import json_patch
 from fgpu.k8s.webhook import (
     TENANCY_ANNOTATIONS,
     create_app,
@@ -25,9 +24,10 @@ from fgpu.k8s.webhook import (
     review,
     validate,
 )
-from fgpu.server.errors import BadRequest
-from fgpu.server.requests import parse_submission
+from fgpu.rules.errors import BadRequest
+from fgpu.rules.requests import parse_submission
 from fgpu.wire import SubmitRequest
+from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Served, fgpu_admission
 from tests.k8s.kube import create, pod
 

@@ -11,8 +11,8 @@ import inspect
 import numpy as np
 import pytest
 
-from fgpu.cli import sim_replay
-from fgpu.client.cli_k8s import scheduler
+from fgpu.cli.k8s import scheduler
+from fgpu.cli.sim import sim_replay
 from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy, policy_names

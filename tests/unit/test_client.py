@@ -11,8 +11,9 @@ import httpx
 import pytest
 from rich.console import Console
 
-from fgpu.client import Client, ClientError, ServerUnavailable, render, resolve_socket
-from fgpu.client.cli_common import exit_code
+from fgpu.cli import render
+from fgpu.cli.common import exit_code
+from fgpu.client import Client, ClientError, ServerUnavailable, resolve_socket
 from fgpu.wire import (
     LOG_OFFSET_HEADER,
     SYSTEM_SOCKET,

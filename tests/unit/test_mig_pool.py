@@ -9,8 +9,8 @@ from fgpu.agent.backend import GpuDevice
 from fgpu.mig.catalog import mig_profiles
 from fgpu.mig.device import MigDeviceError, MigInstance, SimulatedMigDevice
 from fgpu.model.types import Request
+from fgpu.rules.errors import BadRequest
 from fgpu.sched.workload import QueueSpec, QueueTree, Resources
-from fgpu.server.errors import BadRequest
 from fgpu.server.mig_pool import MigCandidate, MigPool, QueueBudget, instance_milli
 from fgpu.store.records import StoredMigRequest
 

@@ -1,6 +1,7 @@
-"""The fgpu API client (:class:`Client`) and the client commands of the ``fgpu`` CLI.
+"""The typed HTTP client of the fgpu API (:class:`Client`), used by the command line
+(:mod:`fgpu.cli`) and by scripts.
 
-The client depends only on the wire models (:mod:`fgpu.wire`), httpx, Typer and Rich.
+It depends only on the wire models (:mod:`fgpu.wire`), httpx and pydantic.
 """
 
 from fgpu.client.client import Client, ClientError, ServerUnavailable, resolve_socket

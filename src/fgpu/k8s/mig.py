@@ -68,7 +68,7 @@ from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, Place, QueueTree, Resources, Workload
 
 if TYPE_CHECKING:
-    from fgpu.k8s.scheduler import Round
+    from fgpu.k8s.round import Round
 
 log = logging.getLogger("fgpu.k8s.mig")
 

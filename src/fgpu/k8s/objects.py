@@ -2,7 +2,7 @@
 :class:`fgpu.model.types.Node`, ``Queue`` objects as :class:`fgpu.sched.workload.QueueSpec`.
 
 The rules for what a pod may ask are the CLI's and the API's
-(:func:`fgpu.server.requests.parse_resources`); only the field names differ, and errors
+(:func:`fgpu.rules.requests.parse_resources`); only the field names differ, and errors
 name the annotation (or container field) instead of the flag.
 """
 
@@ -20,16 +20,8 @@ from pydantic import ValidationError
 from fgpu.k8s import wire
 from fgpu.mig.catalog import MIG_TABLES
 from fgpu.model.types import InvalidRequestError, Node, Request
-from fgpu.sched.workload import (
-    PRIORITY_CLASSES,
-    RESOURCES,
-    QueueSpec,
-    QueueTree,
-    Resources,
-    parse_priority,
-)
-from fgpu.server.errors import BadRequest
-from fgpu.server.requests import (
+from fgpu.rules.errors import BadRequest
+from fgpu.rules.requests import (
     MAX_PRIORITY,
     MIG_COMBINED,
     MIG_NO_MODEL,
@@ -37,6 +29,14 @@ from fgpu.server.requests import (
     mig_profile_name,
     parse_resources,
     queue_config,
+)
+from fgpu.sched.workload import (
+    PRIORITY_CLASSES,
+    RESOURCES,
+    QueueSpec,
+    QueueTree,
+    Resources,
+    parse_priority,
 )
 from fgpu.wire import QueueBody
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from fgpu.k8s import wire
 from fgpu.k8s.objects import PodAsk, PodRequestError
+from fgpu.rules.requests import MAX_PRIORITY
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
-from fgpu.server.requests import MAX_PRIORITY
 
 Obj = Mapping[str, Any]
 

@@ -2,7 +2,7 @@
 
 On pod creation it checks the ``fgpu.io/*`` annotations with the rules and the wording of
 the CLI and the API (:func:`fgpu.k8s.objects.pod_ask`, which calls
-:func:`fgpu.server.requests.parse_resources`), and refuses a bad pod naming the annotation
+:func:`fgpu.rules.requests.parse_resources`), and refuses a bad pod naming the annotation
 and the reason; also an ``fgpu.io/`` annotation fgpu neither reads nor writes (with the
 closest one it reads), ``spec.nodeName`` (the pod would skip the scheduler), a
 ``schedulerName`` other than empty, ``default-scheduler`` or ``fgpu``, and ``nvidia.com/gpu``

@@ -14,7 +14,7 @@ The rules, checked at submission for callers who are not admins (admins may do a
    (``nonpreemptible``): such work may not be stopped for others, and at or above ``high``
    it preempts lower-priority work of the queue's members.
 
-Each refusal is a :class:`fgpu.server.errors.Forbidden` (403) naming the field, the rule and
+Each refusal is a :class:`fgpu.rules.errors.Forbidden` (403) naming the field, the rule and
 the command an admin runs to allow it.
 """
 
@@ -25,8 +25,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
+from fgpu.rules.errors import Forbidden
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
-from fgpu.server.errors import Forbidden
 from fgpu.store.records import EVERYONE, QueueConfig
 
 

@@ -16,7 +16,7 @@ Identity:
   OpenAPI document (``/openapi.json``) and ``/docs`` need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
-(:class:`fgpu.server.errors.ServiceError`) with their status, request validation errors
+(:class:`fgpu.rules.errors.ServiceError`) with their status, request validation errors
 (malformed JSON, wrong types, unknown fields) with 422, a missing or wrong token with 401.
 """
 
@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
-from fgpu.server.errors import BadRequest, ServiceError
+from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.service import Caller
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 from fgpu.wire import (

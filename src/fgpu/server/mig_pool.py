@@ -46,8 +46,8 @@ from fgpu.mig.inventory import MigInputError
 from fgpu.mig.planner import MigPlan, hand_out, plan
 from fgpu.model.types import Allocation, Request
 from fgpu.model.units import MILLI_PER_GPU, format_mib
+from fgpu.rules.errors import BadRequest
 from fgpu.sched.budget import QueueBudget
-from fgpu.server.errors import BadRequest
 from fgpu.store.records import StoredMigInstance, StoredMigRequest
 
 log = logging.getLogger("fgpu.server.mig")

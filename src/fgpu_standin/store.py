@@ -1,6 +1,6 @@
 """The object store of the API server stand-in: versions, UIDs, conflicts, watches.
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 Every write takes the next ``resourceVersion`` (one counter for all objects, as etcd's
 revision) and appends a watch event to a bounded history; a watch that asks for a version

@@ -16,7 +16,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from fgpu.client.cli_common import EXIT_REFUSED, JsonOption, err, fail, out
+from fgpu.cli.common import EXIT_REFUSED, JsonOption, err, fail, out
 from fgpu.mig.catalog import MigProfileTable, NotMigCapableError, UnknownGpuModelError, mig_profiles
 from fgpu.mig.demand import parse_demand
 from fgpu.mig.device import MigDevice, apply_plan, simulated_devices

@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from fgpu.client import render
-from fgpu.client.cli_common import (
+from fgpu.cli import render
+from fgpu.cli.common import (
     JsonOption,
     SocketOption,
     UrlOption,

@@ -1,6 +1,6 @@
 """A kubelet stand-in for one node: DRA plugin registration, claim preparation, CDI.
 
-TEST STAND-IN, NOT A KUBELET. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBELET. See :mod:`fgpu_standin`.
 
 It does what the kubelet does around Dynamic Resource Allocation, over the same wire:
 
@@ -36,7 +36,7 @@ from fgpu.k8s.dra import cdi
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.resourceapi import ResourceApi
 
-log = logging.getLogger("fgpu.k8s.standin.kubelet")
+log = logging.getLogger("fgpu_standin.kubelet")
 
 Obj = dict[str, Any]
 _DRA_VERSION = "v1.DRAPlugin"

@@ -1,19 +1,19 @@
 """Discovery documents of the API server stand-in, so that ``kubectl`` can talk to it.
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 ``kubectl`` learns which resources a server has before anything else: ``/version``,
 ``/api`` (core versions), ``/apis`` (groups) and one ``APIResourceList`` per group version
 (``/api/v1``, ``/apis/GROUP/VERSION``). These are the legacy (unaggregated) documents; a
 client that asks for aggregated discovery gets them too and falls back, as it does with
-older API servers. The resources listed are exactly :data:`~fgpu.k8s.standin.store.KINDS`
+older API servers. The resources listed are exactly :data:`~fgpu_standin.store.KINDS`
 and the subresources the stand-in serves.
 
 ``kubectl create`` and ``apply`` validate what they send (``--validate=strict``, the
 default): they read ``/openapi/v3`` and, when the server's PATCH operations of a kind take
 the ``fieldValidation`` query parameter, leave the check to the server. The OpenAPI
 documents here say only that (paths, operations, that parameter; no schemas), and the
-stand-in checks fields itself (:mod:`fgpu.k8s.standin.fields`).
+stand-in checks fields itself (:mod:`fgpu_standin.fields`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fgpu.k8s.standin.store import Kind
+from fgpu_standin.store import Kind
 
 Obj = dict[str, Any]
 

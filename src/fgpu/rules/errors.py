@@ -1,4 +1,4 @@
-"""Errors the service raises for the API to turn into 4xx answers."""
+"""Refusals of the request rules and the service, for an API to turn into 4xx answers."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ import typer
 from rich.console import Console, RenderableType
 from rich.markup import escape
 
-from fgpu.client import render
+from fgpu.cli import render
+from fgpu.cli.render import JsonValue
 from fgpu.client.client import TOKEN_ENV, URL_ENV, Client, ClientError
-from fgpu.client.render import JsonValue
 from fgpu.wire import SOCKET_ENV
 
 EXIT_REFUSED = 1

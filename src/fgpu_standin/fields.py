@@ -1,6 +1,6 @@
 """Unknown-field checks of the API server stand-in (``fieldValidation``).
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 The API server refuses an object with a field its schema does not have when the client asks
 for ``fieldValidation=Strict`` (what ``kubectl`` asks for by default), warns with ``Warn``,
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fgpu.k8s.standin.store import Kind
+from fgpu_standin.store import Kind
 
 _MODELS = {
     "Namespace": "V1Namespace",

@@ -1,6 +1,6 @@
 """HTTP routes of the API server stand-in (FastAPI).
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 Paths follow the API server's: ``/api/v1/...`` for the core group and
 ``/apis/GROUP/VERSION/...`` for the others; collections, objects, and the subresources
@@ -24,17 +24,17 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fgpu.k8s.standin import admission, claims, discovery, fields, resource, tables
-from fgpu.k8s.standin.patch import PatchError, json_patch, merge_patch
-from fgpu.k8s.standin.selectors import (
+from fgpu_standin import admission, claims, discovery, fields, resource, tables
+from fgpu_standin.patch import PatchError, json_patch, merge_patch
+from fgpu_standin.selectors import (
     SelectorError,
     field_selector,
     label_selector,
     match_label_selector_object,
 )
-from fgpu.k8s.standin.store import KINDS, ApiStatusError, Kind, Obj, Store, WatchEvent, now_rfc3339
+from fgpu_standin.store import KINDS, ApiStatusError, Kind, Obj, Store, WatchEvent, now_rfc3339
 
-log = logging.getLogger("fgpu.k8s.standin")
+log = logging.getLogger("fgpu_standin")
 
 _BY_PATH: dict[tuple[str, str, str], Kind] = {(k.group, k.version, k.plural): k for k in KINDS}
 _TERMINAL = ("Succeeded", "Failed")
@@ -55,8 +55,8 @@ class Options:
             ``ValidatingWebhookConfiguration``, ``ValidatingAdmissionPolicy`` and its
             bindings, as objects), honoured as the API server does on every create and
             update (rules, namespace and object selectors, ``matchConditions``; see
-            :mod:`~fgpu.k8s.standin.admission`). Webhooks are called at their
-            ``clientConfig.url`` (:func:`~fgpu.k8s.standin.admission.point_services`
+            :mod:`~fgpu_standin.admission`). Webhooks are called at their
+            ``clientConfig.url`` (:func:`~fgpu_standin.admission.point_services`
             turns a ``service`` into a URL).
         history: how many changes a watch can resume from (older: ``410 Gone``).
         bookmark_s: how often a watch that asked for bookmarks
@@ -258,7 +258,7 @@ class StandInApi:
                     self.store.delete(kind, meta["namespace"], meta["name"], {})
 
     def _pod_gone(self, plural: str, gone: Obj) -> None:
-        """The claim controller's part when a pod goes (:mod:`~fgpu.k8s.standin.resource`)."""
+        """The claim controller's part when a pod goes (:mod:`~fgpu_standin.resource`)."""
         if plural == "pods":
             self.claims.pod_done(gone)
 
@@ -293,7 +293,7 @@ class StandInApi:
         sub: str = "",
     ) -> Obj:
         """Dynamic admission of a CREATE (``old`` None) or UPDATE (``old``: the object as
-        stored) of ``obj`` (:mod:`~fgpu.k8s.standin.admission`): the mutated object, or a
+        stored) of ``obj`` (:mod:`~fgpu_standin.admission`): the mutated object, or a
         refusal raised as the API server words it."""
         if not self.options.admission:
             return obj

@@ -1,6 +1,6 @@
 """``resource.k8s.io/v1`` (Dynamic Resource Allocation) in the API server stand-in.
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 Served: DeviceClass and ResourceSlice (cluster-scoped), ResourceClaim (with a ``status``
 subresource) and ResourceClaimTemplate (namespaced), as Kubernetes 1.34 serves them. The
@@ -26,7 +26,7 @@ Required value``):
   ``reservedFor`` needs an allocation, holds at most 256 consumers with unique uids, and
   an allocation is not removed while it is reserved.
 
-The resource claim controller is :mod:`fgpu.k8s.standin.claims`.
+The resource claim controller is :mod:`fgpu_standin.claims`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from fgpu.k8s.standin.store import KINDS as ALL_KINDS
-from fgpu.k8s.standin.store import ApiStatusError, Kind
+from fgpu_standin.store import KINDS as ALL_KINDS
+from fgpu_standin.store import ApiStatusError, Kind
 
 Obj = dict[str, Any]
 

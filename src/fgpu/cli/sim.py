@@ -1,4 +1,5 @@
-"""The ``fgpu`` command line (Typer). Renders and parses; the work is in the library."""
+"""``fgpu sim fill|replay``: the trace simulators. Parses and renders; the work is in
+:mod:`fgpu.sim`."""
 
 from __future__ import annotations
 
@@ -12,12 +13,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fgpu.client import cli_mig, cli_queues, cli_workloads
-from fgpu.client.cli_k8s import k8s_app
 from fgpu.model.types import InvalidRequestError
 from fgpu.plugins import DEFAULT_POLICY, UnknownPolicyError
 from fgpu.sched.decide import SchedulerConfig
-from fgpu.server.main import serve
 from fgpu.sim.experiment import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -48,14 +46,7 @@ from fgpu.sim.report import RunCurve, comparison_table, write_report
 from fgpu.sim.trace import TraceFormatError, load_pods
 from fgpu.sim.workloads import generate, load_workloads
 
-app = typer.Typer(help="fgpu: fractional GPU sharing.", no_args_is_help=True)
 sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
-app.add_typer(sim_app, name="sim")
-app.add_typer(cli_mig.mig_app, name="mig")
-app.add_typer(k8s_app, name="k8s")
-app.command(rich_help_panel="Service")(serve)
-cli_workloads.register(app)
-cli_queues.register(app)
 err = Console(stderr=True)
 # Tables keep their columns readable when stdout is a file or a pipe (CI logs).
 out = Console(width=None if Console().is_terminal else 120)
@@ -389,8 +380,3 @@ def sim_replay(
     if workloads_file is None:
         files += ", workloads.csv"
     out.print(f"wrote {out_dir}/{{{files}}}", highlight=False)
-
-
-def main() -> None:
-    """Console-script entry point."""
-    app()

@@ -1,6 +1,6 @@
 """Server-side printing of the API server stand-in: ``Table`` answers for ``kubectl get``.
 
-TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 ``kubectl get`` asks for ``application/json;as=Table;v=v1;g=meta.k8s.io`` and prints the
 columns the server chooses. The stand-in answers with the API server's columns for pods
@@ -14,7 +14,7 @@ import datetime as dt
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fgpu.k8s.standin.store import Kind
+from fgpu_standin.store import Kind
 
 Obj = dict[str, Any]
 

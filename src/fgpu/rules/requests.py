@@ -19,8 +19,8 @@ from fgpu.model.units import (
     parse_gpu_request,
     parse_memory_mib,
 )
+from fgpu.rules.errors import BadRequest
 from fgpu.sched.workload import Resources, parse_priority
-from fgpu.server.errors import BadRequest
 from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
 from fgpu.store.schema import NAME_LENGTH

@@ -1,7 +1,7 @@
 """The resource claim controller of the API server stand-in (kube-controller-manager's part
 of Dynamic Resource Allocation).
 
-TEST STAND-IN, NOT A KUBERNETES CONTROLLER. See :mod:`fgpu.k8s.standin`.
+TEST STAND-IN, NOT A KUBERNETES CONTROLLER. See :mod:`fgpu_standin`.
 
 Imitated here, synchronously, as the API server's requests happen:
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fgpu.k8s.standin.resource import admit
-from fgpu.k8s.standin.store import Kind, Store, now_rfc3339
+from fgpu_standin.resource import admit
+from fgpu_standin.store import Kind, Store, now_rfc3339
 
 Obj = dict[str, Any]
 

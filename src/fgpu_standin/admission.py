@@ -1,7 +1,7 @@
 """Dynamic admission as the API server does it (test stand-in): which webhooks and
 ValidatingAdmissionPolicies a request reaches, and what they answer.
 
-The configurations are given to the stand-in (:attr:`fgpu.k8s.standin.Options.admission`,
+The configurations are given to the stand-in (:attr:`fgpu_standin.Options.admission`,
 ``fgpu k8s standin --admission FILE``), not served as API objects. For each write the
 stand-in builds one :class:`Attributes` and:
 
@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fgpu.k8s.standin.patch import PatchError, json_patch
-from fgpu.k8s.standin.store import ApiStatusError, Obj
+from fgpu_standin.patch import PatchError, json_patch
+from fgpu_standin.store import ApiStatusError, Obj
 
 MUTATING = "MutatingWebhookConfiguration"
 VALIDATING = "ValidatingWebhookConfiguration"

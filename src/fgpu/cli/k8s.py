@@ -374,10 +374,10 @@ def kubelet_standin(
     from pathlib import Path
 
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
-    from fgpu.k8s.standin.kubelet import KubeletStandIn
+    from fgpu_standin.kubelet import KubeletStandIn
 
     _logging()
-    log = logging.getLogger("fgpu.k8s.standin.kubelet")
+    log = logging.getLogger("fgpu_standin.kubelet")
     if interval_s <= 0:
         raise _fail(f"--interval-s: {interval_s} is not a positive number of seconds")
     api = KubeApi(api_client(kubeconfig, server))
@@ -439,8 +439,8 @@ def standin(
     """Serve the Kubernetes API TEST STAND-IN on 127.0.0.1 (demos and tests only)."""
     from urllib.parse import urlsplit
 
-    from fgpu.k8s.standin import Options, StandIn
-    from fgpu.k8s.standin.admission import load, point_services
+    from fgpu_standin import Options, StandIn
+    from fgpu_standin.admission import load, point_services
 
     services: dict[str, str] = {}
     for entry in webhook_service or []:

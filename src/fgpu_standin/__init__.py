@@ -24,9 +24,9 @@ with the semantics they rely on:
   ResourceSlice, ResourceClaim (with ``/status``) and ResourceClaimTemplate with the API
   server's validation, and the resource claim controller's part (a claim per pod from its
   template; reservations and allocations dropped when pods go)
-  (:mod:`~fgpu.k8s.standin.resource`, :mod:`~fgpu.k8s.standin.claims`);
+  (:mod:`~fgpu_standin.resource`, :mod:`~fgpu_standin.claims`);
 - dynamic admission as configured (:attr:`Options.admission`,
-  :mod:`~fgpu.k8s.standin.admission`): mutating then validating webhooks (AdmissionReview
+  :mod:`~fgpu_standin.admission`): mutating then validating webhooks (AdmissionReview
   v1 over HTTP or HTTPS, JSON patch responses) by their rules, namespace and object
   selectors, ``matchConditions`` and failure policy, and ValidatingAdmissionPolicies with
   their bindings, on every create and update; denials worded as the API server words them;
@@ -38,8 +38,8 @@ with the semantics they rely on:
   ``Table`` answers for ``kubectl get``, event field selectors for ``kubectl describe``,
   and ``fieldValidation`` (unknown fields, from the official client's models) with the
   OpenAPI v3 documents that tell ``kubectl`` the server checks them
-  (:mod:`~fgpu.k8s.standin.discovery`, :mod:`~fgpu.k8s.standin.tables`,
-  :mod:`~fgpu.k8s.standin.fields`).
+  (:mod:`~fgpu_standin.discovery`, :mod:`~fgpu_standin.tables`,
+  :mod:`~fgpu_standin.fields`).
 
 Everything else — authentication, RBAC, most validation, schema checks of custom
 resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), controllers — is
@@ -55,7 +55,7 @@ import time
 
 import uvicorn
 
-from fgpu.k8s.standin.app import Options, StandInApi, create_app
+from fgpu_standin.app import Options, StandInApi, create_app
 
 __all__ = ["Options", "StandIn", "StandInApi"]
 

@@ -1,0 +1,387 @@
+"""The single-machine service's state and composition (:class:`ServiceCore`), the base of
+:class:`fgpu.server.service.Service`; see :mod:`fgpu.server.service` for the whole."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Self
+
+import numpy as np
+
+from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
+from fgpu.agent.launcher import Launcher
+from fgpu.agent.process import ProcessHandle
+from fgpu.mig.device import MigDevice
+from fgpu.model.types import Request
+from fgpu.plugins import DEFAULT_POLICY, create_policy
+from fgpu.rules.errors import NotFoundError
+from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
+from fgpu.sched.frag import TargetWorkload
+from fgpu.sched.rounds import FALLBACK_TARGET
+from fgpu.sched.state import ClusterState
+from fgpu.sched.workload import QueueTree, Resources, Workload
+from fgpu.server.enforcement import Enforcement, EnforcementConfig
+from fgpu.server.enforcing import EnforcementHooks
+from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
+from fgpu.server.machine import Machine, discover
+from fgpu.server.mig_pool import MigPool
+from fgpu.store import Store
+from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
+from fgpu.store.errors import NotFound, StoreConflict
+from fgpu.store.records import (
+    ACTIVE_PHASES,
+    EVERYONE,
+    QueueConfig,
+    WorkloadRecord,
+    to_core,
+)
+
+log = logging.getLogger("fgpu.server")
+
+
+DEFAULT_QUEUE = "default"
+
+
+class _Tracked:
+    """The store's workload writes, each followed by an update of the service's mirror."""
+
+    def __init__(self, service: ServiceCore) -> None:
+        self._service = service
+
+    def __getattr__(self, name: str) -> Callable[..., WorkloadRecord]:
+        method = getattr(self._service.store, name)
+
+        def write(*args: Any, **kwargs: Any) -> WorkloadRecord:
+            record: WorkloadRecord = method(*args, **kwargs)
+            self._service._sync(record)
+            return record
+
+        return write
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who calls: the uid from the socket's peer credentials (or the token's owner)."""
+
+    uid: int
+    admin: bool
+
+
+def claim_state_dir(folder: Path) -> IO[str]:
+    """Hold an exclusive lock on ``folder/fgpu.lock`` for the life of this process.
+
+    Two services on one state folder would both recover and launch the same work.
+
+    Raises:
+        ValueError: another process holds it (names its pid).
+    """
+    try:
+        return hold_lock_file(folder / "fgpu.lock")
+    except LockHeld as held:
+        raise ValueError(
+            f"--state-dir: another fgpu serve (pid {held.holder}) uses {folder}"
+        ) from None
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/fgpu`` or ``~/.local/state/fgpu`` (``/var/lib/fgpu`` as root)."""
+    if os.geteuid() == 0 and "XDG_STATE_HOME" not in os.environ:
+        return Path("/var/lib/fgpu")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "fgpu"
+
+
+class ServiceCore(EnforcementHooks):
+    """The state and composition of the single-machine service: the store and the mirror of
+    its active workloads (every write goes through ``_tracked``), the machine's inventory,
+    the loop's wake-up, and who is an admin. The parts of
+    :class:`fgpu.server.service.Service` build on it, each in its own module:
+    :class:`~fgpu.server.processes.ProcessControl` (start, stop, exits),
+    :class:`~fgpu.server.recovery.Recovery` (after a restart),
+    :class:`~fgpu.server.loop.SchedulingLoop` (rounds) and the use-cases.
+
+    Args:
+        store: the store (state of record).
+        backend: GPU backend.
+        launcher: process launcher.
+        state_dir: folder for logs and process handles.
+        policy: placement policy name (``fgd`` learns its target from recent submissions).
+        admins: uids allowed to manage queues and other users' work (root always is).
+        config: decision-core knobs.
+        agent_socket: where workloads send activity hints (``FGPU_AGENT_SOCKET``); empty:
+            none.
+        clock: time source (seconds).
+        mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
+        enforcement: governor and memory guard settings (default: fair, pause, kill).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        backend: GpuBackend,
+        launcher: Launcher,
+        state_dir: Path,
+        *,
+        policy: str = DEFAULT_POLICY,
+        admins: frozenset[int] = frozenset(),
+        config: SchedulerConfig | None = None,
+        agent_socket: str = "",
+        clock: Callable[[], float] = time.time,
+        mig_devices: Sequence[MigDevice] = (),
+        enforcement: EnforcementConfig | None = None,
+        fake_driver: FakeDriver | None = None,
+    ) -> None:
+        create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
+        self.store = store
+        self.backend = backend
+        self.launcher = launcher
+        self.state_dir = state_dir
+        self.log_dir = state_dir / "logs"
+        self.policy_name = policy
+        self.admins = admins
+        self.config = config or SchedulerConfig()
+        self.clock = clock
+        self.machine: Machine = discover(backend)
+        self.mig = MigPool(self.machine.mig_gpus, mig_devices, self.machine.mig_node)
+        self._lock = threading.RLock()
+        self._handles: dict[str, ProcessHandle] = {}
+        self._terminating: set[str] = set()  # ids with a stop sequence under way
+        self._pidfds: dict[str, int] = {}
+        self._reasons: dict[str, str] = {}
+        self._last: Decision | None = None
+        self._target_key: tuple[Request, ...] | None = None
+        self._scheduler = self._make_scheduler(FALLBACK_TARGET)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._round_s = 0.0
+        self._active: dict[str, Workload] | None = None
+        self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
+        self._mirror_lock = threading.Lock()
+        self._tracked = _Tracked(self)
+        self._state_lock: IO[str] | None = None
+        self._db_claim: DatabaseClaim | None = None
+        self._tree: QueueTree | None = None
+        self._empty = ClusterState(self.machine.nodes)
+        self._background: set[asyncio.Task[object]] = set()
+        self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
+        self._register_inventory()
+        shared = {
+            d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
+        }
+        settings = enforcement or EnforcementConfig()
+        segments, interposer_note = interposer_segments(settings, backend, state_dir, fake_driver)
+        self.enforcement = Enforcement(
+            backend,
+            shared,
+            agent_socket=Path(agent_socket) if agent_socket else None,
+            config=settings,
+            record=self._store_agent_event,
+            kill=self._kill_over_quota,
+            # one cgroup subtree per state folder: two services never thaw each other's work
+            cgroup_name=hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12],
+            segments=segments,
+            fake_driver=fake_driver,
+            interposer_off_reason=interposer_note,
+        )
+
+    # ----------------------------------------------------------------- composition
+    @classmethod
+    def create(
+        cls,
+        *,
+        db: str | None = None,
+        simulate_gpus: str | None = None,
+        policy: str = DEFAULT_POLICY,
+        state_dir: Path | None = None,
+        admins: frozenset[int] = frozenset(),
+        agent_socket: str | None = None,
+        config: SchedulerConfig | None = None,
+        enforcement: EnforcementConfig | None = None,
+        fake_driver: bool = False,
+        launcher: Launcher | None = None,
+    ) -> Self:
+        """The composition root: store, GPU backend, launcher (default: a new
+        :class:`Launcher`), service.
+
+        ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
+        workloads of the server's own user only; ``fgpu serve`` puts it beside the API
+        socket instead). ``fake_driver``: workloads on the simulated GPUs run against the
+        fake CUDA driver and NVML (``native/fakecuda``), with the interposer, and the memory
+        guard reads the fake NVML.
+
+        Raises:
+            ValueError: a bad ``simulate_gpus`` spec or policy name, or ``fake_driver``
+                without simulated GPUs.
+        """
+        create_policy(policy, target=FALLBACK_TARGET)  # bad input first: nothing created
+        backend = detect_backend(simulate_gpus, log)
+        folder = state_dir or default_state_dir()
+        fake = fake_driver_for(backend, folder) if fake_driver else None
+        if fake is not None:
+            from fgpu.agent.fakegpu import FakeDriverBackend
+
+            assert isinstance(backend, SimulatedBackend)
+            backend = FakeDriverBackend.wrap(backend, fake.driver_dir, fake.state_file)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        folder.chmod(0o700)  # logs, environments and the database are the users' business
+        lock = claim_state_dir(folder)
+        try:
+            store = Store.open(db if db else folder / "fgpu.db")
+        except BaseException:
+            lock.close()
+            raise
+        try:
+            claim = claim_database(store.engine)
+        except StoreConflict as exc:
+            store.close()
+            lock.close()
+            raise ValueError(f"--db: {exc}") from None
+        if isinstance(backend, SimulatedBackend) and backend.mig_devices():
+            # simulated MIG instances outlive a restart of the service, as real ones do
+            for note in backend.keep_mig_state(folder / "simulated-mig.json"):
+                log.warning("simulated MIG GPUs: %s", note)
+        service = cls(
+            store,
+            backend,
+            launcher or Launcher(),
+            folder,
+            policy=policy,
+            admins=admins,
+            config=config,
+            agent_socket=str(folder / "agent.sock") if agent_socket is None else agent_socket,
+            mig_devices=mig_devices_of(backend),
+            enforcement=enforcement,
+            fake_driver=fake,
+        )
+        service._state_lock = lock
+        service._db_claim = claim
+        return service
+
+    def _register_inventory(self) -> None:
+        from fgpu.store.records import GpuRecord, NodeRecord
+
+        mig = [
+            NodeRecord(
+                self.mig.node_name,
+                0,
+                0,
+                tuple(
+                    GpuRecord(
+                        g.device.index, g.device.uuid, g.device.model, g.device.memory_mib, True
+                    )
+                    for g in self.mig.gpus
+                ),
+            )
+        ]
+        self.store.sync_nodes(
+            [
+                NodeRecord(
+                    node.name,
+                    node.cpu_milli,
+                    node.memory_mib,
+                    tuple(
+                        GpuRecord(i, d.uuid, d.model, d.memory_mib, d.mig_enabled)
+                        for i, d in enumerate(self.machine.devices[node.name])
+                    ),
+                )
+                for node in self.machine.nodes
+            ]
+            + (mig if self.mig.gpus else [])
+        )
+        capacity = self._capacity_milli()
+        self.store.ensure_queue(
+            QueueConfig(DEFAULT_QUEUE, quota=Resources(gpu_milli=capacity), members=(EVERYONE,))
+        )
+
+    def _capacity_milli(self) -> int:
+        """Milli-GPU of the machine: shared GPUs and the MIG pool."""
+        return sum(n.gpu_count for n in self.machine.nodes) * 1000 + self.mig.capacity_milli()
+
+    def _make_scheduler(self, target: TargetWorkload) -> Scheduler:
+        policy = create_policy(self.policy_name, target=target, rng=np.random.default_rng(0))
+        return Scheduler(policy, self.config)
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopping
+
+    def wake(self) -> None:
+        """Ask for a scheduling round soon (thread-safe).
+
+        A wake-up already pending is enough: the loop clears it before the round reads the
+        mirror, and the caller's write reached the mirror before this check.
+        """
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not wake.is_set() and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    def _workloads(self) -> list[Workload]:
+        """Active workloads as the decision core sees them, from the service's mirror.
+
+        The service is the only writer of its store (its state folder is locked), and every
+        write goes through :class:`_Tracked`, so the mirror is read from the store once and
+        then kept current: a round does not re-read every active workload.
+        """
+        with self._mirror_lock:
+            if self._active is None:
+                index = self._node_index()
+                self._active = {}
+                for record in self.store.list_workloads(ACTIVE_PHASES):
+                    self._mirror(record, index)
+            return list(self._active.values())
+
+    def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
+        assert self._active is not None
+        if record.mig_request is not None:  # the MIG pass's, never the core's
+            if record.is_active:
+                self._mig_active[record.id] = record
+            else:
+                self._mig_active.pop(record.id, None)
+            return
+        if not record.is_active:
+            self._active.pop(record.id, None)
+            return
+        try:
+            self._active[record.id] = to_core(record, index)
+        except KeyError:  # placed on a node this machine no longer has: being stopped
+            self._active.pop(record.id, None)
+            log.warning("workload %s is placed on a node that is gone", record.id)
+
+    def _sync(self, record: WorkloadRecord) -> None:
+        """Bring the mirror up to date with one written record."""
+        with self._mirror_lock:
+            if self._active is not None:
+                self._mirror(record, self._node_index())
+
+    def _queue_tree(self) -> QueueTree:
+        """The queue tree, read again only after a queue change through this service."""
+        tree = self._tree
+        if tree is None:
+            tree = self._tree = self.store.queue_tree()
+        return tree
+
+    def _node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.machine.nodes)}
+
+    def _is_admin(self, caller: Caller) -> bool:
+        return caller.admin or caller.uid == 0 or caller.uid in self.admins
+
+    def _get(self, workload_id: str) -> WorkloadRecord:
+        try:
+            return self.store.get(workload_id)
+        except NotFound:
+            raise NotFoundError("id", f"no workload {workload_id!r}") from None
+
+
+__all__ = ["DEFAULT_QUEUE", "Caller", "ServiceCore", "claim_state_dir", "default_state_dir"]

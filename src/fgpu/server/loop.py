@@ -1,0 +1,209 @@
+"""The scheduling loop (part of :class:`fgpu.server.service.Service`): each round reads the
+active workloads from the mirror, asks the decision core
+(:class:`fgpu.sched.decide.Scheduler`) and acts on its decision; then the MIG pass places
+the pending MIG workloads on their instances (:class:`fgpu.server.mig_pool.MigPool`). The
+loop wakes on submissions, cancellations, queue changes and process exits, and on a slow
+tick for the time-based rules (``min_runtime``, aging, reservation)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from fgpu.sched.budget import QueueBudget
+from fgpu.sched.decide import Decision, OutsideUse, allocation_resources
+from fgpu.sched.rounds import state_with, target_for, target_key
+from fgpu.sched.workload import (
+    NON_PREEMPTIBLE_FROM,
+    Place,
+    Preempt,
+    Resources,
+    Wait,
+    Workload,
+)
+from fgpu.server.mig_pool import MigCandidate
+from fgpu.server.recovery import Recovery
+from fgpu.store.records import WorkloadRecord
+
+log = logging.getLogger("fgpu.server")
+
+
+TICK_S = 5.0
+"""Slow tick for the time-based rules; everything else wakes the loop directly."""
+DEBOUNCE_S = 0.05
+"""After a wake-up the loop waits this long so that a burst of submissions or exits is
+decided in one round instead of one round each."""
+
+
+class SchedulingLoop(Recovery):
+    """Part of :class:`fgpu.server.service.Service`: the loop and its rounds."""
+
+    # ------------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Recover what ran before, then start the scheduling loop (in the running loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self.enforcement.start()
+        await asyncio.to_thread(self._recover)
+        await asyncio.to_thread(self._enforce)
+        self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
+        self.wake()
+
+    async def stop(self) -> None:
+        """Stop the loop; running workloads keep running and are re-adopted next start."""
+        self._stopping = True
+        self.wake()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for task in list(self._background):
+            task.cancel()
+        loop = self._loop
+        if loop is not None:
+            for handle in self._handles.values():
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
+        self.enforcement.close()  # nothing stays frozen; events are written first
+        self.store.close()
+        if self._db_claim is not None:
+            self._db_claim.release()
+            self._db_claim = None
+        if self._state_lock is not None:
+            self._state_lock.close()
+            self._state_lock = None
+
+    async def _run_loop(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
+            # coalesce a burst; after a long round wait as long again, so that rounds never
+            # take more than about half of the service's time while submissions pour in
+            await asyncio.sleep(max(DEBOUNCE_S, self._round_s))
+            self._wake.clear()
+            if self.stopping:
+                break
+            try:
+                started = time.perf_counter()
+                await asyncio.to_thread(self.schedule_once)
+                self._round_s = time.perf_counter() - started
+            except Exception:  # keep serving; the error is a bug to fix, not to hide
+                log.exception("scheduling round failed")
+
+    # --------------------------------------------------------------- scheduling
+    def schedule_once(self) -> Decision:
+        """One scheduling round: decide, record, act. Returns the decision."""
+        with self._lock:
+            decision = self.plan()
+            if self._last is None or decision.warnings != self._last.warnings:
+                for warning in decision.warnings:
+                    log.warning("queues: %s", warning)
+            self.store.save_holds(decision.holds)
+            self._last = decision
+            reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            for action in decision.actions:
+                if isinstance(action, Place):
+                    self._start(action.workload, action.allocation)
+                elif isinstance(action, Preempt):
+                    self._stop(action.victim, action.reason)
+            try:
+                reasons.update(self._schedule_mig())
+            except Exception:  # a device error; the core's round stands, the next one retries
+                log.exception("MIG pass failed")
+            self._reasons = reasons
+            return decision
+
+    def _schedule_mig(self) -> dict[str, str]:
+        """The MIG pass after the core's round (:meth:`MigPool.schedule`): start what it
+        places, record the changes it made; returns why the others wait."""
+        with self._mirror_lock:
+            records = list(self._mig_active.values())
+        pending = [r for r in records if r.phase == "pending" and r.mig_request is not None]
+        if not pending:
+            return {}
+        held: dict[str, int] = {}
+        nonpreemptible: dict[str, int] = {}
+
+        def count(queue: str, milli: int, preemptible: bool) -> None:
+            held[queue] = held.get(queue, 0) + milli
+            if not preemptible:
+                nonpreemptible[queue] = nonpreemptible.get(queue, 0) + milli
+
+        # the core's placements of this round are started already, so the mirror has them
+        for w in self._workloads():
+            if w.allocation is not None:
+                count(w.queue, allocation_resources(w.allocation)[0], w.is_preemptible)
+        instances: dict[str, str] = {}
+        for r in records:
+            if r.holds_allocation and r.allocation is not None and r.allocation.mig is not None:
+                instances[r.allocation.mig.uuid] = r.id
+                count(r.queue, sum(r.allocation.gpu_milli), _preemptible(r))
+        budget = QueueBudget(self._queue_tree(), held, nonpreemptible)
+        candidates = [
+            MigCandidate(r.id, r.queue, r.priority, r.submitted_at, _preemptible(r), r.mig_request)
+            for r in pending
+            if r.mig_request is not None
+        ]
+        result = self.mig.schedule(candidates, instances, budget, self.store.record_event)
+        for line in result.changes:
+            log.info("MIG: %s", line)
+        for place in result.places:
+            self._start(place.workload, place.allocation, mig=place.instance, reason=place.reason)
+        return result.waits
+
+    def plan(self) -> Decision:
+        """Read the store and ask the decision core, without acting (what a round decides)."""
+        now = self.clock()
+        workloads = self._workloads()
+        state = state_with(  # a misfit is settled by _recover; never stop deciding
+            self.machine.nodes,
+            workloads,
+            lambda w, _: log.error("workload %s holds GPUs this machine lacks; skipped", w.id),
+        )
+        self._refresh_target(workloads)
+        tree = self._queue_tree()
+        holds = self.store.load_holds()
+        return self._scheduler.decide(now, state, tree, workloads, holds, self._mig_use())
+
+    def _mig_use(self) -> OutsideUse | None:
+        """What the MIG workloads hold, for the core's round (None without a MIG pool)."""
+        if not self.mig.gpus:
+            return None
+        allocated: dict[str, Resources] = {}
+        nonpreemptible: dict[str, int] = {}
+        with self._mirror_lock:
+            records = list(self._mig_active.values())
+        for r in records:
+            if r.holds_allocation and r.allocation is not None:
+                milli = sum(r.allocation.gpu_milli)
+                before = allocated.get(r.queue, Resources())
+                allocated[r.queue] = Resources(gpu_milli=before.gpu_milli + milli)
+                if not _preemptible(r):
+                    nonpreemptible[r.queue] = nonpreemptible.get(r.queue, 0) + milli
+        return OutsideUse(Resources(gpu_milli=self.mig.capacity_milli()), allocated, nonpreemptible)
+
+    def _refresh_target(self, workloads: Sequence[Workload]) -> None:
+        """FGD's target workload from the most recent active submissions with explicit
+        shares (the round has them in hand already)."""
+        if not self.policy_name.startswith("fgd"):
+            return
+        requests = target_key(workloads)
+        if requests == self._target_key:
+            return
+        self._target_key = requests
+        self._scheduler = self._make_scheduler(target_for(requests))
+
+
+def _preemptible(record: WorkloadRecord) -> bool:
+    """The workload's preemptible flag, or the default for its priority."""
+    if record.preemptible is not None:
+        return record.preemptible
+    return record.priority < NON_PREEMPTIBLE_FROM
+
+
+__all__ = ["DEBOUNCE_S", "TICK_S", "SchedulingLoop"]

@@ -1,0 +1,243 @@
+"""Starting, stopping and watching the workloads' processes, and recording how they ended
+(part of :class:`fgpu.server.service.Service`).
+
+A placement is recorded before the launch; a stop is recorded before the signal (SIGTERM to
+the process group, SIGKILL after the grace period); each process is watched through a Linux
+pidfd, and its exit is recorded as succeeded, failed, cancelled or preempted (back to
+pending)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from fgpu.agent.interposer.segment import SegmentError
+from fgpu.agent.launcher import LaunchError, LaunchSpec
+from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
+from fgpu.model.types import Allocation
+from fgpu.server.core import ServiceCore
+from fgpu.store.errors import NotFound
+from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance
+
+log = logging.getLogger("fgpu.server")
+
+
+class ProcessControl(ServiceCore):
+    """Part of :class:`fgpu.server.service.Service`: the workloads' processes."""
+
+    def _start(
+        self,
+        workload_id: str,
+        allocation: Allocation,
+        *,
+        mig: StoredMigInstance | None = None,
+        reason: str = "placed",
+    ) -> None:
+        """Record the placement, then launch (on a MIG instance: the instance's uuid is what
+        the workload sees as its GPU)."""
+        record = self.store.get(workload_id)
+        if mig is None:
+            uuids = self.machine.uuids(allocation.node_name, allocation.gpus)
+            visible = uuids
+        else:
+            uuids, visible = [mig.gpu_uuid], [mig.uuid]
+        self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids, mig=mig, reason=reason)
+        env = dict(record.env)
+        run_as = record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None
+        if mig is None:
+            try:
+                env.update(
+                    self.enforcement.launch_env(
+                        uuids,
+                        allocation.gpu_milli,
+                        allocation.gpu_memory_mib,
+                        record.env,
+                        workload_id=workload_id,
+                        uid=run_as,
+                    )
+                )
+            except (SegmentError, OSError) as exc:
+                self._tracked.mark_finished(
+                    workload_id, FAILED, reason=f"could not prepare its GPU limits: {exc}"
+                )
+                return
+        spec = LaunchSpec(
+            workload_id=workload_id,
+            argv=list(record.argv),
+            log_dir=self.log_dir,
+            shell=record.shell,
+            cwd=record.cwd,
+            env=env,
+            uid=run_as,
+            gpu_uuids=visible,
+            compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
+            memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
+            agent_socket=str(self.enforcement.socket or ""),
+        )
+        try:
+            handle = self.launcher.launch(spec)
+        except LaunchError as exc:
+            self._tracked.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
+            return
+        except Exception as exc:  # never leave a placement without a process
+            log.exception("launching %s failed", workload_id)
+            self._tracked.mark_finished(
+                workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
+            )
+            return
+        try:
+            self._save_handle(handle)
+            self._tracked.attach_process(
+                workload_id,
+                handle.pid,
+                handle.create_time,
+                stdout_path=str(handle.stdout_path),
+                stderr_path=str(handle.stderr_path),
+            )
+        except Exception as exc:  # an untracked process must not keep the GPU
+            log.exception("recording the process of %s failed; stopping it", workload_id)
+            with contextlib.suppress(Exception):
+                self.launcher.terminate(handle, 0.0)
+            self._tracked.mark_finished(
+                workload_id,
+                FAILED,
+                reason=f"could not record its process: {type(exc).__name__}: {exc}",
+            )
+            return
+        self._watch(handle)
+        self._enforce()
+
+    def _stop(self, workload_id: str, reason: str) -> None:
+        """Record the stop, then signal the process (grace period, then SIGKILL).
+
+        The grace period runs from the recorded stop request, also across a restart of the
+        service (a stop resumed by recovery waits only what is left of it).
+        """
+        record = self.store.get(workload_id)
+        if record.stop_requested_at is None:
+            record = self._tracked.mark_stopping(workload_id, reason)
+        handle = self._handles.get(workload_id)
+        if handle is None or self._loop is None or workload_id in self._terminating:
+            return  # a stop already under way keeps its own clock (no second SIGTERM)
+        self._terminating.add(workload_id)
+        self.enforcement.before_signal(workload_id)  # a frozen workload could not exit
+        asked = record.stop_requested_at if record.stop_requested_at is not None else self.clock()
+        grace = max(0.0, record.grace_s - max(0.0, self.clock() - asked))
+        future = asyncio.run_coroutine_threadsafe(
+            self.launcher.terminate_async(handle, grace), self._loop
+        )
+
+        def done(f: concurrent.futures.Future[ProcessState]) -> None:
+            self._terminating.discard(workload_id)
+            f.exception()
+
+        future.add_done_callback(done)
+
+    # ------------------------------------------------------------ process watching
+    def _watch(self, handle: ProcessHandle) -> None:
+        """Call :meth:`_exited` when the workload's wrapper process ends (pidfd)."""
+        self._handles[handle.workload_id] = handle
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            fd = os.pidfd_open(handle.pid)
+        except ProcessLookupError:
+            loop.call_soon_threadsafe(self._exited_soon, handle.workload_id)
+            return
+
+        def add() -> None:
+            self._pidfds[handle.workload_id] = fd
+            loop.add_reader(fd, self._exited_soon, handle.workload_id)
+
+        loop.call_soon_threadsafe(add)
+
+    def _exited_soon(self, workload_id: str) -> None:
+        fd = self._pidfds.pop(workload_id, None)
+        if fd is not None and self._loop is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+        task = asyncio.ensure_future(asyncio.to_thread(self._exited, workload_id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _exited(self, workload_id: str) -> None:
+        """Record how a workload's process ended and wake the loop."""
+        handle = self._handles.get(workload_id)
+        if handle is None:
+            return
+        state = self.launcher.poll(handle)
+        deadline = time.monotonic() + 5.0
+        while state.status is ProcessStatus.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.05)  # the wrapper is gone; its group's last members are exiting
+            state = self.launcher.poll(handle)
+        reason = state.reason
+        if state.status is ProcessStatus.LOST and self.launcher.signal(handle, signal.SIGKILL):
+            # the wrapper died (killed from outside); what it ran must not keep the GPU
+            reason = f"{reason}; its remaining processes were killed"
+        with self._lock:
+            self._handles.pop(workload_id, None)
+            self._record_end(workload_id, state.exit_code, reason)
+        self._enforce()
+        self.wake()
+
+    def _record_end(
+        self, workload_id: str, code: int | None, why: str | None, at: float | None = None
+    ) -> None:
+        """Record how a running workload's process ended (``at``: when, if known; else
+        now)."""
+        try:
+            record = self.store.get(workload_id)
+        except NotFound:
+            return
+        if record.phase not in ("running", "paused"):
+            return
+        over_quota = self._fail_reasons.pop(workload_id, None)
+        if over_quota is not None:
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=over_quota, finished_at=at
+            )
+        elif record.cancelled_by is not None:
+            self._tracked.mark_finished(
+                workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
+            )
+        elif record.stop_requested_at is not None:
+            self._tracked.mark_preempted(workload_id, record.reason or "preempted")
+        elif code == 0:
+            self._tracked.mark_finished(
+                workload_id, SUCCEEDED, exit_code=0, reason="exit code 0", finished_at=at
+            )
+        elif code is None:
+            self._tracked.mark_finished(
+                workload_id, FAILED, reason=why or "ended without an exit code", finished_at=at
+            )
+        else:
+            detail = f"exit code {code}" + (f" ({why})" if why else "")
+            self._tracked.mark_finished(
+                workload_id, FAILED, exit_code=code, reason=detail, finished_at=at
+            )
+
+    def _handle_path(self, workload_id: str) -> Path:
+        return self.log_dir / workload_id / "handle.json"
+
+    def _exit_path(self, workload_id: str) -> Path:
+        """Where the launcher's wrapper records the workload's exit (see
+        :class:`fgpu.agent.launcher.Launcher`)."""
+        return self.log_dir / workload_id / "exit.json"
+
+    def _save_handle(self, handle: ProcessHandle) -> None:
+        path = self._handle_path(handle.workload_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(handle.to_dict()))
+        os.replace(tmp, path)
+
+
+__all__ = ["ProcessControl"]
