@@ -19,7 +19,7 @@ from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.webhook import KubeLookup, mutate_review, validate
+from fgpu.k8s.webhook_app import KubeLookup, mutate_review, validate
 from fgpu_standin.admission import (
     Attributes,
     load,

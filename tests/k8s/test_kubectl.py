@@ -313,7 +313,7 @@ def test_bad_standin_options_are_refused_naming_the_option(args, message) -> Non
 
 def test_the_standin_command_registers_nodes_and_calls_the_webhook(tmp_path: Path) -> None:
     from fgpu.k8s.kube import KubeApi, api_client
-    from fgpu.k8s.webhook import create_app
+    from fgpu.k8s.webhook_app import create_app
     from tests.k8s.conftest import Served
 
     port = free_port()

@@ -18,7 +18,7 @@ from fgpu.k8s.kube import MERGE_PATCH, KubeError
 from fgpu.k8s.objects import PodRequestError, node_info, pod_ask
 from fgpu.k8s.podcgroup import pod_handle
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.webhook import create_app
+from fgpu.k8s.webhook_app import create_app
 from fgpu.mig.catalog import mig_profiles
 from fgpu.mig.device import SimulatedMigDevice
 from fgpu.mig.layout import is_valid, make_layout

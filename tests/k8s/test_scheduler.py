@@ -14,7 +14,7 @@ from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.webhook import create_app
+from fgpu.k8s.webhook_app import create_app
 from fgpu.sched.state import check_invariants
 from tests.k8s.conftest import Cluster, Served, fgpu_admission
 from tests.k8s.kube import (

@@ -16,10 +16,10 @@ from fastapi import FastAPI, Request
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.objects import PodRequestError, pod_ask
-from fgpu.k8s.webhook import (
+from fgpu.k8s.webhook import mutate
+from fgpu.k8s.webhook_app import (
     TENANCY_ANNOTATIONS,
     create_app,
-    mutate,
     mutate_review,
     review,
     validate,

@@ -158,7 +158,7 @@ def webhook(
     """Run the admission webhooks (POST /mutate and /validate). It reads Namespaces (their
     default queue) and Queues (who may use them) from the API."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
-    from fgpu.k8s.webhook import KubeLookup, serve
+    from fgpu.k8s.webhook_app import KubeLookup, serve
 
     _logging()
     if not scheduler_user:
