@@ -45,7 +45,7 @@ import psutil
 from fgpu.k8s import claims, wire
 from fgpu.k8s.kube import MERGE_PATCH, KubeApi, api_client
 from fgpu.k8s.resourceapi import ResourceApi
-from fgpu.k8s.scheduler import K8sScheduler
+from fgpu.k8s.scheduler import K8sScheduler, connections_needed
 from fgpu.k8s.webhook import mutate
 from fgpu_standin.patch import json_patch
 
@@ -136,7 +136,8 @@ def main() -> None:
         stderr=subprocess.DEVNULL,
     )
     try:
-        api = KubeApi(api_client(host=f"http://127.0.0.1:{port}"))
+        url = f"http://127.0.0.1:{port}"
+        api = KubeApi(api_client(host=url, pool_size=connections_needed(8)))  # as the CLI
         deadline = time.monotonic() + 30
         while True:
             try:

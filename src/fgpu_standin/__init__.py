@@ -17,7 +17,9 @@ with the semantics they rely on:
 - ``pods/binding`` (node name and annotations written together; refused if already bound
   or the uid precondition fails), ``pods/eviction`` with PodDisruptionBudgets
   (``minAvailable``/``maxUnavailable``, integer or percent; pending pods ignore budgets);
-- Leases, Events, ConfigMaps (deleted with their owner pod, as the garbage collector does),
+- Leases, Events, PersistentVolumes and PersistentVolumeClaims (stored only: no volume
+  binder or provisioner), ConfigMaps (deleted with their owner pod, as the garbage
+  collector does),
   PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
   the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
 - ``resource.k8s.io/v1`` (Dynamic Resource Allocation, Kubernetes 1.34): DeviceClass,

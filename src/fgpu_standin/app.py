@@ -62,6 +62,11 @@ class Options:
         bookmark_s: how often a watch that asked for bookmarks
             (``allowWatchBookmarks=true``) gets one while no event passes.
         webhook_ca: CA bundle file for ``https`` webhook URLs.
+        latency_s: seconds every request waits before it is served (watches: before the
+            stream starts), to test against the latencies of a real API server, whose
+            writes go through etcd (a few to tens of milliseconds each) rather than this
+            stand-in's memory. Requests still run concurrently: it delays, it does not
+            serialise.
 
     The requester's identity (``userInfo`` in the AdmissionReview) comes from the
     ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
@@ -75,6 +80,7 @@ class Options:
     webhook_ca: str | None = None
     history: int = 200_000
     bookmark_s: float = 60.0
+    latency_s: float = 0.0
 
 
 ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
@@ -214,6 +220,38 @@ def _check_pod_spec_update(name: str, old: Obj, new: Obj) -> None:
             "Invalid",
             f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
             "other than the mutable ones (the stand-in allows only removing scheduling gates)",
+        )
+
+
+HIGHEST_USER_PRIORITY = 1_000_000_000
+"""The highest value a PriorityClass that is not a system one may have (scheduling/v1)."""
+
+
+def _check_priority_class(body: Obj) -> None:
+    """The API server's validation of a new PriorityClass's name and value: names with the
+    ``system-`` prefix are reserved, and other classes go up to
+    :data:`HIGHEST_USER_PRIORITY` (422 Invalid, worded as the API server words it)."""
+    name = str((body.get("metadata") or {}).get("name", ""))
+    problems = []
+    if name.startswith("system-"):
+        problems.append(
+            "metadata.name: Forbidden: priority class names with 'system-' prefix are reserved "
+            "for system use only"
+        )
+    try:
+        value = int(body.get("value", 0))
+    except (TypeError, ValueError):
+        value = 0
+    if value > HIGHEST_USER_PRIORITY and not name.startswith("system-"):
+        problems.append(
+            "value: Forbidden: maximum allowed value of a user defined priority is "
+            f"{HIGHEST_USER_PRIORITY}"
+        )
+    if problems:
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'PriorityClass.scheduling.k8s.io "{name}" is invalid: ' + ", ".join(problems),
         )
 
 
@@ -505,6 +543,8 @@ class StandInApi:
     async def handle(self, request: Request, path: str) -> Response:
         """Serve one request."""
         self.calls += 1
+        if self.options.latency_s > 0:
+            await asyncio.sleep(self.options.latency_s)
         try:
             host = request.headers.get("host", "")
             if request.method == "GET" and (found := discovery.document(path, KINDS, host)):
@@ -559,6 +599,8 @@ class StandInApi:
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
         body = resource.admit(kind, body)
+        if kind.plural == "priorityclasses":
+            _check_priority_class(body)
         made = self.store.create(kind, ns, body)
         if kind.plural == "pods" and (made.get("spec") or {}).get("resourceClaims"):
             self.claims.pod_claims(made)

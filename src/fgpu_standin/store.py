@@ -67,6 +67,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "nodes", "Node", False, status_subresource=True),
     Kind("", "v1", "pods", "Pod", True, POD_FIELDS, status_subresource=True),
     Kind("", "v1", "configmaps", "ConfigMap", True),
+    Kind("", "v1", "persistentvolumes", "PersistentVolume", False, status_subresource=True),
+    Kind(
+        "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, status_subresource=True
+    ),
     Kind("", "v1", "events", "Event", True, EVENT_FIELDS),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
     Kind(

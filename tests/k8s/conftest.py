@@ -114,7 +114,8 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
             cluster = Cluster(api, namespace, None, [])
         else:
             standin = StandIn(Options(**options)).start()
-            cluster = Cluster(KubeApi(api_client(host=standin.url)), "default", standin, [])
+            api = KubeApi(api_client(host=standin.url, pool_size=16))  # a scheduler's needs
+            cluster = Cluster(api, "default", standin, [])
         made.append(cluster)
         return cluster
 

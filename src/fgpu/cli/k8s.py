@@ -84,13 +84,14 @@ def scheduler(
     """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
     from fgpu.k8s.leader import LeaseElector
-    from fgpu.k8s.scheduler import K8sScheduler
+    from fgpu.k8s.scheduler import K8sScheduler, connections_needed
     from fgpu.plugins import UnknownPolicyError
     from fgpu.sched.decide import SchedulerConfig
 
     _logging()
+    workers = 8
     try:
-        api = KubeApi(api_client(kubeconfig, server))
+        api = KubeApi(api_client(kubeconfig, server, pool_size=connections_needed(workers)))
         me = f"{identity or socket.gethostname()}_{uuid.uuid4().hex[:6]}"
         elector = LeaseElector(
             api,
@@ -106,6 +107,7 @@ def scheduler(
             config=SchedulerConfig(min_runtime_s=min_runtime_s),
             elector=elector,
             env_without_isolation=env_without_isolation,
+            workers=workers,
         )
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
@@ -282,7 +284,9 @@ def node_agent(
     governing: GovernorEnforcer | None = None
     driver: DraDriver | None = None
     try:
-        api = KubeApi(api_client(kubeconfig, server))
+        # two watches (its Node, its pods), the report loop, the DRA driver's calls, the
+        # enforcer's evictions, the ResourceSlice writes
+        api = KubeApi(api_client(kubeconfig, server, pool_size=8))
         if env_without_isolation:
             backend = detect_backend(simulate_gpus, log, host=node)
             agent = NodeAgent(api, node, backend, gpus)
@@ -435,6 +439,13 @@ def standin(
             "would (repeat for several).",
         ),
     ] = None,
+    latency_ms: Annotated[
+        float,
+        typer.Option(
+            help="Milliseconds each request waits before it is served, to try fgpu at a "
+            "real API server's latencies (0: none)."
+        ),
+    ] = 0.0,
 ) -> None:
     """Serve the Kubernetes API TEST STAND-IN on 127.0.0.1 (demos and tests only)."""
     from urllib.parse import urlsplit
@@ -442,6 +453,8 @@ def standin(
     from fgpu_standin import Options, StandIn
     from fgpu_standin.admission import load, point_services
 
+    if not 0 <= latency_ms <= 60_000:
+        raise _fail(f"--latency-ms: {latency_ms} is not between 0 and 60000 milliseconds")
     services: dict[str, str] = {}
     for entry in webhook_service or []:
         key, _, url = entry.partition("=")
@@ -471,7 +484,13 @@ def standin(
             raise _fail(f"--webhook-ca: no file {webhook_ca}")
     try:
         server = StandIn(
-            Options(kubelet=kubelet, admission=configurations, webhook_ca=webhook_ca), port=port
+            Options(
+                kubelet=kubelet,
+                admission=configurations,
+                webhook_ca=webhook_ca,
+                latency_s=latency_ms / 1000,
+            ),
+            port=port,
         ).start()
     except RuntimeError as exc:
         raise _fail(f"{exc} (is port {port} free?)") from None

@@ -158,7 +158,7 @@ class RoundActions(RoundBuilder):
 
     def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
         victim = rnd.pods.get(action.victim)
-        if victim is None:
+        if victim is None or not self.is_leader():
             return
         meta = victim["metadata"]
         try:
@@ -197,7 +197,7 @@ class RoundActions(RoundBuilder):
         if self._reasons.get(key) == reason:
             return
         pod = rnd.pods.get(key)
-        if pod is None:
+        if pod is None or not self.is_leader():
             return
         current = next(
             (

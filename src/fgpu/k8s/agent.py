@@ -3,8 +3,16 @@
 It discovers the node's GPUs (NVML, or the simulated backend where there is none), and
 publishes them on its Node: label ``fgpu.io/managed=true``, labels ``fgpu.io/gpu-model``
 and ``fgpu.io/gpu-count``, and the annotation ``fgpu.io/inventory`` the scheduler reads.
-Every ``interval_s`` it reports per-GPU use (``fgpu.io/usage``: memory in use and
-utilization by GPU UUID) and passes its fgpu pods to the enforcer.
+Every ``interval_s`` (and at once when its Node or its pods change) it measures per-GPU use
+and passes its fgpu pods to the enforcer.
+
+API load: the agent learns its Node and its pods from watches narrowed to this node
+(:class:`fgpu.k8s.nodeview.NodeView`), not from a list every interval; and it writes its
+usage (``fgpu.io/usage``: memory in use and utilization by GPU UUID, and the time measured)
+only when it moved by a step (:data:`USAGE_MEMORY_STEP_MIB`, :data:`USAGE_UTILIZATION_STEP`)
+since the last write, not on a timer. Every write of a Node is sent to every watcher of
+Nodes in the cluster (the scheduler, the kubelet's peers, controllers): the load that made
+the kubelet move its heartbeat from Node status to a Lease (KEP-589).
 
 Restart safety: the agent keeps no state and never moves or signals pods' processes. It
 patches its own Node's labels and annotations, and the inventory it publishes is keyed by
@@ -15,8 +23,8 @@ NVIDIA device plugin on the same node).
 GPUs in MIG mode are published with their instances (``mig`` in the inventory), for MIG
 pods only. The agent lays them out as the scheduler asks (:meth:`NodeAgent.reconcile_mig`):
 the scheduler writes the whole layout it wants on idle MIG GPUs into the Node's
-``fgpu.io/mig-request`` with a new generation; the agent reads it from the Node it gets back
-from every usage report, and for each GPU named, if no fgpu pod bound to this node holds an
+``fgpu.io/mig-request`` with a new generation; the agent sees it through its watch of the
+Node (and acts at once), and for each GPU named, if no fgpu pod bound to this node holds an
 instance of that GPU, destroys the instances the layout does not keep and creates the missing
 ones (:func:`fgpu.mig.device.apply_plan`, which also refuses to destroy an instance with
 processes on it). Then it publishes the inventory and ``fgpu.io/mig-status`` (the generation,
@@ -42,12 +50,39 @@ from typing import Any, Protocol
 from fgpu.agent.backend import GpuBackend, GpuDevice, mig_devices_of
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError
+from fgpu.k8s.nodeview import NodeView
 from fgpu.mig.device import MigDevice, apply_plan
 from fgpu.mig.inventory import MigInputError
 from fgpu.mig.layout import Placement
 from fgpu.mig.planner import GpuPlan
 
 log = logging.getLogger("fgpu.k8s.agent")
+
+USAGE_MEMORY_STEP_MIB = 256
+"""A GPU's memory in use must move this much (MiB) from the last written value to be
+written again."""
+USAGE_UTILIZATION_STEP = 10
+"""A GPU's utilization must move this many percentage points to be written again."""
+
+
+def usage_moved(last: Any, now: Any) -> bool:
+    """Whether usage ``now`` differs from ``last`` (both the ``fgpu.io/usage`` JSON shape:
+    ``memory_mib`` and ``utilization`` by GPU UUID) enough to be written: other GPUs, or one
+    GPU's memory by :data:`USAGE_MEMORY_STEP_MIB` or utilization by
+    :data:`USAGE_UTILIZATION_STEP` or more. ``last`` None or unreadable: moved."""
+    try:
+        for name, step in (
+            ("memory_mib", USAGE_MEMORY_STEP_MIB),
+            ("utilization", USAGE_UTILIZATION_STEP),
+        ):
+            a, b = last[name], now[name]
+            if set(a) != set(b):
+                return True
+            if any(abs(int(a[u]) - int(b[u])) >= step for u in b):
+                return True
+    except (KeyError, TypeError, ValueError):
+        return True
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +201,14 @@ class NodeAgent:
         self.enforcer = enforcer or LogOnlyEnforcer()
         self.on_publish = on_publish
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._published: str | None = None
+        self.view = NodeView(api, node, on_change=self._wake.set)
+        self._usage: Any = None  # as last written (or found on the Node)
+        self.usage_writes = 0
+        """Writes of ``fgpu.io/usage`` by this agent."""
+        self.reports = 0
+        """Reports done (measurements, whether written or not)."""
 
     def inventory(self) -> wire.Inventory:
         """What this agent publishes (indices renumbered 0.. over the owned GPUs; GPUs in
@@ -205,13 +247,22 @@ class NodeAgent:
         notes = {wire.INVENTORY: text}
         if status is not None:
             notes[wire.MIG_STATUS] = status.to_json()
-        self.api.patch_node(self.node, {"metadata": {"labels": labels, "annotations": notes}})
+        written = self.api.patch_node(
+            self.node, {"metadata": {"labels": labels, "annotations": notes}}
+        )
+        self.view.nodes.apply("MODIFIED", written)
         self._published = text
         if self.on_publish is not None:
             self.on_publish(inv)
 
     def report(self) -> None:
-        """Publish per-GPU memory in use (MiB) and utilization (%), and sync the enforcer."""
+        """Measure per-GPU memory in use (MiB) and utilization (%), write them when they
+        moved (:func:`usage_moved`), carry out a pending MIG request, and sync the
+        enforcer.
+
+        Raises:
+            KubeError: reading the Node or the pods, or a write, failed.
+        """
         owned = {d.uuid for d in self.devices}
         memory: dict[str, int] = dict.fromkeys(owned, 0)
         try:
@@ -223,15 +274,26 @@ class NodeAgent:
             log.warning("reading GPU usage failed: %s", exc)
             util = {}
         usage = {"memory_mib": memory, "utilization": util, "time": int(time.time())}
-        node = self.api.patch_node(
-            self.node, {"metadata": {"annotations": {wire.USAGE: json.dumps(usage)}}}
-        )
+        node = self.view.node()
+        if self._usage is None and node is not None:
+            try:  # what an earlier run wrote: a restart writes nothing new
+                self._usage = json.loads(wire.annotations_of(node).get(wire.USAGE) or "null")
+            except ValueError:
+                self._usage = None
+        if usage_moved(self._usage, usage):
+            node = self.api.patch_node(
+                self.node, {"metadata": {"annotations": {wire.USAGE: json.dumps(usage)}}}
+            )
+            self.view.nodes.apply("MODIFIED", node)
+            self._usage = usage
+            self.usage_writes += 1
         placed = self.placed()
         if self.mig:
             status = self.reconcile_mig(node, placed)
             if status is None and self.inventory().to_json() != self._published:
                 self.publish()  # instances changed outside fgpu (e.g. nvidia-smi)
         self.enforcer.sync(placed)
+        self.reports += 1
 
     def reconcile_mig(
         self, node: Any | None = None, placed: Sequence[PlacedContainer] | None = None
@@ -331,10 +393,10 @@ class NodeAgent:
         return report.error
 
     def placed(self) -> list[PlacedContainer]:
-        """The fgpu pods bound to this node, with what they were granted."""
-        listed = self.api.list_pods(field_selector=f"spec.nodeName={self.node}")
+        """The fgpu pods bound to this node, with what they were granted (from the view's
+        watch once :meth:`run` started it)."""
         out: list[PlacedContainer] = []
-        for pod in listed.items:
+        for pod in self.view.bound_pods():
             text = wire.annotations_of(pod).get(wire.ASSIGNMENT)
             if not text or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -346,22 +408,30 @@ class NodeAgent:
         return out
 
     def run(self, interval_s: float = 10.0) -> None:
-        """Publish, then report every ``interval_s`` until :meth:`stop`."""
+        """Publish, start watching this node and its pods, then report every
+        ``interval_s``, and at once after a change of either, until :meth:`stop`."""
         while not self._stop.is_set():
             try:
                 self.publish()
+                self.view.start()
                 if self.mig:
-                    self.reconcile_mig()
+                    self.reconcile_mig(self.view.node())
                 break
             except KubeError as exc:
                 log.warning("publishing the inventory of %s failed: %s", self.node, exc)
                 self._stop.wait(interval_s)
-        while not self._stop.wait(interval_s):
+        while not self._stop.is_set():
+            self._wake.wait(interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             try:
                 self.report()
             except KubeError as exc:
                 log.warning("reporting usage of %s failed: %s", self.node, exc)
+        self.view.stop()
 
     def stop(self) -> None:
         """End :meth:`run`."""
         self._stop.set()
+        self._wake.set()

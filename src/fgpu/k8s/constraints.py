@@ -131,6 +131,13 @@ def _term(term: Obj, node: NodeFacts, labels: Mapping[str, str]) -> bool:
     return True
 
 
+def term_matches(term: Obj, node: NodeFacts) -> bool:
+    """Whether one ``nodeSelectorTerms`` item (``matchExpressions`` on labels,
+    ``matchFields`` on ``metadata.name``) selects ``node`` (a PersistentVolume's node
+    affinity uses the same shape)."""
+    return _term(term, node, dict(node.labels))
+
+
 def _tolerates(toleration: Obj, taint: tuple[str, str, str]) -> bool:
     key, value, effect = taint
     if toleration.get("effect") and toleration.get("effect") != effect:

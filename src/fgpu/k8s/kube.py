@@ -62,22 +62,34 @@ class Listed:
     resource_version: str
 
 
-def api_client(kubeconfig: str | None = None, host: str | None = None) -> Any:
+def api_client(
+    kubeconfig: str | None = None, host: str | None = None, pool_size: int | None = None
+) -> Any:
     """An official ``ApiClient``.
 
     Args:
         kubeconfig: a kubeconfig file (None: ``$KUBECONFIG`` or ``~/.kube/config``, else
             the in-cluster service account).
         host: an API server URL without credentials (the test stand-in); wins over the rest.
+        pool_size: connections kept open to the API server (urllib3's pool ``maxsize``);
+            None: the client's default, 5 per CPU. Size it to the threads that call at
+            once (every open watch holds one): past it, urllib3 opens a connection per
+            call and discards it afterwards ("Connection pool is full, discarding
+            connection"), a new TCP and TLS handshake each time.
 
     Raises:
         KubeError: no configuration could be loaded (status 0).
+        ValueError: ``pool_size`` below 1.
     """
     from kubernetes import client, config
 
+    if pool_size is not None and pool_size < 1:
+        raise ValueError(f"pool_size: {pool_size} is not a positive number of connections")
     if host is not None:
         configuration = client.Configuration()
         configuration.host = host
+        if pool_size is not None:
+            configuration.connection_pool_maxsize = pool_size
         return client.ApiClient(configuration)
     try:
         if kubeconfig is not None:
@@ -91,7 +103,15 @@ def api_client(kubeconfig: str | None = None, host: str | None = None) -> Any:
         raise KubeError(
             0, "NoConfiguration", f"cannot configure the Kubernetes client: {exc}"
         ) from None
-    return client.ApiClient()
+    configuration = client.Configuration.get_default_copy()
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def pool_size(api: KubeApi) -> int:
+    """The connections ``api``'s client keeps open to the API server (urllib3 ``maxsize``)."""
+    return int(api.client.rest_client.pool_manager.connection_pool_kw.get("maxsize") or 1)
 
 
 class KubeApi:
@@ -126,18 +146,46 @@ class KubeApi:
         return json.loads(data) if data else None
 
     # --------------------------------------------------------------- listing
-    def list_nodes(self, label_selector: str | None = None) -> Listed:
-        """Nodes (optionally by label selector)."""
-        out = self._call(self.core.list_node, label_selector=label_selector)
+    def list_nodes(
+        self,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+    ) -> Listed:
+        """Nodes (optionally by label or field selector).
+
+        ``resource_version="0"`` lets the API server answer from its watch cache instead of
+        a quorum read from etcd (what informers ask for their first list); None: the most
+        recent data, read through etcd.
+        """
+        out = self._call(
+            self.core.list_node,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
+        )
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
-    def list_pods(self, field_selector: str | None = None, namespace: str | None = None) -> Listed:
-        """Pods in every namespace (or one), optionally by field selector."""
+    def list_pods(
+        self,
+        field_selector: str | None = None,
+        namespace: str | None = None,
+        resource_version: str | None = None,
+    ) -> Listed:
+        """Pods in every namespace (or one), optionally by field selector
+        (``resource_version`` as for :meth:`list_nodes`)."""
         if namespace is None:
-            out = self._call(self.core.list_pod_for_all_namespaces, field_selector=field_selector)
+            out = self._call(
+                self.core.list_pod_for_all_namespaces,
+                field_selector=field_selector,
+                resource_version=resource_version,
+            )
         else:
             out = self._call(
-                self.core.list_namespaced_pod, namespace, field_selector=field_selector
+                self.core.list_namespaced_pod,
+                namespace,
+                field_selector=field_selector,
+                resource_version=resource_version,
             )
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
@@ -149,10 +197,15 @@ class KubeApi:
         return Listed(out["items"], out["metadata"]["resourceVersion"])
 
     def watch(
-        self, resource: str, resource_version: str, timeout_s: int = 300
+        self,
+        resource: str,
+        resource_version: str,
+        timeout_s: int = 300,
+        field_selector: str | None = None,
     ) -> Iterator[tuple[str, Obj]]:
         """``(type, object)`` changes of ``nodes``, ``pods``, ``queues`` or
-        ``resourceclaims`` after a version;
+        ``resourceclaims`` after a version (only those matching ``field_selector`` when
+        given: an object leaving the selection comes as DELETED);
         type is ADDED, MODIFIED, DELETED or BOOKMARK (only a newer version to resume from).
 
         Ends when the server closes the watch (``timeout_s``, or a restart).
@@ -182,9 +235,13 @@ class KubeApi:
             raise ValueError(f"resource: cannot watch {resource!r}")
         # The client's Watch helper fails on ERROR events when it does not deserialize
         # (it looks for a key only its deserializing path sets), so the stream is read here.
+        extra: dict[str, Any] = {}
+        if field_selector is not None:
+            extra["field_selector"] = field_selector
         try:
             response = func(
                 *args,
+                **extra,
                 watch=True,
                 resource_version=resource_version,
                 timeout_seconds=timeout_s,
@@ -313,6 +370,17 @@ class KubeApi:
     def patch_node(self, name: str, patch: Obj) -> Obj:
         """Merge patch of a node's metadata (labels, annotations)."""
         result: Obj = self._call(self.core.patch_node, name, patch, _content_type=MERGE_PATCH)
+        return result
+
+    # ---------------------------------------------------------------- volumes
+    def get_volume_claim(self, namespace: str, name: str) -> Obj:
+        """One PersistentVolumeClaim. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        return result
+
+    def get_volume(self, name: str) -> Obj:
+        """One PersistentVolume. Raises KubeError (404)."""
+        result: Obj = self._call(self.core.read_persistent_volume, name)
         return result
 
     # ----------------------------------------------------------------- leases

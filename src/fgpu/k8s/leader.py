@@ -7,12 +7,18 @@ moment they last saw the record change, as client-go does, so clock skew between
 does not matter). Every write carries the ``resourceVersion`` it read, so when two replicas
 race for an expired Lease exactly one write succeeds. A leader that cannot renew within
 ``renew_deadline_s`` stops acting before another replica can take over.
+
+Renewal runs in a thread of its own (:meth:`LeaseElector.run`, every ``retry_s``), as
+client-go's leader elector does (defaults 15 s lease, 10 s renew deadline, 2 s retry
+period): a scheduling round that spends seconds on API writes does not delay it, so a long
+round never costs the Lease.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,10 +43,13 @@ class LeaseElector:
         lease_s: how long a Lease not renewed stays another replica's (seconds).
         renew_deadline_s: a leader that has not renewed for this long stops acting
             (must be below ``lease_s``).
+        retry_s: seconds between attempts in :meth:`run` (default: a fifth of
+            ``renew_deadline_s``, 2 s with the defaults, client-go's retry period).
         clock: monotonic seconds (tests pass a fake one).
 
     Raises:
-        ValueError: ``renew_deadline_s`` not below ``lease_s``.
+        ValueError: ``renew_deadline_s`` not below ``lease_s``, or ``retry_s`` not below
+            ``renew_deadline_s``.
     """
 
     def __init__(
@@ -52,10 +61,19 @@ class LeaseElector:
         *,
         lease_s: float = 15.0,
         renew_deadline_s: float = 10.0,
+        retry_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < renew_deadline_s < lease_s:
             raise ValueError("renew_deadline_s: must be positive and below lease_s")
+        if retry_s is None:
+            retry_s = renew_deadline_s / 5
+        if not 0 < retry_s < renew_deadline_s:
+            raise ValueError(
+                f"retry_s: {retry_s} must be positive and below renew_deadline_s "
+                f"({renew_deadline_s})"
+            )
+        self.retry_s = retry_s
         self.api = api
         self.namespace = namespace
         self.name = name
@@ -66,6 +84,9 @@ class LeaseElector:
         self._renewed_at: float | None = None
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._lock = threading.Lock()  # one attempt at a time (run() and step())
+        self.renewals = 0
+        """Successful writes of the Lease by this replica (acquisitions and renewals)."""
 
     def is_leader(self) -> bool:
         """True while this replica renewed the Lease within ``renew_deadline_s``."""
@@ -78,13 +99,38 @@ class LeaseElector:
 
         API errors are logged and count as a failed attempt.
         """
-        now = self.clock()
-        try:
-            self._try(now)
-        except KubeError as exc:
-            if exc.status != 409:
-                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
-        return self.is_leader()
+        with self._lock:
+            now = self.clock()
+            try:
+                self._try(now)
+            except KubeError as exc:
+                if exc.status != 409:
+                    log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            return self.is_leader()
+
+    def run(self, stop: threading.Event, on_acquired: Callable[[], None] | None = None) -> None:
+        """Acquire or renew every ``retry_s`` until ``stop`` is set (a thread's target).
+
+        Each attempt starts ``retry_s`` after the last one began, so a slow API stretches
+        the gap only by the time the attempt itself took.
+
+        Args:
+            stop: ends the loop.
+            on_acquired: called each time this replica becomes the leader (client-go's
+                ``OnStartedLeading``), e.g. to start a round at once.
+        """
+        leading = False
+        while not stop.is_set():
+            began = time.monotonic()
+            try:
+                now_leading = self.step()
+            except Exception:  # a bug must not end renewal silently: keep trying
+                log.exception("lease %s/%s: renewal attempt failed", self.namespace, self.name)
+                now_leading = False
+            if now_leading and not leading and on_acquired is not None:
+                on_acquired()
+            leading = now_leading
+            stop.wait(max(0.0, self.retry_s - (time.monotonic() - began)))
 
     def _record(self, holder: str, transitions: int, acquired: str) -> dict[str, Any]:
         wall = time.time()
@@ -107,6 +153,7 @@ class LeaseElector:
             }
             self.api.create_lease(self.namespace, body)
             self._renewed_at = now
+            self.renewals += 1
             log.info("%s acquired lease %s/%s", self.identity, self.namespace, self.name)
             return
         spec = lease.get("spec") or {}
@@ -142,12 +189,14 @@ class LeaseElector:
                 "%s took over lease %s/%s from %r", self.identity, self.namespace, self.name, holder
             )
         self._renewed_at = now
+        self.renewals += 1
 
     def release(self) -> None:
         """Give the Lease up (on a clean stop) so that another replica need not wait."""
-        if self._renewed_at is None:
-            return
-        self._renewed_at = None
+        with self._lock:
+            if self._renewed_at is None:
+                return
+            self._renewed_at = None
         try:
             lease = self.api.get_lease(self.namespace, self.name)
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:

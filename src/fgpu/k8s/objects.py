@@ -121,9 +121,16 @@ def quantity(text: object, field: str) -> Decimal:
 
 
 def container_requests(pod: Obj) -> tuple[int, int]:
-    """``(cpu_milli, memory_mib)`` a pod requests, as the kube-scheduler counts it: the sum
-    over its containers, or the largest init container when that is more; a container
-    without a request but with a limit requests its limit.
+    """``(cpu_milli, memory_mib)`` a pod requests, as the kube-scheduler counts it (the
+    effective request, Kubernetes documentation "Effective Pod requests and limits"):
+
+    - while running: the sum over its containers and its restartable init containers
+      (sidecars, ``restartPolicy: Always``), which keep running;
+    - while initialising: for each init container in order, its request plus those of the
+      sidecars listed before it (a sidecar counts with itself);
+    - the larger of the two, plus the pod's ``spec.overhead`` (set from its RuntimeClass).
+
+    A container without a request but with a limit requests its limit.
 
     Raises:
         PodRequestError: a value that is not a quantity.
@@ -150,11 +157,22 @@ def container_requests(pod: Obj) -> tuple[int, int]:
         cpu, mem = of(c)
         total[0] += cpu
         total[1] += mem
+    sidecars = [0, 0]  # of the restartable init containers met so far
+    init = [0, 0]
     for c in spec.get("initContainers") or []:
         cpu, mem = of(c)
-        total[0] = max(total[0], cpu)
-        total[1] = max(total[1], mem)
-    return total[0], total[1]
+        if c.get("restartPolicy") == "Always":
+            sidecars[0] += cpu
+            sidecars[1] += mem
+            total[0] += cpu
+            total[1] += mem
+            at = sidecars
+        else:
+            at = [cpu + sidecars[0], mem + sidecars[1]]
+        init = [max(init[0], at[0]), max(init[1], at[1])]
+    overhead = spec.get("overhead") or {}
+    extra = of({"resources": {"requests": overhead}}) if overhead else (0, 0)
+    return max(total[0], init[0]) + extra[0], max(total[1], init[1]) + extra[1]
 
 
 def pod_ask(pod: Obj) -> PodAsk:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fgpu.k8s import claims, tenancy, wire
+from fgpu.k8s import claims, parity, tenancy, wire
 from fgpu.k8s.cache import Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
@@ -60,6 +60,7 @@ class Round:
         mig: what the MIG pass decided (set by :meth:`K8sScheduler.plan`).
         claims: workload id -> the pod's fgpu ResourceClaim (pending and bound pods).
         templates: namespaces whose pods wait for fgpu's ResourceClaimTemplate.
+        load: pods and host ports on the fgpu nodes (:mod:`fgpu.k8s.parity`).
     """
 
     infos: list[NodeInfo]
@@ -74,6 +75,7 @@ class Round:
     mig: MigDecision | None = None
     claims: dict[str, Obj] = field(default_factory=dict)
     templates: set[str] = field(default_factory=set)
+    load: parity.NodeLoad | None = None
 
 
 class RoundBuilder:
@@ -103,6 +105,8 @@ class RoundBuilder:
     _said: dict[str, str]
     _env_missed: dict[str, str]
     _constraints: ConstraintCache
+    _volumes: parity.VolumeLookup
+    _load_counter: parity.LoadCounter
 
     def build(self, snap: Snapshot) -> Round:
         """The core's inputs from a snapshot and this replica's assumed placements and
@@ -110,6 +114,7 @@ class RoundBuilder:
         forgotten once gone), so a round parses only what changed."""
         infos: list[NodeInfo] = []
         facts: list[NodeFacts] = []
+        fgpu_nodes: list[Obj] = []
         unavailable = 0
         self._snap_claims = snap.claims or {}
         for obj in snap.nodes:
@@ -117,11 +122,16 @@ class RoundBuilder:
             if info is not None:
                 infos.append(info)
                 facts.append(self._facts(obj))
+                fgpu_nodes.append(obj)
             elif wire.INVENTORY in ((obj.get("metadata") or {}).get("annotations") or {}):
                 unavailable += 1  # an fgpu node, cordoned or not Ready (or unreadable)
         infos.sort(key=lambda i: i.node.name)
-        self._constraints.nodes(sorted(facts, key=lambda f: f.name))
+        facts.sort(key=lambda f: f.name)
+        self._constraints.nodes(facts)
         rnd = Round(infos, unavailable=unavailable)
+        late = {k: a.node for k, (_, a) in self._assumed.items()}
+        rnd.load = load = self._load_counter.count(fgpu_nodes, snap.pods, late)
+        full = load.full()
         index = {info.node.name: i for i, info in enumerate(infos)}
         gpu_at: dict[int, dict[str, int]] = {}  # node -> uuid -> GPU index, made when needed
         now = self.clock()
@@ -228,6 +238,11 @@ class RoundBuilder:
                     continue
                 rnd.claims[key] = claim
             allowed = self._constraints.allowed(pod)
+            try:  # allocatable pods, host ports, volumes' node affinity
+                allowed = parity.narrow(pod, allowed, facts, load, full, self._volumes)
+            except LookupError as exc:
+                rnd.refused[key] = str(exc)
+                continue
             if allowed.note:
                 rnd.notes[key] = allowed.note
             rnd.workloads.append(

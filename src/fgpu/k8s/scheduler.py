@@ -45,11 +45,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fgpu.k8s import wire
+from fgpu.k8s import parity, wire
 from fgpu.k8s.acting import RoundActions
-from fgpu.k8s.cache import ClusterCache
+from fgpu.k8s.cache import RESOURCES, ClusterCache
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts
-from fgpu.k8s.kube import KubeApi
+from fgpu.k8s.kube import KubeApi, pool_size
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.mig import MigPass
 from fgpu.k8s.objects import NodeInfo, queue_tree
@@ -67,6 +67,13 @@ log = logging.getLogger("fgpu.k8s.scheduler")
 
 SETTLE_EVERY_S = 60.0
 """How often the loop runs :meth:`K8sScheduler.settle_memory` (seconds)."""
+
+
+def connections_needed(workers: int) -> int:
+    """API connections a scheduler with ``workers`` bind workers uses at once: one per
+    worker, one per open watch (:data:`fgpu.k8s.cache.RESOURCES`), one for the Lease's
+    renewal thread and one for the round's own calls (status, events, evictions)."""
+    return workers + len(RESOURCES) + 2
 
 
 class K8sScheduler(RoundActions):
@@ -113,10 +120,23 @@ class K8sScheduler(RoundActions):
         self.cache = ClusterCache(api, on_change=self._changed)
         self.mig = MigPass(clock)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fgpu-bind")
+        have, need = pool_size(api), connections_needed(workers)
+        if have < need:
+            log.warning(
+                "the API client keeps %d connections open, fewer than the %d this scheduler "
+                "uses at once (%d bind workers, %d watches, the lease and the round): "
+                "make it with api_client(pool_size=%d)",
+                have,
+                need,
+                workers,
+                len(RESOURCES),
+                need,
+            )
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lease_thread: threading.Thread | None = None
         self._assumed: dict[str, tuple[str, wire.Assignment]] = {}  # id -> (uid, assignment)
         self._evicting: dict[str, str] = {}  # id -> uid
         self._protected: dict[str, float] = {}  # id -> until (clock)
@@ -141,6 +161,8 @@ class K8sScheduler(RoundActions):
         self._queue_problems: list[str] = []
         self._env_missed: dict[str, str] = {}  # id -> uid whose environment had no grant
         self._constraints = ConstraintCache()
+        self._volumes = parity.VolumeLookup(api)
+        self._load_counter = parity.LoadCounter()
         self.last: Decision | None = None
         self.bound = 0
         self._settled = time.monotonic()
@@ -183,6 +205,14 @@ class K8sScheduler(RoundActions):
         self.settle_memory()
         self.cache.start()
         self._stop.clear()
+        if self.elector is not None:  # renewal apart from rounds (fgpu.k8s.leader)
+            self._lease_thread = threading.Thread(
+                target=self.elector.run,
+                args=(self._stop, self._wake.set),  # a new leader decides at once
+                name="fgpu-lease",
+                daemon=True,
+            )
+            self._lease_thread.start()
         self._thread = threading.Thread(
             target=self._loop, args=(tick_s, debounce_s), name="fgpu-scheduler", daemon=True
         )
@@ -195,18 +225,14 @@ class K8sScheduler(RoundActions):
         self.cache.stop()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._lease_thread is not None:
+            self._lease_thread.join(timeout=30)
         if self.elector is not None:
             self.elector.release()
 
     def _loop(self, tick_s: float, debounce_s: float) -> None:
-        renew_every = (self.elector.lease_s / 3) if self.elector else tick_s
-        next_renew = 0.0
         while not self._stop.is_set():
-            now = time.monotonic()
-            if self.elector is not None and now >= next_renew:
-                self.elector.step()
-                next_renew = now + renew_every
-            self._wake.wait(timeout=min(tick_s, renew_every))
+            self._wake.wait(timeout=tick_s)
             if self._stop.is_set():
                 break
             self._stop.wait(debounce_s)  # a burst becomes one round
@@ -270,11 +296,24 @@ class K8sScheduler(RoundActions):
                     note = rnd.notes.get(action.workload)
                     if note and CONSTRAINED in reason:
                         reason = reason.replace(CONSTRAINED, f"{CONSTRAINED} ({note})", 1)
+                    pod = rnd.pods.get(action.workload)
+                    if pod is not None and "insufficient " in reason:
+                        sizing = parity.requests_note(pod)
+                        reason += f" ({sizing})" if sizing else ""
                     self._wait(rnd, action.workload, reason)
             for key, reason in rnd.refused.items():
                 self._wait(rnd, key, reason)
             for namespace in sorted(rnd.templates):
                 self._ensure_template(namespace)
+            if places and rnd.load is not None:  # the round's placements against each other
+                tally, admitted = parity.RoundTally(rnd.load), []
+                for place in places:
+                    why = tally.admit(rnd.pods[place.workload], place.allocation.node_name)
+                    if why is None:
+                        admitted.append(place)
+                    else:
+                        self._wait(rnd, place.workload, why)
+                places = admitted
             if places and self.is_leader():
                 results = list(self._pool.map(lambda a: self._place(rnd, a), places))
                 self.bound += sum(results)

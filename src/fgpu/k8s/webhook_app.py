@@ -310,27 +310,64 @@ def serve(
     lookup: Lookup | None = None,
 ) -> None:
     """Serve the webhook (HTTPS when a certificate and key are given, as the API server
-    requires; the files come from a Secret mounted in the pod). ``agent_socket_volume`` as
-    in :func:`mutate`, ``scheduler_user`` as in :func:`check_update`, ``lookup`` as in
-    :func:`validate`.
+    requires; the files come from a Secret mounted in the pod, and are read again when they
+    change: :class:`fgpu.k8s.tlsreload.CertReloader`). ``agent_socket_volume`` as in
+    :func:`fgpu.k8s.webhook.mutate`, ``scheduler_user`` as in
+    :func:`fgpu.k8s.webhook.check_update`, ``lookup`` as in :func:`validate`.
 
     Raises:
         ValueError: only one of ``cert_file`` and ``key_file``.
     """
     import uvicorn
 
+    server, reloader = make_server(
+        host,
+        port,
+        cert_file,
+        key_file,
+        agent_socket_volume=agent_socket_volume,
+        scheduler_user=scheduler_user,
+        env_without_isolation=env_without_isolation,
+        lookup=lookup,
+    )
+    if reloader is not None:
+        reloader.start()
+    assert isinstance(server, uvicorn.Server)
+    server.run()
+
+
+def make_server(
+    host: str,
+    port: int,
+    cert_file: str | None,
+    key_file: str | None,
+    *,
+    reload_interval_s: float = 30.0,
+    **options: Any,
+) -> tuple[Any, Any]:
+    """The webhook's ``uvicorn.Server`` (not started) and, with TLS, the
+    :class:`~fgpu.k8s.tlsreload.CertReloader` of its certificate (not started); ``options``
+    as for :func:`create_app`.
+
+    Raises:
+        ValueError: only one of ``cert_file`` and ``key_file``.
+    """
+    import uvicorn
+
+    from fgpu.k8s.tlsreload import CertReloader
+
     if (cert_file is None) != (key_file is None):
         raise ValueError("--tls-cert-file and --tls-key-file go together")
-    uvicorn.run(
-        create_app(
-            agent_socket_volume=agent_socket_volume,
-            scheduler_user=scheduler_user,
-            env_without_isolation=env_without_isolation,
-            lookup=lookup,
-        ),
+    config = uvicorn.Config(
+        create_app(**options),
         host=host,
         port=port,
         ssl_certfile=cert_file,
         ssl_keyfile=key_file,
         log_level="info",
     )
+    config.load()  # makes config.ssl, which the reloader keeps current
+    reloader = None
+    if cert_file is not None and key_file is not None and config.ssl is not None:
+        reloader = CertReloader(config.ssl, cert_file, key_file, reload_interval_s)
+    return uvicorn.Server(config), reloader
