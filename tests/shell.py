@@ -12,8 +12,18 @@ from fgpu.model.types import Request
 from fgpu.plugins import create_policy
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.squeeze import check_squeeze_invariants, execute_squeeze, held_allocation
 from fgpu.sched.state import ClusterState, check_invariants
-from fgpu.sched.workload import Hold, Place, Preempt, QueueTree, Wait, Workload
+from fgpu.sched.workload import (
+    Hold,
+    Place,
+    Preempt,
+    QueueTree,
+    Squeeze,
+    Unsqueeze,
+    Wait,
+    Workload,
+)
 
 TARGET = TargetWorkload((TaskType(0, 500, 1, "", 1), TaskType(0, 1000, 1, "", 1)))
 
@@ -68,14 +78,19 @@ class Shell:
     def finish(self, id_: str) -> None:
         w = self.workloads.pop(id_)
         if w.allocation is not None:
-            self.state.release(w.allocation)
+            self.state.release(held_allocation(w))
 
     def round(self) -> Decision:
         for w in list(self.workloads.values()):  # victims told last round exit now
             if w.terminating and w.allocation is not None:
-                self.state.release(w.allocation)
+                self.state.release(held_allocation(w))
                 self.workloads[w.id] = replace(
-                    w, allocation=None, started_at=None, terminating=False
+                    w,
+                    allocation=None,
+                    started_at=None,
+                    terminating=False,
+                    squeezed=False,
+                    squeezed_by=(),
                 )
         decision = self.scheduler.decide(
             self.now, self.state, self.queues, list(self.workloads.values()), self.holds
@@ -87,6 +102,9 @@ class Shell:
                 allocation = self.state.allocate(w.request, a.node, a.gpus)
                 assert allocation == a
                 self.workloads[w.id] = replace(w, allocation=allocation, started_at=self.now)
+            elif isinstance(action, Squeeze | Unsqueeze):
+                w = self.workloads[action.workload]
+                self.workloads[w.id] = execute_squeeze(self.state, w, action)
             elif isinstance(action, Preempt):
                 v = self.workloads[action.victim]
                 assert v.allocation is not None
@@ -94,6 +112,7 @@ class Shell:
                 self.workloads[v.id] = replace(v, terminating=True)
         self.holds = dict(decision.holds)
         check_invariants(self.state)
+        check_squeeze_invariants(self.state, list(self.workloads.values()))
         self.check_reasons(decision)
         self.log.append(decision)
         return decision
@@ -120,6 +139,10 @@ class Shell:
             for w in self.workloads.values()
             if w.allocation is not None and not w.terminating and w.queue == queue
         )
+
+    def squeezed(self) -> dict[str, tuple[str, ...]]:
+        """Squeezed workloads -> who squeezed them."""
+        return {w.id: w.squeezed_by for w in self.workloads.values() if w.squeezed}
 
     def evictions(self) -> int:
         return sum(isinstance(a, Preempt) for d in self.log for a in d.actions)

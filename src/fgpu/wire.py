@@ -9,48 +9,16 @@ answers 422 with ``{"detail": {"field": ..., "reason": ...}}`` when they are wro
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field
 
 API_PREFIX = "/v1"
-
-SOCKET_ENV = "FGPU_SOCKET"
-"""Environment variable naming the server's Unix socket (client and server)."""
 
 LOG_OFFSET_HEADER = "X-Fgpu-Log-Offset"
 """``GET /v1/workloads/{id}/logs`` answers the log bytes from ``offset``; this header holds the
 offset to ask for next (``offset`` + the bytes sent)."""
 
-SYSTEM_SOCKET = Path("/run/fgpu/fgpu.sock")
-"""The socket of a server started by root; clients fall back to it."""
-
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
 """Phases a workload never leaves (DESIGN.md section 8)."""
-
-
-def default_socket_path(env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
-    """Where the server listens and the client connects when no socket is given.
-
-    ``/run/fgpu/fgpu.sock`` as root (a root server is the machine's shared service, and root's
-    own ``$XDG_RUNTIME_DIR`` is closed to other users), else ``$XDG_RUNTIME_DIR/fgpu/fgpu.sock``
-    when that variable is set, else ``/tmp/fgpu-$UID/fgpu.sock``. ``$FGPU_SOCKET`` is not read
-    here: the command line reads it as the ``--socket`` option's environment variable.
-
-    Args:
-        env: the environment to read (default: ``os.environ``).
-        uid: the user (default: the effective uid of this process).
-    """
-    env = os.environ if env is None else env
-    uid = os.geteuid() if uid is None else uid
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if uid == 0:
-        return SYSTEM_SOCKET
-    if runtime:
-        return Path(runtime) / "fgpu" / "fgpu.sock"
-    return Path(f"/tmp/fgpu-{uid}/fgpu.sock")
 
 
 class _Strict(BaseModel):
@@ -147,7 +115,9 @@ class WorkloadView(BaseModel):
     priority: int
     preemptible: bool
     request: ResourceRequest
-    gpus: list[GpuGrant]
+    gpus: list[GpuGrant] = Field(
+        description="the GPU shares it holds; for a finished workload, where it last ran"
+    )
     command: list[str]
     submitted_at: float
     started_at: float | None
@@ -159,6 +129,20 @@ class WorkloadView(BaseModel):
         default=False,
         description="running or paused, and being stopped (cancel or preemption: SIGTERM "
         "sent, SIGKILL after the grace period)",
+    )
+    squeezed: bool = Field(
+        default=False,
+        description="running with its memory, but its compute was lent to higher-priority "
+        "work of its queue (squeeze before evict): paused while that work is busy",
+    )
+    squeezed_by: list[str] = Field(
+        default_factory=list, description="ids of the workloads that squeezed it"
+    )
+    gpu_state: str | None = Field(
+        default=None,
+        description="while it runs on a governed GPU, what the governor does with it: "
+        "running, frozen-by-priority (paused: a higher-priority workload is busy) or "
+        "frozen-by-share (waits for its share of the period); None elsewhere",
     )
 
 
@@ -216,6 +200,11 @@ class QueueBody(_Strict):
     nonpreemptible: bool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
     )
+    squeeze: bool | None = Field(
+        default=None,
+        description="squeeze before evict for preemption inside the queue: true, false "
+        "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
+    )
 
 
 class QueueView(BaseModel):
@@ -234,6 +223,7 @@ class QueueView(BaseModel):
     members: list[str] = Field(default_factory=list)
     max_priority: int = 50
     nonpreemptible: bool = False
+    squeeze: bool | None = None
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "
@@ -261,6 +251,15 @@ class GpuHolder(BaseModel):
     enforcement: str | None = Field(
         default=None,
         description="how it is held: interposer (at kernel launch) or the freezer's kind",
+    )
+    used_memory_mib: int | None = Field(
+        default=None,
+        description="GPU memory its processes hold on this GPU (None: not measured)",
+    )
+    squeezed_by: list[str] | None = Field(
+        default=None,
+        description="ids of the workloads that squeezed it (its compute is theirs while they "
+        "are busy); None: not squeezed",
     )
 
 

@@ -78,10 +78,10 @@ def listed(spec: dict[str, Any], template: str, method: str, status: int) -> boo
             "/v1/workloads/{workload_id}/logs",
             "offset",
         ),
-        ("GET", "/v1/workloads/" + "a" * 33, "/v1/workloads/{workload_id}", "workload_id"),
+        ("GET", "/v1/workloads/" + "a" * 129, "/v1/workloads/{workload_id}", "workload_id"),
         (
             "POST",
-            "/v1/workloads/" + "a" * 33 + "/cancel",
+            "/v1/workloads/" + "a" * 129 + "/cancel",
             "/v1/workloads/{workload_id}/cancel",
             "workload_id",
         ),
@@ -158,7 +158,7 @@ def test_the_document_declares_the_limits_the_server_enforces(spec: dict[str, An
         for p in paths["/v1/workloads/{workload_id}/logs"]["get"]["parameters"]
     }
     assert logs["offset"]["maximum"] == MAX_ID
-    assert logs["workload_id"]["maxLength"] == 32
+    assert logs["workload_id"]["maxLength"] == 128  # an id, an id prefix or a name
     for template, method in (("/v1/workloads", "post"), ("/v1/queues", "post")):
         too_large = paths[template][method]["responses"]["413"]
         assert str(MAX_BODY_BYTES) in too_large["description"]

@@ -532,12 +532,12 @@ def test_report_that_cannot_be_written_exits_2_and_leaves_nothing(
     from typer.testing import CliRunner
 
     from fgpu import cli
-    from fgpu.cli import sim
+    from fgpu.sim import report
 
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sim, "write_report", disk_full)
+    monkeypatch.setattr(report, "write_report", disk_full)
     nodes, pods = tiny
     out = tmp_path / "new" / "out"
     result = CliRunner().invoke(

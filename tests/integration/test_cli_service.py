@@ -194,7 +194,7 @@ def test_two_half_gpu_jobs_share_one_gpu_and_a_third_waits(
     assert both.exit_code == 1
     assert both.stdout.splitlines()[0].startswith(f"{second}: ")
     assert both.stdout.splitlines()[1].startswith(f"{third}: ")
-    assert "nope: id: no workload 'nope'" in both.stderr
+    assert "nope: id: no workload with the id, id prefix or name 'nope'" in both.stderr
     server.wait_phase(second, "cancelled")
     server.wait_phase(third, "cancelled")
 

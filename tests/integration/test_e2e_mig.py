@@ -101,12 +101,12 @@ def test_mig_requests_run_on_their_instances_and_survive_a_restart(
     [
         (
             ["--mig-profile", "3g.41gb"],
-            "mig_profile: '3g.41gb': not a MIG profile of A100-80GB; valid here: A100-80GB: "
+            "--mig-profile: '3g.41gb': not a MIG profile of A100-80GB; valid here: A100-80GB: "
             "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
         ),
         (
             ["--isolation", "mig", "--gpu-memory", "96GiB"],
-            "gpu_memory: 98304 MiB is more than any MIG profile here has",
+            "--gpu-memory '96GiB': 98304 MiB is more than any MIG profile here has",
         ),
     ],
     ids=["unknown-profile", "never-fits"],

@@ -387,3 +387,29 @@ def test_a_compressed_hold_is_one_paused_and_one_resumed_event(
         assert [e.kind for e in gov.events.since(0, "low")] == ["paused", "resumed"]
     finally:
         gov.close()
+
+
+@pytest.mark.parametrize("mode", [ComputeMode.FAIR, ComputeMode.STRICT])
+def test_the_achieved_shares_of_one_gpu_add_up_to_at_most_one(
+    mode: ComputeMode, launched: Callable[..., ProcessHandle]
+) -> None:
+    # two busy workloads (no hints: assumed busy) that run at the same time split the GPU;
+    # `fgpu top` once showed 0.692 + 0.495 for such a pair
+    clock = FakeClock()
+    config = GovernorConfig(gpu_policy=GpuPolicy(mode=mode))
+    gov = Governor([GPU], config=config, freezer=SignalFreezer(), clock=clock)
+    a = governed("a", launched("a"), 600)
+    gov.update([a])  # a runs alone for a while, then b comes
+    try:
+        for step in range(1, 201):  # 2 s of 10 ms steps
+            clock.now = step * 10 * MS
+            if step == 50:
+                gov.update([a, governed("b", launched("b"), 400)])
+            gov.step()
+            achieved = {v.workload_id: v.achieved_milli for v in gov.snapshot().workloads}
+            assert sum(achieved.values()) <= 1000, (step, achieved)
+        assert achieved["a"] > 0, achieved
+        assert achieved["b"] > 0, achieved
+        assert achieved["a"] >= achieved["b"], achieved  # the larger share gets more
+    finally:
+        gov.close()

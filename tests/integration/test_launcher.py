@@ -27,6 +27,7 @@ from fgpu.agent.launcher import (
     ProcessState,
     ProcessStatus,
 )
+from fgpu.sdk import PYTHONPATH_DIR
 
 PATH_ONLY = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 TIMEOUT_S = 15.0
@@ -496,3 +497,52 @@ def test_switching_users_without_root_is_a_launch_error(
 ) -> None:
     with pytest.raises(LaunchError, match="not root"):
         launcher.launch(spec(["true"], uid=os.geteuid() + 1))
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+README_SNIPPET = textwrap.dedent(
+    """
+    import fgpu.sdk
+    with fgpu.sdk.busy():      # or fgpu.sdk.mark_busy() / fgpu.sdk.mark_idle()
+        print("step")
+    import sys; print(sys.path[1]); print(sys.path[2])
+    """,
+)
+
+
+@pytest.mark.skipif(
+    not os.path.exists(SYSTEM_PYTHON)
+    or subprocess.run([SYSTEM_PYTHON, "-c", "import fgpu"], capture_output=True).returncode == 0,
+    reason="needs a Python without fgpu installed",
+)
+def test_the_sdk_imports_in_a_python_without_fgpu(
+    launcher: Launcher, spec: Callable[..., LaunchSpec], tmp_path: Path
+) -> None:
+    # the README's snippet, run as written by the system's python3, sends its hints
+    import socket
+
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent.bind(str(tmp_path / "agent.sock"))
+    agent.settimeout(TIMEOUT_S)
+    try:
+        handle = launcher.launch(
+            spec(
+                [SYSTEM_PYTHON, "-c", README_SNIPPET],
+                workload_id="sdk-1",
+                env={**PATH_ONLY, "PYTHONPATH": "/users/own/path"},
+                agent_socket=str(tmp_path / "agent.sock"),
+            ),
+        )
+        assert wait_done(launcher, handle) == ProcessState(ProcessStatus.EXITED, 0), (
+            handle.stderr_path.read_text()
+        )
+        kinds = [json.loads(agent.recv(1024))["k"] for _ in range(2)]
+    finally:
+        agent.close()
+    assert kinds == ["busy", "idle"]
+    # the SDK's folder first, the workload's own PYTHONPATH kept after it
+    assert handle.stdout_path.read_text().splitlines() == [
+        "step",
+        PYTHONPATH_DIR,
+        "/users/own/path",
+    ]

@@ -69,14 +69,14 @@ def test_bob_can_neither_preempt_nor_cancel_alices_work_nor_spend_her_queue(
 
     # priority above normal, and non-preemptible work, are not bob's to ask for
     stderr = refused(server, BOB, "submit", "-p", "critical", "-g", "1", "--", "true")
-    assert stderr.startswith("error: priority: priority critical (125) is above"), stderr
+    assert stderr.startswith("error: -p: priority critical (125) is above"), stderr
     stderr = refused(server, BOB, "submit", "-p", "1000", "-g", "1", "--", "true")
     assert "rule: users who are not admins submit up to" in stderr, stderr
     stderr = refused(server, BOB, "submit", "--non-preemptible", "-g", "1", "--", "true")
-    assert stderr.startswith("error: preemptible: non-preemptible work"), stderr
+    assert stderr.startswith("error: --non-preemptible: non-preemptible work"), stderr
     # alice's queue is not his to spend, nor to change
     stderr = refused(server, BOB, "submit", "-q", "team-a", "-g", "1", "--", "true")
-    assert stderr.startswith(f"error: queue: uid {uid_of(BOB)} ({BOB}) is not a member"), stderr
+    assert stderr.startswith(f"error: -q: uid {uid_of(BOB)} ({BOB}) is not a member"), stderr
     stderr = refused(server, BOB, "queue", "set", "team-a", "--add-member", BOB)
     assert "may not manage queues" in stderr, stderr
     # her work is not his to cancel

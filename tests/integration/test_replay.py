@@ -15,12 +15,13 @@ import pytest
 
 from fgpu.model.types import Allocation, Node, Request
 from fgpu.plugins import create_policy
-from fgpu.sched.decide import Decision, Scheduler
+from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.placer import Placer, Unschedulable
 from fgpu.sched.policy import PlacementPolicy
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Holds, Place, Preempt, QueueTree, Wait, Workload
 from fgpu.sim.replay import (
+    DutyCycles,
     GpuSpecError,
     ReplayError,
     ReplayResult,
@@ -39,6 +40,8 @@ SUMMARY_KEYS = {
     "preemptions",
     "reclaims",
     "evictions",
+    "squeezes",
+    "wasted_gpu_hours",
     "jain_fairness",
     "finished",
     "unfinished",
@@ -187,7 +190,13 @@ def test_three_workloads_on_two_gpus_run_at_exact_times() -> None:
     assert delays["all"] == {"p50": 0.0, "p95": 72.0, "count": 3, "not_started": 0}
     assert delays["per_queue"]["a"] == delays["all"]
     assert delays["per_priority"] == {"normal": delays["all"]}
-    assert summary["completion_time_s"] == {"p50": 100.0, "p95": 109.0, "count": 3}
+    assert summary["completion_time_s"] == {
+        "p50": 100.0,
+        "p95": 109.0,
+        "count": 3,
+        "per_priority": {"normal": {"p50": 100.0, "p95": 109.0, "mean": 86.667, "count": 3}},
+    }
+    assert (summary["squeezes"], summary["wasted_gpu_hours"]) == (0, 0.0)
     assert (summary["finished"], summary["unfinished"], summary["arrived"]) == (3, 0, 3)
     assert (summary["preemptions"], summary["reclaims"], summary["evictions"]) == (0, 0, 0)
     assert summary["simulated_hours"] == round(200 / 3600, 3)
@@ -289,7 +298,12 @@ def test_workloads_past_the_horizon_are_unfinished_or_not_arrived() -> None:
         "count": 1,
         "not_started": 1,
     }
-    assert summary["completion_time_s"] == {"p50": None, "p95": None, "count": 0}
+    assert summary["completion_time_s"] == {
+        "p50": None,
+        "p95": None,
+        "count": 0,
+        "per_priority": {"normal": {"p50": None, "p95": None, "mean": None, "count": 0}},
+    }
     assert summary["gpu_allocation_pct"] == {"mean": 100.0, "p95": 100.0}
 
 
@@ -439,7 +453,7 @@ def test_cli_replays_a_generated_day_and_writes_every_file(tmp_path: Path, pods_
     assert set(summary["queueing_delay_s"]["per_queue"]) == {"tenant-1", "tenant-2"}
     for stats in summary["queueing_delay_s"]["per_queue"].values():
         assert {"p50", "p95"} <= set(stats)
-    assert set(summary["completion_time_s"]) == {"p50", "p95", "count"}
+    assert set(summary["completion_time_s"]) == {"p50", "p95", "count", "per_priority"}
     assert summary["simulated_hours"] == 2.0
     assert summary["arrived"] == summary["finished"] + summary["unfinished"] > 0
     assert 0 < summary["gpu_allocation_pct"]["mean"] <= 100
@@ -530,3 +544,52 @@ def test_cli_replays_the_issue_day_on_the_real_trace(tmp_path: Path, trace_dir: 
     assert 0.5 < summary["jain_fairness"] <= 1
     assert summary["finished"] > 1000
     assert math.isfinite(summary["wall_s"])
+
+
+# ----------------------------------------------------------------- squeeze before evict
+def _squeeze_day(low_memory: str | None) -> list[SimWorkload]:
+    """Two low jobs at 0.5 from t=0 (100 s each) and a critical 0.5 (16 GiB) at t=10 (50 s)."""
+    low = pod().gpu(0.5)
+    low_request = (low.gpu_memory(low_memory) if low_memory else low).build()
+    crit = pod().gpu(0.5).gpu_memory("16GiB").build()
+    return [
+        SimWorkload("l1", "q", low_request, 40, 0.0, 100.0),
+        SimWorkload("l2", "q", low_request, 40, 0.0, 100.0),
+        SimWorkload("c", "q", crit, 125, 10.0, 50.0),
+    ]
+
+
+def _run_squeeze_day(low_memory: str | None, squeeze: bool = True) -> ReplayResult:
+    nodes = parse_gpus("1xA100-80GB")
+    scheduler = Scheduler(create_policy("best-fit"), SchedulerConfig(squeeze=squeeze))
+    return run_replay(
+        nodes,
+        tenant_queues(["q"], nodes),
+        _squeeze_day(low_memory),
+        scheduler,
+        1.0,
+        grace_s=0.0,
+        debug=True,
+        duty=DutyCycles(inference_duty=0.5),
+    )
+
+
+def test_squeezed_work_progresses_at_the_rate_its_squeezers_leave_it() -> None:
+    result = _run_squeeze_day("16GiB")
+    finish = {r.id: r.finish_s for r in result.records}
+    # l1 is squeezed at t=10 (10 s done), runs half the time while c lives (25 s more, to
+    # t=60), then at full rate: 65 s left -> t=125; l2 and c are not slowed
+    assert finish == {"l1": 125.0, "l2": 100.0, "c": 60.0}
+    assert (result.squeezes, result.evictions, result.wasted_gpu_hours) == (1, 0, 0.0)
+    assert [r.squeezes for r in result.records] == [1, 0, 0]
+
+
+def test_evicted_work_loses_what_it_had_done() -> None:
+    for low_memory, squeeze in ((None, True), ("16GiB", False)):
+        result = _run_squeeze_day(low_memory, squeeze)  # memory too short, or switched off
+        assert (result.squeezes, result.evictions) == (0, 1)
+        (victim,) = [r for r in result.records if r.evictions]
+        assert victim.wasted_s == 10.0  # it had run 10 s and starts over
+        assert result.wasted_gpu_hours == pytest.approx(10.0 * 500 / 1000 / 3600)
+        assert victim.finish_s is not None
+        assert victim.finish_s > 100.0

@@ -344,7 +344,7 @@ def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
             await asyncio.sleep(0.3)
             await until(lambda: phases(svc)[run.id] == "cancelled")
             assert marks.read_text() == "TERM\n"
-            assert svc.get_workload(run.id).exit_code == -signal.SIGKILL
+            assert svc.get_workload(run.id).exit_code == 128 + signal.SIGKILL
         finally:
             await svc.stop()
 
@@ -592,7 +592,7 @@ def test_a_stop_resumed_after_a_restart_waits_only_the_rest_of_its_grace(
         await svc.start()
         try:
             await until(lambda: phases(svc)[run_id] == "cancelled", timeout=15.0)
-            assert svc.get_workload(run_id).exit_code == -signal.SIGKILL
+            assert svc.get_workload(run_id).exit_code == 128 + signal.SIGKILL
         finally:
             await svc.stop()
 

@@ -130,7 +130,7 @@ def test_a_busy_critical_workload_pauses_low_ones_which_resume_after_it_idles(
             # a frozen workload can still be cancelled: it is thawed, then gets SIGTERM
             svc.cancel(ME, low_a.id)
             await until(lambda: phases(svc)[low_a.id] == "cancelled")
-            assert svc.get_workload(low_a.id).exit_code == -signal.SIGTERM
+            assert svc.get_workload(low_a.id).exit_code == 128 + signal.SIGTERM
             assert stopped(low_pids[1])
             # the critical one goes idle: after the hysteresis the other low one runs again
             flag.touch()
@@ -191,7 +191,7 @@ def test_a_workload_over_its_memory_quota_is_stopped_and_its_neighbour_runs_on(
             detail = svc.get_workload(greedy.id)
             assert detail.reason.startswith("stopped: GPU memory over quota on GPU-")
             assert detail.reason.endswith("used 5000 MiB, allowed 4096 MiB")
-            assert detail.exit_code == -signal.SIGKILL
+            assert detail.exit_code == 128 + signal.SIGKILL
             await until(
                 lambda: any(e.kind == "memory-exceeded" for e in svc.get_workload(greedy.id).events)
             )

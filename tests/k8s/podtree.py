@@ -38,11 +38,13 @@ def wait_for(check: Callable[[], bool], what: str, limit_s: float = TIMEOUT_S) -
 
 @dataclass
 class Backend:
-    """A GPU backend whose per-process utilization the test sets: pids in ``busy`` keep
-    the GPU's SMs busy (the governor's NVML activity source). ``reads`` counts the reads."""
+    """A GPU backend whose per-process figures the test sets: pids in ``busy`` keep the
+    GPU's SMs busy (the governor's NVML activity source), ``memory`` is what each pid holds
+    on the GPU. ``reads`` counts the utilization reads."""
 
     busy: set[int] = field(default_factory=set)
     reads: int = 0
+    memory: dict[int, int] = field(default_factory=dict)  # pid -> MiB it holds on the GPU
 
     @property
     def kind(self) -> str:
@@ -52,7 +54,7 @@ class Backend:
         return [GpuDevice(0, GPU, "A100-40GB", 40960, sm_count=None, mig_enabled=False)]
 
     def process_memory(self) -> list[GpuProcess]:
-        return []
+        return [GpuProcess(pid, GPU, mib) for pid, mib in sorted(self.memory.items())]
 
     def utilization(self) -> dict[str, int]:
         return {}

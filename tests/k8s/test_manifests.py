@@ -94,6 +94,7 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
         "parent",
         "namespaces",  # fgpu.k8s.tenancy
         "nonPreemptible",
+        "squeeze",
     }
     spec = queue_spec(
         {
@@ -104,9 +105,11 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
                 "overQuotaWeight": 2,
                 "priority": 1,
                 "parent": "org",
+                "squeeze": False,
             },
         }
     )
+    assert spec.squeeze is False
     assert spec.quota.gpu_milli == 1500
     assert spec.over_quota_weight == 2
     assert spec.parent == "org"

@@ -11,17 +11,11 @@ import httpx
 import pytest
 from rich.console import Console
 
+from fgpu.addresses import SYSTEM_SOCKET, default_socket_path
 from fgpu.cli import render
 from fgpu.cli.common import exit_code
 from fgpu.client import Client, ClientError, ServerUnavailable, resolve_socket
-from fgpu.wire import (
-    LOG_OFFSET_HEADER,
-    SYSTEM_SOCKET,
-    ResourceRequest,
-    SubmitRequest,
-    WorkloadView,
-    default_socket_path,
-)
+from fgpu.wire import LOG_OFFSET_HEADER, ResourceRequest, SubmitRequest, WorkloadView
 
 
 @pytest.mark.parametrize(

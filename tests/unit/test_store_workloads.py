@@ -139,6 +139,39 @@ def test_pause_and_resume(store: Store) -> None:
     assert kinds(store, w.id) == ["submitted", "started", "paused", "resumed"]
 
 
+def test_squeeze_and_release_are_stored_with_events_and_reach_the_core(store: Store) -> None:
+    w = run(store, submit(store, priority="low"))
+    squeezed = store.mark_squeezed(w.id, ("crit-1",), "squeezed by crit-1")
+    assert squeezed.squeezed_by == ("crit-1",)
+    core = squeezed.to_core()
+    assert (core.squeezed, core.squeezed_by) == (True, ("crit-1",))
+    again = store.mark_squeezed(w.id, ("crit-1", "crit-2"), "also by crit-2")
+    assert store.get(w.id).squeezed_by == ("crit-1", "crit-2")
+    assert again.phase == "running"  # the phase is the governor's; a squeeze keeps it
+    released = store.mark_squeezed(w.id, None, "compute returned")
+    assert released.squeezed_by is None
+    assert released.to_core().squeezed is False
+    assert kinds(store, w.id) == ["submitted", "started", "squeezed", "squeezed", "released"]
+    # bad input: a workload cannot squeeze itself; a pending one cannot be squeezed
+    with pytest.raises(InvalidRequestError, match="squeezed_by"):
+        store.mark_squeezed(w.id, (w.id,), "self")
+    pending = submit(store)
+    with pytest.raises(StoreConflict):
+        store.mark_squeezed(pending.id, ("x",), "not running")
+
+
+def test_a_squeezed_workload_stops_being_squeezed_when_preempted_or_finished(
+    store: Store,
+) -> None:
+    w = run(store, submit(store), pid=10, create_time=T0)
+    store.mark_squeezed(w.id, ("crit-1",), "squeezed by crit-1")
+    store.mark_stopping(w.id, "memory needed")
+    assert store.mark_preempted(w.id, "memory needed").squeezed_by is None
+    v = run(store, submit(store), pid=11, create_time=T0)
+    store.mark_squeezed(v.id, ("crit-1",), "squeezed by crit-1")
+    assert store.mark_finished(v.id, "succeeded", exit_code=0).squeezed_by is None
+
+
 def test_preemption_returns_the_workload_to_pending(store: Store) -> None:
     w = run(store, submit(store), pid=10, create_time=T0)
     stopping = store.mark_stopping(w.id, "preempted by w0009 (priority)")

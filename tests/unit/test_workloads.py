@@ -84,8 +84,9 @@ def test_offered_load_matches_the_target_over_a_long_horizon(
 
 def test_arrivals_are_poisson_at_the_computed_rate(long_run: list[SimWorkload]) -> None:
     mu, sigma = lognormal_from_quantiles()
-    rate = arrival_rate(PODS, CAPACITY, 0.9, lognormal_mean(mu, sigma))
-    mean_gpu = (500 + 2000 + 0 + 1000) / 4
+    # the mix: 90 % training shapes (all pods), 10 % inference (the one fractional pod)
+    mean_gpu = 0.9 * (500 + 2000 + 0 + 1000) / 4 + 0.1 * 500
+    rate = arrival_rate(PODS, CAPACITY, 0.9, lognormal_mean(mu, sigma), mean_gpu)
     assert rate == pytest.approx(0.9 * CAPACITY / (mean_gpu * lognormal_mean(mu, sigma)))
     expected = rate * 3000 * 3600
     assert abs(len(long_run) - expected) < 4 * math.sqrt(expected)
@@ -107,9 +108,24 @@ def test_queues_priorities_and_shapes_are_drawn_as_documented(
         assert sum(1 for w in long_run if w.priority == priority) / n == pytest.approx(
             share, abs=0.01
         )
+    inference = [w for w in long_run if w.priority == 125]
+    assert {w.request for w in inference} == {PODS[0]}  # single-GPU fractional shapes only
     assert all(not w.request.gpu_models for w in long_run)  # model constraints dropped
     assert any(w.request.is_cpu_only for w in long_run)  # CPU-only pods kept
     assert len({w.id for w in long_run}) == n
+
+
+def test_explicit_gpu_memory_for_fractions_within_the_ratio() -> None:
+    sample = generate(PODS, CAPACITY, 3, 0.9, 20, np.random.default_rng(5), gpu_memory_mib=81_920)
+    fractions = [w.request for w in sample if w.request.gpu_milli == 500]
+    assert fractions
+    # 0.5 x 80 GiB x r, r in [0.25, 1], rounded up to 256 MiB
+    assert all(10_240 <= r.gpu_memory_mib <= 40_960 for r in fractions)  # type: ignore[operator]
+    assert len({r.gpu_memory_mib for r in fractions}) > 10
+    whole = [w.request for w in sample if w.request.gpu_milli == 1000]
+    assert all(r.gpu_memory_mib is None for r in whole)
+    with pytest.raises(ValueError, match="memory_ratio"):
+        generate(PODS, CAPACITY, 3, 0.9, 1, np.random.default_rng(0), memory_ratio=(0.0, 1.0))
 
 
 def test_generation_is_deterministic_per_generator_state() -> None:

@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -297,6 +297,7 @@ class SimulatedBackend:
         self._lock = threading.Lock()
         self._usage: dict[tuple[int, str], int] = {}
         self._busy: dict[str, int] = {}
+        self._estimate: Callable[[], Mapping[str, int]] | None = None
 
     @property
     def kind(self) -> str:
@@ -311,8 +312,18 @@ class SimulatedBackend:
         return [GpuProcess(pid, uuid, mib) for (pid, uuid), mib in items]
 
     def utilization(self) -> dict[str, int]:
+        """Reported figures (:meth:`report_utilization`) and, for the other GPUs, the
+        estimate of :meth:`estimate_utilization`'s source when one is set."""
+        source = self._estimate
+        estimated = {} if source is None else dict(source())
         with self._lock:
-            return dict(self._busy)
+            return {**estimated, **self._busy}
+
+    def estimate_utilization(self, source: Callable[[], Mapping[str, int]] | None) -> None:
+        """Have :meth:`utilization` show ``source()`` (GPU uuid -> percent busy, 0-100) for
+        the GPUs nobody reported on; the service passes the governor's view of its
+        workloads (the run time its busy workloads received). None removes the source."""
+        self._estimate = source
 
     def close(self) -> None:
         return None

@@ -68,6 +68,7 @@ from fgpu.agent.process import (
     start_ticks,
 )
 from fgpu.agent.runner import ExitRecord, read_exit_record
+from fgpu.sdk import PYTHONPATH_DIR
 
 RECORD_WAIT_S = 5.0
 """After the workload's group is gone, how long :meth:`Launcher.terminate` waits for the
@@ -293,6 +294,10 @@ class Launcher:
     @staticmethod
     def _settings(spec: LaunchSpec) -> dict[str, Any]:
         env = dict(spec.env)
+        # `import fgpu.sdk` in the workload's own Python (fgpu.sdk.PYTHONPATH_DIR)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [PYTHONPATH_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+        )
         visible = ",".join(spec.gpu_uuids)
         env.update(
             {

@@ -7,19 +7,20 @@ conflict) or cannot be reached; 2 bad usage or input (also the server's 422 answ
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console, RenderableType
 from rich.markup import escape
 
-from fgpu.cli import render
-from fgpu.cli.render import JsonValue
-from fgpu.client.client import TOKEN_ENV, URL_ENV, Client, ClientError
-from fgpu.wire import SOCKET_ENV
+from fgpu.addresses import SOCKET_ENV, TOKEN_ENV, URL_ENV
+
+if TYPE_CHECKING:
+    from fgpu.cli.render import JsonValue
+    from fgpu.client.client import Client, ClientError
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -66,6 +67,8 @@ def exit_code(error: ClientError) -> int:
 def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
     """A client for the command; a :class:`ClientError` inside ends the command with its
     message and exit code."""
+    from fgpu.client.client import Client, ClientError
+
     try:
         client = (
             Client(base_url=url, token=os.environ.get(TOKEN_ENV) or None) if url else Client(socket)
@@ -81,7 +84,37 @@ def connect(socket: Path | None, url: str | None) -> Iterator[Client]:
 
 def show(value: JsonValue, table: RenderableType, json_out: bool) -> None:
     """Print ``value`` as JSON with ``--json``, else the rendered ``table``."""
+    from fgpu.cli import render
+
     if json_out:
         print(render.to_json(value))
     else:
         out.print(table)
+
+
+def uid_of(user: str) -> int:
+    """A user name or uid as a uid (``--user``); fails naming the flag and the value."""
+    import pwd
+
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        fail(f"--user {user!r}: no such user on this machine (a name or a uid)")
+
+
+def watch_loop(frame: Callable[[], RenderableType], interval: float) -> None:
+    """Show ``frame()`` refreshed in place every ``interval`` seconds until Ctrl-C
+    (``--watch``). A failed refresh ends the command with its error."""
+    import time
+
+    from rich.live import Live
+
+    with Live(frame(), console=out, auto_refresh=False, transient=False) as live:
+        try:
+            while True:
+                time.sleep(interval)
+                live.update(frame(), refresh=True)
+        except KeyboardInterrupt:
+            return

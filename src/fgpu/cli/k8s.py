@@ -10,14 +10,19 @@ import socket
 import threading
 import time
 import uuid
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fgpu.k8s import wire
 
+if TYPE_CHECKING:
+    from fgpu.metrics import Exporter
+
 k8s_app = typer.Typer(
-    help="Kubernetes: scheduler, admission webhook, node agent.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Kubernetes: scheduler, admission webhook, node agent.",
+    no_args_is_help=True,
 )
 
 KubeconfigOption = Annotated[
@@ -31,6 +36,37 @@ ServerOption = Annotated[
     str | None,
     typer.Option(help="API server URL without credentials (the test stand-in only)."),
 ]
+MetricsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address).",
+        show_default=False,
+    ),
+]
+
+
+def _metrics_address(text: str | None) -> tuple[str, int] | None:
+    from fgpu.metrics.http import parse_address
+
+    if text is None:
+        return None
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise _fail(f"--metrics-listen: {exc}") from None
+
+
+def _serve_metrics(exporter: Exporter, address: tuple[str, int] | None) -> None:
+    from fgpu.metrics.http import serve_metrics
+
+    if address is None:
+        return
+    try:
+        serve_metrics(exporter.exposition, address)
+    except OSError as exc:
+        raise _fail(
+            f"--metrics-listen: cannot listen on {address[0]}:{address[1]}: {exc}"
+        ) from None
 
 
 def _logging() -> None:
@@ -80,6 +116,7 @@ def scheduler(
             "webhook the same flag.",
         ),
     ] = False,
+    metrics_listen: MetricsOption = None,
 ) -> None:
     """Run the fgpu secondary scheduler (pods with schedulerName: fgpu)."""
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
@@ -89,6 +126,7 @@ def scheduler(
     from fgpu.sched.decide import SchedulerConfig
 
     _logging()
+    metrics_address = _metrics_address(metrics_listen)
     workers = 8
     try:
         api = KubeApi(api_client(kubeconfig, server, pool_size=connections_needed(workers)))
@@ -112,6 +150,7 @@ def scheduler(
         sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    _serve_metrics(sched.metrics, metrics_address)
     _wait_for_signal()
     try:
         sched.stop()
@@ -252,6 +291,7 @@ def node_agent(
             "webhook's --env-without-isolation (DOES NOT ISOLATE; clusters before 1.34).",
         ),
     ] = False,
+    metrics_listen: MetricsOption = None,
 ) -> None:
     """Run the node agent: publish this node's GPUs, report usage, govern the pods. By
     default it is the DRA driver gpu.fgpu.io (ResourceSlice, kubelet plugin, CDI specs);
@@ -272,6 +312,7 @@ def node_agent(
 
     _logging()
     log = logging.getLogger("fgpu.k8s.agent")
+    metrics_address = _metrics_address(metrics_listen)
     try:
         mode = ComputeMode(compute_mode)
         ppolicy = PriorityPolicy(priority_policy)
@@ -348,6 +389,19 @@ def node_agent(
             log.info("not enforcing (--no-enforce): log only")
     except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
+    from fgpu.k8s.metrics import AgentMetrics
+
+    views = pids_of = None
+    if governing is not None:
+        from fgpu.k8s.podcgroup import pod_handle
+
+        enforcing = governing
+        views = lambda: enforcing.governor.snapshot().workloads  # noqa: E731
+        pids_of = lambda pod: enforcing.freezer.pids(pod_handle(pod))  # noqa: E731
+    metrics = AgentMetrics(agent, views, pids_of)
+    if governing is not None:
+        governing.events.subscribe(metrics.agent_event)
+    _serve_metrics(metrics, metrics_address)
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()

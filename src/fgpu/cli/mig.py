@@ -9,38 +9,29 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-import yaml
 from rich.markup import escape
-from rich.table import Table
 
 from fgpu.cli.common import EXIT_REFUSED, JsonOption, err, fail, out
-from fgpu.mig.catalog import MigProfileTable, NotMigCapableError, UnknownGpuModelError, mig_profiles
-from fgpu.mig.demand import parse_demand
-from fgpu.mig.device import MigDevice, apply_plan, simulated_devices
-from fgpu.mig.export import (
-    describe,
-    gpu_plans_from_data,
-    load_plan_file,
-    parse_mig_parted,
-    plan_to_data,
-    plans_from_mig_parted,
-    to_mig_parted,
-)
-from fgpu.mig.inventory import MigInputError, inventory_from_data, parse_gpu_spec
-from fgpu.mig.layout import layout_text, maximal_layouts, used_memory_slices
-from fgpu.mig.planner import MigPlan, plan
+
+if TYPE_CHECKING:
+    from fgpu.mig.catalog import MigProfileTable
+    from fgpu.mig.planner import MigPlan
 
 mig_app = typer.Typer(
-    help="MIG: profiles, layouts, plans, and applying them.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="MIG: profiles, layouts, plans, and applying them.",
+    no_args_is_help=True,
 )
 
 ModelArgument = Annotated[str, typer.Argument(metavar="MODEL", help="GPU model, e.g. A100-80GB.")]
 
 
 def _table(model: str) -> MigProfileTable:
+    from fgpu.mig.catalog import NotMigCapableError, UnknownGpuModelError, mig_profiles
+
     try:
         return mig_profiles(model, "MODEL")
     except (UnknownGpuModelError, NotMigCapableError) as exc:
@@ -54,6 +45,8 @@ def _gib(mib: int) -> str:
 @mig_app.command("profiles")
 def profiles(model: ModelArgument, json_out: JsonOption = False) -> None:
     """The MIG profiles of a GPU model: id, slices, memory, SMs, most per GPU, allowed starts."""
+    from rich.table import Table
+
     table = _table(model)
     rows = [
         {
@@ -113,6 +106,10 @@ def layouts(
 ) -> None:
     """Every maximal layout of a GPU model (nothing more fits), with its unused memory
     slices."""
+    from rich.table import Table
+
+    from fgpu.mig.layout import layout_text, maximal_layouts, used_memory_slices
+
     table = _table(model)
     found = maximal_layouts(table, media=media)
     rows = [
@@ -192,6 +189,13 @@ def plan_command(
 ) -> None:
     """Plan MIG instances for a demand: per GPU what to destroy and create (with starts),
     serving the most requests, changing the fewest GPUs, wasting the fewest slices."""
+    import yaml
+
+    from fgpu.mig.demand import parse_demand
+    from fgpu.mig.export import plan_to_data, to_mig_parted
+    from fgpu.mig.inventory import MigInputError, inventory_from_data, parse_gpu_spec
+    from fgpu.mig.planner import plan
+
     kind = "json" if json_out else output_format
     if kind not in ("table", "json", "mig-parted"):
         fail(f"--format: expected table, json or mig-parted, got {output_format!r}")
@@ -241,6 +245,10 @@ def plan_command(
 
 
 def _print_plan(result: MigPlan) -> None:
+    from rich.table import Table
+
+    from fgpu.mig.layout import layout_text
+
     view = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("GPU", "MODEL", "DESTROY", "CREATE", "AFTER", "SERVES"):
         view.add_column(column, overflow="fold")
@@ -293,6 +301,15 @@ def apply_command(
     """Apply a plan or a mig-parted config through NVML: destroy idle instances and create
     new ones with explicit starts. Checks everything first; a dry run unless --yes, and
     --yes needs root. Never changes MIG modes or instances in use."""
+    from fgpu.mig.device import MigDevice, apply_plan, simulated_devices
+    from fgpu.mig.export import (
+        describe,
+        gpu_plans_from_data,
+        parse_mig_parted,
+        plans_from_mig_parted,
+    )
+    from fgpu.mig.inventory import MigInputError
+
     if yes and simulate_gpus is None and os.geteuid() != 0:
         fail(
             "--yes: creating and destroying MIG instances needs root; run as root "
@@ -371,6 +388,9 @@ def vars_of(step: Any) -> dict[str, Any]:
 
 
 def _load(file: Path) -> tuple[str, Any]:
+    from fgpu.mig.export import load_plan_file
+    from fgpu.mig.inventory import MigInputError
+
     try:
         return load_plan_file(_read(file, "PLAN_OR_CONFIG"), str(file))
     except MigInputError as exc:

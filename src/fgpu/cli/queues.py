@@ -3,12 +3,11 @@ and priority (DESIGN.md section 5). GPU amounts are in GPUs, fractions allowed."
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
-from fgpu.cli import render
 from fgpu.cli.common import (
     EXIT_REFUSED,
     JsonOption,
@@ -20,10 +19,14 @@ from fgpu.cli.common import (
     out,
     show,
 )
-from fgpu.wire import QueueBody, QueueView
+
+if TYPE_CHECKING:
+    from fgpu.wire import QueueView
 
 queue_app = typer.Typer(
-    help="Queues (tenants): quota, limit, weight, priority.", no_args_is_help=True
+    rich_markup_mode=None,
+    help="Queues (tenants): quota, limit, weight, priority.",
+    no_args_is_help=True,
 )
 
 NameArgument = Annotated[str, typer.Argument(metavar="NAME", help="Queue name.")]
@@ -59,8 +62,19 @@ NonPreemptibleOption = Annotated[
     ),
 ]
 
+SqueezeOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--squeeze/--no-squeeze",
+        help="Squeeze before evict for preemption inside this queue, or evict (default: "
+        "the service's setting).",
+    ),
+]
+
 
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
+    from fgpu.cli import render
+
     if json_out:
         print(render.to_json(view))
     else:
@@ -81,12 +95,15 @@ def create(
     member: MemberOption = None,
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
+    squeeze: SqueezeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Create a queue (root and admins); only its members (--member) and admins submit to
     it."""
+    from fgpu.wire import QueueBody
+
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
     for key, value in (
         ("quota", quota),
@@ -95,6 +112,7 @@ def create(
         ("members", member),
         ("max_priority", max_priority),
         ("nonpreemptible", nonpreemptible),
+        ("squeeze", squeeze),
     ):
         if value is not None:
             fields[key] = value
@@ -111,6 +129,8 @@ def list_queues(
     url: UrlOption = None,
 ) -> None:
     """List queues with quota, limit, fair share and use."""
+    from fgpu.cli import render
+
     with connect(socket, url) as client:
         views = client.list_queues()
     show(views, render.queues_table(views), json_out)
@@ -137,11 +157,14 @@ def update(
     ] = None,
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
+    squeeze: SqueezeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Change some of a queue's settings (root and admins); the others stay."""
+    from fgpu.wire import QueueBody
+
     if limit is not None and no_limit:
         fail("--limit and --no-limit exclude each other")
     if member is not None and (add_member or remove_member):
@@ -165,6 +188,7 @@ def update(
             nonpreemptible=(
                 nonpreemptible if nonpreemptible is not None else current.nonpreemptible
             ),
+            squeeze=squeeze if squeeze is not None else current.squeeze,
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fgpu.wire import (
+    TERMINAL_PHASES,
     EventView,
     GpuHolder,
     GpuView,
@@ -147,10 +148,29 @@ def grants_text(view: WorkloadView) -> str:
     )
 
 
-def phase_text(phase: str, stopping: bool = False) -> Text:
-    """The phase in its colour (``stopping`` for a running workload being stopped)."""
-    shown = "stopping" if stopping and phase in ("running", "paused") else phase
-    return Text(shown, style=PHASE_STYLES.get(shown, PHASE_STYLES.get(phase, "")))
+def phase_text(phase: str) -> Text:
+    """The phase in its colour (the same word as ``phase`` in the JSON)."""
+    return Text(phase, style=PHASE_STYLES.get(phase, ""))
+
+
+GPU_STATE_TEXT = {
+    "frozen-by-priority": "paused (a higher-priority workload is busy)",
+    "frozen-by-share": "waits for its share",
+}
+"""How ``fgpu ls`` words the governor's states (others, e.g. ``squeezed``, as they are)."""
+
+
+def state_text(view: WorkloadView) -> Text:
+    """What happens to a workload beyond its phase: being stopped, or what the governor does
+    with it (paused by priority, waiting for its share); empty when nothing."""
+    if view.stopping:
+        return Text("stopping", style=PHASE_STYLES["stopping"])
+    if view.squeezed:
+        return Text("squeezed", style=PHASE_STYLES["paused"])
+    state = view.gpu_state
+    if state is None or state == "running":
+        return Text("")
+    return Text(GPU_STATE_TEXT.get(state, state), style=PHASE_STYLES["paused"])
 
 
 def safe(text: str) -> str:
@@ -164,17 +184,23 @@ def safe(text: str) -> str:
 def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> Table:
     """``fgpu ls``."""
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("ID", "NAME", "USER", "PHASE", "QUEUE", "PRIORITY", "GPUS", "AGE", "REASON"):
+    columns = ("ID", "NAME", "USER", "PHASE", "STATE", "QUEUE", "PRIORITY", "GPUS", "AGE")
+    for column in (*columns, "REASON"):
         table.add_column(column, overflow="fold")
     for v in views:
         held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
+        if v.phase in TERMINAL_PHASES and v.gpus:
+            held = Text(f"ran on {grants_text(v)}", style="dim")
         shown = v.phase not in ("running", "succeeded") or v.stopping
         reason = v.reason if shown else ""
+        if v.squeezed:
+            reason = squeezed_text(v.squeezed_by)
         table.add_row(
             v.id,
             safe(v.name),
             user_text(v.owner_uid),
-            phase_text(v.phase, v.stopping),
+            phase_text(v.phase),
+            state_text(v),
             v.queue,
             priority_text(v.priority),
             held,
@@ -182,6 +208,12 @@ def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> 
             safe(reason),
         )
     return table
+
+
+def squeezed_text(by: Sequence[str]) -> str:
+    """``squeezed by ID, ID (paused while they are busy)`` for a squeezed workload."""
+    who = ", ".join(by) if by else "nobody now (waiting for its compute)"
+    return f"squeezed by {who} (keeps its memory; paused while they are busy)"
 
 
 def detail_view(detail: WorkloadDetail) -> RenderableType:
@@ -194,7 +226,7 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
         ("ID", detail.id),
         ("Name", safe(detail.name)),
         ("User", f"{user_text(detail.owner_uid)} (uid {detail.owner_uid})"),
-        ("Phase", phase_text(detail.phase, detail.stopping)),
+        ("Phase", phase_text(detail.phase)),
         ("Queue", detail.queue),
         ("Priority", priority_text(detail.priority)),
         ("Preemptible", "yes" if detail.preemptible else "no"),
@@ -211,7 +243,15 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
         rows.append(("Exit code", str(detail.exit_code)))
     if detail.restarts:
         rows.append(("Restarts", str(detail.restarts)))
-    rows.append(("Placement", grants_text(detail) or "-"))
+    state = state_text(detail)
+    if state.plain:
+        rows.insert(4, ("State", state))
+    placement = grants_text(detail) or "-"
+    if detail.phase in TERMINAL_PHASES and detail.gpus:
+        placement = f"ran on {placement}"
+    rows.append(("Placement", placement))
+    if detail.squeezed:
+        rows.append(("Squeezed", squeezed_text(detail.squeezed_by)))
     if detail.reason:
         label = "Waiting because" if detail.phase == "pending" else "Reason"
         rows.append((label, safe(detail.reason)))
@@ -269,6 +309,7 @@ def _holders(gpu: GpuView) -> str:
     return "\n".join(
         f"{h.workload_id} {safe(h.name)}: {gpus_text(h.compute_milli)} "
         f"({memory_text(h.memory_mib)}){_governed(h)}"
+        + ("" if h.squeezed_by is None else f", squeezed by {', '.join(h.squeezed_by) or '-'}")
         for h in gpu.holders
     )
 

@@ -6,47 +6,16 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fgpu.model.types import InvalidRequestError
-from fgpu.plugins import DEFAULT_POLICY, UnknownPolicyError
-from fgpu.sched.decide import SchedulerConfig
-from fgpu.sim.experiment import (
-    DEFAULT_NODES,
-    DEFAULT_PODS,
-    ExperimentError,
-    OutputFolder,
-    Trace,
-    check_out_name,
-    check_tune,
-    default_trace_file,
-    parse_seeds,
-    prepare_out_dir,
-    resolve_policies,
-    resolve_workers,
-    run_experiment,
-    trace_warnings,
-)
-from fgpu.sim.fill import DEFAULT_TUNE
-from fgpu.sim.replay import (
-    GpuSpecError,
-    ReplayError,
-    build_scheduler,
-    parse_gpus,
-    run_replay,
-    tenant_queues,
-)
-from fgpu.sim.replay_report import replay_table, write_replay_report
-from fgpu.sim.report import RunCurve, comparison_table, write_report
-from fgpu.sim.trace import TraceFormatError, load_pods
-from fgpu.sim.workloads import generate, load_workloads
+if TYPE_CHECKING:
+    from fgpu.sim.experiment import OutputFolder
 
-sim_app = typer.Typer(help="Trace simulators.", no_args_is_help=True)
+
+sim_app = typer.Typer(rich_markup_mode=None, help="Trace simulators.", no_args_is_help=True)
 err = Console(stderr=True)
 # Tables keep their columns readable when stdout is a file or a pipe (CI logs).
 out = Console(width=None if Console().is_terminal else 120)
@@ -58,6 +27,8 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _default_trace_file(name: str, option: str) -> Path:
+    from fgpu.sim.experiment import ExperimentError, default_trace_file
+
     try:
         return default_trace_file(name, option)
     except ExperimentError as exc:
@@ -88,7 +59,7 @@ def sim_fill(
     seeds: Annotated[str, typer.Option(help="Seeds: 42-51, 1,2,3 or 1-3,10.")] = "42-51",
     tune: Annotated[
         float, typer.Option(help="Arrived GPU at the end, x capacity (protocol: 1.3).")
-    ] = DEFAULT_TUNE,
+    ] = 1.3,  # fgpu.sim.fill.DEFAULT_TUNE, spelled out: --help loads no simulator
     workers: Annotated[
         int | None, typer.Option(help="Parallel processes (default and cap: CPU count).")
     ] = None,
@@ -98,6 +69,19 @@ def sim_fill(
 ) -> None:
     """Fill experiment of the FGD paper: place pods until 130 % of the GPUs have arrived,
     and report unallocated GPU and fragmentation per policy (median over seeds)."""
+    from fgpu.sim.experiment import (
+        DEFAULT_NODES,
+        DEFAULT_PODS,
+        ExperimentError,
+        check_out_name,
+        check_tune,
+        default_trace_file,
+        parse_seeds,
+        prepare_out_dir,
+        resolve_policies,
+        resolve_workers,
+    )
+
     started = time.perf_counter()
     # Every option is checked before a CSV is read or a folder is made.
     try:
@@ -142,6 +126,14 @@ def _fill(
     started: float,
 ) -> None:
     """The body of ``fgpu sim fill`` once the options are checked and the folder exists."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fgpu.model.types import InvalidRequestError
+    from fgpu.plugins import UnknownPolicyError
+    from fgpu.sim.experiment import ExperimentError, Trace, run_experiment, trace_warnings
+    from fgpu.sim.report import RunCurve, comparison_table, write_report
+    from fgpu.sim.trace import TraceFormatError
+
     try:
         trace = Trace.load(nodes_path, pods_path)
     except (ExperimentError, TraceFormatError, InvalidRequestError) as exc:
@@ -194,6 +186,18 @@ def _check_number(option: str, value: float | None, minimum: float, strict: bool
         raise _fail(f"{option}: must be a number {relation} {minimum:g}, got {value:g}")
 
 
+def _memory_ratio(text: str) -> tuple[float, float]:
+    """``--memory-ratio LOW,HIGH`` -> (low, high), 0 < low <= high <= 1."""
+    parts = text.split(",")
+    try:
+        low, high = (float(p) for p in parts) if len(parts) == 2 else (math.nan, math.nan)
+    except ValueError:
+        low = high = math.nan
+    if not (0 < low <= high <= 1):
+        raise _fail(f"--memory-ratio: {text!r} is not LOW,HIGH with 0 < LOW <= HIGH <= 1")
+    return low, high
+
+
 @sim_app.command("replay")
 def sim_replay(
     pods: Annotated[
@@ -221,7 +225,7 @@ def sim_replay(
     ] = None,
     policy: Annotated[
         str, typer.Option("--policy", "-p", help="Placement policy.")
-    ] = DEFAULT_POLICY,
+    ] = "fgd-pattern",  # fgpu.plugins.DEFAULT_POLICY, spelled out
     grace: Annotated[float, typer.Option(help="Seconds a victim takes to exit.")] = 30.0,
     min_runtime: Annotated[
         float, typer.Option(help="Seconds a workload runs before it can be reclaimed.")
@@ -239,6 +243,26 @@ def sim_replay(
     debug: Annotated[
         bool, typer.Option("--debug", help="Check invariants after every round (slower).")
     ] = False,
+    squeeze: Annotated[
+        bool,
+        typer.Option(
+            "--squeeze/--no-squeeze", help="Squeeze before evict (--no-squeeze: evict only)."
+        ),
+    ] = True,
+    inference_duty: Annotated[
+        float,
+        typer.Option(help="Fraction of the time the inference class (critical) is busy."),
+    ] = 0.3,
+    training_duty: Annotated[
+        float, typer.Option(help="Fraction of the time the other classes are busy.")
+    ] = 1.0,
+    memory_ratio: Annotated[
+        str,
+        typer.Option(
+            help="LOW,HIGH: a generated fractional workload's GPU memory is its share of the "
+            "GPU's memory times a ratio drawn uniformly in this range (1,1: in proportion)."
+        ),
+    ] = "0.25,1",
     out_dir: Annotated[
         Path, typer.Option("--out", help="Output folder for summary.json, timeline.csv, plots.")
     ] = Path("replay-results"),
@@ -246,6 +270,25 @@ def sim_replay(
     """Dynamic simulator: arrivals and departures on a virtual clock, driving the decision
     core with queues, fair share, preemption and reclaim; reports allocation, delays and
     fairness."""
+    import numpy as np
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from fgpu.plugins import UnknownPolicyError
+    from fgpu.sched.decide import SchedulerConfig
+    from fgpu.sim.experiment import DEFAULT_PODS
+    from fgpu.sim.replay import (
+        DutyCycles,
+        GpuSpecError,
+        ReplayError,
+        build_scheduler,
+        parse_gpus,
+        run_replay,
+        tenant_queues,
+    )
+    from fgpu.sim.replay_report import replay_table, write_replay_report
+    from fgpu.sim.trace import TraceFormatError, load_pods
+    from fgpu.sim.workloads import generate, load_workloads
+
     _check_number("--hours", hours, 0, strict=True)
     _check_number("--load", load, 0, strict=True)
     _check_number("--grace", grace, 0, strict=False)
@@ -253,6 +296,13 @@ def sim_replay(
     _check_number("--aging-interval", aging_interval, 0, strict=True)
     _check_number("--reservation-after", reservation_after, 0, strict=False)
     _check_number("--tick", tick, 0, strict=False)
+    for duty_option, duty_value in (
+        ("--inference-duty", inference_duty),
+        ("--training-duty", training_duty),
+    ):
+        if not (math.isfinite(duty_value) and 0.0 <= duty_value <= 1.0):
+            raise _fail(f"{duty_option}: must be a number in 0..1, got {duty_value:g}")
+    ratio = _memory_ratio(memory_ratio)
     if tenants is not None and tenants < 1:
         raise _fail(f"--tenants: must be at least 1, got {tenants}")
     if workloads_file is not None:
@@ -286,6 +336,8 @@ def sim_replay(
                 0.9 if load is None else load,
                 hours,
                 np.random.default_rng(workload_seed),
+                gpu_memory_mib=min(n.gpu_memory_mib for n in nodes),
+                memory_ratio=ratio,
             )
             queue_names = [f"tenant-{i + 1}" for i in range(n_tenants)]
     except TraceFormatError as exc:
@@ -296,6 +348,7 @@ def sim_replay(
         min_runtime_s=min_runtime,
         aging_interval_s=aging_interval,
         reservation_after_s=reservation_after,
+        squeeze=squeeze,
     )
     try:
         scheduler = build_scheduler(
@@ -341,6 +394,7 @@ def sim_replay(
                 tick_s=tick or None,
                 debug=debug,
                 on_round=advance,
+                duty=DutyCycles(inference_duty, training_duty),
             )
         except ReplayError as exc:  # a broken contract of the decision core: a bug, not input
             err.print(f"[bold red]replay stopped:[/] {exc}", highlight=False, soft_wrap=True)
@@ -363,6 +417,10 @@ def sim_replay(
         "aging_interval_s": aging_interval,
         "reservation_after_s": reservation_after,
         "tick_s": tick,
+        "squeeze": squeeze,
+        "inference_duty": inference_duty,
+        "training_duty": training_duty,
+        "memory_ratio": list(ratio) if workloads_file is None else None,
         "submitted": len(workloads),
     }
     try:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import RenderableType
 from rich.markup import escape
+from rich.text import Text
 
-from fgpu.cli import render
 from fgpu.cli.common import (
     JsonOption,
     SocketOption,
@@ -23,9 +24,12 @@ from fgpu.cli.common import (
     fail,
     out,
     show,
+    uid_of,
+    watch_loop,
 )
-from fgpu.client.client import ClientError, ServerUnavailable
-from fgpu.wire import TERMINAL_PHASES, SubmitRequest, WorkloadView
+
+if TYPE_CHECKING:
+    from fgpu.client.client import Client
 
 FOLLOW_INTERVAL_S = 0.5
 
@@ -95,6 +99,11 @@ def submit(
 
     Example: fgpu submit -g 0.5 -- python train.py --epochs 3
     """
+    from fgpu.cli import render
+    from fgpu.cli.flags import flag_message
+    from fgpu.client.client import ClientError, ServerUnavailable
+    from fgpu.wire import SubmitRequest
+
     argv = list(command or [])
     if not argv:
         fail("give the command to run after --, e.g. fgpu submit -g 0.5 -- python train.py")
@@ -102,7 +111,7 @@ def submit(
         if not _is_text(part):
             fail(f"command: argument {position} is not valid UTF-8 text")
     if name is not None and not _is_text(name):
-        fail("name: not valid UTF-8 text")
+        fail("--name: not valid UTF-8 text")
     if shell:
         argv = [" ".join(argv)]
     try:
@@ -110,9 +119,9 @@ def submit(
     except OSError as exc:
         fail(f"the current directory is gone: {exc.strerror}")
     if not _is_text(cwd):
-        fail("cwd: the current directory's name is not valid UTF-8 text")
+        fail("the current directory's name is not valid UTF-8 text")
     if any(not item.strip() for item in gpu_model or []):
-        fail("gpu_model: empty model name")
+        fail("--gpu-model: empty model name")
     models = [m.strip() for item in gpu_model or [] for m in item.split(",") if m.strip()]
     fields: dict[str, object] = {
         "command": argv,
@@ -135,9 +144,34 @@ def submit(
     }
     if grace is not None:
         fields["grace_s"] = grace
+    typed_values = {
+        "name": name,
+        "gpu": gpu,
+        "gpu_count": gpu,
+        "gpu_milli": gpu_fraction or gpu,
+        "gpu_fraction": gpu_fraction,
+        "gpu_memory": gpu_memory,
+        "gpu_memory_mib": gpu_memory,
+        "gpu_model": models,
+        "gpu_models": models,
+        "mig_profile": mig_profile,
+        "isolation": isolation,
+        "cpu": cpu,
+        "cpu_milli": cpu,
+        "memory": memory,
+        "memory_mib": memory,
+        "priority": priority,
+        "queue": queue,
+        "grace_s": grace,
+    }
     body = SubmitRequest.model_validate(fields)
     with connect(socket, url) as client:
-        view = client.submit(body)
+        try:
+            view = client.submit(body)
+        except ServerUnavailable:
+            raise
+        except ClientError as exc:  # name the flag as typed, with the value given
+            fail(flag_message(exc.field, exc.reason, typed_values), exit_code(exc))
     if json_out:
         print(render.to_json(view))
         return
@@ -148,39 +182,99 @@ def submit(
     err.print(escape(line))
 
 
+PHASES = ("pending", "running", "paused", "succeeded", "failed", "cancelled")
+WatchOption = Annotated[bool, typer.Option("--watch", "-w", help="Refresh in place until Ctrl-C.")]
+IntervalOption = Annotated[
+    float, typer.Option(help="Seconds between refreshes with --watch.", min=0.2, max=3600)
+]
+
+
 def ls(
     include_done: Annotated[
         bool, typer.Option("--all", "-a", help="Also finished workloads.")
     ] = False,
+    queue: Annotated[
+        list[str] | None, typer.Option("--queue", "-q", help="Only in these queues (repeatable).")
+    ] = None,
+    user: Annotated[
+        list[str] | None,
+        typer.Option("--user", "-u", help="Only of these users, names or uids (repeatable)."),
+    ] = None,
+    phase: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Only in these phases (repeatable or comma-separated): "
+            + ", ".join(PHASES)
+            + "; a finished phase implies --all."
+        ),
+    ] = None,
+    watch: WatchOption = False,
+    interval: IntervalOption = 2.0,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """List workloads (active ones; --all for finished too), oldest first."""
+    from fgpu.cli import render
+
+    phases = {p.strip() for item in phase or [] for p in item.split(",") if p.strip()}
+    unknown = sorted(phases - set(PHASES))
+    if unknown:
+        fail(f"--phase {', '.join(unknown)!r}: not a phase; phases: {', '.join(PHASES)}")
+    include_done = include_done or any(p in ("succeeded", "failed", "cancelled") for p in phases)
+    uids = {uid_of(u) for u in user or []}
+    queues = set(queue or [])
+    if watch and json_out:
+        fail("--watch: not with --json (scripts poll `fgpu ls --json` themselves)")
+
+    def listing(client: Client) -> RenderableType:
+        views = [
+            v
+            for v in client.list_workloads(include_done)
+            if (not queues or v.queue in queues)
+            and (not uids or v.owner_uid in uids)
+            and (not phases or v.phase in phases)
+        ]
+        if json_out:
+            print(render.to_json(views))
+            return ""
+        if not views:
+            filtered = queues or uids or phases
+            hint = "" if include_done or filtered else " (--all shows finished ones)"
+            return Text("no workloads" + (" match" if filtered else "") + hint)
+        return render.workloads_table(views)
+
     with connect(socket, url) as client:
-        views = client.list_workloads(include_done)
-    if json_out:
-        print(render.to_json(views))
-    elif not views:
-        err.print("no workloads" + ("" if include_done else " (--all shows finished ones)"))
-    else:
-        out.print(render.workloads_table(views))
+        if watch:
+            watch_loop(lambda: listing(client), interval)
+            return
+        shown = listing(client)
+    if isinstance(shown, Text):
+        err.print(shown)
+    elif shown:
+        out.print(shown)
 
 
 def describe(
-    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    workload_id: Annotated[
+        str, typer.Argument(metavar="ID", help="Workload id, unique id prefix, or name.")
+    ],
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Show a workload: request, placement, events, and why it waits while pending."""
+    from fgpu.cli import render
+
     with connect(socket, url) as client:
         detail = client.get_workload(workload_id)
     show(detail, render.detail_view(detail), json_out)
 
 
 def logs(
-    workload_id: Annotated[str, typer.Argument(metavar="ID", help="Workload id.")],
+    workload_id: Annotated[
+        str, typer.Argument(metavar="ID", help="Workload id, unique id prefix, or name.")
+    ],
     follow: Annotated[
         bool, typer.Option("-f", "--follow", help="Keep printing until the workload ends.")
     ] = False,
@@ -189,10 +283,14 @@ def logs(
     url: UrlOption = None,
 ) -> None:
     """Print a workload's output (stdout, or stderr with --stderr)."""
+    from fgpu.wire import TERMINAL_PHASES
+
     stream = "stderr" if stderr else "stdout"
     sink = sys.stdout.buffer
     offset = 0
     with connect(socket, url) as client:
+        if follow:  # a name or prefix is resolved once: a later namesake is not followed
+            workload_id = client.get_workload(workload_id).id
         try:
             while True:
                 data, offset = client.logs(workload_id, stream, offset)
@@ -219,17 +317,46 @@ def logs(
 
 def cancel(
     workload_ids: Annotated[
-        list[str], typer.Argument(metavar="ID...", help="Workload ids (one or more).")
-    ],
+        list[str] | None,
+        typer.Argument(
+            metavar="[ID...]",
+            help="Workloads: ids, unique id prefixes or names.",
+            show_default=False,
+        ),
+    ] = None,
+    every: Annotated[
+        bool, typer.Option("--all", help="All your active workloads (with --user: theirs).")
+    ] = False,
+    user: Annotated[
+        str | None,
+        typer.Option("--user", "-u", help="With --all: this user's (admins), a name or uid."),
+    ] = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Cancel workloads (yours; admins any). A running one gets SIGTERM, then SIGKILL after
     its grace period. Each id is tried; the exit code is that of the first refusal."""
+    from fgpu.cli import render
+    from fgpu.client.client import ClientError, ServerUnavailable
+    from fgpu.wire import TERMINAL_PHASES, WorkloadView
+
+    if every == bool(workload_ids):
+        fail("give workload ids or names, or --all (not both)")
+    if user is not None and not every:
+        fail(f"--user {user!r}: only with --all")
     views: list[WorkloadView] = []
     first_error: ClientError | None = None
     with connect(socket, url) as client:
+        if every:
+            owner = uid_of(user) if user is not None else client.health().caller_uid
+            if owner is None:
+                fail("--all: name the user with --user (over --url the server does not say who)")
+            workload_ids = [w.id for w in client.list_workloads() if w.owner_uid == owner]
+            if not workload_ids:
+                err.print(f"no active workloads of {render.user_text(owner)}")
+                return
+        assert workload_ids is not None
         for workload_id in workload_ids:
             try:
                 views.append(client.cancel(workload_id))
@@ -240,7 +367,7 @@ def cancel(
                 err.print(f"[bold red]error:[/] {escape(which + str(exc))}", markup=True)
                 first_error = first_error or exc
     if json_out:
-        if len(workload_ids) > 1:
+        if len(workload_ids) > 1 or every:
             print(render.to_json(views))  # a list, as many as were cancelled
         elif views:
             print(render.to_json(views[0]))
@@ -256,12 +383,21 @@ def cancel(
 
 
 def top(
+    watch: WatchOption = False,
+    interval: IntervalOption = 2.0,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Each GPU with the shares it holds, by workload, and live use where known."""
+    from fgpu.cli import render
+
+    if watch and json_out:
+        fail("--watch: not with --json (scripts poll `fgpu top --json` themselves)")
     with connect(socket, url) as client:
+        if watch:
+            watch_loop(lambda: render.top_table(client.nodes()), interval)
+            return
         nodes = client.nodes()
     show(render.top_rows(nodes), render.top_table(nodes), json_out)
 
@@ -272,6 +408,8 @@ def nodes(
     url: UrlOption = None,
 ) -> None:
     """The machine's nodes: CPUs, memory and GPUs."""
+    from fgpu.cli import render
+
     with connect(socket, url) as client:
         views = client.nodes()
     show(views, render.nodes_view(views), json_out)
@@ -281,9 +419,11 @@ def register(app: typer.Typer) -> None:
     """Add the commands to the ``fgpu`` app."""
     app.command(context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
+    app.command("list", help="Same as ls.")(ls)
     app.command()(describe)
     app.command()(logs)
     app.command()(cancel)
+    app.command("delete", help="Same as cancel.")(cancel)
     app.command()(top)
     app.command()(nodes)
 

@@ -17,11 +17,10 @@ from typing import Any, Self, TypeVar
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
 from fgpu.wire import (
     API_PREFIX,
     LOG_OFFSET_HEADER,
-    SOCKET_ENV,
-    SYSTEM_SOCKET,
     EventView,
     Health,
     NodeView,
@@ -30,11 +29,8 @@ from fgpu.wire import (
     SubmitRequest,
     WorkloadDetail,
     WorkloadView,
-    default_socket_path,
 )
 
-URL_ENV = "FGPU_URL"
-TOKEN_ENV = "FGPU_TOKEN"
 DEFAULT_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
@@ -71,7 +67,7 @@ def resolve_socket(
     system: Path = SYSTEM_SOCKET,
 ) -> Path:
     """The socket to call: ``socket`` if given, else ``$FGPU_SOCKET``, else this user's
-    default (:func:`fgpu.wire.default_socket_path` for ``uid``) when a socket is there, else
+    default (:func:`fgpu.addresses.default_socket_path` for ``uid``) when a socket is there, else
     the system server's socket (``system``) when that one is there, else this user's
     default."""
     env = os.environ if env is None else env
@@ -120,10 +116,14 @@ class Client:
             self.address = str(path)
             root = "http://fgpu"
             self._socket = path
-            transport = transport or httpx.HTTPTransport(uds=str(path))
+            # no TLS on a Unix socket: without verify=False the transport loads the system's
+            # certificate store, the largest part of a short command's time
+            transport = transport or httpx.HTTPTransport(uds=str(path), verify=False)
             self._start_hint = f"no fgpu server at {path}; start one with `fgpu serve`"
             if path.exists() and not os.access(path, os.W_OK):
                 self._start_hint = f"no permission to use the fgpu socket {path}"
+        if transport is None and root.startswith("http://"):  # plain HTTP: no certificates
+            transport = httpx.HTTPTransport(verify=False)
         self._http = httpx.Client(
             base_url=root + API_PREFIX, headers=headers, timeout=timeout, transport=transport
         )

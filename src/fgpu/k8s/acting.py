@@ -15,13 +15,14 @@ from fgpu.k8s import claims, wire
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigDecision
-from fgpu.k8s.objects import pod_ask
+from fgpu.k8s.objects import created_at, pod_ask
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round, RoundBuilder
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.sched.decide import Decision
-from fgpu.sched.workload import Hold, Place, Preempt
+from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze
 
 log = logging.getLogger("fgpu.k8s.scheduler")
 
@@ -35,6 +36,7 @@ class RoundActions(RoundBuilder):
     cache: ClusterCache
     protect_s: float
     bound: int
+    metrics: SchedulerMetrics
     _pool: ThreadPoolExecutor
 
     def is_leader(self) -> bool:
@@ -59,7 +61,10 @@ class RoundActions(RoundBuilder):
             priority=ask.priority,
             preemptible=ask.preemptible,
         )
-        return self._bind(rnd, action.workload, pod, assignment)
+        bound = self._bind(rnd, action.workload, pod, assignment)
+        if bound:
+            self.metrics.events.started(ask.queue, ask.priority, self.clock() - created_at(pod))
+        return bound
 
     def _bind(
         self, rnd: Round, key: str, pod: Obj, assignment: wire.Assignment, what: str = "GPUs"
@@ -155,6 +160,20 @@ class RoundActions(RoundBuilder):
             self.bound += sum(done)
         for key, reason in waits.items():
             self._wait(rnd, key, reason)
+
+    def _squeeze(self, rnd: Round, action: Squeeze | Unsqueeze) -> None:
+        """Record a squeeze (or its release) on the pod: the :data:`wire.SQUEEZED_BY`
+        annotation, which the next rounds read, and an event. The pod keeps running; its
+        node's governor pauses it while a higher-priority pod on its GPU is busy."""
+        pod = rnd.pods.get(action.workload)
+        if pod is None or not self.is_leader():
+            return
+        if isinstance(action, Squeeze):
+            annotate(self.api, pod, {wire.SQUEEZED_BY: ",".join(action.by)})
+            post_event(self.api, pod, "Normal", "Squeezed", action.reason)
+        else:
+            annotate(self.api, pod, {wire.SQUEEZED_BY: None})
+            post_event(self.api, pod, "Normal", "Released", action.reason)
 
     def _preempt(self, rnd: Round, action: Preempt, decision: Decision) -> None:
         victim = rnd.pods.get(action.victim)

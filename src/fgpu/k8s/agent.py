@@ -201,6 +201,7 @@ class NodeAgent:
         self.enforcer = enforcer or LogOnlyEnforcer()
         self.on_publish = on_publish
         self._stop = threading.Event()
+        self.last_placed: list[PlacedContainer] = []
         self._wake = threading.Event()
         self._published: str | None = None
         self.view = NodeView(api, node, on_change=self._wake.set)
@@ -288,6 +289,7 @@ class NodeAgent:
             self._usage = usage
             self.usage_writes += 1
         placed = self.placed()
+        self.last_placed = placed  # what the metrics show until the next report
         if self.mig:
             status = self.reconcile_mig(node, placed)
             if status is None and self.inventory().to_json() != self._published:

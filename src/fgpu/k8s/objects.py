@@ -381,7 +381,8 @@ def queue_spec(obj: Obj) -> QueueSpec:
     """A ``Queue`` object (``fgpu.io/v1alpha1``) as the core's :class:`QueueSpec`.
 
     ``spec``: ``quota`` and ``limit`` in GPUs (fractions allowed), ``overQuotaWeight``,
-    ``priority`` (number or class name), ``parent``. Checked as ``fgpu queue create`` checks.
+    ``priority`` (number or class name), ``parent``, ``squeeze`` (true, false, or absent
+    for the scheduler's setting). Checked as ``fgpu queue create`` checks.
 
     Raises:
         PodRequestError: naming ``spec.FIELD`` and the reason.
@@ -399,6 +400,7 @@ def queue_spec(obj: Obj) -> QueueSpec:
             limit=spec.get("limit"),
             over_quota_weight=spec.get("overQuotaWeight", 1.0),
             priority=priority,
+            squeeze=spec.get("squeeze"),
         )
     except ValidationError as exc:
         first = exc.errors()[0]

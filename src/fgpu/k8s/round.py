@@ -28,7 +28,7 @@ from fgpu.k8s.objects import (
     pod_ask,
 )
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.sched.rounds import state_with
+from fgpu.sched.rounds import apply_running, state_with
 from fgpu.sched.state import ClusterState, check_invariants
 from fgpu.sched.workload import Hold, Workload
 
@@ -336,7 +336,7 @@ class RoundBuilder:
                 if key not in self._base_held:
                     assert w.allocation is not None
                     try:
-                        alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                        alloc = apply_running(state, w)
                     except InvalidRequestError as exc:
                         log.warning("pod %s does not fit its node any more: %s", key, exc)
                         continue
@@ -354,7 +354,7 @@ class RoundBuilder:
         for key, w in held.items():
             assert w.allocation is not None
             try:
-                alloc = state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                alloc = apply_running(state, w)
             except InvalidRequestError as exc:
                 log.warning("pod %s does not fit its node any more: %s", key, exc)
                 continue
@@ -469,6 +469,7 @@ class RoundBuilder:
             return
         terminating = bool(meta.get("deletionTimestamp")) or self._evicting.get(key) == uid
         protected = self._protected.get(key, 0.0) > now
+        squeezed = (meta.get("annotations") or {}).get(wire.SQUEEZED_BY)
         started = created_at(
             {
                 "metadata": {
@@ -488,6 +489,8 @@ class RoundBuilder:
                 allocation=Allocation(n, node, gpus, milli, memory, a.cpu_milli, a.memory_mib),
                 started_at=started,
                 terminating=terminating,
+                squeezed=squeezed is not None,
+                squeezed_by=wire.squeezed_by(squeezed),
             )
         )
 

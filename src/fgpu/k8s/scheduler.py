@@ -51,6 +51,7 @@ from fgpu.k8s.cache import RESOURCES, ClusterCache
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts
 from fgpu.k8s.kube import KubeApi, pool_size
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigPass
 from fgpu.k8s.objects import NodeInfo, queue_tree
 from fgpu.k8s.resourceapi import ResourceApi
@@ -61,7 +62,7 @@ from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, target_for, target_key
 from fgpu.sched.state import CONSTRAINED, ClusterState
-from fgpu.sched.workload import Hold, Place, Preempt, Wait, Workload
+from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze, Wait, Workload
 
 log = logging.getLogger("fgpu.k8s.scheduler")
 
@@ -165,6 +166,7 @@ class K8sScheduler(RoundActions):
         self._load_counter = parity.LoadCounter()
         self.last: Decision | None = None
         self.bound = 0
+        self.metrics = SchedulerMetrics()
         self._settled = time.monotonic()
 
     def _make(self, target: Any) -> Scheduler:
@@ -238,7 +240,8 @@ class K8sScheduler(RoundActions):
             self._stop.wait(debounce_s)  # a burst becomes one round
             self._wake.clear()
             try:
-                self.run_once()
+                with self.metrics.events.round_seconds.time():
+                    self.run_once()
             except Exception:  # keep scheduling; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
             if time.monotonic() - self._settled >= SETTLE_EVERY_S:
@@ -270,6 +273,7 @@ class K8sScheduler(RoundActions):
             self.clock(), state, tree, rnd.workloads, self._holds_from(rnd), mig.outside()
         )
         rnd.mig = self.mig.decide(rnd, mig, state, tree, decision)
+        self.metrics.observe_round(rnd, decision, tree, self._target)
         return rnd, decision
 
     def run_once(self) -> Decision | None:
@@ -291,6 +295,9 @@ class K8sScheduler(RoundActions):
                     places.append(action)
                 elif isinstance(action, Preempt):
                     self._preempt(rnd, action, decision)
+                    self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Squeeze | Unsqueeze):
+                    self._squeeze(rnd, action)
                 elif isinstance(action, Wait):
                     reason = action.reason
                     note = rnd.notes.get(action.workload)

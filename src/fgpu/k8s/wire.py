@@ -67,9 +67,12 @@ ENV_CONFIGMAP = "fgpu.io/env-configmap"
 ASSIGNMENT = "fgpu.io/assignment"
 GPU_UUIDS = "fgpu.io/gpu-uuids"
 HOLD = "fgpu.io/hold"
+SQUEEZED_BY = "fgpu.io/squeezed-by"
+"""On a running pod that is squeezed (squeeze before evict): the keys (``namespace/name``)
+of the pods that took its compute, comma-separated (empty: none now); absent otherwise."""
 WEBHOOK_ANNOTATIONS = (ENV_CONFIGMAP,)
 """Pod annotations the webhook writes at creation."""
-SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD)
+SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD, SQUEEZED_BY)
 """Pod annotations the scheduler writes (the Binding, or a pod patch for the hold)."""
 FGPU_ANNOTATIONS = WEBHOOK_ANNOTATIONS + SCHEDULER_ANNOTATIONS
 """Pod annotations fgpu writes; users may not set or change them (the webhook refuses)."""
@@ -418,3 +421,8 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     """``namespace/name``: the workload id fgpu gives a pod."""
     meta = pod["metadata"]
     return f"{meta.get('namespace', 'default')}/{meta['name']}"
+
+
+def squeezed_by(text: str | None) -> tuple[str, ...]:
+    """The pod keys of a :data:`SQUEEZED_BY` annotation (none for None or empty)."""
+    return tuple(k for k in (text or "").split(",") if k)

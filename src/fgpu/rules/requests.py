@@ -331,6 +331,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         members=members,
         max_priority=max_priority,
         nonpreemptible=body.nonpreemptible,
+        squeeze=body.squeeze,
     )
 
 

@@ -40,7 +40,15 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    empty; other work is not placed there, so the node drains into it and it starts once the
    running work there ends. Small workloads can therefore not overtake it forever.
 
-7. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
+7. **Squeeze before evict** (:mod:`fgpu.sched.squeeze`; on unless ``squeeze`` is off for
+   the scheduler or the queue): before rule 4 evicts, a single-GPU fractional preemptor
+   whose memory fits next to lower-priority work of its queue takes their compute instead;
+   they are squeezed (:class:`Squeeze`), keep running with their memory, and get their
+   compute back (:class:`Unsqueeze`) at the start of a later round, after holds, when it
+   fits again. Squeezed workloads count CPU and memory but not compute in their queue's
+   allocation, and their compute is not demand either.
+
+8. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
    preempts and reserves only there; the nodes left out are counted first in its reason.
 
 Every pending workload that is not placed gets a :class:`Wait` with a reason.
@@ -65,6 +73,8 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.reasons import WaitReasons
+from fgpu.sched.squeeze import SqueezeBook, can_squeeze
 from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
     Action,
@@ -95,6 +105,8 @@ class SchedulerConfig:
         reclaim_within_fair_share: True (the rule above); False is the naive rule "reclaim
             whenever below fair share", kept only to show in tests that it thrashes.
         max_preemptors_per_round: bound on victim searches per round (cost control).
+        squeeze: squeeze before evict (rule 7) for queues that do not choose
+            (``QueueSpec.squeeze`` None); False evicts as before.
     """
 
     min_runtime_s: float = 0.0
@@ -105,6 +117,7 @@ class SchedulerConfig:
     reservation_min_gpus: int = 2
     reclaim_within_fair_share: bool = True
     max_preemptors_per_round: int = 16
+    squeeze: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +173,11 @@ def request_resources(request: Request, largest_gpu_memory: int) -> Vec:
 def allocation_resources(allocation: Allocation) -> Vec:
     """[gpu_milli, cpu_milli, memory_mib] an allocation holds."""
     return [sum(allocation.gpu_milli), allocation.cpu_milli, allocation.memory_mib]
+
+
+def held_rest(allocation: Allocation) -> Vec:
+    """[cpu_milli, memory_mib] an allocation holds."""
+    return [allocation.cpu_milli, allocation.memory_mib]
 
 
 def _add(a: Vec, b: Vec, sign: int = 1) -> Vec:
@@ -324,6 +342,7 @@ class Scheduler:
             int(work.memory_capacity.sum()) + extra.memory_mib,
         )
         by_id = {w.id: w for w in workloads}
+        book = SqueezeBook(work, workloads, by_id)
         actions: list[Action] = []
         decided: set[str] = set()
 
@@ -348,6 +367,8 @@ class Scheduler:
                     )
                     continue
                 gpu = sum(running.gpu_milli)
+                if w.squeezed:  # its compute is lent: neither allocation nor demand
+                    gpu = 0
                 acc = allocated[w.queue]  # in place: this loop sees every running workload
                 acc[0] += gpu
                 acc[1] += running.cpu_milli
@@ -435,25 +456,17 @@ class Scheduler:
                 continue
             alive = [v for v in h.victims if v in by_id and by_id[v].allocation is not None]
             for v in alive:  # their capacity is promised to the preemptor
-                alloc = by_id[v].allocation
-                assert alloc is not None
-                work.release(alloc)
+                work.release(book.held(by_id[v]))
             try:
                 allocation = work.allocate(w.request, node, h.gpus)
             except ValueError:
                 for vid in alive:  # put the victims back; the hold is void
-                    alloc = by_id[vid].allocation
-                    assert alloc is not None
-                    work.allocate(by_id[vid].request, alloc.node, alloc.gpus)
+                    work.occupy(book.held(by_id[vid]))
                 charge(w.queue, request_resources(w.request, largest_mem), -1)
                 continue
             decided.add(w.id)
             if alive:
-                _withhold_leftover(
-                    work,
-                    [va for vid in alive if (va := by_id[vid].allocation) is not None],
-                    allocation,
-                )
+                _withhold_leftover(work, [book.held(by_id[vid]) for vid in alive], allocation)
                 new_holds[w.id] = h
                 actions.append(
                     Wait(
@@ -466,6 +479,17 @@ class Scheduler:
                 actions.append(Place(w.id, allocation, "placed on capacity held for it"))
                 if not w.is_preemptible:
                     nonpreempt[w.queue] += allocation_resources(allocation)[0]
+
+        # rule 7: squeezed workloads get their compute back where it fits (after holds)
+        actions.extend(book.settle())
+
+        def squeeze_on(q: str) -> bool:
+            chosen = queues[q].squeeze
+            return cfg.squeeze if chosen is None else chosen
+
+        def counted(v: Workload) -> Vec:
+            held = book.held(v)
+            return [sum(held.gpu_milli) if not book.is_squeezed(v) else 0, *held_rest(held)]
 
         # victims at all: preemptible, not terminating, past min_runtime_s, per queue;
         # gathered at the first victim search (most rounds need none)
@@ -505,6 +529,9 @@ class Scheduler:
         resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
         searches = 0
+        # (index in actions, workload, GPU milli, node fit, hold) of those that found no place
+        unexplained: list[tuple[int, Workload, int, str, Hold | None]] = []
+        could_fit: dict[tuple[Request, frozenset[str] | None], bool] = {}  # on empty nodes
 
         def admit(w: Workload, res: Vec) -> str | None:
             for a in ancestors(w.queue):
@@ -569,6 +596,45 @@ class Scheduler:
                 continue
             if not own_reservation:
                 no_fit[key] = result.reason
+            # rule 7: squeeze before evict
+            skey = (w.request, f"{w.queue}/squeeze", w.priority, w.nodes)
+            if (
+                squeeze_on(q)
+                and can_squeeze(w)
+                and skey not in no_victims
+                and searches < cfg.max_preemptors_per_round
+            ):
+                searches += 1
+                plan = book.find(
+                    w,
+                    victim_candidates().get(q, ()),
+                    self.policy,
+                    rank,
+                    exclude if exclude is not None else reserved,
+                    victimized,
+                )
+                if plan is None:
+                    no_victims.add(skey)
+                else:
+                    for sv in plan.squeezed:
+                        assert sv.allocation is not None
+                        charge(sv.queue, [sv.allocation.gpu_milli[0], 0, 0], -1)
+                    squeezed_alloc, squeezes = book.apply(w, plan)
+                    actions.extend(squeezes)
+                    actions.append(
+                        Place(
+                            w.id,
+                            squeezed_alloc,
+                            "squeezed "
+                            + ", ".join(sv.id for sv in plan.squeezed + plan.compressed),
+                        )
+                    )
+                    charge(q, allocation_resources(squeezed_alloc))
+                    if not w.is_preemptible:
+                        nonpreempt[q] += allocation_resources(squeezed_alloc)[0]
+                    new_holds.pop(w.id, None)
+                    heapq.heappush(heap, (ratio(q), neg_prio, q))
+                    continue
             # rules 4 and 5: preemption, then reclaim
             found: tuple[_Victims, str] | None = None
             if searches < cfg.max_preemptors_per_round:
@@ -592,6 +658,7 @@ class Scheduler:
                         reserved,
                         victim_candidates(),
                         victimized,
+                        book,
                     )
                     if victims is None:
                         no_victims.add(skey)
@@ -603,9 +670,8 @@ class Scheduler:
                 node = chosen.node
                 for victim in chosen.victims:
                     victimized.add(victim.id)
-                    assert victim.allocation is not None
-                    work.release(victim.allocation)
-                    charge(victim.queue, allocation_resources(victim.allocation), -1)
+                    charge(victim.queue, counted(victim), -1)
+                    work.release(book.held(victim))
                     actions.append(
                         Preempt(
                             victim.id,
@@ -619,9 +685,7 @@ class Scheduler:
                 _, gpus_ok = work.feasible(w.request, need)
                 gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
                 taken = work.allocate(w.request, node, gpus)
-                _withhold_leftover(
-                    work, [v.allocation for v in chosen.victims if v.allocation], taken
-                )
+                _withhold_leftover(work, [book.held(v) for v in chosen.victims], taken)
                 charge(q, res)
                 new_holds[w.id] = Hold(
                     w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
@@ -656,8 +720,31 @@ class Scheduler:
                     Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
                 )
             else:
+                # the rule that holds it is named once the round is decided (below), unless
+                # no allowed node could take it even empty: then the node fit is the reason
+                ever_key = (w.request, w.nodes)
+                ever = could_fit.get(ever_key)
+                if ever is None:
+                    none_reserved = np.zeros_like(reserved)
+                    spot = self._reservation_node(work, w.request, none_reserved, allowed)
+                    ever = could_fit[ever_key] = spot is not None
+                if ever:
+                    holder = _holder(work, w.request, exclude, new_holds)
+                    unexplained.append((len(actions), w, res[0], result.reason, holder))
                 actions.append(Wait(w.id, result.reason))
             heapq.heappush(heap, (ratio(q), neg_prio, q))
+
+        if unexplained:  # with the round's allocations (fgpu.sched.reasons)
+            lowest = {
+                vq: min(v.priority for v in items)
+                for vq, items in victim_candidates().items()
+                if items
+            }
+            explain = WaitReasons(fair, lowest, allocated, cfg.reclaim_within_fair_share)
+            for i, waiting, milli, fit, holder in unexplained:
+                why = explain.explain(waiting, milli, fit, holder)
+                if why is not fit:
+                    actions[i] = Wait(waiting.id, why)
 
         return Decision(
             actions=actions,
@@ -684,6 +771,7 @@ class Scheduler:
         reserved: np.ndarray,
         candidates: dict[str, list[Workload]],
         victimized: set[str],
+        book: SqueezeBook,
     ) -> _Victims | None:
         """Smallest victim set on one node that lets ``preemptor`` run there (rules 4-5).
 
@@ -725,11 +813,14 @@ class Scheduler:
             if allowed is not None and not allowed[node]:
                 continue
             view = _NodeView(work, node, request, need)
-            on_node.sort(key=lambda v: (v.priority, -(v.started_at or 0.0), v.id))
+            # squeezed ones first among equals: they make the least progress
+            on_node.sort(
+                key=lambda v: (v.priority, not book.is_squeezed(v), -(v.started_at or 0.0), v.id)
+            )
             released: list[Workload] = []
             fits = False
             for v in on_node:
-                view.add(v.allocation, 1)
+                view.add(book.held(v), 1)
                 released.append(v)
                 if view.fits():
                     fits = True
@@ -738,20 +829,19 @@ class Scheduler:
                 continue
             # put back every victim that is not needed, most protected first
             for v in reversed(released[:-1]):
-                view.add(v.allocation, -1)
+                view.add(book.held(v), -1)
                 if view.fits():
                     released.remove(v)
                 else:
-                    view.add(v.allocation, 1)
+                    view.add(book.held(v), 1)
             chosen = released
             if kind == "reclaim":  # victim queues keep their guarantee
                 taken.clear()
                 for v in chosen:
-                    assert v.allocation is not None
-                    taken[v.queue] = _add(taken[v.queue], allocation_resources(v.allocation))
+                    taken[v.queue] = _add(taken[v.queue], allocation_resources(book.held(v)))
                 if any(allocated[vq][0] - t[0] < guarantee[vq][0] for vq, t in taken.items()):
                     continue
-            freed = sum(sum(v.allocation.gpu_milli) for v in chosen if v.allocation)
+            freed = sum(sum(book.held(v).gpu_milli) for v in chosen)
             key = (max(v.priority for v in chosen), len(chosen), freed, int(rank[node]))
             if best is None or key < best.key:
                 best = _Victims(node, chosen, key)
@@ -788,3 +878,22 @@ class Scheduler:
             return None
         free = work.gpu_free_total[candidates]
         return int(candidates[np.argmax(free)])
+
+
+def _holder(
+    work: ClusterState,
+    request: Request,
+    exclude: np.ndarray | None,
+    holds: Mapping[str, Hold],
+) -> Hold | None:
+    """The reservation that keeps ``request`` off free capacity that would fit it (a node
+    left out of this placement), or None."""
+    if exclude is None:
+        return None
+    ok, _ = work.feasible(request)
+    for i in np.flatnonzero(ok & exclude):
+        name = work.node_names[int(i)]
+        for hold in holds.values():
+            if hold.node == name:
+                return hold
+    return None

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fgpu.model.types import InvalidRequestError, Node, Request
+from fgpu.model.types import Allocation, InvalidRequestError, Node, Request
 from fgpu.sched.frag import TargetWorkload, TaskType
+from fgpu.sched.squeeze import held_allocation
 from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Workload
 
@@ -26,7 +27,8 @@ def state_with(
     workloads: Sequence[Workload],
     on_error: Callable[[Workload, InvalidRequestError], None],
 ) -> ClusterState:
-    """The cluster with every running workload's allocation applied (terminating ones too).
+    """The cluster with every running workload's allocation applied (terminating ones too);
+    a squeezed workload holds its CPU and memory but no compute.
 
     A workload whose allocation does not fit the nodes (they changed under it) is passed to
     ``on_error`` and left out; the round goes on.
@@ -35,10 +37,26 @@ def state_with(
     for w in workloads:
         if w.allocation is not None:
             try:
-                state.allocate(w.request, w.allocation.node, w.allocation.gpus)
+                apply_running(state, w)
             except InvalidRequestError as exc:
                 on_error(w, exc)
     return state
+
+
+def apply_running(state: ClusterState, w: Workload) -> Allocation:
+    """Apply running ``w`` to ``state`` and return what it holds there: its allocation
+    (checked against its request), or, when it is squeezed, its CPU and memory without
+    compute (:func:`fgpu.sched.squeeze.held_allocation`).
+
+    Raises:
+        InvalidRequestError: it does not fit; nothing changes then.
+    """
+    assert w.allocation is not None
+    if w.squeezed:
+        held = held_allocation(w)
+        state.occupy(held)
+        return held
+    return state.allocate(w.request, w.allocation.node, w.allocation.gpus)
 
 
 def target_key(workloads: Sequence[Workload], window: int = TARGET_WINDOW) -> tuple[Request, ...]:

@@ -379,6 +379,68 @@ class ClusterState:
         self.gpu_free_total[node] += sum(allocation.gpu_milli)
         self.version[node] = next(_VERSIONS)
 
+    def occupy(self, allocation: Allocation) -> None:
+        """Take exactly what ``allocation`` holds (the reverse of :meth:`release`).
+
+        Raises:
+            InvalidRequestError: something it holds is not free; nothing changes then.
+        """
+        node = allocation.node
+        if (
+            self.cpu_free[node] < allocation.cpu_milli
+            or self.memory_free[node] < allocation.memory_mib
+        ):
+            raise InvalidRequestError("allocation", f"{self.node_names[node]} lacks CPU or memory")
+        for g, m, mem in zip(
+            allocation.gpus, allocation.gpu_milli, allocation.gpu_memory_mib, strict=True
+        ):
+            if self.gpu_free_milli[node, g] < m or self.gpu_free_memory[node, g] < mem:
+                raise InvalidRequestError(
+                    "gpus", f"GPU {g} of {self.node_names[node]} lacks {m} milli / {mem} MiB"
+                )
+        self.cpu_free[node] -= allocation.cpu_milli
+        self.memory_free[node] -= allocation.memory_mib
+        for g, m, mem in zip(
+            allocation.gpus, allocation.gpu_milli, allocation.gpu_memory_mib, strict=True
+        ):
+            self.gpu_free_milli[node, g] -= m
+            self.gpu_free_memory[node, g] -= mem
+        self.gpu_free_total[node] -= sum(allocation.gpu_milli)
+        self.version[node] = next(_VERSIONS)
+
+    def suspend_compute(self, allocation: Allocation) -> None:
+        """Give back the compute ``allocation`` holds, keeping its CPU and memory (it is
+        squeezed: :mod:`fgpu.sched.squeeze`).
+
+        Raises:
+            InvalidRequestError: the compute would exceed a GPU's capacity (not held).
+        """
+        node = allocation.node
+        for g, m in zip(allocation.gpus, allocation.gpu_milli, strict=True):
+            if self.gpu_free_milli[node, g] + m > self.gpu_milli_capacity[node, g]:
+                raise InvalidRequestError("allocation", "suspending compute that is not held")
+        for g, m in zip(allocation.gpus, allocation.gpu_milli, strict=True):
+            self.gpu_free_milli[node, g] += m
+        self.gpu_free_total[node] += sum(allocation.gpu_milli)
+        self.version[node] = next(_VERSIONS)
+
+    def resume_compute(self, allocation: Allocation) -> None:
+        """Take the compute of ``allocation`` again (the end of a squeeze).
+
+        Raises:
+            InvalidRequestError: a GPU lacks that compute free; nothing changes then.
+        """
+        node = allocation.node
+        for g, m in zip(allocation.gpus, allocation.gpu_milli, strict=True):
+            if self.gpu_free_milli[node, g] < m:
+                raise InvalidRequestError(
+                    "gpus", f"GPU {g} of {self.node_names[node]} lacks {m} milli"
+                )
+        for g, m in zip(allocation.gpus, allocation.gpu_milli, strict=True):
+            self.gpu_free_milli[node, g] -= m
+        self.gpu_free_total[node] -= sum(allocation.gpu_milli)
+        self.version[node] = next(_VERSIONS)
+
 
 def withhold(
     state: ClusterState,

@@ -81,6 +81,9 @@ class QueueSpec:
             queues keep their quota but get surplus only when no weighted queue wants more.
         priority: queue priority (higher gets surplus first, then reclaim ordering).
         parent: parent queue name, or None for a top-level queue.
+        squeeze: squeeze before evict for preemption inside this queue (DESIGN.md section
+            5, :mod:`fgpu.sched.squeeze`): True on, False off (evict as before), None
+            (default) as the scheduler's :attr:`SchedulerConfig.squeeze`.
 
     Raises:
         InvalidRequestError: negative quota or weight, a limit below the quota, an empty
@@ -93,6 +96,7 @@ class QueueSpec:
     over_quota_weight: float = 1.0
     priority: int = 0
     parent: str | None = None
+    squeeze: bool | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -207,6 +211,11 @@ class Workload:
         nodes: the names of the nodes it may use (its node constraints: on Kubernetes the
             pod's node selector, required node affinity and tolerated taints); None: any
             node. A frozenset of names; names of no node are ignored.
+        squeezed: a running workload whose compute a higher-priority workload of its queue
+            took instead of evicting it (:mod:`fgpu.sched.squeeze`): it keeps its processes,
+            memory and CPU; the cluster state counts none of its compute.
+        squeezed_by: the ids of the workloads that took its compute (may be empty while it
+            waits for its compute after they ended).
 
     Raises:
         InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``).
@@ -222,6 +231,8 @@ class Workload:
     started_at: float | None = None
     terminating: bool = False
     nodes: frozenset[str] | None = None
+    squeezed: bool = False
+    squeezed_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         nodes: object = self.nodes
@@ -264,6 +275,25 @@ class Preempt:
 
 
 @dataclass(frozen=True, slots=True)
+class Squeeze:
+    """``workload`` is squeezed (or stays squeezed) by ``by``: it keeps running with its
+    memory, but its compute is lent to them (:mod:`fgpu.sched.squeeze`). Also sent when the
+    set of squeezers changes."""
+
+    workload: str
+    by: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unsqueeze:
+    """``workload`` gets its compute back (the release of a squeeze)."""
+
+    workload: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Wait:
     """``workload`` stays pending; ``reason`` says why, for users."""
 
@@ -271,7 +301,7 @@ class Wait:
     reason: str
 
 
-Action = Place | Preempt | Wait
+Action = Place | Preempt | Squeeze | Unsqueeze | Wait
 
 
 @dataclass(frozen=True, slots=True)

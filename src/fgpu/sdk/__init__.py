@@ -35,6 +35,11 @@ from collections.abc import Iterator
 
 from fgpu.sdk.wire import Message, encode
 
+PYTHONPATH_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pythonpath")
+"""Put first on each workload's ``PYTHONPATH`` by the launcher: ``import fgpu.sdk`` then
+works in whatever Python the workload runs, fgpu installed there or not (a stand-in ``fgpu``
+package that looks its modules up in this installation)."""
+
 SOCKET_ENV = "FGPU_AGENT_SOCKET"
 WORKLOAD_ENV = "FGPU_WORKLOAD_ID"
 

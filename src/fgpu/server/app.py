@@ -13,7 +13,8 @@ Identity:
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token
   configured, such requests are refused. Only ``/v1/healthz`` answers without it; the
-  OpenAPI document (``/openapi.json``) and ``/docs`` need it too.
+  OpenAPI document (``/openapi.json``), ``/docs``, ``/metrics`` (Prometheus) and the
+  dashboard (``/ui``, :mod:`fgpu.server.dashboard`) need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
 (:class:`fgpu.rules.errors.ServiceError`) with their status, request validation errors
@@ -33,12 +34,14 @@ from typing import Annotated, Any, Literal, Protocol
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
+from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
+from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_value
 from fgpu.server.service import Caller
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 from fgpu.wire import (
@@ -77,7 +80,7 @@ class ServiceApi(Protocol):
     async def stop(self) -> None: ...
     def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView: ...
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
-    def get_workload(self, workload_id: str) -> WorkloadDetail: ...
+    def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
     def list_queues(self) -> list[QueueView]: ...
@@ -86,6 +89,7 @@ class ServiceApi(Protocol):
     def delete_queue(self, caller: Caller, name: str) -> None: ...
     def nodes(self) -> list[NodeView]: ...
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]: ...
+    def change_token(self) -> tuple[object, ...]: ...
 
 
 def _refusal(status: int, field: str, reason: str) -> Any:
@@ -136,6 +140,8 @@ def _install_error_handlers(app: FastAPI) -> None:
                 status_code=405,
                 headers={"Allow": ", ".join(allowed)},
             )
+        if exc.status_code == 401 and request.url.path in ("/ui", "/ui/"):
+            return RedirectResponse("/ui/login", status_code=303)  # a browser: type the token
         if not (isinstance(detail, dict) and {"field", "reason"} <= detail.keys()):
             detail = {"field": "path" if exc.status_code == 404 else "", "reason": detail}
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
@@ -188,6 +194,16 @@ def current_caller(request: Request) -> Caller:
             )
         return Caller(uid=uid, admin=settings.is_admin(uid))
     unauthorized = {"WWW-Authenticate": "Bearer"}
+    session = request.cookies.get(SESSION_COOKIE)
+    if (
+        session is not None
+        and settings.token is not None
+        and request.method == "GET"
+        and request.url.path.startswith("/ui")
+        and "authorization" not in request.headers
+        and hmac.compare_digest(session.encode(), session_value(settings.token).encode())
+    ):  # the dashboard's cookie: read-only pages only
+        return Caller(uid=settings.token_uid, admin=settings.is_admin(settings.token_uid))
     if settings.token is None:
         closed = {"field": "authorization", "reason": "this server answers only on its Unix socket"}
         raise HTTPException(401, closed, unauthorized)
@@ -202,7 +218,12 @@ def current_caller(request: Request) -> Caller:
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
 WorkloadId = Annotated[
-    str, Path(min_length=1, max_length=ID_LENGTH, description="the workload's id")
+    str,
+    Path(
+        min_length=1,
+        max_length=max(ID_LENGTH, NAME_LENGTH),
+        description="the workload's id, a unique prefix of it, or its name",
+    ),
 ]
 QueueName = Annotated[
     str, Path(min_length=1, max_length=NAME_LENGTH, description="the queue's name")
@@ -356,9 +377,9 @@ def create_app(
         return service.submit(caller, body)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])
-    def get_workload(workload_id: WorkloadId) -> WorkloadDetail:
+    def get_workload(workload_id: WorkloadId, caller: CallerDep) -> WorkloadDetail:
         """One workload: request, placement, events and, while pending, why it waits."""
-        return service.get_workload(workload_id)
+        return service.get_workload(workload_id, caller)
 
     @api.post("/workloads/{workload_id}/cancel", tags=["workloads"])
     def cancel(workload_id: WorkloadId, caller: CallerDep) -> WorkloadView:
@@ -433,6 +454,16 @@ def create_app(
     def openapi_document() -> dict[str, Any]:
         """The OpenAPI document (the caller must be known, as for ``/v1``)."""
         return app.openapi()
+
+    exporter = getattr(service, "metrics", None)
+    if isinstance(exporter, Exporter):
+
+        @app.get("/metrics", include_in_schema=False, dependencies=[Depends(current_caller)])
+        def metrics() -> Response:
+            """Prometheus series (``fgpu_*``, :mod:`fgpu.server.metrics`)."""
+            return Response(exporter.exposition(), media_type=CONTENT_TYPE)
+
+    mount_dashboard(app, service)
 
     @app.get("/docs", include_in_schema=False, dependencies=[Depends(current_caller)])
     def docs() -> HTMLResponse:

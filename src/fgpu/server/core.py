@@ -22,7 +22,6 @@ from fgpu.agent.process import ProcessHandle
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
-from fgpu.rules.errors import NotFoundError
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET
@@ -32,7 +31,9 @@ from fgpu.server.enforcement import Enforcement, EnforcementConfig
 from fgpu.server.enforcing import EnforcementHooks
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
+from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
+from fgpu.server.naming import resolve
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, StoreConflict
@@ -62,6 +63,7 @@ class _Tracked:
         def write(*args: Any, **kwargs: Any) -> WorkloadRecord:
             record: WorkloadRecord = method(*args, **kwargs)
             self._service._sync(record)
+            self._service.metrics.wrote(name, record)
             return record
 
         return write
@@ -165,8 +167,10 @@ class ServiceCore(EnforcementHooks):
         self._stopping = False
         self._round_s = 0.0
         self._active: dict[str, Workload] | None = None
+        self._records: dict[str, WorkloadRecord] = {}  # the mirror's records, as stored
         self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
         self._mirror_lock = threading.Lock()
+        self._names_lock = threading.Lock()  # a name's check and its submission, together
         self._tracked = _Tracked(self)
         self._state_lock: IO[str] | None = None
         self._db_claim: DatabaseClaim | None = None
@@ -174,6 +178,7 @@ class ServiceCore(EnforcementHooks):
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
+        self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {
             d.uuid: d.memory_mib for devices in self.machine.devices.values() for d in devices
@@ -193,6 +198,7 @@ class ServiceCore(EnforcementHooks):
             fake_driver=fake_driver,
             interposer_off_reason=interposer_note,
         )
+        self.enforcement.events.subscribe(self.metrics.agent_event)
 
     # ----------------------------------------------------------------- composition
     @classmethod
@@ -341,8 +347,22 @@ class ServiceCore(EnforcementHooks):
                     self._mirror(record, index)
             return list(self._active.values())
 
+    def _active_records(self) -> list[WorkloadRecord]:
+        """Active workloads (core and MIG) as stored, in submission order, from the mirror
+        (no store read once it is loaded): what listings, ``/metrics`` and the dashboard
+        show."""
+        self._workloads()  # loads the mirror once
+        with self._mirror_lock:
+            records = list(self._records.values())
+        records.sort(key=lambda r: (r.submitted_at, r.id))
+        return records
+
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None
+        if record.is_active:
+            self._records[record.id] = record
+        else:
+            self._records.pop(record.id, None)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
                 self._mig_active[record.id] = record
@@ -377,11 +397,19 @@ class ServiceCore(EnforcementHooks):
     def _is_admin(self, caller: Caller) -> bool:
         return caller.admin or caller.uid == 0 or caller.uid in self.admins
 
-    def _get(self, workload_id: str) -> WorkloadRecord:
+    def _get(self, workload_id: str, caller_uid: int | None = None) -> WorkloadRecord:
+        """The workload an id, a unique id prefix or a name means
+        (:func:`fgpu.server.naming.resolve`; the caller's own names first).
+
+        Raises:
+            NotFoundError: nothing fits; BadRequest: several fit (listed).
+        """
         try:
             return self.store.get(workload_id)
         except NotFound:
-            raise NotFoundError("id", f"no workload {workload_id!r}") from None
+            pass
+        uid = os.geteuid() if caller_uid is None else caller_uid
+        return resolve(workload_id, self.store.list_workloads(), uid)
 
 
 __all__ = ["DEFAULT_QUEUE", "Caller", "ServiceCore", "claim_state_dir", "default_state_dir"]

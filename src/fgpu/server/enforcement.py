@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fgpu.agent.backend import GpuBackend
+from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
 from fgpu.agent.events import AgentEvent, EventLog
 from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import detect_freezer
@@ -209,6 +209,8 @@ class Enforcement:
             pids_of=self._pids,
         )
         self._started = False
+        if isinstance(backend, SimulatedBackend) and config.governor:
+            backend.estimate_utilization(self.estimated_utilization)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -464,6 +466,35 @@ class Enforcement:
         if not self.config.governor:
             return {}
         return {v.workload_id: v for v in self.governor.snapshot().workloads}
+
+    def estimated_utilization(self) -> dict[str, int]:
+        """GPU uuid -> percent busy as the governor sees it: the run time its busy workloads
+        received over the last minute, summed and capped at 100 (0 for an idle GPU). The
+        figure simulated GPUs show, where nothing measures the device."""
+        busy = dict.fromkeys(self._device_mib, 0)
+        for view in self.governor.snapshot().workloads:
+            for uuid in view.gpu_uuids:
+                if uuid in busy:
+                    busy[uuid] += view.achieved_milli
+        return {uuid: min(100, milli // 10) for uuid, milli in busy.items()}
+
+    def used_memory(
+        self, handles: Mapping[str, ProcessHandle], procs: Sequence[GpuProcess]
+    ) -> dict[tuple[str, str], int]:
+        """(workload id, GPU uuid) -> MiB its processes hold there, for the running
+        ``handles``, from the backend's ``procs`` (NVML per process; simulated GPUs: what
+        the workloads reported)."""
+        owner: dict[int, str] = {}
+        for workload_id, handle in handles.items():
+            for pid in self._pids(handle):
+                owner[pid] = workload_id
+        used: dict[tuple[str, str], int] = {}
+        for proc in procs:
+            found = owner.get(proc.pid)
+            if found is not None:
+                key = (found, proc.gpu_uuid)
+                used[key] = used.get(key, 0) + proc.used_mib
+        return used
 
     # -------------------------------------------------------------------- private
     def _pids(self, handle: ProcessHandle) -> list[int]:

@@ -21,11 +21,14 @@ from fgpu.sched.workload import (
     Place,
     Preempt,
     Resources,
+    Squeeze,
+    Unsqueeze,
     Wait,
     Workload,
 )
 from fgpu.server.mig_pool import MigCandidate
 from fgpu.server.recovery import Recovery
+from fgpu.server.squeezing import record_squeeze
 from fgpu.store.records import WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
@@ -92,6 +95,7 @@ class SchedulingLoop(Recovery):
                 started = time.perf_counter()
                 await asyncio.to_thread(self.schedule_once)
                 self._round_s = time.perf_counter() - started
+                self.metrics.events.round_seconds.observe(self._round_s)
             except Exception:  # keep serving; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
 
@@ -111,6 +115,9 @@ class SchedulingLoop(Recovery):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._stop(action.victim, action.reason)
+                    self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Squeeze | Unsqueeze):
+                    record_squeeze(self._tracked, action)
             try:
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries

@@ -27,7 +27,7 @@ from typing import Annotated
 
 import typer
 
-from fgpu.wire import SOCKET_ENV, default_socket_path
+from fgpu.addresses import SOCKET_ENV, default_socket_path
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -130,6 +130,13 @@ def serve(
     token_file: Annotated[
         Path | None, typer.Option(help="File whose first line is the bearer token for --listen.")
     ] = None,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="Also serve Prometheus metrics (only /metrics, no token) on HOST:PORT.",
+            show_default=False,
+        ),
+    ] = None,
     token_user: Annotated[
         str | None,
         typer.Option(
@@ -172,6 +179,15 @@ def serve(
         list[str] | None,
         typer.Option(help="A uid or user name that may manage queues and all work; repeatable."),
     ] = None,
+    squeeze: Annotated[
+        bool,
+        typer.Option(
+            "--squeeze/--no-squeeze",
+            help="Squeeze before evict: higher-priority work shares a GPU with lower work of "
+            "its queue (which pauses while it is busy) where memory allows, instead of "
+            "evicting it; --no-squeeze evicts. Queues may choose for themselves.",
+        ),
+    ] = True,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -185,7 +201,8 @@ def serve(
         str,
         typer.Option(
             help="How a shared GPU's time is divided: fair (shares are minimums, idle time "
-            "goes to busy workloads) or strict (each gets its share, no more).",
+            "goes to busy workloads; a lone one runs freely) or strict (each gets its share, no "
+            "more, alone or not).",
             rich_help_panel="On the GPU",
         ),
     ] = "fair",
@@ -250,6 +267,8 @@ def serve(
             log_level=log_level,
             interposer=interposer,
             fake_driver=fake_driver,
+            metrics_listen=metrics_listen,
+            squeeze=squeeze,
         )
     )
 
@@ -275,6 +294,8 @@ def run_serve(
     fake_driver: bool = False,
     tls_files: tuple[Path | None, Path | None] = (None, None),
     tokens_in_clear: bool = False,
+    metrics_listen: str | None = None,
+    squeeze: bool = True,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -326,6 +347,19 @@ def run_serve(
             raise ServeOptionError("--tokens-in-clear is only used with --listen")
         elif token_user is not None:
             raise ServeOptionError("--token-user is only used with --listen")
+        metrics_address = None
+        if metrics_listen is not None:
+            from fgpu.metrics.http import parse_address
+
+            try:
+                metrics_address = parse_address(metrics_listen)
+            except ValueError as exc:
+                raise ServeOptionError(f"--metrics-listen: {exc}") from None
+            if address is not None and metrics_address == address:
+                raise ServeOptionError(
+                    f"--metrics-listen: {metrics_listen!r} is the --listen address; give "
+                    "another port (the API serves /metrics itself, with the token)"
+                )
         admin_uids = resolve_admins(admins)
         enforcement = (
             enforcement[0].strip().lower(),
@@ -370,6 +404,8 @@ def run_serve(
         interposer,
         fake_driver,
         tls,
+        metrics_address,
+        squeeze,
     )
 
 
@@ -439,11 +475,14 @@ def _start(
     interposer: str = "auto",
     fake_driver: bool = False,
     tls: ssl.SSLContext | None = None,
+    metrics_address: tuple[str, int] | None = None,
+    squeeze: bool = True,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
+    from fgpu.sched.decide import SchedulerConfig
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
@@ -478,6 +517,7 @@ def _start(
                 interposer=InterposerMode(interposer),
             ),
             fake_driver=fake_driver,
+            config=SchedulerConfig(squeeze=squeeze),
         )
     except (ValueError, ArgumentError) as exc:
         server.release()
@@ -490,7 +530,24 @@ def _start(
     except BaseException:
         server.release()
         raise
+    metrics_server = None
+    if metrics_address is not None:
+        from fgpu.metrics.http import serve_metrics
+
+        try:
+            metrics_server, _ = serve_metrics(service.metrics.exposition, metrics_address)
+        except OSError as exc:
+            server.release()
+            host, port = metrics_address
+            _error(f"--metrics-listen: cannot listen on {host}:{port}: {exc}")
+            return 2
+        log.info("serving metrics on http://%s:%d/metrics", *metrics_address)
     log.info("serving the API on %s (pid %d)", path, os.getpid())
-    server.run(create_app(service, token=token, token_uid=token_uid))
+    try:
+        server.run(create_app(service, token=token, token_uid=token_uid))
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
     log.info("stopped")
     return 0

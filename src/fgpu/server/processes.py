@@ -199,6 +199,7 @@ class ProcessControl(ServiceCore):
             return
         if record.phase not in ("running", "paused"):
             return
+        code = shell_exit_code(code)
         over_quota = self._fail_reasons.pop(workload_id, None)
         if over_quota is not None:
             self._tracked.mark_finished(
@@ -240,4 +241,12 @@ class ProcessControl(ServiceCore):
         os.replace(tmp, path)
 
 
-__all__ = ["ProcessControl"]
+def shell_exit_code(code: int | None) -> int | None:
+    """An exit status as shells report it: a process ended by signal N (``-N`` from
+    :mod:`subprocess`) is ``128 + N`` (143 for SIGTERM, 137 for SIGKILL)."""
+    if code is not None and code < 0:
+        return 128 - code
+    return code
+
+
+__all__ = ["ProcessControl", "shell_exit_code"]

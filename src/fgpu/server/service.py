@@ -33,7 +33,6 @@ the API routes call.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -46,9 +45,12 @@ from fgpu.sched.workload import Resources
 from fgpu.server import views
 from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
+from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
+from fgpu.server.naming import base_name, check_name_free, unique_name
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.records import ACTIVE_PHASES, QueueConfig
+from fgpu.store.records import ACTIVE_PHASES, QueueConfig, QueueRecord, WorkloadRecord
+from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import (
     EnforcementLayer,
     EventView,
@@ -115,23 +117,32 @@ class Service(SchedulingLoop):
         )
         if sub.mig_request is None:
             self._check_could_fit(request)
-        try:
-            record = self._tracked.submit(
-                owner_uid=caller.uid,
-                queue=body.queue,
-                request=request,
-                argv=sub.argv,
-                name=sub.name,
-                priority=sub.priority,
-                preemptible=body.preemptible,
-                shell=body.shell,
-                cwd=body.cwd,
-                env=body.env,
-                grace_s=body.grace_s,
-                mig_request=sub.mig_request,
-            )
-        except InvalidRequestError as exc:
-            raise BadRequest(exc.field, exc.reason) from None
+        with self._names_lock:  # names are unique among the owner's active workloads
+            own = self.store.list_workloads(ACTIVE_PHASES, owner_uid=caller.uid)
+            if body.name:
+                name = sub.name
+                check_name_free(name, own)
+            else:
+                name = unique_name(
+                    base_name(sub.argv, body.shell), (r.name for r in own), NAME_LENGTH
+                )
+            try:
+                record = self._tracked.submit(
+                    owner_uid=caller.uid,
+                    queue=body.queue,
+                    request=request,
+                    argv=sub.argv,
+                    name=name,
+                    priority=sub.priority,
+                    preemptible=body.preemptible,
+                    shell=body.shell,
+                    cwd=body.cwd,
+                    env=body.env,
+                    grace_s=body.grace_s,
+                    mig_request=sub.mig_request,
+                )
+            except InvalidRequestError as exc:
+                raise BadRequest(exc.field, exc.reason) from None
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 
@@ -179,22 +190,31 @@ class Service(SchedulingLoop):
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
-        phases = None if include_done else ACTIVE_PHASES
-        return [
-            views.workload(r, self._reasons.get(r.id)) for r in self.store.list_workloads(phases)
-        ]
+        reasons = self._reasons
+        states = self._gpu_states()
+        records = self.store.list_workloads() if include_done else self._active_records()
+        return [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
 
-    def get_workload(self, workload_id: str) -> WorkloadDetail:
-        """One workload with its events and, while pending, why it waits.
+    def _gpu_states(self) -> dict[str, str]:
+        """The governor's state of each governed workload (running, frozen-by-share,
+        frozen-by-priority), by id."""
+        return {wid: str(v.state) for wid, v in self.enforcement.views().items()}
+
+    def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail:
+        """One workload with its events and, while pending, why it waits. ``workload_id``
+        may be a unique id prefix or a name (the caller's own first; see
+        :func:`fgpu.server.naming.resolve`).
 
         Raises:
-            NotFoundError: unknown id.
+            NotFoundError: unknown id; BadRequest: a prefix or name of several (listed).
         """
-        record = self._get(workload_id)
-        events = self.store.events(workload_id)
-        detail = views.detail(record, self._reasons.get(workload_id), events)
+        record = self._get(workload_id, caller.uid if caller else None)
+        events = self.store.events(record.id)
+        detail = views.detail(
+            record, self._reasons.get(record.id), events, self._gpu_states().get(record.id)
+        )
         if record.phase in ("running", "paused"):
-            detail.enforcement = self.enforcement.describe(workload_id)
+            detail.enforcement = self.enforcement.describe(record.id)
         return detail
 
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
@@ -203,6 +223,7 @@ class Service(SchedulingLoop):
         Raises:
             NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
         """
+        workload_id = self._get(workload_id, caller.uid).id
         with self._lock:
             try:
                 record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
@@ -226,14 +247,13 @@ class Service(SchedulingLoop):
         """
         if stream not in ("stdout", "stderr"):
             raise BadRequest("stream", "must be stdout or stderr")
-        record = self._get(workload_id)
+        record = self._get(workload_id, caller.uid)
         if record.owner_uid != caller.uid and not self._is_admin(caller):
             raise Forbidden(
                 "id",
-                f"workload {workload_id} belongs to uid {record.owner_uid}; its logs are "
-                "its owner's",
+                f"workload {record.id} belongs to uid {record.owner_uid}; its logs are its owner's",
             )
-        return self.log_dir / workload_id / f"{stream}.log"
+        return self.log_dir / record.id / f"{stream}.log"
 
     # -------------------------------------------------------------------- queues
     def _queue_change(
@@ -265,13 +285,13 @@ class Service(SchedulingLoop):
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config), config)
-        return self._queue_view(config.name).model_copy(update={"warnings": self._warnings()})
+        return self._queue_named(config.name).model_copy(update={"warnings": self._warnings()})
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config), config)
-        return self._queue_view(name).model_copy(update={"warnings": self._warnings()})
+        return self._queue_named(name).model_copy(update={"warnings": self._warnings()})
 
     def _warnings(self) -> list[str]:
         """Warnings about the queue configuration as it now stands (GPUs only: queues are
@@ -287,46 +307,32 @@ class Service(SchedulingLoop):
 
     def list_queues(self) -> list[QueueView]:
         """Every queue with its quota, fair share and use."""
-        return [self._queue_view(q.name) for q in self.store.list_queues()]
+        active: dict[str, list[WorkloadRecord]] = {}
+        for r in self._active_records():
+            active.setdefault(r.queue, []).append(r)
+        return [self._queue_view(q, active.get(q.name, [])) for q in self.store.list_queues()]
 
-    def _queue_view(self, name: str) -> QueueView:
+    def _queue_view(self, record: QueueRecord, active: list[WorkloadRecord]) -> QueueView:
+        last = self._last
+        fair = last.fair_share.get(record.name) if last else None
+        return views.queue(record, active, fair.gpu_milli if fair else 0)
+
+    def _queue_named(self, name: str) -> QueueView:
         try:
             record = self.store.get_queue(name)
         except NotFound:
             raise NotFoundError("name", f"no queue {name!r}") from None
-        records = self.store.list_workloads(ACTIVE_PHASES, queue=name)
-        last = self._last
-        fair = last.fair_share.get(name) if last else None
-        return views.queue(record, records, fair.gpu_milli if fair else 0)
+        return self._queue_view(record, [r for r in self._active_records() if r.queue == name])
 
     # ---------------------------------------------------------------- nodes, events
     def nodes(self) -> list[NodeView]:
         """Nodes and GPUs with the shares they hold and, where known, live use."""
-        running = self.store.list_workloads(("running", "paused"))
-        usage: dict[str, int] = {}
-        with contextlib.suppress(Exception):
-            for proc in self.backend.process_memory():
-                usage[proc.gpu_uuid] = usage.get(proc.gpu_uuid, 0) + proc.used_mib
-        util: dict[str, int] = {}
-        with contextlib.suppress(Exception):
-            util = self.backend.utilization()
-        governed = self.enforcement.views()
+        running = [r for r in self._active_records() if r.holds_allocation]
+        live = read_live(self.backend, self.enforcement, dict(self._handles))
         layers = self.enforcement.layers()
+        kind = self.backend.kind
         shared = [
-            views.with_enforcement(
-                views.with_governor(
-                    views.node(
-                        node,
-                        self.machine.devices[node.name],
-                        running,
-                        usage,
-                        util,
-                        self.backend.kind,
-                    ),
-                    governed,
-                ),
-                {d.uuid: layers for d in self.machine.devices[node.name]},
-            )
+            views.node(node, self.machine.devices[node.name], running, live, kind, layers)
             for node in self.machine.nodes
         ]
         if not self.mig.gpus:
@@ -339,12 +345,23 @@ class Service(SchedulingLoop):
             )
         ]
         try:
-            pool = views.mig_node(self.mig, running, usage, util, self.backend.kind)
+            pool = views.mig_node(
+                self.mig, running, live.gpu_used_mib, live.utilization, self.backend.kind
+            )
             pool = views.with_enforcement(pool, {g.uuid: mig_layer for g in pool.gpus})
             return [*shared, pool]
         except Exception:  # a device error must not take the whole listing down
             log.exception("reading the MIG instances failed")
             return shared
+
+    def change_token(self) -> tuple[object, ...]:
+        """A value that changes whenever a listing may show something new, live figures
+        apart: a workload written, the queues changed, a round's wait reasons or fair
+        shares. No store read (the dashboard asks several times a second)."""
+        last = self._last
+        fair = sorted((q, r.gpu_milli) for q, r in last.fair_share.items()) if last else []
+        reasons = sorted(self._reasons.items())
+        return (self.metrics.writes, self._queue_tree(), tuple(reasons), tuple(fair))
 
     def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after ``after_id`` (all when None), oldest first."""

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from fgpu.agent.backend import GpuDevice
 from fgpu.agent.governor.runtime import WorkloadView as GovernorView
 from fgpu.mig.catalog import instance_milli
 from fgpu.model.types import Node
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
+from fgpu.server.live import LiveFigures
 from fgpu.server.mig_pool import MigPool
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
+    TERMINAL_PHASES,
     EnforcementLayer,
     EventView,
     GpuGrant,
@@ -26,12 +29,16 @@ from fgpu.wire import (
 )
 
 
-def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
-    """The list view; a pending workload's reason is why it waits (last round)."""
+def workload(
+    record: WorkloadRecord, wait_reason: str | None, gpu_state: str | None = None
+) -> WorkloadView:
+    """The list view; a pending workload's reason is why it waits (last round). A finished
+    workload shows where it last ran. ``gpu_state``: the governor's state of a running one
+    (:class:`fgpu.agent.governor.plan.RunState`), where it is governed."""
     r = record.request
     grants: list[GpuGrant] = []
     a = record.allocation
-    if a is not None and record.holds_allocation:
+    if a is not None and (record.holds_allocation or record.phase in TERMINAL_PHASES):
         uuids = a.gpu_uuids or ("",) * len(a.gpus)
         mig = a.mig
         grants = [
@@ -80,8 +87,11 @@ def workload(record: WorkloadRecord, wait_reason: str | None) -> WorkloadView:
         finished_at=record.finished_at,
         exit_code=record.exit_code,
         stopping=record.holds_allocation and record.stop_requested_at is not None,
+        gpu_state=gpu_state if record.holds_allocation else None,
         reason=reason,
         restarts=record.restarts,
+        squeezed=record.holds_allocation and record.squeezed_by is not None,
+        squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
     )
 
 
@@ -98,10 +108,13 @@ def event(record: EventRecord) -> EventView:
 
 
 def detail(
-    record: WorkloadRecord, wait_reason: str | None, events: Sequence[EventRecord]
+    record: WorkloadRecord,
+    wait_reason: str | None,
+    events: Sequence[EventRecord],
+    gpu_state: str | None = None,
 ) -> WorkloadDetail:
     """The describe view: the workload and its events."""
-    base = workload(record, wait_reason)
+    base = workload(record, wait_reason, gpu_state)
     return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
 
 
@@ -125,6 +138,7 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         members=list(c.members),
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
+        squeeze=c.squeeze,
     )
 
 
@@ -134,13 +148,14 @@ def _gpu_view(
     used_mib: Mapping[str, int],
     utilization: Mapping[str, int],
 ) -> GpuView:
-    """One GPU with its holders (allocated = what they hold) and live figures."""
+    """One GPU with its holders (allocated = what they hold, squeezed workloads' compute not
+    counted: it is lent to the workloads that squeezed them) and live figures."""
     return GpuView(
         index=device.index,
         uuid=device.uuid,
         model=device.model,
         memory_mib=device.memory_mib,
-        allocated_milli=sum(h.compute_milli for h in holders),
+        allocated_milli=sum(h.compute_milli for h in holders if h.squeezed_by is None),
         allocated_memory_mib=sum(h.memory_mib for h in holders),
         holders=holders,
         used_memory_mib=used_mib.get(device.uuid),
@@ -152,23 +167,38 @@ def node(
     spec: Node,
     devices: Sequence[GpuDevice],
     running: Sequence[WorkloadRecord],
-    used_mib: Mapping[str, int],
-    utilization: Mapping[str, int],
+    live: LiveFigures,
     backend: str,
+    layers: list[EnforcementLayer] | None = None,
 ) -> NodeView:
-    """A node with each GPU's holders."""
-    gpus: list[GpuView] = []
-    for index, device in enumerate(devices):
-        holders = [
-            GpuHolder(workload_id=w.id, name=w.name, compute_milli=m, memory_mib=mm)
-            for w in running
-            if w.allocation is not None and w.allocation.node_name == spec.name
-            for g, m, mm in zip(
-                w.allocation.gpus, w.allocation.gpu_milli, w.allocation.gpu_memory_mib, strict=True
+    """A node with each GPU's holders, their governor state and measured memory, in one
+    pass over ``running``; each GPU shows ``layers`` (its enforcement mechanisms)."""
+    by_gpu: dict[int, list[GpuHolder]] = {}
+    uuids = [d.uuid for d in devices]
+    for w in running:
+        a = w.allocation
+        if a is None or a.node_name != spec.name:
+            continue
+        v = live.governed.get(w.id)
+        for g, m, mm in zip(a.gpus, a.gpu_milli, a.gpu_memory_mib, strict=True):
+            uuid = uuids[g] if g < len(uuids) else ""
+            by_gpu.setdefault(g, []).append(
+                GpuHolder(
+                    workload_id=w.id,
+                    name=w.name,
+                    compute_milli=m,
+                    memory_mib=mm,
+                    used_memory_mib=live.holder_used_mib.get((w.id, uuid), 0),
+                    squeezed_by=None if w.squeezed_by is None else list(w.squeezed_by),
+                    **governor_fields(v, uuid),
+                )
             )
-            if g == index
-        ]
-        gpus.append(_gpu_view(device, holders, used_mib, utilization))
+    gpus = [
+        _gpu_view(device, by_gpu.get(index, []), live.gpu_used_mib, live.utilization)
+        for index, device in enumerate(devices)
+    ]
+    if layers is not None:
+        gpus = [g.model_copy(update={"enforcement": layers}) for g in gpus]
     return NodeView(
         name=spec.name,
         backend=backend,
@@ -176,6 +206,21 @@ def node(
         memory_mib=spec.memory_mib,
         gpus=gpus,
     )
+
+
+def governor_fields(view: GovernorView | None, uuid: str) -> dict[str, Any]:
+    """A holder's governor state on the GPU ``uuid`` (mode on that GPU, run state, busy,
+    achieved share), as :class:`GpuHolder` fields; empty where the governor does not
+    govern the workload there."""
+    if view is None or uuid not in view.gpu_uuids:
+        return {}
+    return {
+        "mode": str(view.modes[view.gpu_uuids.index(uuid)]),
+        "state": str(view.state),
+        "busy": view.busy,
+        "achieved_milli": view.achieved_milli,
+        "enforcement": view.enforcement or None,
+    }
 
 
 def mig_node(
@@ -225,30 +270,6 @@ def mig_node(
             )
         )
     return NodeView(name=pool.node_name, backend=backend, cpu_milli=0, memory_mib=0, gpus=gpus)
-
-
-def with_governor(node: NodeView, governed: Mapping[str, GovernorView]) -> NodeView:
-    """``node`` with each holder's governor state (mode on that GPU, run state, busy,
-    achieved share) filled in where the governor knows the workload."""
-    gpus = []
-    for gpu in node.gpus:
-        holders = []
-        for h in gpu.holders:
-            v = governed.get(h.workload_id)
-            if v is not None and gpu.uuid in v.gpu_uuids:
-                mode = v.modes[v.gpu_uuids.index(gpu.uuid)]
-                h = h.model_copy(
-                    update={
-                        "mode": str(mode),
-                        "state": str(v.state),
-                        "busy": v.busy,
-                        "achieved_milli": v.achieved_milli,
-                        "enforcement": v.enforcement or None,
-                    }
-                )
-            holders.append(h)
-        gpus.append(gpu.model_copy(update={"holders": holders}))
-    return node.model_copy(update={"gpus": gpus})
 
 
 def with_enforcement(node: NodeView, layers: Mapping[str, list[EnforcementLayer]]) -> NodeView:

@@ -15,8 +15,20 @@ clock. The loop:
    exit ``grace_s`` later; ``Wait`` records the reason;
 4. record a timeline sample (allocated GPU and fair share per queue, pending count).
 
-A preempted workload restarts from scratch: when placed again it needs its whole run time.
-A victim whose own run ends within its grace period finishes normally. The run stops at
+A preempted workload restarts from scratch: when placed again it needs its whole run time;
+the work it had done is counted as wasted (``wasted_gpu_hours``: done seconds x its GPU
+share). A victim whose own run ends within its grace period finishes normally.
+
+**Squeezed work** (``Squeeze``/``Unsqueeze``, :mod:`fgpu.sched.squeeze`) keeps running with
+its memory and progresses at the rate the node's governor gives it under the ``pause``
+policy: it runs only while none of the workloads that squeezed it is busy. Each workload is
+busy a fraction of the time, its *duty cycle* (:class:`DutyCycles`: the inference class,
+priority ``critical``, is busy in bursts, ``inference_duty`` of the time; the training
+classes are always busy, ``training_duty``), and bursts of different workloads are taken as
+independent, so the rate is the product of ``1 - duty`` over its squeezers (0 under an
+always-busy one). Workloads whose compute is granted progress at full rate (the replay
+does not model the governor's pause among workloads whose compute fits together, as
+before). The run stops at
 the horizon; what is still pending or running then is unfinished.
 
 :func:`parse_gpus` turns ``--gpus 64xA100-80GB`` into nodes; :func:`tenant_queues` builds
@@ -41,8 +53,10 @@ from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.placer import seeded_rank
 from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.squeeze import check_squeeze_invariants, execute_squeeze, held_allocation
 from fgpu.sched.state import ClusterState, check_invariants
 from fgpu.sched.workload import (
+    PRIORITY_CLASSES,
     Hold,
     Holds,
     Place,
@@ -50,6 +64,8 @@ from fgpu.sched.workload import (
     QueueSpec,
     QueueTree,
     Resources,
+    Squeeze,
+    Unsqueeze,
     Wait,
     Workload,
 )
@@ -71,6 +87,35 @@ _GPU_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+?)\s*$")
 
 _ARRIVE, _FINISH, _EXIT, _TICK = 0, 1, 2, 3
 """Event kinds; at one time they are handled in this order (all before the round)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DutyCycles:
+    """Fractions of the time workloads are busy on their GPU (the replay's activity model).
+
+    Attributes:
+        inference_duty: the inference class (priority ``critical`` and above): busy in
+            bursts, this fraction of the time (default 0.3).
+        training_duty: every other class (training, batch): default 1.0, always busy.
+
+    Raises:
+        ValueError: a value outside [0, 1].
+    """
+
+    inference_duty: float = 0.3
+    training_duty: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("inference_duty", "training_duty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"{name} must be a number in 0..1, got {value}")
+
+    def of(self, priority: int) -> float:
+        """The duty cycle of a workload of ``priority``."""
+        if priority >= PRIORITY_CLASSES["critical"]:
+            return self.inference_duty
+        return self.training_duty
 
 
 class GpuSpecError(ValueError):
@@ -205,6 +250,9 @@ class WorkloadRecord:
         finish_s: when it finished (None: unfinished at the horizon, or never arrived).
         evictions: how often it was stopped as a victim (preemption or reclaim) and exited.
         wait_reason: the last reason the core gave for keeping it waiting ("" if none).
+        squeezes: how often it was squeezed (a first squeeze; changes of squeezers and
+            releases are not counted).
+        wasted_s: run seconds (at full rate) lost to its evictions.
     """
 
     id: str
@@ -217,6 +265,8 @@ class WorkloadRecord:
     finish_s: float | None = None
     evictions: int = 0
     wait_reason: str = ""
+    squeezes: int = 0
+    wasted_s: float = 0.0
 
     @property
     def first_start_s(self) -> float | None:
@@ -249,6 +299,8 @@ class ReplayResult:
         preemptions: Preempt actions of kind ``preemption`` (inside a queue).
         reclaims: Preempt actions of kind ``reclaim`` (across queues).
         evictions: all Preempt actions.
+        squeezes: Squeeze actions that squeezed a workload not squeezed before.
+        wasted_gpu_hours: work lost by evictions, GPU-hours (done seconds x GPU share).
         rounds: decision rounds.
         warnings: distinct configuration warnings of the core, in first-seen order.
     """
@@ -263,6 +315,8 @@ class ReplayResult:
     evictions: int
     rounds: int
     warnings: tuple[str, ...]
+    squeezes: int = 0
+    wasted_gpu_hours: float = 0.0
 
 
 # ----------------------------------------------------------------------------- engine
@@ -279,8 +333,15 @@ class _Engine:
         grace_s: float,
         tick_s: float | None,
         debug: bool,
+        duty: DutyCycles,
     ) -> None:
         self.state = ClusterState(nodes)
+        self.duty = duty
+        # progress of running workloads: id -> [remaining run seconds, rate, since]
+        self.progress: dict[str, list[float]] = {}
+        self.finish_version: dict[str, int] = {}
+        self.squeezes = 0
+        self.wasted_milli_s = 0.0
         self.queues = queues
         self.queue_names = tuple(queues.leaves)
         self.queue_pos = {name: i for i, name in enumerate(self.queue_names)}
@@ -337,37 +398,84 @@ class _Engine:
             self.pending += 1
             return
         current = self.live.get(wid)
-        # A finish or exit of an earlier run (before a preemption) is stale.
-        if current is None or current.allocation is None or epoch != len(self.records[wid].starts):
+        if current is None or current.allocation is None:
             return
         if kind == _FINISH:
+            # a finish planned before the workload's rate changed (or an earlier run) is stale
+            if epoch != self.finish_version.get(wid):
+                return
             self.release(current)
             del self.live[wid]
+            del self.progress[wid]
             self.records[wid].finish_s = self.now
             return
+        # _EXIT of an earlier run (before a preemption) is stale
+        if epoch != len(self.records[wid].starts):
+            return
         # _EXIT: the victim's grace period is over; it starts over later.
+        remaining, rate, since = self.progress.pop(wid)
+        done = self.inputs[wid].duration_s - (remaining - rate * (self.now - since))
+        record = self.records[wid]
+        record.wasted_s += done
+        self.wasted_milli_s += done * record.gpu_milli
+        self.finish_version[wid] = self.finish_version.get(wid, 0) + 1
         self.release(current)
-        self.records[wid].evictions += 1
-        self.live[wid] = replace(current, allocation=None, started_at=None, terminating=False)
+        record.evictions += 1
+        self.live[wid] = replace(
+            current,
+            allocation=None,
+            started_at=None,
+            terminating=False,
+            squeezed=False,
+            squeezed_by=(),
+        )
         self.pending += 1
 
     def release(self, w: Workload) -> None:
         assert w.allocation is not None
-        self.state.release(w.allocation)
+        held = held_allocation(w)
+        self.state.release(held)
         self.scheduler.policy.on_release(self.state, w.allocation)
-        self.allocated[self.queue_pos[w.queue]] -= sum(w.allocation.gpu_milli)
+        self.allocated[self.queue_pos[w.queue]] -= sum(held.gpu_milli)
+
+    def set_rate(self, wid: str, rate: float) -> None:
+        """Change a running workload's progress rate from now on and plan its finish."""
+        entry = self.progress[wid]
+        remaining, old, since = entry
+        remaining = max(0.0, remaining - old * (self.now - since))
+        self.progress[wid] = [remaining, rate, self.now]
+        version = self.finish_version.get(wid, 0) + 1
+        self.finish_version[wid] = version
+        if rate > 0:
+            self.push(self.now + remaining / rate, _FINISH, wid, version)
+
+    def squeezed_rate(self, w: Workload) -> float:
+        """The governor's rate for squeezed ``w``: runs while none of its squeezers is busy."""
+        rate = 1.0
+        for b in w.squeezed_by:
+            other = self.live.get(b)
+            if other is not None and other.allocation is not None:
+                rate *= 1.0 - self.duty.of(other.priority)
+        return rate
 
     # -------------------------------------------------------------- actions
     def execute(self, now: float, decision: Decision) -> None:
+        self.touched: set[str] = set()
         for action in decision.actions:
             if isinstance(action, Place):
                 self.place(now, action)
             elif isinstance(action, Preempt):
                 self.preempt(now, action)
+            elif isinstance(action, Squeeze | Unsqueeze):
+                self.squeeze(now, action)
             elif isinstance(action, Wait):
                 record = self.records.get(action.workload)
                 if record is not None:
                     record.wait_reason = action.reason
+        for wid in sorted(self.touched):  # after the round's placements: squeezers run now
+            w = self.live[wid]
+            if w.allocation is not None:
+                self.set_rate(wid, self.squeezed_rate(w) if w.squeezed else 1.0)
         self.holds = dict(decision.holds)
         for warning in decision.warnings:
             self.warnings.setdefault(warning, None)
@@ -393,7 +501,33 @@ class _Engine:
         record = self.records[w.id]
         record.starts.append(now)
         record.wait_reason = ""
-        self.push(now + self.inputs[w.id].duration_s, _FINISH, w.id, len(record.starts))
+        duration = self.inputs[w.id].duration_s
+        self.progress[w.id] = [duration, 1.0, now]
+        self.set_rate(w.id, 1.0)
+
+    def squeeze(self, now: float, action: Squeeze | Unsqueeze) -> None:
+        w = self.live.get(action.workload)
+        try:
+            if w is None:
+                raise ValueError("unknown")
+            before = w.squeezed
+            after = execute_squeeze(self.state, w, action)
+        except (ValueError, InvalidRequestError) as exc:
+            raise ReplayError(
+                f"t={now}: {type(action).__name__} of {action.workload}: {exc}"
+            ) from None
+        assert w is not None
+        assert w.allocation is not None
+        self.live[w.id] = after
+        milli = sum(w.allocation.gpu_milli)
+        pos = self.queue_pos[w.queue]
+        if after.squeezed and not before:
+            self.squeezes += 1
+            self.records[w.id].squeezes += 1
+            self.allocated[pos] -= milli
+        elif before and not after.squeezed:
+            self.allocated[pos] += milli
+        self.touched.add(w.id)
 
     def preempt(self, now: float, action: Preempt) -> None:
         w = self.live.get(action.victim)
@@ -415,11 +549,12 @@ class _Engine:
         """Debug mode: state invariants and the shell's own ledger after a round."""
         try:
             check_invariants(self.state)
+            check_squeeze_invariants(self.state, list(self.live.values()))
         except AssertionError as exc:
             raise ReplayError(f"t={now}: invariant broken: {exc}") from None
         expected = [0] * len(self.queue_names)
         for w in self.live.values():
-            if w.allocation is not None:
+            if w.allocation is not None and not w.squeezed:
                 expected[self.queue_pos[w.queue]] += sum(w.allocation.gpu_milli)
         if expected != self.allocated or sum(expected) != self.state.gpu_allocated_milli:
             raise ReplayError(
@@ -482,6 +617,8 @@ class _Engine:
             evictions=self.evictions,
             rounds=self.rounds,
             warnings=tuple(self.warnings),
+            squeezes=self.squeezes,
+            wasted_gpu_hours=self.wasted_milli_s / 1000.0 / 3600.0,
         )
 
 
@@ -496,6 +633,7 @@ def run_replay(
     tick_s: float | None = None,
     debug: bool = False,
     on_round: Callable[[float], None] | None = None,
+    duty: DutyCycles | None = None,
 ) -> ReplayResult:
     """Replay ``workloads`` on ``nodes`` for ``hours`` of virtual time (see the module doc).
 
@@ -514,6 +652,7 @@ def run_replay(
             that every pending workload got a Place or a Wait; a failure raises
             :class:`ReplayError`.
         on_round: called with the virtual time after every round (progress display).
+        duty: the activity model of squeezed work's progress (default :class:`DutyCycles`).
 
     Returns:
         A :class:`ReplayResult`.
@@ -541,5 +680,15 @@ def run_replay(
                 f"workload {w.id}: queue {w.queue!r} is not a leaf queue "
                 f"(leaves: {', '.join(sorted(leaves))})"
             )
-    engine = _Engine(nodes, queues, workloads, scheduler, hours * 3600.0, grace_s, tick_s, debug)
+    engine = _Engine(
+        nodes,
+        queues,
+        workloads,
+        scheduler,
+        hours * 3600.0,
+        grace_s,
+        tick_s,
+        debug,
+        duty or DutyCycles(),
+    )
     return engine.run(on_round)

@@ -8,8 +8,12 @@
 - ``queueing_delay_s``: submission to first start, ``p50`` / ``p95`` over all workloads
   that started, per queue and per priority (``count``: how many started, ``not_started``:
   arrived but never started within the horizon);
-- ``completion_time_s``: submission to finish, over the workloads that finished;
+- ``completion_time_s``: submission to finish, over the workloads that finished, and
+  ``per_priority`` (``p50``, ``p95``, ``mean``, ``count``);
 - ``preemptions`` (inside a queue), ``reclaims`` (across queues), ``evictions`` (both);
+- ``squeezes``: workloads squeezed instead of evicted (squeeze before evict);
+- ``wasted_gpu_hours``: work lost by evictions (run seconds done before the eviction x
+  the workload's GPU share, in GPU-hours);
 - ``jain_fairness``: Jain's index ``(sum x)^2 / (n * sum x^2)`` of ``x_q = allocated_q /
   fair share_q`` over the queues with a fair share above 0, time-weighted mean over the
   time when at least one queue has one (R. Jain, D. Chiu, W. Hawe, "A Quantitative Measure
@@ -162,6 +166,16 @@ def summarize_replay(
         _priority_name(p): _delay_group(r for r in arrived if r.priority == p) for p in priorities
     }
     completions = [r.finish_s - r.submit_s for r in arrived if r.finish_s is not None]
+    completion_per_priority: dict[str, Any] = {}
+    for p in priorities:
+        times = [
+            r.finish_s - r.submit_s for r in arrived if r.priority == p and r.finish_s is not None
+        ]
+        completion_per_priority[_priority_name(p)] = {
+            **_percentiles(times),
+            "mean": _round(float(np.mean(times))) if times else None,
+            "count": len(times),
+        }
     queues: dict[str, Any] = {}
     for k, q in enumerate(result.queues):
         mine = [r for r in arrived if r.queue == q]
@@ -182,10 +196,16 @@ def summarize_replay(
             "per_queue": per_queue,
             "per_priority": per_priority,
         },
-        "completion_time_s": {**_percentiles(completions), "count": finished},
+        "completion_time_s": {
+            **_percentiles(completions),
+            "count": finished,
+            "per_priority": completion_per_priority,
+        },
         "preemptions": result.preemptions,
         "reclaims": result.reclaims,
         "evictions": result.evictions,
+        "squeezes": result.squeezes,
+        "wasted_gpu_hours": _round(result.wasted_gpu_hours),
         "jain_fairness": _round(jain),
         "finished": finished,
         "unfinished": len(arrived) - finished,
@@ -341,7 +361,9 @@ def replay_table(summary: Mapping[str, Any]) -> Table:
         title=(
             f"Replay: GPU allocation mean {_fmt(alloc['mean'])} % (p95 {_fmt(alloc['p95'])} %), "
             f"Jain {_fmt(summary['jain_fairness'], '.3f')}, "
-            f"{summary['preemptions']} preemptions, {summary['reclaims']} reclaims"
+            f"{summary['preemptions']} preemptions, {summary['reclaims']} reclaims, "
+            f"{summary.get('squeezes', 0)} squeezes, "
+            f"{_fmt(summary.get('wasted_gpu_hours'), '.1f')} GPU-hours lost to evictions"
         )
     )
     table.add_column("queue")

@@ -46,11 +46,22 @@ TRACE_P90_LIFETIME_S = 6480.0
 """90th percentile of the openb trace's pod lifetimes, 1.8 hours (same source)."""
 
 PRIORITY_MIX: tuple[tuple[int, float], ...] = (
-    (PRIORITY_CLASSES["normal"], 0.7),
-    (PRIORITY_CLASSES["low"], 0.2),
-    (PRIORITY_CLASSES["high"], 0.1),
+    (PRIORITY_CLASSES["normal"], 0.63),
+    (PRIORITY_CLASSES["low"], 0.18),
+    (PRIORITY_CLASSES["high"], 0.09),
+    (PRIORITY_CLASSES["critical"], 0.10),
 )
-"""Priorities of generated workloads and their shares: 70 % normal, 20 % low, 10 % high."""
+"""Priorities of generated workloads and their shares: the inference class (``critical``,
+10 %) and the training classes in the proportions 70 : 20 : 10 (normal, low, high)."""
+
+INFERENCE_PRIORITY = PRIORITY_CLASSES["critical"]
+"""Generated workloads of this priority are the latency-critical inference class: their
+shapes are drawn from the single-GPU fractional pods only (a service on part of a GPU)."""
+
+MEMORY_RATIO = (0.25, 1.0)
+"""With a GPU memory size given to :func:`generate`, a single-GPU fractional workload asks
+for ``share x GPU memory x r`` of GPU memory, ``r`` uniform in this range (a job's memory
+and compute needs differ; 1, 1 is memory in proportion to the share, as in the trace)."""
 
 WORKLOAD_COLUMNS: tuple[str, ...] = (
     "id",
@@ -128,13 +139,17 @@ def lognormal_mean(mu: float, sigma: float) -> float:
 
 
 def arrival_rate(
-    pods: Sequence[Request], capacity_gpu_milli: int, load: float, mean_duration_s: float
+    pods: Sequence[Request],
+    capacity_gpu_milli: int,
+    load: float,
+    mean_duration_s: float,
+    mean_gpu_milli: float | None = None,
 ) -> float:
     """Arrivals per second that offer ``load`` x the cluster's GPU capacity.
 
     Offered load = rate x E[GPU milli x duration] / capacity. Shapes and run times are
     drawn independently, so E[GPU milli x duration] = (mean GPU request of ``pods``, milli,
-    summed over a pod's GPUs) x ``mean_duration_s``.
+    summed over a pod's GPUs, or ``mean_gpu_milli`` when given) x ``mean_duration_s``.
 
     Raises:
         ValueError: no pods, no GPU in any pod, or a non-positive capacity, load or mean.
@@ -147,7 +162,11 @@ def arrival_rate(
         raise ValueError(f"load must be a positive number, got {load}")
     if not (math.isfinite(mean_duration_s) and mean_duration_s > 0):
         raise ValueError(f"mean duration must be positive, got {mean_duration_s}")
-    mean_gpu = sum(p.total_gpu_milli for p in pods) / len(pods)
+    mean_gpu = (
+        sum(p.total_gpu_milli for p in pods) / len(pods)
+        if mean_gpu_milli is None
+        else mean_gpu_milli
+    )
     if mean_gpu <= 0:
         raise ValueError("the pod list asks for no GPU share, so no GPU load can be offered")
     return load * capacity_gpu_milli / (mean_gpu * mean_duration_s)
@@ -163,6 +182,8 @@ def generate(
     *,
     median_s: float = TRACE_MEDIAN_LIFETIME_S,
     p90_s: float = TRACE_P90_LIFETIME_S,
+    gpu_memory_mib: int | None = None,
+    memory_ratio: tuple[float, float] = MEMORY_RATIO,
 ) -> list[SimWorkload]:
     """A simulated stretch of ``hours``: Poisson arrivals offering ``load`` x capacity.
 
@@ -173,10 +194,16 @@ def generate(
     - a run time from the log-normal with ``median_s`` and ``p90_s``
       (:func:`lognormal_from_quantiles`);
     - a queue ``tenant-1 .. tenant-{tenants}``, uniformly;
-    - a priority from :data:`PRIORITY_MIX` (70 % normal, 20 % low, 10 % high).
+    - a priority from :data:`PRIORITY_MIX`; the inference class
+      (:data:`INFERENCE_PRIORITY`) draws its shape from the single-GPU fractional pods only
+      (from all pods when there are none);
+    - with ``gpu_memory_mib`` (the cluster's GPU memory), a single-GPU fractional shape
+      asks for explicit GPU memory ``share x gpu_memory_mib x r``, ``r`` uniform in
+      ``memory_ratio`` (:data:`MEMORY_RATIO`), rounded up to 256 MiB; without it memory
+      stays in proportion to the share.
 
     Arrivals form a Poisson process of rate :func:`arrival_rate` (analytic log-normal mean,
-    empirical mean GPU request of ``pods``) on ``[0, hours)``: a Poisson number of arrivals,
+    the mean GPU request of the mix) on ``[0, hours)``: a Poisson number of arrivals,
     placed uniformly and sorted. Times are rounded to :data:`TIME_DECIMALS`. Ids are
     ``w000001``, ... in submission order. The result depends only on the arguments and
     the state of ``rng``.
@@ -189,10 +216,26 @@ def generate(
         raise ValueError(f"tenants must be at least 1, got {tenants}")
     if not (math.isfinite(hours) and hours > 0):
         raise ValueError(f"hours must be a positive number, got {hours}")
+    lo, hi = memory_ratio
+    if not (0 < lo <= hi <= 1):
+        raise ValueError(f"memory_ratio must satisfy 0 < low <= high <= 1, got {memory_ratio}")
     mu, sigma = lognormal_from_quantiles(median_s, p90_s)
-    rate = arrival_rate(pods, capacity_gpu_milli, load, lognormal_mean(mu, sigma))
-    horizon_s = hours * 3600.0
     shapes = [replace(p, gpu_models=frozenset()) if p.gpu_models else p for p in pods]
+    fractional = [
+        p for p in shapes if p.gpu_count == 1 and p.gpu_milli is not None and p.gpu_milli < 1000
+    ] or shapes
+    inference_share = sum(s for p, s in PRIORITY_MIX if p == INFERENCE_PRIORITY) / sum(
+        s for _, s in PRIORITY_MIX
+    )
+    mean_gpu = (1 - inference_share) * sum(p.total_gpu_milli for p in shapes) / max(
+        len(shapes), 1
+    ) + inference_share * sum(p.total_gpu_milli for p in fractional) / max(len(fractional), 1)
+    if not pods:
+        raise ValueError("the pod list is empty")
+    rate = arrival_rate(
+        pods, capacity_gpu_milli, load, lognormal_mean(mu, sigma), mean_gpu_milli=mean_gpu
+    )
+    horizon_s = hours * 3600.0
     count = int(rng.poisson(rate * horizon_s))
     submit = np.sort(rng.uniform(0.0, horizon_s, size=count))
     shape_index = rng.integers(len(shapes), size=count)
@@ -201,6 +244,21 @@ def generate(
     levels = np.array([p for p, _ in PRIORITY_MIX], dtype=np.int64)
     shares = np.array([s for _, s in PRIORITY_MIX], dtype=np.float64)
     priorities = levels[rng.choice(len(levels), size=count, p=shares / shares.sum())]
+    inference_index = rng.integers(len(fractional), size=count)
+    ratios = rng.uniform(lo, hi, size=count)
+
+    def shape(i: int) -> Request:
+        r = (
+            fractional[int(inference_index[i])]
+            if priorities[i] == INFERENCE_PRIORITY
+            else shapes[int(shape_index[i])]
+        )
+        if gpu_memory_mib is None or r.gpu_count != 1 or r.gpu_milli is None or r.gpu_milli >= 1000:
+            return r
+        mib = r.gpu_milli * gpu_memory_mib / 1000 * float(ratios[i])
+        mib = min(gpu_memory_mib, max(256, -(-math.ceil(mib) // 256) * 256))
+        return replace(r, gpu_memory_mib=mib)
+
     submit = np.round(submit, TIME_DECIMALS)
     # A run time never rounds to 0: the file layout and the engine need it positive.
     durations = np.maximum(np.round(durations, TIME_DECIMALS), 10.0**-TIME_DECIMALS)
@@ -210,7 +268,7 @@ def generate(
         SimWorkload(
             id=f"w{i + 1:0{width}d}",
             queue=queues[int(queue_index[i])],
-            request=shapes[int(shape_index[i])],
+            request=shape(i),
             priority=int(priorities[i]),
             submit_s=float(submit[i]),
             duration_s=float(durations[i]),

@@ -31,6 +31,7 @@ def queue_record(row: QueueRow) -> QueueRecord:
         members=tuple(row.members),
         max_priority=row.max_priority,
         nonpreemptible=row.nonpreemptible,
+        squeeze=row.squeeze,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -46,6 +47,7 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.members = list(config.members)
     row.max_priority = config.max_priority
     row.nonpreemptible = bool(config.nonpreemptible)
+    row.squeeze = config.squeeze
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:
@@ -89,6 +91,7 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         stderr_path=row.stderr_path,
         allocation=allocation,
         mig_request=StoredMigRequest.from_json(row.mig_request) if row.mig_request else None,
+        squeezed_by=None if row.squeezed_by is None else tuple(row.squeezed_by),
     )
 
 

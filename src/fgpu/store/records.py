@@ -78,6 +78,8 @@ class QueueConfig:
             (default ``normal``, 50).
         nonpreemptible: whether its non-admin members may submit non-preemptible work (a
             priority class at or above ``high``, or ``preemptible: false``).
+        squeeze: squeeze before evict for preemption inside this queue: True, False (evict
+            only), or None (the service's setting, ``fgpu serve --squeeze/--no-squeeze``).
     """
 
     name: str
@@ -89,6 +91,7 @@ class QueueConfig:
     members: tuple[str, ...] = ()
     max_priority: int = PRIORITY_CLASSES["normal"]
     nonpreemptible: bool = False
+    squeeze: bool | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -107,6 +110,7 @@ class QueueConfig:
             over_quota_weight=self.over_quota_weight,
             priority=self.priority,
             parent=self.parent,
+            squeeze=self.squeeze,
         )
 
 
@@ -330,6 +334,9 @@ class WorkloadRecord:
         allocation: where it runs (kept after it finishes; None while pending).
         mig_request: for a MIG workload, the instance it asks for (its ``request`` is then
             one GPU with the memory it expects, for listings only); None otherwise.
+        squeezed_by: while it is squeezed (:mod:`fgpu.sched.squeeze`: it runs with its
+            memory but its compute was lent to higher-priority work), the ids of the
+            workloads that took it (possibly empty); None while it is not squeezed.
     """
 
     id: str
@@ -359,6 +366,7 @@ class WorkloadRecord:
     stderr_path: str | None
     allocation: StoredAllocation | None
     mig_request: StoredMigRequest | None = None
+    squeezed_by: tuple[str, ...] | None = None
 
     @property
     def is_active(self) -> bool:
@@ -398,6 +406,8 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         else None,
         started_at=record.started_at if holding else None,
         terminating=holding and record.stop_requested_at is not None,
+        squeezed=holding and record.squeezed_by is not None,
+        squeezed_by=record.squeezed_by or () if holding else (),
     )
 
 

@@ -82,6 +82,8 @@ class QueueRow(Base):
     members: Mapped[list[str]] = mapped_column(JSON)
     max_priority: Mapped[int]
     nonpreemptible: Mapped[bool]
+    # squeeze before evict for this queue's preemptions; NULL: the service's setting
+    squeeze: Mapped[bool | None]
 
 
 class WorkloadRow(Base):
@@ -136,6 +138,8 @@ class WorkloadRow(Base):
     allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # a MIG workload's request (records.StoredMigRequest); NULL for the others
     mig_request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # ids of the workloads that took its compute while it is squeezed; NULL otherwise
+    squeezed_by: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class EventRow(Base):

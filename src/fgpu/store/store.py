@@ -337,6 +337,27 @@ class Store(QueueStore, InventoryStore):
             self._event(session, now, workload_id, kind, reason, f"{kind}: {reason}")
             return convert.workload_record(row)
 
+    def mark_squeezed(
+        self, workload_id: str, by: tuple[str, ...] | None, reason: str
+    ) -> WorkloadRecord:
+        """Record a squeeze (``by``: who took its compute; event ``squeezed``) or its
+        release (``by`` None; event ``released``) of a running or paused workload.
+
+        Raises:
+            NotFound, StoreConflict: unknown id, not running or paused.
+            InvalidRequestError: ``by`` names the workload itself (field ``squeezed_by``).
+        """
+        if by is not None and workload_id in by:
+            raise InvalidRequestError("squeezed_by", f"{workload_id} cannot squeeze itself")
+        with self._write() as session:
+            row = self._lock(session, workload_id)
+            self._expect(row, HOLDING_PHASES, "mark_squeezed")
+            now = self._clock()
+            row.squeezed_by = None if by is None else list(by)
+            kind = "released" if by is None else "squeezed"
+            self._event(session, now, workload_id, kind, reason, f"{kind}: {reason}")
+            return convert.workload_record(row)
+
     def mark_stopping(self, workload_id: str, reason: str) -> WorkloadRecord:
         """Record that a running or paused workload is being stopped for preemption or
         reclaim (event ``stopping``), before the caller signals it; the decision core then
@@ -382,6 +403,7 @@ class Store(QueueStore, InventoryStore):
             row.allocation = None
             row.pid = None
             row.create_time = None
+            row.squeezed_by = None
             row.reason = reason
             self._event(
                 session,
@@ -445,6 +467,7 @@ class Store(QueueStore, InventoryStore):
         row.finished_at = now if ended is None else ended
         row.exit_code = code
         row.reason = reason
+        row.squeezed_by = None
         session.execute(delete(HoldRow).where(HoldRow.workload_id == row.id))
         self._event(session, now, row.id, phase, reason, f"{phase}: {reason}")
 

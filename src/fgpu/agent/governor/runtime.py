@@ -164,12 +164,15 @@ class WorkloadView:
         busy: whether it counts as busy now.
         activity: where ``busy`` comes from: ``interposer`` (its launches), ``hints``,
             ``nvml`` or ``assumed``.
-        achieved_milli: run time received while busy over the last
-            ``achieved_window_s`` (or since it was first governed, if shorter), per mille of
-            that time (1000 = ran all the time).
+        achieved_milli: its part of its GPU's time over the last ``achieved_window_s`` (or
+            since it was first governed, if shorter), per mille: the run time it received
+            while busy, split with the workloads that ran on the GPU at the same time, so
+            that the parts on one GPU add up to at most 1000.
         blocker: why it is held back by priority, or None.
         enforcement: how it is held: ``interposer`` (at launch, device time) or the
             freezer's kind (``cgroup-v2``, ``signal``).
+        paused_ns: time held frozen since it was first governed, ns: by share (time
+            slicing) and by priority, in that order.
     """
 
     workload_id: str
@@ -183,6 +186,7 @@ class WorkloadView:
     achieved_milli: int
     blocker: str | None
     enforcement: str = ""
+    paused_ns: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +223,9 @@ class _Record:
     used_ns: int = 0
     total_ns: int = 0
     mark_ns: int = 0
-    samples: deque[tuple[int, int]] = field(default_factory=deque)
+    samples: deque[tuple[int, int]] = field(default_factory=deque)  # (time, share_ns)
+    share_ns: int = 0  # its part of its GPUs' time (see Governor._share_gpu_time)
+    counted_ns: int = 0  # total_ns already counted into share_ns
     blocker: str | None = None
     slow_reported: bool = False
     held: bool = False  # paused or compressed by priority (between a paused and a resumed)
@@ -229,6 +235,26 @@ class _Record:
     gpu_pending_ns: int = 0  # device time read from the segment, not yet charged
     steady: bool = False  # neither went busy nor idle since the period began
     oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
+    frozen_ns: list[int] = field(default_factory=lambda: [0, 0])  # by share, by priority
+    frozen_at: int = 0  # when the current frozen state began (while not running)
+
+    def enter(self, state: RunState, now: int) -> None:
+        """Change the run state at ``now``, adding a frozen spell that ends to its total."""
+        if self.state is not RunState.RUNNING:
+            spell = max(0, now - self.frozen_at)
+            self.frozen_ns[self.state is RunState.FROZEN_BY_PRIORITY] += spell
+        if state is not RunState.RUNNING:
+            self.frozen_at = now
+        self.state = state
+
+    def paused_ns(self, now: int) -> tuple[int, int]:
+        """Frozen time so far (by share, by priority), the current spell included."""
+        share, priority = self.frozen_ns
+        if self.state is RunState.FROZEN_BY_SHARE:
+            share += max(0, now - self.frozen_at)
+        elif self.state is RunState.FROZEN_BY_PRIORITY:
+            priority += max(0, now - self.frozen_at)
+        return share, priority
 
     def charge(self, now: int) -> None:
         """Count the running time since the last mark (when busy) and move the mark. A
@@ -292,6 +318,7 @@ class Governor:
         self._released: dict[str, ProcessHandle | None] = {}
         self._leases: dict[str, Lease] = {}
         self._period_start = clock()
+        self._shared_at = self._period_start
         self._next_poll = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
@@ -367,7 +394,16 @@ class Governor:
         """The governed workloads now (see :class:`GovernorSnapshot`)."""
         with self._lock:
             now = self._clock()
-            views = [self._view(r, now) for _, r in sorted(self._records.items())]
+            # each GPU's workloads are measured over one span, from the first of them
+            since: dict[str, int] = {}
+            for record in self._records.values():
+                first = record.samples[0][0]
+                for gpu in record.spec.gpu_uuids:
+                    since[gpu] = min(since.get(gpu, first), first)
+            views = [
+                self._view(r, now, min(since[g] for g in r.spec.gpu_uuids))
+                for _, r in sorted(self._records.items())
+            ]
             dropped = self.listener.dropped if self.listener is not None else 0
         cfg = self.config.planner
         return GovernorSnapshot(
@@ -486,8 +522,10 @@ class Governor:
             self._period_start = boundary
         for record in self._records.values():
             record.charge(now)
+        self._share_gpu_time(now)
+        for record in self._records.values():
             if now - record.samples[-1][0] >= ACHIEVED_SAMPLE_NS:
-                record.samples.append((now, record.total_ns))
+                record.samples.append((now, record.share_ns))
                 window = int(self.config.achieved_window_s * 1e9)
                 while len(record.samples) > 2 and now - record.samples[1][0] >= window:
                     record.samples.popleft()
@@ -571,14 +609,14 @@ class Governor:
                 freezing.append((record, action))
             else:
                 previous = record.state
-                record.state = action.reason
+                record.enter(action.reason, self._clock())
                 self._note(record, previous, action.reason, action.message, self._clock())
         timeout = self.config.confirm_timeout_s
         for record, action in freezing:
             confirmed = self._wait_held(record, timeout)
             stopped = self._clock()
             record.charge(stopped)  # it ran until the freeze took effect
-            record.state = action.reason
+            record.enter(action.reason, stopped)
             self._note(record, RunState.RUNNING, action.reason, action.message, stopped)
             if confirmed:
                 record.slow_reported = False
@@ -603,7 +641,7 @@ class Governor:
             before: RunState = waking.state
             self._release(waking)
             thawed = self._clock()
-            waking.state = RunState.RUNNING
+            waking.enter(RunState.RUNNING, thawed)
             waking.mark_ns = thawed
             waking.blocker = None
             self._note(waking, before, RunState.RUNNING, action.message, thawed)
@@ -786,23 +824,50 @@ class Governor:
             pids = self.freezer.pids(record.spec.handle)
             self._set_busy(record, any(p in busy_pids for p in pids), now, "nvml")
 
+    def _share_gpu_time(self, now: int) -> None:
+        """Add to each workload's ``share_ns`` its part of its GPUs' time since the last step.
+
+        Its part is the run time it was charged since then (wall time running while busy,
+        or the device time its interposer reported), except on a GPU whose workloads were
+        charged more than the wall time that passed: they ran at once and split the GPU, so
+        their times are scaled down in proportion until they add up to the time that
+        passed (a workload on several GPUs takes the most crowded one's scale). So the
+        achieved shares of one GPU's workloads never add up to more than 1.
+        """
+        span = now - self._shared_at
+        self._shared_at = max(self._shared_at, now)
+        charged: dict[str, int] = {}
+        for wid, record in self._records.items():
+            charged[wid] = max(0, record.total_ns - record.counted_ns)
+            record.counted_ns = record.total_ns
+        if span <= 0:
+            return
+        load: dict[str, int] = {}
+        for wid, record in self._records.items():
+            for gpu in record.spec.gpu_uuids:
+                load[gpu] = load.get(gpu, 0) + charged[wid]
+        for wid, record in self._records.items():
+            part = charged[wid]
+            crowded = max((load[g] for g in record.spec.gpu_uuids), default=0)
+            record.share_ns += part if crowded <= span else part * span // crowded
+
     # -- views -------------------------------------------------------------------------------
 
-    def _view(self, record: _Record, now: int) -> WorkloadView:
+    def _view(self, record: _Record, now: int, since: int | None = None) -> WorkloadView:
+        """The governor's view of one workload; its achieved share is its part of the GPU's
+        time from ``since`` (when the first of the GPU's workloads came, within the window)
+        to the last step, so that the parts of one GPU's workloads add up to at most 1."""
         spec = record.spec
-        total = record.total_ns
-        if record.cuda:
-            total += record.gpu_pending_ns
-        elif record.state is RunState.RUNNING and record.busy:
-            total += max(0, now - record.mark_ns)
+        end = self._shared_at  # share_ns is counted up to the last step
         window = int(self.config.achieved_window_s * 1e9)
-        start_ns, start_total = record.samples[0]
-        for stamp, value in record.samples:
-            if now - stamp <= window:
-                start_ns, start_total = stamp, value
+        start = max(end - window, record.samples[0][0] if since is None else since)
+        start_total = 0  # nothing before it was governed
+        for stamp, value in record.samples:  # the last sample at or before the start
+            if stamp > start:
                 break
-        span = now - start_ns
-        achieved = (total - start_total) * MILLI // span if span > 0 else 0
+            start_total = value
+        span = end - start
+        achieved = (record.share_ns - start_total) * MILLI // span if span > 0 else 0
         modes = tuple(str(spec.mode or self._gpus[g].mode) for g in spec.gpu_uuids)
         return WorkloadView(
             workload_id=spec.workload_id,
@@ -816,6 +881,7 @@ class Governor:
             achieved_milli=min(MILLI, achieved),
             blocker=record.blocker,
             enforcement="interposer" if record.cuda else self.freezer.kind,
+            paused_ns=record.paused_ns(now),
         )
 
 

@@ -1,0 +1,82 @@
+"""A plain HTTP endpoint for scrapers: ``/metrics`` of one :class:`~fgpu.metrics.Exporter`
+on HOST:PORT (the standard library's threaded HTTP server), for ``--metrics-listen`` of
+``fgpu serve``, ``fgpu k8s scheduler`` and ``fgpu k8s node-agent``."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fgpu.metrics.collector import CONTENT_TYPE
+
+log = logging.getLogger("fgpu.metrics")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` (every address) -> (host, port).
+
+    Raises:
+        ValueError: a message naming what is wrong (no port, not a number, out of range).
+    """
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep:
+        raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400 or :9400")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port_text!r} is not a number") from None
+    if not 0 < port <= 65535:
+        raise ValueError(f"{text!r}: port must be between 1 and 65535")
+    return host or "0.0.0.0", port
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def serve_metrics(
+    render: Callable[[], bytes], address: tuple[str, int]
+) -> tuple[ThreadingHTTPServer, threading.Thread]:
+    """Answer ``GET /metrics`` (and ``/``) at ``http://HOST:PORT`` with ``render()`` in a
+    daemon thread until the returned server's ``shutdown()``; other paths get 404, a
+    failing ``render`` 500 (logged).
+
+    Raises:
+        OSError: the address cannot be bound or resolved.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self._answer(404, b"only /metrics here\n", "text/plain; charset=utf-8")
+                return
+            try:
+                body = render()
+            except Exception:
+                log.exception("a scrape failed")
+                self._answer(500, b"the scrape failed; see the log\n", "text/plain")
+                return
+            self._answer(200, body, CONTENT_TYPE)
+
+        def _answer(self, status: int, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # a scrape every few seconds is not news
+
+    host, port = address
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+    server = server_class((host, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="fgpu-metrics", daemon=True)
+    thread.start()
+    return server, thread

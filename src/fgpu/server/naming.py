@@ -1,0 +1,141 @@
+"""Workload names: the default name of a submission, unique names among a user's active
+workloads, and finding a workload by id, unique id prefix or name (issue "Everyday use").
+
+A reference (what a user types where an id goes) is tried in this order:
+
+1. an exact id;
+2. a name: the caller's own workload of that name (the active one; else the most recent),
+   else the one workload of another user with that name;
+3. a unique prefix of an id.
+
+A reference that fits several workloads at the same step is refused with the candidates
+listed (id, name, owner, phase), never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
+from fgpu.store.records import WorkloadRecord
+
+INTERPRETERS = frozenset(
+    {"python", "python3", "bash", "sh", "zsh", "node", "ruby", "perl", "julia", "Rscript"}
+)
+"""Commands whose first operand (a script) names the work better than they do."""
+
+_VERSIONED = re.compile(r"^(python|python3|pypy3?)(\.\d+)*$")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MAX_CANDIDATES = 10
+
+
+def base_name(argv: Sequence[str], shell: bool) -> str:
+    """The default name of a command: its program's base name, or for an interpreter
+    (``python train.py``, ``bash run.sh``) its script's base name without the extension;
+    ``python -m pkg.mod`` gives ``mod``. Characters other than letters, digits, ``.``, ``_``
+    and ``-`` become ``-``; never empty (``workload``)."""
+    words = argv[0].split() if shell and argv else list(argv)
+    if not words:
+        return "workload"
+    program = words[0].rsplit("/", 1)[-1]
+    name = program
+    if program in INTERPRETERS or _VERSIONED.match(program):
+        rest = words[1:]
+        for i, word in enumerate(rest):
+            if word == "-m" and i + 1 < len(rest):
+                name = rest[i + 1].rsplit(".", 1)[-1]
+                break
+            if word == "-c":
+                break
+            if not word.startswith("-"):
+                script = word.rsplit("/", 1)[-1]
+                name = script.rsplit(".", 1)[0] if "." in script[1:] else script
+                break
+    name = _UNSAFE.sub("-", name).strip("-.")
+    return name or "workload"
+
+
+def unique_name(base: str, taken: Iterable[str], limit: int) -> str:
+    """``base``, or ``base-2``, ``base-3``, ... the first not in ``taken`` (at most
+    ``limit`` characters)."""
+    used = set(taken)
+    if base[:limit] not in used:
+        return base[:limit]
+    n = 2
+    while True:
+        suffix = f"-{n}"
+        candidate = base[: limit - len(suffix)] + suffix
+        if candidate not in used:
+            return candidate
+        n += 1
+
+
+def check_name_free(name: str, active_of_owner: Iterable[WorkloadRecord]) -> None:
+    """Refuse a name one of the owner's active workloads already has.
+
+    Raises:
+        Conflict: field ``name``, naming the workload that has it.
+    """
+    for record in active_of_owner:
+        if record.name == name:
+            raise Conflict(
+                "name",
+                f"you already have an active workload named {name!r} ({record.id}, "
+                f"{record.phase}); choose another --name, or cancel that one first",
+            )
+
+
+def resolve(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> WorkloadRecord:
+    """The workload ``ref`` means (see the module's docstring for the order).
+
+    Args:
+        ref: an id, a unique id prefix or a name.
+        records: every workload (oldest first).
+        caller_uid: who asks (their own names come first).
+
+    Raises:
+        NotFoundError: nothing fits (field ``id``).
+        BadRequest: several fit (field ``id``), with the candidates listed.
+    """
+    for record in records:
+        if record.id == ref:
+            return record
+    named = [r for r in records if r.name == ref]
+    if named:
+        own = [r for r in named if r.owner_uid == caller_uid]
+        if own:
+            active = [r for r in own if r.is_active]
+            if len(active) == 1:
+                return active[0]
+            if len(active) > 1:  # from before names were unique
+                raise _ambiguous(ref, "name", active)
+            return own[-1]  # the most recent of the finished ones
+        active = [r for r in named if r.is_active]
+        if len(active) == 1:
+            return active[0]
+        if len(named) == 1:
+            return named[0]
+        raise _ambiguous(ref, "name", active or named)
+    prefixed = [r for r in records if r.id.startswith(ref)]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    if prefixed:
+        raise _ambiguous(ref, "id prefix", prefixed)
+    raise NotFoundError("id", f"no workload with the id, id prefix or name {ref!r}")
+
+
+def _ambiguous(ref: str, what: str, candidates: Sequence[WorkloadRecord]) -> BadRequest:
+    listed = "; ".join(
+        f"{r.id} ({r.name}, uid {r.owner_uid}, {r.phase})" for r in candidates[:MAX_CANDIDATES]
+    )
+    more = len(candidates) - MAX_CANDIDATES
+    if more > 0:
+        listed += f"; and {more} more"
+    return BadRequest(
+        "id",
+        f"{ref!r} is the {what} of {len(candidates)} workloads: {listed}; give the full id",
+    )
+
+
+__all__ = ["base_name", "check_name_free", "resolve", "unique_name"]

@@ -1,0 +1,173 @@
+"""The web dashboard in a real browser (issue 15): headless Chromium (Debian's ``chromium``,
+driven by Playwright with ``executable_path``; no browser download) against a real
+``fgpu serve``. Through ``fgpu ui`` (the socket, as the user who runs it) the page loads
+without console errors, draws the GPU split into its workloads' shares, and follows a
+submit and a cancel without a reload; through the TCP listener (the token typed once) as
+another user, a workload page refuses the log as the API does. Screenshots are saved under
+``$FGPU_TEST_ARTIFACTS`` (default ``tmp/artifacts``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.localusers import ALICE, ensure_users, uid_of
+from tests.serverproc import FGPU, ServerProcess, sleeper, wait_for
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)"
+)
+
+TOKEN = "dashboard-token-0123456789abcdef"
+WAIT_MS = 60_000
+ARTIFACTS = Path(os.environ.get("FGPU_TEST_ARTIFACTS", Path(__file__).parents[2] / "tmp/artifacts"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[ServerProcess, int]]:
+    root = Path(tempfile.mkdtemp(prefix="fgpu-ui-", dir="/tmp"))
+    root.chmod(0o755)
+    token = root / "token"
+    token.write_text(TOKEN + "\n")
+    token.chmod(0o600)
+    tcp = free_port()
+    extra = ["--listen", f"127.0.0.1:{tcp}", "--token-file", str(token)]
+    if os.geteuid() == 0:
+        ensure_users()
+        extra += ["--token-user", ALICE]
+    proc = ServerProcess(root, "1xA100-40GB,1xH100-80GB", extra)
+    proc.start()
+    try:
+        yield proc, tcp
+    finally:
+        proc.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ui_url(server: tuple[ServerProcess, int]) -> Iterator[str]:
+    """``fgpu ui`` started as a user would; the URL it prints."""
+    proc, _ = server
+    ui = subprocess.Popen(
+        [*FGPU, "ui", "--socket", str(proc.socket)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=proc.env,
+    )
+    try:
+        assert ui.stdout is not None
+        line = ui.stdout.readline()  # blocks until it prints (or exits)
+        found = re.search(r"(http://127\.0\.0\.1:\d+/ui\?key=\S+)", line)
+        assert found, f"fgpu ui printed {line!r}; stderr: {ui.stderr.read() if ui.poll() else ''}"
+        yield found.group(1)
+    finally:
+        ui.terminate()
+        ui.wait(30)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def shot(page: object, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)  # type: ignore[attr-defined]
+
+
+def test_the_gpu_map_follows_a_submit_and_a_cancel_without_a_reload(
+    server: tuple[ServerProcess, int], ui_url: str, browser: object
+) -> None:
+    proc, _ = server
+    expect = playwright_api.expect
+    page = browser.new_page(viewport={"width": 1200, "height": 900})  # type: ignore[attr-defined]
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.goto(ui_url)
+    expect(page.locator(".gpu")).to_have_count(2, timeout=WAIT_MS)
+    page.evaluate("window.fgpuNoReload = 1")  # gone if the page is ever loaded again
+
+    a100 = ("--gpu-model", "A100-40GB")
+    a = proc.submit("-g", "0.5", "--name", "train-a", *a100, command=sleeper(300))
+    b = proc.submit("-g", "0.5", "--name", "train-b", *a100, command=sleeper(300))
+    for wid in (a, b):
+        segment = page.locator(f'.share[data-workload="{wid}"]')
+        expect(segment).to_have_count(1, timeout=WAIT_MS)
+        expect(segment).to_have_attribute("data-share", "500", timeout=WAIT_MS)
+    gpu = page.locator(".gpu", has=page.locator(f'.share[data-workload="{a}"]'))
+    expect(gpu).to_have_attribute("data-allocated", "1000", timeout=WAIT_MS)
+    expect(gpu.locator(".share")).to_have_count(2)  # both on one GPU, split in halves
+    c = proc.submit("-g", "0.5", "--name", "third", *a100, command=sleeper(300))
+    pending = page.locator(f'#pending tr[data-workload="{c}"]')
+    expect(pending).to_have_count(1, timeout=WAIT_MS)
+    expect(pending.locator(".reason")).to_contain_text(re.compile("fit"), timeout=WAIT_MS)
+    shot(page, "dashboard-overview.png")
+
+    proc.cli("cancel", a)
+    expect(page.locator(f'.share[data-workload="{a}"]')).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator(f'.share[data-workload="{c}"]')).to_have_count(1, timeout=WAIT_MS)
+    expect(page.locator(f'.share[data-workload="{c}"]')).to_have_attribute("data-share", "500")
+    assert page.evaluate("window.fgpuNoReload") == 1
+    shot(page, "dashboard-after-cancel.png")
+    assert problems == []
+
+    # the workload's own page: request, placement, events, its log (the caller owns it)
+    page.goto(ui_url.split("/ui?")[0] + f"/ui/workloads/{c}")
+    expect(page.locator("#workload")).to_have_attribute("data-phase", "running", timeout=WAIT_MS)
+    expect(page.locator("#workload-events")).to_contain_text("placed", timeout=WAIT_MS)
+    expect(page.locator("#log pre")).to_have_count(1)
+    shot(page, "dashboard-workload.png")
+    page.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second user's workload")
+def test_another_users_log_is_refused_where_the_api_refuses_it(
+    server: tuple[ServerProcess, int], browser: object
+) -> None:
+    """On TCP the token acts as alice; a root-owned workload's page shows its request and
+    placement but not its log: the API's refusal is shown instead."""
+    proc, tcp = server
+    expect = playwright_api.expect
+    marker = "secret-output-of-root"
+    # the command (which every user sees) must not hold the text it prints
+    printed = "'-'.join(['secret', 'output', 'of', 'root'])"
+    command = [sys.executable, "-c", f"import time; print({printed}, flush=True); time.sleep(300)"]
+    wid = proc.submit("-g", "0.25", "--name", "private", command=command)
+    proc.wait_phase(wid, "running")
+    wait_for(lambda: marker in proc.cli("logs", wid).stdout, "the workload's output in its log")
+    page = browser.new_page()  # type: ignore[attr-defined]
+    page.goto(f"http://127.0.0.1:{tcp}/ui")
+    expect(page).to_have_url(re.compile(r"/ui/login$"), timeout=WAIT_MS)  # no token yet
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    expect(page.locator(".gpu")).to_have_count(2, timeout=WAIT_MS)
+    page.goto(f"http://127.0.0.1:{tcp}/ui/workloads/{wid}")
+    expect(page.locator("#workload")).to_contain_text("private", timeout=WAIT_MS)
+    refusal = page.locator("#log .refused")
+    expect(refusal).to_contain_text("its logs are its owner's", timeout=WAIT_MS)
+    assert marker not in page.content()
+    assert str(uid_of(ALICE)) not in refusal.inner_text()  # it names the owner, uid 0
+    shot(page, "dashboard-refused-log.png")
+    page.close()

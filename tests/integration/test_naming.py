@@ -1,0 +1,132 @@
+"""Names and id prefixes where an id goes (issue "Everyday use", point 1): the service
+in-process on a real SQLite store, its loop not started (nothing is launched)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fgpu.rules.errors import BadRequest, Conflict, Forbidden, NotFoundError
+from fgpu.server.naming import base_name, unique_name
+from fgpu.server.service import Caller, Service
+from fgpu.wire import SubmitRequest
+
+ME = Caller(os.getuid(), admin=False)
+OTHER = Caller(os.getuid() + 4242, admin=False)
+
+
+def job(*command: str, name: str | None = None) -> SubmitRequest:
+    return SubmitRequest(command=list(command), gpu="0.1", name=name, cwd="/")
+
+
+@pytest.fixture
+def svc(tmp_path: Path) -> Iterator[Service]:
+    service = Service.create(
+        simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "fgpu.db")
+    )
+    try:
+        yield service
+    finally:
+        service.store.close()
+        if service._db_claim is not None:
+            service._db_claim.release()
+        if service._state_lock is not None:
+            service._state_lock.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "shell", "expected"),
+    [
+        (["sleep", "30"], False, "sleep"),
+        (["/usr/bin/python3", "train.py", "--epochs", "3"], False, "train"),
+        (["python3.11", "-u", "scripts/serve_model.py"], False, "serve_model"),
+        (["python", "-m", "pkg.trainer", "--x"], False, "trainer"),
+        (["python", "-c", "print(1)"], False, "python"),
+        (["bash", "run.sh"], False, "run"),
+        (["./my job!"], False, "my-job"),
+        (["torchrun --nproc 2 train.py"], True, "torchrun"),
+        (["!!!"], False, "workload"),
+    ],
+)
+def test_the_default_name_comes_from_the_command(
+    argv: list[str], shell: bool, expected: str
+) -> None:
+    assert base_name(argv, shell) == expected
+
+
+def test_unique_name_adds_the_first_free_number_within_the_limit() -> None:
+    assert unique_name("train", [], 128) == "train"
+    assert unique_name("train", ["train", "train-2"], 128) == "train-3"
+    assert unique_name("abcdef", ["abcdef"], 6) == "abcd-2"
+
+
+def test_default_names_are_unique_among_the_owners_active_workloads(svc: Service) -> None:
+    names = [svc.submit(ME, job("sleep", "30")).name for _ in range(3)]
+    assert names == ["sleep", "sleep-2", "sleep-3"]
+    # another user's workloads do not take a user's names
+    assert svc.submit(OTHER, job("sleep", "30")).name == "sleep"
+    # a finished workload's name is free again
+    svc.cancel(ME, "sleep-2")
+    assert svc.submit(ME, job("sleep", "30")).name == "sleep-2"
+
+
+def test_a_given_name_that_an_active_workload_has_is_refused_with_its_id(
+    svc: Service,
+) -> None:
+    first = svc.submit(ME, job("sleep", "30", name="train-a"))
+    with pytest.raises(Conflict) as refused:
+        svc.submit(ME, job("sleep", "30", name="train-a"))
+    assert refused.value.field == "name"
+    assert first.id in refused.value.reason
+    assert "train-a" in refused.value.reason
+    assert len(svc.list_workloads()) == 1  # nothing half-written
+    assert svc.submit(OTHER, job("sleep", "30", name="train-a")).name == "train-a"
+
+
+def test_a_name_or_a_unique_id_prefix_works_wherever_an_id_does(svc: Service) -> None:
+    view = svc.submit(ME, job("python3", "train.py", name="train-a"))
+    assert svc.get_workload("train-a", ME).id == view.id
+    assert svc.get_workload(view.id[:5], ME).id == view.id
+    assert svc.log_path(ME, "train-a", "stdout") == svc.log_dir / view.id / "stdout.log"
+    assert svc.cancel(ME, "train-a").id == view.id
+    # a finished workload is still found by its name (its logs, its description)
+    assert svc.get_workload("train-a", ME).phase == "cancelled"
+
+
+def test_the_callers_own_name_comes_before_another_users(svc: Service) -> None:
+    theirs = svc.submit(OTHER, job("sleep", "30", name="shared"))
+    mine = svc.submit(ME, job("sleep", "30", name="shared"))
+    assert svc.get_workload("shared", ME).id == mine.id
+    assert svc.get_workload("shared", OTHER).id == theirs.id
+    # a third user sees two of that name: refused, both listed
+    third = Caller(os.getuid() + 999, admin=False)
+    with pytest.raises(BadRequest) as refused:
+        svc.get_workload("shared", third)
+    assert mine.id in refused.value.reason
+    assert theirs.id in refused.value.reason
+    # a name never lets one user act on another's work
+    with pytest.raises(Forbidden):
+        svc.cancel(third, theirs.id)
+
+
+def test_an_ambiguous_prefix_is_refused_with_the_candidates_and_nothing_happens(
+    svc: Service,
+) -> None:
+    views = [svc.submit(ME, job("sleep", "30")) for _ in range(40)]
+    # 40 ids of 8 hex digits: some first digit is shared
+    first_digits = [v.id[0] for v in views]
+    shared = next(d for d in first_digits if first_digits.count(d) > 1)
+    candidates = [v.id for v in views if v.id.startswith(shared)]
+    with pytest.raises(BadRequest) as refused:
+        svc.cancel(ME, shared)
+    assert refused.value.field == "id"
+    assert "give the full id" in refused.value.reason
+    for candidate in candidates[:10]:
+        assert candidate in refused.value.reason
+    assert all(w.phase == "pending" for w in svc.list_workloads())
+    with pytest.raises(NotFoundError) as missing:
+        svc.get_workload("no-such-thing", ME)
+    assert "no-such-thing" in missing.value.reason
