@@ -41,7 +41,8 @@ class SubmitRequest(_Strict):
     shell: bool = False
     name: str | None = Field(
         default=None,
-        description="display name, no control characters",
+        description="display name: not empty or only spaces, no leading '-', no control, "
+        "format (Cf) or line/paragraph separator characters",
         json_schema_extra={"maxLength": 128},
     )
     gpu: str | None = Field(None, description="-g: a fraction '0.5' or a count '2'")
