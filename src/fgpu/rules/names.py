@@ -40,8 +40,10 @@ def unprintable(value: str) -> str | None:
     format (``Cf``) or line/paragraph separator character, named with its code point."""
     for char in value:
         category = unicodedata.category(char)
+        if category == "Cc":  # as the other text fields say it
+            return f"contains the control character {char!r}"
         if category in _REFUSED_CATEGORIES:
-            kind = "control" if category == "Cc" else "format" if category == "Cf" else "separator"
+            kind = "format" if category == "Cf" else "separator"
             label = unicodedata.name(char, "")
             named = f"U+{ord(char):04X}" + (f" {label}" if label else "")
             return f"contains the {kind} character {named}"
