@@ -427,7 +427,10 @@ BAD_SUBMISSIONS: dict[str, tuple[list[str], list[str], str]] = {
 }
 BAD_QUEUE_COMMANDS: dict[str, tuple[list[str], str]] = {
     "quota-negative": (["queue", "create", "bad-q1", "--quota", "-1"], "--quota '-1': must be"),
-    "quota-inf": (["queue", "create", "bad-q2", "--quota", "inf"], "--quota 'inf': must be a"),
+    "quota-inf": (
+        ["queue", "create", "bad-q2", "--quota", "inf"],
+        "--quota: must be a finite number (got inf)",
+    ),
     "quota-below-a-milli": (
         ["queue", "create", "bad-q3", "--quota", "0.0001"],
         "--quota: 0.0001 GPUs is below the smallest amount, 0.001",
