@@ -17,7 +17,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,18 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     assert gpu["allocated_milli"] == 1000  # the squeezed share is lent, not counted twice
     assert gpu["allocated_memory_mib"] == 16384 * 2 + 40960
 
-    # while the critical one is busy, both low jobs are paused, with the same processes
+    # the governor takes all three (the squeezed share is lent, not counted in the GPU's
+    # 1000 milli): the critical one is governed (mode and state in top, an Enforcement line
+    # in describe) and, while it is busy, both low jobs are paused by priority (the squeezed
+    # one for its squeezer), with the same processes
+    governed_top = wait_top(server, lambda h: h[crit].get("state") == "running", "crit governed")
+    assert governed_top[crit]["mode"] == "fair"
+    assert server.describe(crit)["enforcement"], server.describe(crit)
+    server.wait_listing(
+        lambda ls: all(ls[wid]["gpu_state"] == "frozen-by-priority" for wid in low_ids),
+        "both low jobs paused by priority",
+        timeout_s=LONG_S,
+    )
     wait_for(lambda: all(stopped(pid) for pid in groups), "both low jobs paused")
     assert {wid: server.handle(wid)["pid"] for wid in lows.values()} == pids
     before = {name: progress(root / f"{name}.count") for name in lows}
@@ -164,6 +175,36 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     (gpu,) = server.json("top")
     assert gpu["allocated_milli"] == 1000
     assert all(h["squeezed_by"] is None for h in gpu["holders"])
+    assert_governor_ok(server)
+
+
+def wait_top(
+    server: ServerProcess, check: Callable[[dict[str, dict[str, Any]]], bool], what: str
+) -> dict[str, dict[str, Any]]:
+    """Poll ``fgpu top --json`` (one GPU) until ``check`` accepts its holders by id."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def look() -> bool:
+        nonlocal seen
+        (gpu,) = server.json("top")
+        seen = {h["workload_id"]: h for h in gpu["holders"]}
+        try:
+            return check(seen)
+        except KeyError:
+            return False
+
+    try:
+        wait_for(look, what, timeout_s=LONG_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; top's holders: {seen}") from None
+    return seen
+
+
+def assert_governor_ok(server: ServerProcess) -> None:
+    """The governor took every set of workloads the service gave it (a refused set leaves
+    the GPU ungoverned: the trial's ``shares add up to 1500 milli``)."""
+    errors = [line for line in server.server_log().splitlines() if "ERROR" in line]
+    assert not [line for line in errors if "governor" in line or "over 1000" in line], errors
 
 
 def test_with_memory_too_short_one_low_job_is_evicted_as_before(server: ServerProcess) -> None:
