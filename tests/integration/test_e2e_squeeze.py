@@ -23,6 +23,9 @@ from typing import Any
 
 import pytest
 
+from fgpu.agent.fakegpu import device_time as fake_device_time
+from fgpu.agent.interposer.preload import default_segment_root
+from fgpu.native import ensure_built, lib_dir
 from tests.integration.test_service_governor import stopped
 from tests.serverproc import ServerProcess, wait_for
 
@@ -239,3 +242,74 @@ def test_with_memory_too_short_one_low_job_is_evicted_as_before(server: ServerPr
     assert "preempted" in event_kinds(server.describe(evicted[0]))
     assert server.handle(kept[0])["pid"] == pids[kept[0]]
     (root / "end").touch()
+
+
+def test_under_the_interposer_squeezed_and_neighbour_are_held_while_the_squeezer_is_busy(
+    tmp_path: Path,
+) -> None:
+    """The trial's second case on ``fgpu serve --fake-driver`` (the interposer's launch gates
+    on a simulated H100, the fake CUDA driver as the GPU's stand-in): two CUDA jobs at
+    ``-g 0.5 --gpu-memory 20GiB -p low`` and a ``-g 0.3 -p high`` squeezer (1300 milli with
+    the squeezed share). While the squeezer is busy both low jobs are held by priority; once
+    it idles both get device time again."""
+    ensure_built()
+    srv = ServerProcess(tmp_path, "1xH100-80GB", extra=["--fake-driver"])
+    srv.start()
+    idle, end = tmp_path / "idle", tmp_path / "end"
+    try:
+        spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
+        lows = [
+            srv.submit(
+                "-p",
+                "low",
+                "-g",
+                "0.5",
+                "--gpu-memory",
+                "20GiB",
+                "--name",
+                f"low-{i}",
+                *GRACE,
+                command=spin,
+            )
+            for i in range(2)
+        ]
+        wait_top(
+            srv,
+            lambda h: all(h[w].get("enforcement") == "interposer" for w in lows),
+            "both low jobs held at launch by the interposer",
+        )
+        high = srv.submit(
+            "-p", "high", "-g", "0.3", "--gpu-memory", "20GiB", "--name", "svc", *GRACE,
+            command=inference(idle, end),
+        )  # fmt: skip
+        srv.wait_phase(high, "running")
+        listing = srv.wait_listing(
+            lambda ls: any(ls[w]["squeezed"] for w in lows), "a squeezed low job"
+        )
+        assert [listing[w]["squeezed_by"] for w in lows if listing[w]["squeezed"]] == [[high]]
+        assert all(listing[w]["restarts"] == 0 for w in lows), listing
+        wait_top(
+            srv,
+            lambda h: (
+                h[high].get("state") == "running"
+                and all(h[w].get("state") == "frozen-by-priority" for w in lows)
+            ),
+            "the squeezer governed, both low jobs held by priority",
+        )
+        uuid = srv.json("nodes")[0]["gpus"][0]["uuid"]
+        state = next(default_segment_root(srv.state_dir).glob("fake-gpus-*.state"))
+        pgids = [srv.handle(w)["pgid"] for w in lows]
+
+        idle.touch()
+        before = fake_device_time(state, uuid, pgids)
+        wait_for(
+            lambda: all(
+                fake_device_time(state, uuid, pgids)[p] > before[p] + 50_000_000 for p in pgids
+            ),
+            "both low jobs getting device time after the squeezer idles",
+            timeout_s=LONG_S,
+        )
+        assert_governor_ok(srv)
+    finally:
+        end.touch()
+        srv.cleanup()
