@@ -9,8 +9,9 @@ with the semantics they rely on:
   ``creationTimestamp``; ``409 Conflict`` on a stale ``resourceVersion`` or a failed
   ``uid`` precondition, ``409 AlreadyExists`` on a taken name, ``generateName``;
 - list and watch with label and field selectors; watch from a version, ``410 Gone`` once
-  the history no longer reaches it; objects moving in or out of a selector appear as
-  ``ADDED``/``DELETED``;
+  the bounded history (:attr:`Options.history` changes) no longer reaches it; objects
+  moving in or out of a selector appear as ``ADDED``/``DELETED``; ``BOOKMARK`` events for
+  watches that allow them (:attr:`Options.bookmark_s`);
 - JSON patch, merge patch, strategic merge patch (for the lists fgpu patches);
 - status subresources (status only through ``/status``, never through the object);
 - ``pods/binding`` (node name and annotations written together; refused if already bound
@@ -26,9 +27,15 @@ with the semantics they rely on:
   server's validation, and the resource claim controller's part (a claim per pod from its
   template; reservations and allocations dropped when pods go)
   (:mod:`~fgpu_standin.resource`, :mod:`~fgpu_standin.claims`);
-- admission webhooks on pod creation and update (AdmissionReview v1 over HTTP or HTTPS,
-  JSON patch responses, denials answered as the API server words them; the requester named
-  by ``Impersonate-User``, trusted unchecked, else ``system:anonymous``);
+- dynamic admission as configured (:attr:`Options.admission`,
+  :mod:`~fgpu_standin.admission`): mutating then validating webhooks (AdmissionReview
+  v1 over HTTP or HTTPS, JSON patch responses) by their rules, namespace and object
+  selectors, ``matchConditions`` and failure policy, and ValidatingAdmissionPolicies with
+  their bindings, on every create and update; denials worded as the API server words them;
+  the requester named by ``Impersonate-User`` (with ``Impersonate-Group`` and
+  ``Impersonate-Extra-*``), trusted unchecked, else ``system:anonymous``;
+- scheduling gates: a pod created with ``spec.schedulingGates`` gets ``PodScheduled=False``
+  ``SchedulingGated``, gates may only be removed, and its Binding is refused (409);
 - enough for ``kubectl``: discovery (``/api``, ``/apis``, resource lists, ``/version``),
   ``Table`` answers for ``kubectl get``, event field selectors for ``kubectl describe``,
   and ``fieldValidation`` (unknown fields, from the official client's models) with the

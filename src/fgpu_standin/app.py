@@ -10,7 +10,6 @@ Paths follow the API server's: ``/api/v1/...`` for the core group and
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import json
 import logging
@@ -19,12 +18,13 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fgpu_standin import claims, discovery, fields, resource, tables
+from fgpu_standin import admission, claims, discovery, fields, resource, tables
 from fgpu_standin.patch import PatchError, json_patch, merge_patch
 from fgpu_standin.selectors import (
     SelectorError,
@@ -51,11 +51,16 @@ class Options:
         graceful_delete: deleting a bound pod only marks it (``deletionTimestamp``) until a
             delete with ``gracePeriodSeconds=0`` (its containers are still stopping), as the
             API server does while the kubelet works; off: it goes at once.
-        webhooks: mutating/validating admission webhook URLs called on pod CREATE and
-            UPDATE (a PUT or PATCH of the pod itself; not ``pods/status`` or
-            ``pods/binding``, which are subresources), in order (AdmissionReview v1), as a
-            MutatingWebhookConfiguration for ``pods`` with operations CREATE and UPDATE
-            would (its ``matchConditions`` are not evaluated: every pod request is sent).
+        admission: the admission configurations (``MutatingWebhookConfiguration``,
+            ``ValidatingWebhookConfiguration``, ``ValidatingAdmissionPolicy`` and its
+            bindings, as objects), honoured as the API server does on every create and
+            update (rules, namespace and object selectors, ``matchConditions``; see
+            :mod:`~fgpu_standin.admission`). Webhooks are called at their
+            ``clientConfig.url`` (:func:`~fgpu_standin.admission.point_services`
+            turns a ``service`` into a URL).
+        history: how many changes a watch can resume from (older: ``410 Gone``).
+        bookmark_s: how often a watch that asked for bookmarks
+            (``allowWatchBookmarks=true``) gets one while no event passes.
         webhook_ca: CA bundle file for ``https`` webhook URLs.
         latency_s: seconds every request waits before it is served (watches: before the
             stream starts), to test against the latencies of a real API server, whose
@@ -71,8 +76,10 @@ class Options:
 
     kubelet: bool = False
     graceful_delete: bool = False
-    webhooks: list[str] = field(default_factory=list)
+    admission: list[Obj] = field(default_factory=list)
     webhook_ca: str | None = None
+    history: int = 200_000
+    bookmark_s: float = 60.0
     latency_s: float = 0.0
 
 
@@ -82,13 +89,24 @@ anonymous requests gives it."""
 
 
 def user_info(headers: Any) -> dict[str, Any]:
-    """The requester, from the impersonation headers. TEST ONLY: trusted as they come (a real
-    API server authenticates the caller and checks its RBAC ``impersonate`` permission)."""
+    """The requester, from the impersonation headers (``Impersonate-User``,
+    ``Impersonate-Group``, ``Impersonate-Extra-KEY``, KEY percent-encoded, as ``kubectl
+    --as``/``--as-group`` and the client libraries send them). TEST ONLY: trusted as they
+    come (a real API server authenticates the caller and checks its RBAC ``impersonate``
+    permission); the stand-in uses them to play a service account whose token names its
+    node (``authentication.kubernetes.io/node-name``)."""
     name = headers.get("impersonate-user")
     if not name:
         return copy.deepcopy(ANONYMOUS)
     groups = [g for g in headers.getlist("impersonate-group") if g]
-    return {"username": name, "groups": [*groups, "system:authenticated"]}
+    extra: dict[str, list[str]] = {}
+    for key in headers:
+        if key.lower().startswith("impersonate-extra-"):  # percent-encoded extra key
+            extra[unquote(key[len("impersonate-extra-") :]).lower()] = headers.getlist(key)
+    info: dict[str, Any] = {"username": name, "groups": [*groups, "system:authenticated"]}
+    if extra:
+        info["extra"] = extra
+    return info
 
 
 def _kind(group: str, version: str, plural: str) -> Kind:
@@ -153,6 +171,58 @@ def _check_fields(kind: Kind, obj: Any, query: dict[str, str]) -> dict[str, str]
     return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
 
 
+GATED = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "SchedulingGated",
+    "message": "Scheduling is blocked due to non-empty scheduling gates",
+}
+"""The condition the API server gives a pod created with ``spec.schedulingGates`` (pod
+strategy ``PrepareForCreate``; Kubernetes documentation, "Pod Scheduling Readiness":
+``kubectl get pod`` then shows ``SchedulingGated``)."""
+
+
+def _gated_condition(pod: Obj) -> None:
+    """Add :data:`GATED` to a new pod with scheduling gates and no ``PodScheduled``
+    condition yet, as the API server does."""
+    if not (pod.get("spec") or {}).get("schedulingGates"):
+        return
+    status = pod.setdefault("status", {})
+    conditions = status.setdefault("conditions", [])
+    if not any(c.get("type") == "PodScheduled" for c in conditions):
+        conditions.append({**GATED, "lastTransitionTime": now_rfc3339()})
+
+
+def _check_pod_spec_update(name: str, old: Obj, new: Obj) -> None:
+    """Pod spec updates: only the removal of scheduling gates (Kubernetes documentation,
+    "Pod Scheduling Readiness": gates are set at creation and may only be removed after);
+    the other fields the API server lets change (images, tolerations added, ...) are not
+    allowed by the stand-in.
+
+    Raises:
+        ApiStatusError: 422 naming the field.
+    """
+    before = old.get("schedulingGates") or []
+    after = new.get("schedulingGates") or []
+    for gate in after:
+        if gate not in before:
+            raise ApiStatusError(
+                422,
+                "Invalid",
+                f'Pod "{name}" is invalid: spec.schedulingGates: Forbidden: only deletion is '
+                f"allowed, but found new scheduling gate '{gate.get('name', '')}'",
+            )
+    rest_old = {k: v for k, v in old.items() if k != "schedulingGates"}
+    rest_new = {k: v for k, v in new.items() if k != "schedulingGates"}
+    if rest_old != rest_new:
+        raise ApiStatusError(
+            422,
+            "Invalid",
+            f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
+            "other than the mutable ones (the stand-in allows only removing scheduling gates)",
+        )
+
+
 HIGHEST_USER_PRIORITY = 1_000_000_000
 """The highest value a PriorityClass that is not a system one may have (scheduling/v1)."""
 
@@ -197,12 +267,14 @@ class StandInApi:
 
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
-        self.store = Store()
+        self.store = Store(history=self.options.history)
         self.store.on_delete.append(self._collect_garbage)
         self.claims = claims.ClaimController(self.store, {k.plural: k for k in KINDS})
         self.store.on_delete.append(self._pod_gone)
         self._http: httpx.AsyncClient | None = None
         self.calls = 0
+        self.webhook_calls: list[tuple[str, Obj]] = []
+        """``(webhook name, AdmissionReview request)`` of every webhook call, in order."""
 
     # ----------------------------------------------------------------- helpers
     def _collect_garbage(self, plural: str, gone: Obj) -> None:
@@ -249,61 +321,61 @@ class StandInApi:
         }
 
     # ------------------------------------------------------------------- pods
-    async def _admit(self, obj: Obj, namespace: str, user: Obj, old: Obj | None = None) -> Obj:
-        """Call the webhooks on a pod CREATE (``old`` None) or UPDATE (``old``: the pod as
-        stored) and apply their patches; a denial raises as the API server words it."""
-        for url in self.options.webhooks:
-            request: dict[str, Any] = {
-                "uid": str(uuid.uuid4()),
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": namespace,
-                "name": (obj.get("metadata") or {}).get("name", ""),
-                "operation": "CREATE" if old is None else "UPDATE",
-                "userInfo": user,
-                "object": obj,
-                "oldObject": old,
-                "dryRun": False,
-            }
-            review = {
-                "apiVersion": "admission.k8s.io/v1",
-                "kind": "AdmissionReview",
-                "request": request,
-            }
-            if self._http is None:
-                verify: ssl.SSLContext | bool = True
-                if self.options.webhook_ca:
-                    verify = ssl.create_default_context(cafile=self.options.webhook_ca)
-                self._http = httpx.AsyncClient(verify=verify, timeout=10.0)
-            try:
-                reply = await self._http.post(url, json=review)
-                reply.raise_for_status()
-                answer = reply.json()["response"]
-            except (httpx.HTTPError, KeyError, ValueError) as exc:
-                raise ApiStatusError(
-                    500,
-                    "InternalError",
-                    f'Internal error occurred: failed calling webhook "{url}": {exc}',
-                ) from None
-            if not answer.get("allowed"):
-                status = answer.get("status") or {}
-                code = int(status.get("code") or 400)
-                raise ApiStatusError(
-                    code,
-                    status.get("reason") or "BadRequest",
-                    f'admission webhook "{url}" denied the request: {status.get("message", "")}',
-                )
-            if answer.get("patch"):
-                try:
-                    ops = json.loads(base64.b64decode(answer["patch"]))
-                    obj = json_patch(obj, ops)
-                except (ValueError, PatchError) as exc:
-                    raise ApiStatusError(
-                        500, "InternalError", f'webhook "{url}" sent a bad patch: {exc}'
-                    ) from None
-        return obj
+    async def _admit(
+        self,
+        kind: Kind,
+        obj: Obj,
+        namespace: str,
+        user: Obj,
+        old: Obj | None = None,
+        sub: str = "",
+    ) -> Obj:
+        """Dynamic admission of a CREATE (``old`` None) or UPDATE (``old``: the object as
+        stored) of ``obj`` (:mod:`~fgpu_standin.admission`): the mutated object, or a
+        refusal raised as the API server words it."""
+        if not self.options.admission:
+            return obj
+        meta = obj.get("metadata") or {}
+        at = admission.Attributes(
+            operation="CREATE" if old is None else "UPDATE",
+            group=kind.group,
+            version=kind.version,
+            resource=kind.plural,
+            subresource=sub,
+            namespaced=kind.namespaced,
+            namespace=namespace,
+            name=meta.get("name") or "",
+            kind=kind.kind,
+            user=user,
+            old=old,
+            namespace_object=self.store.peek("namespaces", "", namespace) if namespace else None,
+        )
+        return await admission.run(
+            self.options.admission, at, obj, self._call_webhook, str(uuid.uuid4())
+        )
+
+    async def _call_webhook(self, url: str, hook: Obj, review: Obj) -> Obj:
+        """POST one AdmissionReview; its ``response``.
+
+        Raises:
+            ApiStatusError: the call failed (the caller applies the failure policy).
+        """
+        if self._http is None:
+            verify: ssl.SSLContext | bool = True
+            if self.options.webhook_ca:
+                verify = ssl.create_default_context(cafile=self.options.webhook_ca)
+            self._http = httpx.AsyncClient(verify=verify, timeout=10.0)
+        self.webhook_calls.append((hook.get("name", ""), review["request"]))
+        timeout = float(hook.get("timeoutSeconds") or 10)
+        try:
+            reply = await self._http.post(url, json=review, timeout=timeout)
+            reply.raise_for_status()
+            answer = reply.json()["response"]
+        except (httpx.HTTPError, KeyError, ValueError, TypeError) as exc:
+            raise ApiStatusError(500, "InternalError", f"Post {url!r}: {exc}") from None
+        if not isinstance(answer, dict):
+            raise ApiStatusError(500, "InternalError", f"Post {url!r}: no response object")
+        return answer
 
     def _pod_defaults(self, obj: Obj) -> None:
         spec = obj.setdefault("spec", {})
@@ -346,6 +418,13 @@ class StandInApi:
                 "Conflict",
                 f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already '
                 f'assigned to node "{pod["spec"]["nodeName"]}"',
+            )
+        if pod["spec"].get("schedulingGates"):  # the API server's binding storage
+            raise ApiStatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} has '
+                "non-empty .spec.schedulingGates",
             )
         pod["spec"]["nodeName"] = node
         annotations = pod["metadata"].setdefault("annotations", {})
@@ -512,9 +591,11 @@ class StandInApi:
                 "the namespace of the provided object does not match the namespace sent on "
                 "the request",
             )
-        if kind.plural == "pods":
-            body = await self._admit(body, ns, user_info(headers))
+        if kind.plural == "pods":  # defaults and the Priority plugin come before webhooks
             self._pod_defaults(body)
+        body = await self._admit(kind, body, ns, user_info(headers))
+        if kind.plural == "pods":
+            _gated_condition(body)
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
         body = resource.admit(kind, body)
@@ -603,15 +684,9 @@ class StandInApi:
                 }
             else:  # and status never through the main resource
                 new["status"] = old.get("status", {})
-        if kind.plural == "pods" and sub is None:  # admission of UPDATE (not of /status)
-            new = await self._admit(new, ns, user_info(headers), old=copy.deepcopy(old))
-        if kind.plural == "pods" and sub is None and new.get("spec") != old.get("spec"):
-            raise ApiStatusError(
-                422,
-                "Invalid",
-                f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
-                "other than the mutable ones (the stand-in allows none)",
-            )
+        new = await self._admit(kind, new, ns, user_info(headers), copy.deepcopy(old), sub or "")
+        if kind.plural == "pods" and sub is None:
+            _check_pod_spec_update(name, old.get("spec") or {}, new.get("spec") or {})
         new = resource.admit(kind, new, old, status=sub == "status")
         written = self.store.replace(kind, ns, name, new, check_rv=check_rv)
         if kind.plural == "resourceclaims":
@@ -667,6 +742,17 @@ class StandInApi:
                 return Response(line, media_type="application/json")
             start = found
         timeout = float(query.get("timeoutSeconds") or 0) or None
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1") and not as_table
+
+        def bookmark() -> str:
+            """A BOOKMARK event: only ``metadata.resourceVersion`` is meaningful; a client
+            resumes from it (Kubernetes API concepts, "Watch bookmarks")."""
+            obj = {
+                "kind": kind.kind,
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)},
+            }
+            return json.dumps({"type": "BOOKMARK", "object": obj}) + "\n"
 
         def render(event: WatchEvent) -> str | None:
             was, now = visible(event.old), visible(event.new)
@@ -697,10 +783,16 @@ class StandInApi:
                 last = start[-1].rv if start else 0
                 while True:
                     wait = None if deadline is None else max(0.0, deadline - loop.time())
+                    if bookmarks and (wait is None or wait > self.options.bookmark_s):
+                        wait = self.options.bookmark_s
                     try:
                         got = await asyncio.wait_for(watcher.queue.get(), wait)
                     except TimeoutError:
-                        return
+                        if deadline is not None and loop.time() >= deadline:
+                            return
+                        if watcher.queue.empty():  # every change so far was delivered
+                            yield bookmark()
+                        continue
                     if got is None:
                         return
                     if got.rv <= last:

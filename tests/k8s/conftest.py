@@ -21,6 +21,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ import uvicorn
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu_standin import Options, StandIn
+from fgpu_standin.admission import load, point_services
 from tests.k8s.podtree import Kubelet
 
 pytestmark = pytest.mark.k8s
@@ -40,6 +42,17 @@ if os.environ.get("KUBECONFIG") and not REAL:
         "the in-repo API stand-in, not that cluster",
         stacklevel=1,
     )
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def fgpu_admission(url: str) -> list[dict[str, Any]]:
+    """fgpu's admission configurations as deploy/base installs them (the mutating and the
+    validating webhook, the admission policies), the webhook's Service reached at ``url``
+    (the stand-in's ``admission`` option)."""
+    found = load([DEPLOY / "base" / "webhook.yaml", DEPLOY / "base" / "admission-policies.yaml"])
+    return point_services(found, {"fgpu-system/fgpu-webhook": url})
 
 
 @dataclass

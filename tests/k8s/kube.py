@@ -61,11 +61,13 @@ def pod(
     notes = {f"fgpu.io/{k.replace('_', '-')}": v for k, v in annotations.items()}
     if gpu is not None:
         notes[wire.GPU] = gpu
+    spec_extra = {"priorityClassName": CEILING_CLASS} if "priority" in annotations else {}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "annotations": notes, "labels": labels or {}},
         "spec": {
+            **spec_extra,
             "schedulerName": wire.SCHEDULER_NAME,
             "containers": [
                 {
@@ -79,9 +81,31 @@ def pod(
     }
 
 
+CEILING_CLASS = "fgpu-test-ceiling"
+"""The PriorityClass (value 1000) that :func:`pod` gives pods with ``priority=``: the
+``fgpu.io/priority`` annotation may only lower the class's priority
+(:mod:`fgpu.k8s.tenancy`), so a pod that asks for a priority needs a class at least as
+high."""
+
+
+def ensure_ceiling_class(cluster: Cluster) -> None:
+    """Create :data:`CEILING_CLASS` unless it exists."""
+    from kubernetes import client
+
+    try:
+        client.SchedulingV1Api(cluster.api.client).create_priority_class(
+            {"metadata": {"name": CEILING_CLASS}, "value": 1000}, _preload_content=False
+        )
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def create(cluster: Cluster, body: dict[str, Any], admit: bool = True) -> dict[str, Any]:
     """Create a pod; ``admit`` applies the webhook's patch first (what the API server does
     with the webhook configured; tests of admission itself go through HTTP)."""
+    if (body.get("spec") or {}).get("priorityClassName") == CEILING_CLASS:
+        ensure_ceiling_class(cluster)
     if admit:
         body = json_patch(body, mutate(body, env_without_isolation=True))
     result: dict[str, Any] = cluster.api._call(

@@ -92,6 +92,8 @@ def demo(tmp_path: Path) -> Iterator[Demo]:
     try:
         for command in commands:
             argv = shlex.split(on_ports(command, api_port, webhook_port))
+            # the page runs in the repository's root; this runs elsewhere (short socket paths)
+            argv = [str(ROOT / a) if a.startswith("deploy/") else a for a in argv]
             name = argv[2]
             # the page's own command where this checkout has it, else this interpreter's fgpu
             exe = [str(ROOT / FGPU)] if (ROOT / FGPU).is_file() else [sys.executable, "-m", "fgpu"]

@@ -11,7 +11,8 @@ import pytest
 
 from fgpu.k8s import claims, wire
 from fgpu.k8s.objects import PodRequestError
-from fgpu.k8s.webhook import mutate, review
+from fgpu.k8s.webhook import mutate
+from fgpu.k8s.webhook_app import review
 from fgpu.k8s.webhook_dra import TOLERATION
 from fgpu_standin.patch import json_patch
 from tests.k8s.kube import pod

@@ -290,7 +290,7 @@ def test_the_webhook_serves_a_renewed_certificate_without_a_restart(tmp_path: Pa
     """cert-manager renews the Secret and the kubelet updates the mounted files; the
     webhook's next handshakes present the new certificate (a pair that does not match is
     refused and the old one kept)."""
-    from fgpu.k8s.webhook import make_server
+    from fgpu.k8s.webhook_app import make_server
     from tests.k8s.conftest import free_port
 
     mounted = tmp_path / "tls"

@@ -56,6 +56,9 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeApi, int, int]]:
     try:
         for command in commands:
             argv = shlex.split(on_ports(command, api_port, webhook_port))
+            # the page runs in the repository's root; this runs elsewhere
+            root = Path(__file__).resolve().parents[2]
+            argv = [str(root / a) if a.startswith("deploy/") else a for a in argv]
             if argv[2] == "scheduler":
                 argv += ["--metrics-listen", f"127.0.0.1:{sched_metrics}"]
             if argv[2] == "node-agent":

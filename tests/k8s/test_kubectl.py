@@ -281,13 +281,26 @@ def standin_command(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+WEBHOOK_YAML = Path(__file__).resolve().parents[2] / "deploy" / "base" / "webhook.yaml"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--webhook", "127.0.0.1:8443/mutate"], "--webhook: '127.0.0.1:8443/mutate' is not an"),
-        (["--webhook-ca", "ca.crt"], "--webhook-ca: give a --webhook too"),
         (
-            ["--webhook", "https://127.0.0.1:1/mutate", "--webhook-ca", "/nonexistent/ca.crt"],
+            ["--webhook-service", "fgpu-system/fgpu-webhook=127.0.0.1:8443"],
+            "--webhook-service: 'fgpu-system/fgpu-webhook=127.0.0.1:8443' is not "
+            "NAMESPACE/NAME=URL",
+        ),
+        (["--webhook-ca", "ca.crt"], "--webhook-ca: give an --admission file too"),
+        (["--admission", "/nonexistent/webhook.yaml"], "--admission: no file /nonexistent/"),
+        (
+            ["--admission", str(WEBHOOK_YAML.with_name("namespace.yaml"))],
+            "namespace.yaml holds no webhook configuration or admission policy",
+        ),
+        (["--admission", str(Path(__file__))], "test_kubectl.py: expected '<document start>'"),
+        (
+            ["--admission", str(WEBHOOK_YAML), "--webhook-ca", "/nonexistent/ca.crt"],
             "--webhook-ca: no file /nonexistent/ca.crt",
         ),
     ],
@@ -300,23 +313,25 @@ def test_bad_standin_options_are_refused_naming_the_option(args, message) -> Non
 
 def test_the_standin_command_registers_nodes_and_calls_the_webhook(tmp_path: Path) -> None:
     from fgpu.k8s.kube import KubeApi, api_client
-    from fgpu.k8s.webhook import create_app
+    from fgpu.k8s.webhook_app import create_app
     from tests.k8s.conftest import Served
 
     port = free_port()
     with Served(create_app(env_without_isolation=True)) as hook:
         proc = subprocess.Popen(
             [sys.executable, "-m", "fgpu", "k8s", "standin", "--port", str(port),
-             "--node", "a", "--node", "b", "--webhook", f"{hook.url}/mutate"],
+             "--node", "a", "--node", "b", "--admission", str(WEBHOOK_YAML),
+             "--webhook-service", f"fgpu-system/fgpu-webhook={hook.url}"],
             stderr=subprocess.PIPE,
             text=True,
         )  # fmt: skip
         try:
             assert proc.stderr is not None
-            banner = [proc.stderr.readline().strip() for _ in range(4)]
+            banner = [proc.stderr.readline().strip() for _ in range(5)]
             assert banner == [
                 f"TEST STAND-IN (not Kubernetes) serving on http://127.0.0.1:{port}",
-                f"admission webhook: {hook.url}/mutate",
+                f"admission webhook pods.fgpu.io: {hook.url}/mutate",
+                f"admission webhook pods.fgpu.io: {hook.url}/validate",
                 "node: a (Ready)",
                 "node: b (Ready)",
             ]

@@ -86,7 +86,16 @@ def test_the_queue_schema_names_the_fields_the_scheduler_reads() -> None:
     props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
         "properties"
     ]
-    assert set(props) == {"quota", "limit", "overQuotaWeight", "priority", "parent", "squeeze"}
+    assert set(props) == {
+        "quota",
+        "limit",
+        "overQuotaWeight",
+        "priority",
+        "parent",
+        "namespaces",  # fgpu.k8s.tenancy
+        "nonPreemptible",
+        "squeeze",
+    }
     spec = queue_spec(
         {
             "metadata": {"name": "team-a"},

@@ -18,14 +18,14 @@ from fgpu.k8s.kube import MERGE_PATCH, KubeError
 from fgpu.k8s.objects import PodRequestError, node_info, pod_ask
 from fgpu.k8s.podcgroup import pod_handle
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.webhook import create_app
+from fgpu.k8s.webhook_app import create_app
 from fgpu.mig.catalog import mig_profiles
 from fgpu.mig.device import SimulatedMigDevice
 from fgpu.mig.layout import is_valid, make_layout
 from fgpu.rules.errors import BadRequest
 from fgpu.rules.requests import parse_submission
 from fgpu.wire import SubmitRequest
-from tests.k8s.conftest import Cluster, Served
+from tests.k8s.conftest import Cluster, Served, fgpu_admission
 from tests.k8s.kube import (
     add_node,
     assignment,
@@ -128,7 +128,7 @@ def test_a_mig_pod_asks_for_its_profile_and_its_containers_cpu_and_memory() -> N
 
 def test_bad_mig_profiles_are_refused_at_admission_with_field_and_reason(make_cluster) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         with pytest.raises(KubeError) as unknown:

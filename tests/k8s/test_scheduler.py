@@ -14,9 +14,9 @@ from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.scheduler import K8sScheduler
-from fgpu.k8s.webhook import create_app
+from fgpu.k8s.webhook_app import create_app
 from fgpu.sched.state import check_invariants
-from tests.k8s.conftest import Cluster, Served
+from tests.k8s.conftest import Cluster, Served, fgpu_admission
 from tests.k8s.kube import (
     add_node,
     assignment,
@@ -44,7 +44,7 @@ def test_sixteen_half_gpu_pods_created_at_once_land_two_per_gpu_each_seeing_its_
     make_cluster,
 ) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         add_node(cluster, "node-a", gpus=8)
         scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
         scheduler.start(tick_s=1.0)

@@ -16,12 +16,19 @@ from fastapi import FastAPI, Request
 from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.objects import PodRequestError, pod_ask
-from fgpu.k8s.webhook import create_app, mutate, review
+from fgpu.k8s.webhook import mutate
+from fgpu.k8s.webhook_app import (
+    TENANCY_ANNOTATIONS,
+    create_app,
+    mutate_review,
+    review,
+    validate,
+)
 from fgpu.rules.errors import BadRequest
 from fgpu.rules.requests import parse_submission
 from fgpu.wire import SubmitRequest
 from fgpu_standin.patch import json_patch
-from tests.k8s.conftest import Served
+from tests.k8s.conftest import Served, fgpu_admission
 from tests.k8s.kube import create, pod
 
 pytestmark = pytest.mark.k8s
@@ -70,7 +77,7 @@ def test_a_queue_annotation_that_is_not_a_queue_name_is_refused() -> None:
 
 def test_a_bad_annotation_is_refused_at_admission_with_field_and_reason(make_cluster) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         with pytest.raises(KubeError) as err:
@@ -169,7 +176,7 @@ def test_the_webhook_serves_tls_from_certificate_files(make_cluster, tmp_path: P
         create_app(env_without_isolation=True), ssl_certfile=str(cert), ssl_keyfile=str(key)
     ) as webhook:
         assert webhook.url.startswith("https://")
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"], webhook_ca=str(cert))
+        cluster = make_cluster(admission=fgpu_admission(webhook.url), webhook_ca=str(cert))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         with pytest.raises(KubeError) as err:
@@ -289,7 +296,7 @@ def test_a_copied_pod_is_admitted_through_the_api_and_gets_a_fresh_configmap(
     make_cluster,
 ) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         first = create(cluster, pod("first", "0.5"), admit=False)
@@ -417,7 +424,7 @@ def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off
 ) -> None:
     body = _with_mount({"name": "mine", "mountPath": "/run/fgpu"})
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         with pytest.raises(KubeError) as err:
@@ -428,7 +435,7 @@ def test_a_conflicting_mount_is_refused_at_admission_and_the_switch_turns_it_off
         "fgpu mounts the node agent's socket folder" in err.value.message
     )
     with Served(create_app(agent_socket_volume=False, env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         made = create(cluster, body, admit=False)
     assert made["spec"]["volumes"] == [{"name": "mine", "emptyDir": {}}]
 
@@ -550,7 +557,7 @@ def test_an_unknown_fgpu_annotation_is_refused_with_the_closest_one(
 
 def test_the_bypasses_are_refused_at_admission(make_cluster) -> None:
     with Served(create_app(env_without_isolation=True)) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         body = pod("typo", None)
@@ -637,17 +644,27 @@ def test_other_updates_are_allowed_without_a_patch() -> None:
 
 
 class Recorder:
-    """The webhook's app, recording the AdmissionReview requests it answers."""
+    """The webhook's app, recording the AdmissionReview requests it answers (``paths``:
+    which endpoint got each)."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.app = FastAPI()
 
         @self.app.post("/mutate")
-        async def route(request: Request) -> dict[str, Any]:
+        async def mutating(request: Request) -> dict[str, Any]:
             body = json.loads(await request.body())
             self.requests.append(body["request"])
-            return review(body, env_without_isolation=True)
+            self.paths.append("mutate")
+            return mutate_review(body, env_without_isolation=True)
+
+        @self.app.post("/validate")
+        async def validating(request: Request) -> dict[str, Any]:
+            body = json.loads(await request.body())
+            self.requests.append(body["request"])
+            self.paths.append("validate")
+            return validate(body, env_without_isolation=True)
 
 
 def _as(cluster: Any, user: str) -> KubeApi:
@@ -662,17 +679,20 @@ def test_the_standin_sends_pod_updates_and_a_user_cannot_edit_the_assignment(
 ) -> None:
     hook = Recorder()
     with Served(hook.app) as webhook:
-        cluster = make_cluster(webhooks=[f"{webhook.url}/mutate"])
+        cluster = make_cluster(admission=fgpu_admission(webhook.url))
         if cluster.real:
             pytest.skip("a real cluster calls the webhook through its own configuration")
         made = create(cluster, pod("p", "0.5"), admit=False)
-        assert [r["operation"] for r in hook.requests] == ["CREATE"]
+        # mutation first, then validation of the mutated pod (the API server's order)
+        assert [r["operation"] for r in hook.requests] == ["CREATE", "CREATE"]
+        assert hook.paths == ["mutate", "validate"]
+        assert hook.requests[1]["object"]["spec"]["schedulerName"] == wire.SCHEDULER_NAME
         assert hook.requests[0]["userInfo"]["username"] == "system:anonymous"
         assert hook.requests[0]["oldObject"] is None
         # the Binding (pods/binding) and status writes (pods/status) are subresources
         cluster.api.bind("default", "p", made["metadata"]["uid"], "n1", {wire.ASSIGNMENT: "{}"})
         cluster.api.patch_pod_status("default", "p", {"status": {"message": "hi"}})
-        assert len(hook.requests) == 1
+        assert len(hook.requests) == 2
         with pytest.raises(KubeError) as err:  # kubectl annotate pod p fgpu.io/assignment-
             cluster.api.patch_pod(
                 "default", "p", {"metadata": {"annotations": {wire.ASSIGNMENT: None}}}
@@ -718,7 +738,7 @@ def _configured_webhook() -> dict[str, Any]:
     import yaml
 
     docs = list(yaml.safe_load_all(DEPLOY_WEBHOOK.read_text()))
-    config = next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration")
+    config = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
     (hook,) = config["webhooks"]  # one entry: the overlays set its caBundle
     return dict(hook)
 
@@ -733,7 +753,7 @@ def test_the_configuration_sends_pod_creates_and_updates_but_no_subresources() -
     update = next(c for c in hook["matchConditions"] if "UPDATE" in c["expression"])
     # the annotations the UPDATE condition watches are the ones the webhook guards
     named = set(re.findall(r"'(fgpu\.io/[a-z-]+)'", update["expression"]))
-    assert named == set(wire.FGPU_ANNOTATIONS)
+    assert named == set(wire.FGPU_ANNOTATIONS) | set(TENANCY_ANNOTATIONS)
 
 
 def _condition_cases() -> list[Any]:
@@ -750,6 +770,9 @@ def _condition_cases() -> list[Any]:
         pytest.param("UPDATE", p(None), p(None), False, "", id="update-plain"),
         pytest.param("UPDATE", p({**a, "x": "1"}), p(a), False, "", id="update-label-like"),
         pytest.param("UPDATE", p({**a, wire.QUEUE: "b"}), p(a), False, "", id="update-queue"),
+        pytest.param(
+            "UPDATE", p({wire.QUEUE: "b"}, "fgpu"), p(None, "fgpu"), True, "", id="fgpu-queue"
+        ),
         pytest.param("UPDATE", p({}), p(a), True, "", id="update-remove-assignment"),
         pytest.param("UPDATE", p(None), p(a), True, "", id="update-remove-all-annotations"),
         pytest.param("UPDATE", p({wire.ASSIGNMENT: "y"}), p(a), True, "", id="update-change"),

@@ -164,6 +164,8 @@ def scheduler(
 
 @k8s_app.command("webhook")
 def webhook(
+    kubeconfig: KubeconfigOption = None,
+    server: ServerOption = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port.")] = 8443,
     tls_cert_file: Annotated[str | None, typer.Option(help="TLS certificate (PEM).")] = None,
@@ -194,12 +196,18 @@ def webhook(
         ),
     ] = False,
 ) -> None:
-    """Run the admission webhook (POST /mutate)."""
-    from fgpu.k8s.webhook import serve
+    """Run the admission webhooks (POST /mutate and /validate). It reads Namespaces (their
+    default queue) and Queues (who may use them) from the API."""
+    from fgpu.k8s.kube import KubeApi, KubeError, api_client
+    from fgpu.k8s.webhook_app import KubeLookup, serve
 
     _logging()
     if not scheduler_user:
         raise _fail("--scheduler-user: give the scheduler's user name")
+    try:
+        lookup = KubeLookup(KubeApi(api_client(kubeconfig, server), timeout_s=3.0))
+    except KubeError as exc:
+        raise _fail(f"--kubeconfig/--server: {exc}") from None
     try:
         serve(
             host,
@@ -209,6 +217,7 @@ def webhook(
             agent_socket_volume=agent_socket_volume,
             scheduler_user=scheduler_user,
             env_without_isolation=env_without_isolation,
+            lookup=lookup,
         )
     except ValueError as exc:
         raise _fail(str(exc)) from None
@@ -457,11 +466,21 @@ def kubelet_standin(
 def standin(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8001,
     kubelet: Annotated[bool, typer.Option(help="Pretend to be every node's kubelet.")] = True,
-    webhook: Annotated[
+    admission: Annotated[
         list[str] | None,
         typer.Option(
-            help="Admission webhook URL called on pod creation and update, e.g. "
-            "http://127.0.0.1:8443/mutate (repeat for several, called in order).",
+            help="YAML file of admission configurations (Mutating/ValidatingWebhook"
+            "Configuration, ValidatingAdmissionPolicy and bindings; other documents are "
+            "skipped), honoured as the API server does, e.g. deploy/base/webhook.yaml "
+            "(repeat for several).",
+        ),
+    ] = None,
+    webhook_service: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAMESPACE/NAME=URL: call the webhooks whose clientConfig names that "
+            "Service at URL (plus its path), e.g. "
+            "fgpu-system/fgpu-webhook=http://127.0.0.1:8443 (repeat for several).",
         ),
     ] = None,
     webhook_ca: Annotated[
@@ -486,24 +505,42 @@ def standin(
     from urllib.parse import urlsplit
 
     from fgpu_standin import Options, StandIn
+    from fgpu_standin.admission import load, point_services
 
     if not 0 <= latency_ms <= 60_000:
         raise _fail(f"--latency-ms: {latency_ms} is not between 0 and 60000 milliseconds")
-    urls = list(webhook or [])
-    for url in urls:
+    services: dict[str, str] = {}
+    for entry in webhook_service or []:
+        key, _, url = entry.partition("=")
         parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise _fail(f"--webhook: {url!r} is not an http:// or https:// URL")
+        if key.count("/") != 1 or parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _fail(
+                f"--webhook-service: {entry!r} is not NAMESPACE/NAME=URL with an http:// or "
+                "https:// URL"
+            )
+        services[key] = url
+    configurations = []
+    for path in admission or []:
+        if not os.path.isfile(path):
+            raise _fail(f"--admission: no file {path}")
+        try:
+            found = load([path])
+        except ValueError as exc:
+            raise _fail(f"--admission: {exc}") from None
+        if not found:
+            raise _fail(f"--admission: {path} holds no webhook configuration or admission policy")
+        configurations.extend(found)
+    configurations = point_services(configurations, services)
     if webhook_ca is not None:
-        if not urls:
-            raise _fail("--webhook-ca: give a --webhook too")
+        if not configurations:
+            raise _fail("--webhook-ca: give an --admission file too")
         if not os.path.isfile(webhook_ca):
             raise _fail(f"--webhook-ca: no file {webhook_ca}")
     try:
         server = StandIn(
             Options(
                 kubelet=kubelet,
-                webhooks=urls,
+                admission=configurations,
                 webhook_ca=webhook_ca,
                 latency_s=latency_ms / 1000,
             ),
@@ -518,8 +555,12 @@ def standin(
         server.stop()
         raise _fail(str(exc)) from None
     typer.echo(f"TEST STAND-IN (not Kubernetes) serving on {server.url}", err=True)
-    for url in urls:
-        typer.echo(f"admission webhook: {url}", err=True)
+    for config in configurations:
+        for hook in config.get("webhooks") or []:
+            where = (hook.get("clientConfig") or {}).get("url") or "(no URL: not reachable)"
+            typer.echo(f"admission webhook {hook.get('name', '')}: {where}", err=True)
+        if config.get("kind") == "ValidatingAdmissionPolicy":
+            typer.echo(f"admission policy: {config['metadata']['name']}", err=True)
     for name in node or []:
         typer.echo(f"node: {name} (Ready)", err=True)
     try:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fgpu.k8s import claims, parity, wire
+from fgpu.k8s import claims, parity, tenancy, wire
 from fgpu.k8s.cache import Snapshot
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts, node_facts
 from fgpu.k8s.kube import KubeApi, KubeError
@@ -138,6 +138,7 @@ class RoundBuilder:
         fast = self._fast
         self._fast = {}
         special = self._evicting.keys() | self._protected.keys()
+        queue_objects = {q["metadata"]["name"]: q for q in snap.queues}
         for pod in snap.pods:
             # an fgpu pod whose object is the very one of the last round, on a node whose
             # view did not change: reuse its workload (the cache replaces objects on change)
@@ -204,6 +205,8 @@ class RoundBuilder:
                 continue
             if meta.get("deletionTimestamp"):
                 continue
+            if spec.get("schedulingGates"):
+                continue  # not ready for scheduling; the API server says SchedulingGated
             try:
                 ask = pod_ask(pod)
             except PodRequestError as exc:
@@ -212,6 +215,9 @@ class RoundBuilder:
             except Exception as exc:  # a bug must cost this pod, not every pod's round
                 log.exception("reading pod %s failed", key)
                 rnd.refused[key] = f"fgpu could not read this pod ({type(exc).__name__}: {exc})"
+                continue
+            if (why := tenancy.refusal(pod, ask, queue_objects)) is not None:
+                rnd.refused[key] = why
                 continue
             if self.env_without_isolation:
                 if not (meta.get("annotations") or {}).get(wire.ENV_CONFIGMAP):

@@ -55,6 +55,9 @@ On pod update it only checks (never patches): a change to an annotation fgpu wri
 (:data:`fgpu.k8s.wire.FGPU_ANNOTATIONS`) is refused unless the request's user is the
 scheduler's (:func:`check_update`).
 
+The HTTP side (the ``/mutate`` and ``/validate`` endpoints, the reads of Namespaces and
+Queues) is :mod:`fgpu.k8s.webhook_app`.
+
 Which pods come here is the webhook configuration's choice (deploy/: the creation of pods
 whose ``schedulerName`` is ``fgpu`` or that carry an ``fgpu.io/`` annotation, and updates
 that change one of those annotations).
@@ -62,21 +65,16 @@ that change one of those annotations).
 
 from __future__ import annotations
 
-import base64
 import difflib
-import json
 import logging
 import posixpath
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-
 from fgpu.k8s import wire
 from fgpu.k8s.objects import PodRequestError, pod_ask
-from fgpu.k8s.webhook_dra import check_privileged, dra_ops
+from fgpu.k8s.webhook_dra import dra_ops
 
 log = logging.getLogger("fgpu.k8s.webhook")
 
@@ -200,6 +198,7 @@ def mutate(
     *,
     agent_socket_volume: bool = True,
     env_without_isolation: bool = False,
+    queue: str = wire.DEFAULT_QUEUE,
 ) -> list[dict[str, Any]]:
     """The JSON patch that admits ``pod`` (empty for a pod that is not fgpu's).
 
@@ -211,6 +210,8 @@ def mutate(
             ``env_without_isolation``: on the DRA path the CDI spec mounts it).
         env_without_isolation: the ConfigMap path, which does not isolate (module
             docstring); default: the DRA path.
+        queue: the ``fgpu.io/queue`` a pod without one gets (its namespace's default,
+            :func:`fgpu.k8s.tenancy.default_queue`).
 
     Raises:
         PodRequestError: a bad annotation (naming it and the reason, as the CLI would), a
@@ -235,10 +236,11 @@ def mutate(
             {
                 "op": "add",
                 "path": f"/metadata/annotations/{_escape(wire.QUEUE)}",
-                "value": wire.DEFAULT_QUEUE,
+                "value": queue,
             }
         )
-    ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
+    if spec.get("schedulerName") != wire.SCHEDULER_NAME:
+        ops.append({"op": "add", "path": "/spec/schedulerName", "value": wire.SCHEDULER_NAME})
     if not env_without_isolation:
         if wire.ENV_CONFIGMAP in notes:  # copied from a pod of the ConfigMap path
             path = f"/metadata/annotations/{_escape(wire.ENV_CONFIGMAP)}"
@@ -373,162 +375,3 @@ _WHAT = {
     wire.HOLD: "the capacity held for the pod while others are preempted",
     wire.ENV_CONFIGMAP: "the ConfigMap of the pod's GPU environment",
 }
-
-
-def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
-    return {
-        "uid": uid,
-        "allowed": False,
-        "status": {"code": 422, "reason": "Invalid", "message": str(exc)},
-    }
-
-
-def review(
-    body: Obj,
-    *,
-    agent_socket_volume: bool = True,
-    scheduler_user: str = SCHEDULER_USER,
-    env_without_isolation: bool = False,
-) -> dict[str, Any]:
-    """Answer an ``AdmissionReview`` (admission.k8s.io/v1): pod CREATE is checked and
-    mutated (:func:`mutate`; ``agent_socket_volume`` and ``env_without_isolation`` as
-    there), pod UPDATE only checked (:func:`check_update`, never a patch), an update of an
-    fgpu pod's ``ephemeralcontainers`` refused when one is privileged; anything else is
-    allowed as it is."""
-    request = body.get("request") or {}
-    uid = request.get("uid", "")
-    response: dict[str, Any] = {"uid": uid, "allowed": True}
-    pod = request.get("object") or {}
-    operation = request.get("operation", "CREATE")
-    sub = request.get("subResource")
-    is_pod = request.get("kind", {}).get("kind", "Pod") == "Pod" and not sub
-    if sub == "ephemeralcontainers" and wants_fgpu(pod):
-        try:
-            check_privileged(pod.get("spec") or {}, ("ephemeralContainers",))
-        except PodRequestError as exc:
-            response = _refusal(uid, exc)
-    if is_pod and operation == "CREATE":
-        try:
-            ops = mutate(
-                pod,
-                agent_socket_volume=agent_socket_volume,
-                env_without_isolation=env_without_isolation,
-            )
-        except PodRequestError as exc:
-            response = _refusal(uid, exc)
-        else:
-            if ops:
-                response["patchType"] = "JSONPatch"
-                response["patch"] = base64.b64encode(json.dumps(ops).encode()).decode()
-    elif is_pod and operation == "UPDATE":
-        user = str((request.get("userInfo") or {}).get("username") or "")
-        try:
-            check_update(request.get("oldObject") or {}, pod, user, scheduler_user=scheduler_user)
-        except PodRequestError as exc:
-            response = _refusal(uid, exc)
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
-
-
-def create_app(
-    *,
-    agent_socket_volume: bool = True,
-    scheduler_user: str = SCHEDULER_USER,
-    env_without_isolation: bool = False,
-) -> FastAPI:
-    """The webhook's HTTP application: ``POST /mutate`` and ``GET /healthz``;
-    ``agent_socket_volume`` and ``env_without_isolation`` as in :func:`mutate`,
-    ``scheduler_user`` as in :func:`check_update`."""
-    app = FastAPI(title="fgpu admission webhook", openapi_url=None)
-
-    @app.post("/mutate")
-    async def mutate_route(request: Request) -> JSONResponse:
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        return JSONResponse(
-            review(
-                body,
-                agent_socket_volume=agent_socket_volume,
-                scheduler_user=scheduler_user,
-                env_without_isolation=env_without_isolation,
-            )
-        )
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    return app
-
-
-def serve(
-    host: str,
-    port: int,
-    cert_file: str | None,
-    key_file: str | None,
-    *,
-    agent_socket_volume: bool = True,
-    scheduler_user: str = SCHEDULER_USER,
-    env_without_isolation: bool = False,
-) -> None:
-    """Serve the webhook (HTTPS when a certificate and key are given, as the API server
-    requires; the files come from a Secret mounted in the pod, and are read again when they
-    change: :class:`fgpu.k8s.tlsreload.CertReloader`). ``agent_socket_volume`` as in
-    :func:`mutate`, ``scheduler_user`` as in :func:`check_update`.
-
-    Raises:
-        ValueError: only one of ``cert_file`` and ``key_file``.
-    """
-    import uvicorn
-
-    server, reloader = make_server(
-        host,
-        port,
-        cert_file,
-        key_file,
-        agent_socket_volume=agent_socket_volume,
-        scheduler_user=scheduler_user,
-        env_without_isolation=env_without_isolation,
-    )
-    if reloader is not None:
-        reloader.start()
-    assert isinstance(server, uvicorn.Server)
-    server.run()
-
-
-def make_server(
-    host: str,
-    port: int,
-    cert_file: str | None,
-    key_file: str | None,
-    *,
-    reload_interval_s: float = 30.0,
-    **options: Any,
-) -> tuple[Any, Any]:
-    """The webhook's ``uvicorn.Server`` (not started) and, with TLS, the
-    :class:`~fgpu.k8s.tlsreload.CertReloader` of its certificate (not started); ``options``
-    as for :func:`create_app`.
-
-    Raises:
-        ValueError: only one of ``cert_file`` and ``key_file``.
-    """
-    import uvicorn
-
-    from fgpu.k8s.tlsreload import CertReloader
-
-    if (cert_file is None) != (key_file is None):
-        raise ValueError("--tls-cert-file and --tls-key-file go together")
-    config = uvicorn.Config(
-        create_app(**options),
-        host=host,
-        port=port,
-        ssl_certfile=cert_file,
-        ssl_keyfile=key_file,
-        log_level="info",
-    )
-    config.load()  # makes config.ssl, which the reloader keeps current
-    reloader = None
-    if cert_file is not None and key_file is not None and config.ssl is not None:
-        reloader = CertReloader(config.ssl, cert_file, key_file, reload_interval_s)
-    return uvicorn.Server(config), reloader
