@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fgpu.metrics.names import PENDING_REASONS, SERIES
+from fgpu.metrics.names import SERIES
 from tests.serverproc import ServerProcess, sleeper, wait_for
 
 TOKEN = "metrics-token-0123456789abcdef"

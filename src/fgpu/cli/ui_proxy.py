@@ -33,12 +33,12 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import httpx
 
+from fgpu.cli import loopback_peer
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-from fgpu.cli import loopback_peer
 
 SESSION_COOKIE = "fgpu_ui_session"
 MAX_TARGET_BYTES = 8192
@@ -66,6 +66,8 @@ def dashboard_path(scope: Scope) -> str | None:
     if not (path == "/ui" or path.startswith("/ui/")):
         return None
     return path
+
+
 FORWARDED_HEADERS = ("content-type", "location", "cache-control", "last-modified", "etag")
 
 
@@ -179,7 +181,10 @@ class UiProxy:
             return
         try:
             answer = await self._http().request(
-                method, quote(path), params=query, headers={"accept": "text/html"}
+                method,
+                quote(path),
+                params=tuple(query),
+                headers={"accept": "text/html"},
             )
         except httpx.HTTPError as exc:
             await _plain(send, 502, f"the fgpu server on {self.socket_path} did not answer: {exc}")
@@ -244,9 +249,7 @@ def serve_ui(socket_path: Path, host: str, port: int, announce: Callable[[str], 
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     owner = os.geteuid() if loopback_peer.supported() else None
-    config = uvicorn.Config(
-        UiProxy(socket_path, key, owner), log_level="warning", lifespan="on"
-    )
+    config = uvicorn.Config(UiProxy(socket_path, key, owner), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     announce(f"http://{shown}:{bound}/ui?key={key}")
     server.run(sockets=[sock])

@@ -45,7 +45,9 @@ def _loopback(host: str) -> bool:
         found = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
         return False
-    return bool(found) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
+    return bool(found) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found
+    )
 
 
 class _Server(ThreadingHTTPServer):

@@ -23,6 +23,7 @@ tail is shown only to its owner and admins, as ``GET /v1/workloads/{id}/logs``.
 import hashlib
 import hmac
 import math
+import pwd
 import threading
 import time
 import zlib
@@ -66,6 +67,14 @@ def session_value(token: bytes) -> str:
     """The session cookie's value for ``token``: an HMAC of a fixed label under the token,
     so the cookie proves the token was typed without being usable as the bearer token."""
     return hmac.new(token, b"fgpu dashboard session", hashlib.sha256).hexdigest()
+
+
+def user_name(uid: int) -> str:
+    """The local user name of ``uid`` (its number where the machine has no such user)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def holder_marks(holder: GpuHolder) -> list[str]:
@@ -222,6 +231,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     env = _templates.env
     env.globals.update(marks=holder_marks, colour=queue_colour, refresh_s=REFRESH_S)
     env.filters["gib"] = lambda mib: f"{(mib or 0) / 1024:.1f}"
+    env.filters["user"] = user_name
     env.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
 
