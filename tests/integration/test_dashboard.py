@@ -189,6 +189,6 @@ def test_another_users_log_is_refused_where_the_api_refuses_it(
     refusal = page.locator("#log .refused")
     expect(refusal).to_contain_text("its logs are its owner's", timeout=WAIT_MS)
     assert marker not in page.content()
-    assert str(uid_of(ALICE)) not in refusal.inner_text()  # it names the owner, uid 0
+    assert str(uid_of(ALICE)) not in refusal.inner_text()  # it names the owner (root)
     shot(page, "dashboard-refused-log.png")
     page.close()
