@@ -9,7 +9,9 @@ only adds: it never refuses, and a pod it cannot read gets no patch. ``POST /val
 mutating webhook left it (the API server calls validating webhooks last), so a later
 mutating webhook cannot undo a check. Validation adds the tenancy rules of
 :mod:`fgpu.k8s.tenancy` (queue access, the priority ceiling, non-preemptible work), with
-the Namespace and Queue read through a :class:`Lookup`.
+the Namespace and Queue read through a :class:`Lookup`, and on the DRA path refuses a pod
+that names a claim of fgpu's device class of its own (the claims and templates it names
+read through the same :class:`Lookup`; :func:`fgpu.k8s.webhook_dra.check_user_claims`).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class NoLookup:
 
 class KubeLookup:
     """:class:`Lookup` through the API (one GET each; the webhook's RBAC allows ``get`` on
-    namespaces and queues, deploy/base/rbac.yaml).
+    namespaces, queues, resourceclaims and resourceclaimtemplates, deploy/base/rbac.yaml).
 
     Raises (from both methods):
         KubeError: any failure but 404 (the review then fails, and the API server applies
