@@ -6,7 +6,8 @@ before it places a pod (a Queue or an annotation may change after admission):
 
 1. **Queue access.** A ``Queue`` with ``spec.namespaces`` admits pods of those namespaces
    only (``*`` in the list: every namespace); without the field, every namespace (as before
-   the field existed, and right for one-team clusters).
+   the field existed, and right for one-team clusters). A ``spec.namespaces`` that is not a
+   list of names makes the queue broken: no pod may use it (the scheduler leaves it out).
 2. **Default queue.** A pod without ``fgpu.io/queue`` gets its namespace's
    ``fgpu.io/default-queue`` annotation (set by whoever manages namespaces), else
    ``default``; the mutating webhook writes it on the pod.
