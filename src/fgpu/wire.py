@@ -9,7 +9,7 @@ answers 422 with ``{"detail": {"field": ..., "reason": ...}}`` when they are wro
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 API_PREFIX = "/v1"
 
@@ -61,7 +61,7 @@ class SubmitRequest(_Strict):
         description="a class (very-low, low, normal, high, critical) or a number 0..1000",
     )
     queue: str = Field(default="default", json_schema_extra={"maxLength": 128})
-    preemptible: bool | None = None
+    preemptible: StrictBool | None = None
     grace_s: float = Field(
         default=30.0,
         description="SIGTERM to SIGKILL, seconds",
@@ -197,10 +197,10 @@ class QueueBody(_Strict):
         default="normal",
         description="highest workload priority non-admin members may use (number or class)",
     )
-    nonpreemptible: bool = Field(
+    nonpreemptible: StrictBool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
     )
-    squeeze: bool | None = Field(
+    squeeze: StrictBool | None = Field(
         default=None,
         description="squeeze before evict for preemption inside the queue: true, false "
         "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",

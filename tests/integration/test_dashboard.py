@@ -139,7 +139,28 @@ def test_the_gpu_map_follows_a_submit_and_a_cancel_without_a_reload(
     expect(page.locator("#workload-events")).to_contain_text("placed", timeout=WAIT_MS)
     expect(page.locator("#log pre")).to_have_count(1)
     shot(page, "dashboard-workload.png")
+
+    # a long log opens scrolled to its newest line
+    chatty = [sys.executable, "-c", LINES_THEN_SLEEP]
+    d = proc.submit("-g", "0.25", "--name", "chatty", "--gpu-model", "H100-80GB", command=chatty)
+    wait_for(lambda: "line 299" in proc.cli("logs", d).stdout, "the chatty workload's log")
+    page.goto(ui_url.split("/ui?")[0] + f"/ui/workloads/{d}")
+    expect(page.locator("#log pre")).to_contain_text("line 299", timeout=WAIT_MS)
+    assert page.locator("#log pre").evaluate(NEWEST_LINE_SHOWN), "the log is not at its end"
     page.close()
+
+
+LINES_THEN_SLEEP = (
+    "import time\nfor i in range(300): print('line', i)\nimport sys; sys.stdout.flush()\n"
+    "time.sleep(300)"
+)
+NEWEST_LINE_SHOWN = """e => {
+  const range = document.createRange();
+  range.selectNodeContents(e);
+  const rects = range.getClientRects();
+  const last = rects[rects.length - 1], box = e.getBoundingClientRect();
+  return e.scrollHeight > e.clientHeight && last.bottom <= box.bottom + 1 && last.bottom > box.top;
+}"""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a second user's workload")

@@ -17,12 +17,15 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fgpu.agent.fakegpu import device_time as fake_device_time
+from fgpu.agent.interposer.preload import default_segment_root
+from fgpu.native import ensure_built, lib_dir
 from tests.integration.test_service_governor import stopped
 from tests.serverproc import ServerProcess, wait_for
 
@@ -128,7 +131,18 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     assert gpu["allocated_milli"] == 1000  # the squeezed share is lent, not counted twice
     assert gpu["allocated_memory_mib"] == 16384 * 2 + 40960
 
-    # while the critical one is busy, both low jobs are paused, with the same processes
+    # the governor takes all three (the squeezed share is lent, not counted in the GPU's
+    # 1000 milli): the critical one is governed (mode and state in top, an Enforcement line
+    # in describe) and, while it is busy, both low jobs are paused by priority (the squeezed
+    # one for its squeezer), with the same processes
+    governed_top = wait_top(server, lambda h: h[crit].get("state") == "running", "crit governed")
+    assert governed_top[crit]["mode"] == "fair"
+    assert server.describe(crit)["enforcement"], server.describe(crit)
+    server.wait_listing(
+        lambda ls: all(ls[wid]["gpu_state"] == "frozen-by-priority" for wid in low_ids),
+        "both low jobs paused by priority",
+        timeout_s=LONG_S,
+    )
     wait_for(lambda: all(stopped(pid) for pid in groups), "both low jobs paused")
     assert {wid: server.handle(wid)["pid"] for wid in lows.values()} == pids
     before = {name: progress(root / f"{name}.count") for name in lows}
@@ -164,6 +178,36 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     (gpu,) = server.json("top")
     assert gpu["allocated_milli"] == 1000
     assert all(h["squeezed_by"] is None for h in gpu["holders"])
+    assert_governor_ok(server)
+
+
+def wait_top(
+    server: ServerProcess, check: Callable[[dict[str, dict[str, Any]]], bool], what: str
+) -> dict[str, dict[str, Any]]:
+    """Poll ``fgpu top --json`` (one GPU) until ``check`` accepts its holders by id."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def look() -> bool:
+        nonlocal seen
+        (gpu,) = server.json("top")
+        seen = {h["workload_id"]: h for h in gpu["holders"]}
+        try:
+            return check(seen)
+        except KeyError:
+            return False
+
+    try:
+        wait_for(look, what, timeout_s=LONG_S)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; top's holders: {seen}") from None
+    return seen
+
+
+def assert_governor_ok(server: ServerProcess) -> None:
+    """The governor took every set of workloads the service gave it (a refused set leaves
+    the GPU ungoverned: the trial's ``shares add up to 1500 milli``)."""
+    errors = [line for line in server.server_log().splitlines() if "ERROR" in line]
+    assert not [line for line in errors if "governor" in line or "over 1000" in line], errors
 
 
 def test_with_memory_too_short_one_low_job_is_evicted_as_before(server: ServerProcess) -> None:
@@ -198,3 +242,74 @@ def test_with_memory_too_short_one_low_job_is_evicted_as_before(server: ServerPr
     assert "preempted" in event_kinds(server.describe(evicted[0]))
     assert server.handle(kept[0])["pid"] == pids[kept[0]]
     (root / "end").touch()
+
+
+def test_under_the_interposer_squeezed_and_neighbour_are_held_while_the_squeezer_is_busy(
+    tmp_path: Path,
+) -> None:
+    """The trial's second case on ``fgpu serve --fake-driver`` (the interposer's launch gates
+    on a simulated H100, the fake CUDA driver as the GPU's stand-in): two CUDA jobs at
+    ``-g 0.5 --gpu-memory 20GiB -p low`` and a ``-g 0.3 -p high`` squeezer (1300 milli with
+    the squeezed share). While the squeezer is busy both low jobs are held by priority; once
+    it idles both get device time again."""
+    ensure_built()
+    srv = ServerProcess(tmp_path, "1xH100-80GB", extra=["--fake-driver"])
+    srv.start()
+    idle, end = tmp_path / "idle", tmp_path / "end"
+    try:
+        spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
+        lows = [
+            srv.submit(
+                "-p",
+                "low",
+                "-g",
+                "0.5",
+                "--gpu-memory",
+                "20GiB",
+                "--name",
+                f"low-{i}",
+                *GRACE,
+                command=spin,
+            )
+            for i in range(2)
+        ]
+        wait_top(
+            srv,
+            lambda h: all(h[w].get("enforcement") == "interposer" for w in lows),
+            "both low jobs held at launch by the interposer",
+        )
+        high = srv.submit(
+            "-p", "high", "-g", "0.3", "--gpu-memory", "20GiB", "--name", "svc", *GRACE,
+            command=inference(idle, end),
+        )  # fmt: skip
+        srv.wait_phase(high, "running")
+        listing = srv.wait_listing(
+            lambda ls: any(ls[w]["squeezed"] for w in lows), "a squeezed low job"
+        )
+        assert [listing[w]["squeezed_by"] for w in lows if listing[w]["squeezed"]] == [[high]]
+        assert all(listing[w]["restarts"] == 0 for w in lows), listing
+        wait_top(
+            srv,
+            lambda h: (
+                h[high].get("state") == "running"
+                and all(h[w].get("state") == "frozen-by-priority" for w in lows)
+            ),
+            "the squeezer governed, both low jobs held by priority",
+        )
+        uuid = srv.json("nodes")[0]["gpus"][0]["uuid"]
+        state = next(default_segment_root(srv.state_dir).glob("fake-gpus-*.state"))
+        pgids = [srv.handle(w)["pgid"] for w in lows]
+
+        idle.touch()
+        before = fake_device_time(state, uuid, pgids)
+        wait_for(
+            lambda: all(
+                fake_device_time(state, uuid, pgids)[p] > before[p] + 50_000_000 for p in pgids
+            ),
+            "both low jobs getting device time after the squeezer idles",
+            timeout_s=LONG_S,
+        )
+        assert_governor_ok(srv)
+    finally:
+        end.touch()
+        srv.cleanup()

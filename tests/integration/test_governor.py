@@ -317,6 +317,54 @@ def test_update_rejects_overbooked_gpus_and_unknown_gpus(
         gov.close()
 
 
+def test_a_squeezed_share_is_lent_and_its_workload_paused_while_the_squeezer_is_busy(
+    freezer: Freezer, launched: Callable[..., ProcessHandle]
+) -> None:
+    # the trial's GPU: low1 and low2 at 500, low2 squeezed by a critical 500 (1500 in all)
+    clock = FakeClock()
+    gov = Governor([GPU], freezer=freezer, clock=clock)
+    low1, low2, crit = launched("low1"), launched("low2"), launched("crit")
+    try:
+        with pytest.raises(ValueError, match="not squeezed add up to 1500 milli"):
+            gov.update(
+                [
+                    governed("low1", low1, 500, priority=25),
+                    governed("low2", low2, 500, priority=25),
+                    governed("crit", crit, 500, priority=125),
+                ]
+            )
+        gov.update(
+            [
+                governed("low1", low1, 500, priority=25),
+                governed("low2", low2, 500, priority=25, squeezed_by=("crit",)),
+                governed("crit", crit, 500, priority=125),
+            ]
+        )
+        decided = gov.step()
+        assert decided.states == {
+            "low1": RunState.FROZEN_BY_PRIORITY,
+            "low2": RunState.FROZEN_BY_PRIORITY,
+            "crit": RunState.RUNNING,
+        }
+        assert decided.blockers["low2"] == f"paused: squeezed by crit, which is busy on {GPU}"
+        assert freezer.is_frozen(low1)
+        assert freezer.is_frozen(low2)
+        assert not freezer.is_frozen(crit)
+        views = {v.workload_id: v for v in gov.snapshot().workloads}
+        assert set(views) == {"low1", "low2", "crit"}
+
+        # released (the squeezer ended): the service lists low2 without squeezed_by
+        gov.update(
+            [governed("low1", low1, 500, priority=25), governed("low2", low2, 500, priority=25)]
+        )
+        clock.now = 10 * MS
+        decided = gov.step()
+        assert RunState.FROZEN_BY_PRIORITY not in decided.states.values()
+        assert not freezer.is_frozen(crit)
+    finally:
+        gov.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="changing another process's policy needs root")
 def test_hastener_boosts_runnable_tasks_and_restores_their_policy(
     launched: Callable[..., ProcessHandle],

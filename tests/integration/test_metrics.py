@@ -79,7 +79,7 @@ def test_a_scripted_scenario_shows_in_the_series(server: tuple[ServerProcess, in
     samples, types = scrape(proc)
     for name, series in SERIES.items():  # every family declared, with its type
         family = name.removesuffix("_total") if series.type == "counter" else name
-        if name.startswith("fgpu_workload_") or name == "fgpu_queue_pending_workloads":
+        if name.startswith("fgpu_workload_"):
             continue  # no workload yet: these families are empty (and so absent)
         assert types.get(family) == series.type, f"{name}: {types.get(family)}"
     gpu = {"node": os.uname().nodename, "gpu": "0", "model": "A100-40GB"}
@@ -134,7 +134,8 @@ def test_a_scripted_scenario_shows_in_the_series(server: tuple[ServerProcess, in
     proc.wait_phase(c, "running")
     samples, _ = scrape(proc)
     assert value(samples, "fgpu_workloads_total", phase="cancelled") == 1.0
-    assert value(samples, "fgpu_queue_pending_workloads", queue="default") is None
+    assert value(samples, "fgpu_queue_pending_workloads", queue="default", reason="capacity") == 0
+    assert {v for _, v in samples["fgpu_queue_pending_workloads"]} == {0.0}
     assert value(samples, "fgpu_workload_compute_share_ratio", workload=c) == 0.5
 
     # the same series on the TCP listener (token only) and on --metrics-listen
@@ -147,6 +148,9 @@ def test_a_scripted_scenario_shows_in_the_series(server: tuple[ServerProcess, in
         assert value(parse(answer.text)[0], "fgpu_workload_compute_share_ratio", workload=c)
     answer = httpx.get(f"http://127.0.0.1:{plain}/metrics", timeout=30)
     assert answer.status_code == 200
+    for other in ("/", "/metricsx", "/v1/workloads"):  # only /metrics
+        assert httpx.get(f"http://127.0.0.1:{plain}{other}", timeout=30).status_code == 404
+    assert "not a loopback address" not in proc.server_log()  # 127.0.0.1: no warning
     got = parse(answer.text)[0]
     assert value(got, "fgpu_gpu_compute_allocated_ratio", **gpu) == 1.0
     assert {n for n in got if n.startswith("fgpu_")} == {
@@ -154,7 +158,11 @@ def test_a_scripted_scenario_shows_in_the_series(server: tuple[ServerProcess, in
     }
 
 
-def test_metrics_listen_refuses_a_bad_address(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("given", "why"),
+    [("nohost", "expected HOST:PORT"), ("", "empty"), ("  ", "empty"), (":0", "port must be")],
+)
+def test_metrics_listen_refuses_a_bad_address(tmp_path: Path, given: str, why: str) -> None:
     from typer.testing import CliRunner
 
     from fgpu.cli import app
@@ -169,12 +177,27 @@ def test_metrics_listen_refuses_a_bad_address(tmp_path: Path) -> None:
             "--state-dir",
             str(tmp_path / "s"),
             "--metrics-listen",
-            "nohost",
+            given,
         ],
     )
     assert result.exit_code == 2
-    assert "--metrics-listen:" in result.stderr
+    assert f"--metrics-listen: {given!r}" in result.stderr
+    assert why in result.stderr
     assert not sock.exists()
+
+
+def test_a_metrics_port_off_loopback_is_warned_about(tmp_path: Path) -> None:
+    """``--metrics-listen`` on every address serves names without a token: said at start."""
+    port = free_port()
+    proc = ServerProcess(tmp_path, "1xA100-40GB", ["--metrics-listen", f"0.0.0.0:{port}"])
+    proc.start()
+    try:
+        wait_for(
+            lambda: "not a loopback address" in proc.server_log(), "the warning in the server log"
+        )
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).status_code == 200
+    finally:
+        proc.cleanup()
 
 
 def test_a_restart_after_preemption_is_not_a_new_start(tmp_path: Path) -> None:
@@ -215,8 +238,8 @@ def test_a_restart_after_preemption_is_not_a_new_start(tmp_path: Path) -> None:
             await until(lambda: phase(infer) == "running", "infer running")
             samples = parse(svc.metrics.exposition().decode())[0]
             assert value(samples, "fgpu_preemptions_total", kind="preempt") == 1.0
-            pending = value(samples, "fgpu_queue_pending_workloads", queue="default")
-            assert pending == 1.0
+            waiting = samples["fgpu_queue_pending_workloads"]
+            assert sum(v for ls, v in waiting if ls["queue"] == "default") == 1.0
             release.touch()
             await until(lambda: phase(infer) == "succeeded", "infer done")
             await until(lambda: svc.get_workload(batch).restarts == 1, "batch restarted")

@@ -67,6 +67,16 @@ def test_the_agent_publishes_its_gpus_and_the_scheduler_uses_them(cluster) -> No
     assert after["metadata"]["resourceVersion"] == before
     assert [p.workload_id for p in recorder.calls[-1]] == [f"{cluster.namespace}/w"]
     assert recorder.calls[-1][0].assignment == assignment(after)
+    assert recorder.calls[-1][0].squeezed_by == ()
+    # squeezed (the scheduler's annotation): the enforcer is told by whom
+    cluster.api.core.patch_namespaced_pod(
+        "w",
+        cluster.namespace,
+        {"metadata": {"annotations": {wire.SQUEEZED_BY: f"{cluster.namespace}/svc"}}},
+        _content_type=MERGE_PATCH,
+    )
+    again.report()
+    assert recorder.calls[-1][0].squeezed_by == (f"{cluster.namespace}/svc",)
     usage = json.loads(cluster.api.get_node("gpu-1")["metadata"]["annotations"][wire.USAGE])
     assert set(usage["memory_mib"]) == {d.uuid for d in backend.gpus()}
     scheduler.sync()

@@ -9,6 +9,7 @@ have generous timeouts."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import uuid
@@ -144,6 +145,53 @@ def test_a_low_pod_pauses_while_a_critical_one_is_busy_and_resumes_after(
     # nothing was moved out of the pods' containers
     assert cgroup_pids(critical_group) == [critical_pid]
     assert cgroup_pids(low_group) == [low_pid]
+
+
+def test_a_squeezed_pod_is_governed_and_paused_while_its_squeezer_is_busy(
+    kubelet: Kubelet,
+) -> None:
+    # two low pods at 500 and a critical 500 that squeezed one of them (fgpu.io/squeezed-by):
+    # 1500 milli on the GPU, of which 1000 are not squeezed
+    backend = Backend()
+    crit, crit_group, crit_pid = kubelet.pod("crit", qos="burstable")
+    low1, low1_group, low1_pid = kubelet.pod("low1", qos="besteffort")
+    low2, low2_group, low2_pid = kubelet.pod("low2", qos="besteffort")
+    crit = with_priority(crit, 125)
+    low1 = with_priority(low1, 25)
+    low2 = dataclasses.replace(with_priority(low2, 25), squeezed_by=(crit.workload_id,))
+    backend.busy = {crit_pid, low1_pid, low2_pid}
+    enf = enforcer(kubelet, backend)
+    enf.start()
+    try:
+        enf.sync([crit, low1, low2])
+        views = {v.workload_id for v in enf.governor.snapshot().workloads}
+        assert views == {crit.workload_id, low1.workload_id, low2.workload_id}
+        wait_for(lambda: frozen(low1_group) and frozen(low2_group), "both low pods to freeze")
+        assert not frozen(crit_group)
+        wait_for(
+            lambda: any(e.workload_id == low2.workload_id for e in enf.events.since()),
+            "the squeezed pod's paused event",
+        )
+        paused = [e for e in enf.events.since() if e.workload_id == low2.workload_id]
+        assert paused[0].message == f"paused: squeezed by default/crit, which is busy on {GPU}"
+
+        backend.busy = {low1_pid, low2_pid}  # the squeezer goes idle: both run (in turns)
+        wait_for(lambda: not frozen(low1_group) or not frozen(low2_group), "a low pod to thaw")
+        wait_for(
+            lambda: (
+                enf.governor.snapshot().workloads
+                and all(
+                    v.state != "frozen-by-priority"
+                    for v in enf.governor.snapshot().workloads
+                    if v.workload_id != crit.workload_id
+                )
+            ),
+            "neither low pod held by priority",
+        )
+    finally:
+        enf.close()
+    for group in (crit_group, low1_group, low2_group):
+        assert not frozen(group)
 
 
 def test_close_thaws_a_paused_pod_and_a_removed_pod_is_thawed(kubelet: Kubelet) -> None:

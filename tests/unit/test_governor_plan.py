@@ -296,3 +296,78 @@ def test_plan_rejects_unknown_gpu_and_duplicate_ids() -> None:
         plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=twice, period_start_ns=0))
     with pytest.raises(ValueError, match="share"):
         wl("a", {"g0": 0})
+
+
+def test_a_squeezed_workload_is_paused_while_its_squeezer_is_busy() -> None:
+    # the trial's case: two low jobs at 500, one squeezed by a critical 500 (1500 in all)
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("low1", {"g0": 500}, priority=25),
+        wl("low2", {"g0": 500}, priority=25, squeezed_by=frozenset({"crit"})),
+        wl("crit", {"g0": 500}, priority=125),
+    ]
+    activity = [Activity(40 * MS, "crit", False), Activity(300 * MS, "crit", True)]
+    run = run_virtual(CONFIG, gpus, workloads, 400 * MS, activity)
+
+    first = run.steps[0]
+    assert first.at_ns == 0
+    assert first.actions == (
+        Freeze("low1", PRIO, "paused: crit (priority 125) is busy on g0"),
+        Freeze("low2", PRIO, "paused: squeezed by crit, which is busy on g0"),
+    )
+    # crit idle from 40 ms: both run after the 50 ms hysteresis, taking turns on their
+    # shares (the squeezed one's 500 is its own again), until crit is busy again at 300 ms
+    assert steps(run)[1:3] == [
+        (90.0, ["freeze low2 (frozen-by-share)", "thaw low1"]),
+        (110.0, ["freeze low1 (frozen-by-share)", "thaw low2"]),
+    ]
+    assert steps(run)[-1] == (
+        300.0,
+        ["freeze low1 (frozen-by-priority)", "freeze low2 (frozen-by-priority)"],
+    )
+    assert used_ms(run, 0) == {"low1": 10.0, "low2": 0.0, "crit": 40.0}
+    assert used_ms(run, 100) == used_ms(run, 200) == {"low1": 50.0, "low2": 50.0, "crit": 0.0}
+    assert used_ms(run, 300) == {"low1": 0.0, "low2": 0.0, "crit": 100.0}
+
+
+def test_a_squeeze_pauses_whatever_the_priorities_and_only_the_squeezed() -> None:
+    # the squeezer is not of a higher priority here: only the squeeze holds "v" back
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("v", {"g0": 600}, squeezed_by=frozenset({"s", "gone"})),
+        wl("other", {"g0": 400}),
+        wl("s", {"g0": 600}),
+    ]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+    assert decided.states["v"] is PRIO
+    assert decided.blockers == {"v": "paused: squeezed by s, which is busy on g0"}
+    assert decided.states["other"] is not PRIO
+    # the squeezer idle past the hysteresis: the squeezed one runs on its share again
+    idle = [
+        workloads[0],
+        workloads[1],
+        wl("s", {"g0": 600}, busy=False, idle_since_ns=0),
+    ]
+    later = NodeState(config=CONFIG, gpus=gpus, workloads=idle, period_start_ns=0)
+    assert plan(10 * MS, later).blockers == {
+        "v": "paused: squeezed by s, which was busy on g0 less than 50 ms ago"
+    }
+    assert plan(50 * MS, later).states["v"] is not PRIO
+    assert "v" not in plan(50 * MS, later).blockers
+
+
+def test_compress_holds_a_squeezed_workload_to_the_floor() -> None:
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.COMPRESS, floor_milli=100)}
+    workloads = [
+        wl("v", {"g0": 500}, squeezed_by=frozenset({"s"})),
+        wl("keep", {"g0": 500}),
+        wl("s", {"g0": 500}),
+    ]
+    run = run_virtual(CONFIG, gpus, workloads, 100 * MS)
+    used = used_ms(run, 0)
+    assert used["v"] == 10.0  # the floor: 100 milli of the period
+    assert used["keep"] + used["s"] == 90.0
+    assert (
+        Freeze("v", PRIO, "compressed to 100 milli: squeezed by s, which is busy on g0")
+        in run.steps[0].actions
+    )

@@ -84,3 +84,24 @@ def test_the_prometheus_examples_load() -> None:
         d["kind"] for d in yaml.safe_load_all((MONITORING / "servicemonitor.yaml").read_text())
     ]
     assert kinds == ["Service", "Service", "ServiceMonitor"]
+
+
+def test_every_query_reads_one_scrape_job() -> None:
+    """Two jobs scraping one server would count it twice: every selector is narrowed to the
+    dashboard's ``job`` variable, and the Prometheus example keeps one live job per door."""
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}  # type: ignore[index]
+    assert variables["job"]["type"] == "query"
+    for p in dashboard()["panels"]:  # type: ignore[attr-defined]
+        for t in p["targets"]:
+            for name in SERIES_NAME.findall(t["expr"]):
+                assert f'{name}{{job="$job"}}' in t["expr"], t["expr"]
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    targets = [
+        target
+        for job in config["scrape_configs"]
+        for static in job.get("static_configs", [])
+        for target in static["targets"]
+    ]
+    assert len(targets) == len(set(targets)) == 1, targets
+    names = [j["job_name"] for j in config["scrape_configs"]]
+    assert len(names) == len(set(names)), names

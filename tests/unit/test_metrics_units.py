@@ -84,10 +84,14 @@ def test_the_collector_emits_and_drops_series() -> None:
     assert parsed["fgpu_gpu_utilization_ratio"].value == 0.37
     assert parsed["fgpu_workload_compute_achieved_ratio"].value == 0.8
     assert parsed["fgpu_workload_compute_share_ratio"].labels["user"] == "alice"
-    assert parsed["fgpu_queue_pending_workloads"].labels == {
-        "queue": "default",
-        "reason": "capacity",
+    pending = {
+        (s.labels["queue"], s.labels["reason"]): s.value
+        for f in text_string_to_metric_families(exposition(registry).decode())
+        for s in f.samples
+        if s.name == "fgpu_queue_pending_workloads"
     }
+    # every reason of the fixed set, 0 where nothing waits for it
+    assert pending == {("default", r): (2.0 if r == "capacity" else 0.0) for r in PENDING_REASONS}
     assert parsed["fgpu_fragmentation_ratio"].value == 0.25
     current["sample"] = FleetSample([gpu], [], [q], 0.25)
     text = exposition(registry).decode()

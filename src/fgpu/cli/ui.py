@@ -36,7 +36,10 @@ def ui(
 
     def announce(url: str) -> None:
         print(f"fgpu dashboard: {url}", flush=True)
-        err.print("(Ctrl-C stops it; the link works for you only: it carries a key)")
+        err.print(
+            "(Ctrl-C stops it; the link works once, in your browser: its key is traded for a "
+            "session cookie, and other users' connections are refused)"
+        )
 
     try:
         serve_ui(path, host, port, announce)

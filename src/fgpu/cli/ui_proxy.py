@@ -5,30 +5,69 @@ A browser cannot speak to a Unix socket, and the socket's identity is the peer's
 requests (``/ui`` and below) to the socket as the user who ran it: the API sees that user,
 and shows exactly what it would show them (another user's logs stay refused).
 
-Anyone on the machine can reach a loopback port, so the port alone proves nothing: the URL
-``fgpu ui`` prints carries a random key, which the first request trades for a cookie
-(HttpOnly, SameSite=Strict); a request with neither gets 403. Only ``GET`` and ``HEAD`` are
-forwarded (the dashboard is read-only).
+Anyone on the machine can reach a loopback port, so the port alone proves nothing:
+
+- on Linux every connection's client socket must belong to the user who ran ``fgpu ui``
+  (its owner is read from ``/proc/net/tcp*``, :mod:`fgpu.cli.loopback_peer`); another user,
+  root included, gets 403;
+- the URL ``fgpu ui`` prints carries a random key, usable once: the first request trades it
+  for a fresh random session cookie (HttpOnly, SameSite=Strict; not the key), and the key is
+  refused after that; a request with neither gets 403;
+- only ``GET`` and ``HEAD`` of a path under ``/ui/`` are forwarded: a path with a dot
+  segment, an empty segment or a percent-encoded ``.``, ``/``, ``\\`` or ``%`` is refused
+  (400) before anything is forwarded, so the API outside the dashboard stays out of reach;
+- a request line or headers past :data:`MAX_TARGET_BYTES` get 414 at once.
 """
 
 from __future__ import annotations
 
 import hmac
+import os
+import posixpath
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import httpx
+
+from fgpu.cli import loopback_peer
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-KEY_COOKIE = "fgpu_ui_key"
+SESSION_COOKIE = "fgpu_ui_session"
+MAX_TARGET_BYTES = 8192
+"""Longest path plus query string forwarded (the dashboard's own links are far shorter)."""
+_REFUSED_IN_RAW_PATH = ("%2e", "%2f", "%5c", "%25", "%00", "\\")
+
+
+def dashboard_path(scope: Scope) -> str | None:
+    """The request's path when it is provably ``/ui`` or under ``/ui/``, else None.
+
+    Refused: a percent-encoded ``.``, ``/``, ``\\``, ``%`` or NUL in the raw path, a
+    backslash, a ``.`` or ``..`` segment, an empty segment (``//``), and anything whose
+    normalised form is not the path itself.
+    """
+    raw = scope.get("raw_path") or scope["path"].encode("utf-8")
+    raw_text = raw.decode("latin-1")
+    if any(bad in raw_text.lower() for bad in _REFUSED_IN_RAW_PATH):
+        return None
+    path = unquote(raw_text)
+    segments = path.split("/")
+    if any(segment in (".", "..") for segment in segments) or "//" in path:
+        return None
+    if posixpath.normpath(path) != (path.rstrip("/") or "/"):
+        return None
+    if not (path == "/ui" or path.startswith("/ui/")):
+        return None
+    return path
+
+
 FORWARDED_HEADERS = ("content-type", "location", "cache-control", "last-modified", "etag")
 
 
@@ -37,13 +76,34 @@ class UiProxy:
 
     Args:
         socket_path: the server's Unix socket.
-        key: the secret the printed URL carries (``?key=``).
+        key: the secret the printed URL carries (``?key=``), good for one use.
+        owner_uid: the only uid whose loopback connections are served (Linux); None: do
+            not check (no ``/proc/net/tcp``).
     """
 
-    def __init__(self, socket_path: Path, key: str) -> None:
+    def __init__(self, socket_path: Path, key: str, owner_uid: int | None = None) -> None:
         self.socket_path = socket_path
-        self.key = key
+        self.key: str | None = key
+        self.owner_uid = owner_uid
+        self.sessions: set[str] = set()
         self._client: httpx.AsyncClient | None = None
+
+    def _refused_peer(self, scope: Scope) -> str | None:
+        """Why this connection is not served (None: it is): its client socket is not the
+        owner's."""
+        if self.owner_uid is None:
+            return None
+        client, server = scope.get("client"), scope.get("server")
+        if not client or not server:
+            return "cannot tell who connects (no peer address)"
+        uids = loopback_peer.peer_uids((client[0], client[1]), (server[0], server[1]))
+        if uids == {self.owner_uid}:
+            return None
+        who = ", ".join(f"uid {u}" for u in sorted(uids)) or "an unknown user"
+        return (
+            f"this dashboard is served to uid {self.owner_uid} only (the user who ran "
+            f"fgpu ui); this connection belongs to {who}: run fgpu ui yourself"
+        )
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -67,23 +127,45 @@ class UiProxy:
         if scope["type"] != "http":
             return
         method = scope["method"]
-        path: str = scope["path"]
-        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
-        cookies = _cookies(scope)
-        given = dict(query).get("key")
+        query_bytes: bytes = scope.get("query_string", b"")
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        if len(raw_path) + len(query_bytes) > MAX_TARGET_BYTES:
+            await _plain(send, 414, f"the URL is longer than {MAX_TARGET_BYTES} bytes")
+            return
+        refused = self._refused_peer(scope)
+        if refused is not None:
+            await _plain(send, 403, refused)
+            return
         if method not in ("GET", "HEAD"):
             await _plain(send, 405, "the dashboard is read-only: GET only")
             return
-        if not (path == "/ui" or path.startswith("/ui/")):
-            await _plain(send, 404, f"fgpu ui serves the dashboard only (/ui), not {path}")
+        path = dashboard_path(scope)
+        if path is None:
+            shown = raw_path.decode("latin-1")[:200]
+            await _plain(
+                send,
+                400 if scope["path"].startswith("/ui") else 404,
+                f"fgpu ui serves the dashboard only (/ui and plain paths below it), not {shown}",
+            )
             return
+        query = parse_qsl(query_bytes.decode("latin-1"))
+        cookies = _cookies(scope)
+        given = dict(query).get("key")
         if given is not None:
-            if not hmac.compare_digest(given, self.key):
-                await _plain(send, 403, "wrong key: open the URL fgpu ui printed")
+            if self.key is None or not hmac.compare_digest(given, self.key):
+                await _plain(
+                    send,
+                    403,
+                    "this key is wrong or was already used (it is good for one use): "
+                    "run fgpu ui again for a new link",
+                )
                 return
+            self.key = None  # used once
+            session = secrets.token_urlsafe(32)
+            self.sessions.add(session)
             rest = urlencode([(k, v) for k, v in query if k != "key"])
-            location = path + (f"?{rest}" if rest else "")
-            cookie = f"{KEY_COOKIE}={self.key}; HttpOnly; SameSite=Strict; Path=/ui"
+            location = quote(path) + (f"?{rest}" if rest else "")
+            cookie = f"{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/ui"
             await send(
                 {
                     "type": "http.response.start",
@@ -93,12 +175,16 @@ class UiProxy:
             )
             await send({"type": "http.response.body", "body": b""})
             return
-        if not hmac.compare_digest(cookies.get(KEY_COOKIE, ""), self.key):
-            await _plain(send, 403, "open the URL fgpu ui printed (it carries the key)")
+        session = cookies.get(SESSION_COOKIE, "")
+        if not any(hmac.compare_digest(session, known) for known in self.sessions):
+            await _plain(send, 403, "open the URL fgpu ui printed (it carries a one-time key)")
             return
         try:
             answer = await self._http().request(
-                method, path, params=query, headers={"accept": "text/html"}
+                method,
+                quote(path),
+                params=tuple(query),
+                headers={"accept": "text/html"},
             )
         except httpx.HTTPError as exc:
             await _plain(send, 502, f"the fgpu server on {self.socket_path} did not answer: {exc}")
@@ -162,7 +248,8 @@ def serve_ui(socket_path: Path, host: str, port: int, announce: Callable[[str], 
     sock = bind_loopback(host, port)
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    config = uvicorn.Config(UiProxy(socket_path, key), log_level="warning", lifespan="on")
+    owner = os.geteuid() if loopback_peer.supported() else None
+    config = uvicorn.Config(UiProxy(socket_path, key, owner), log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     announce(f"http://{shown}:{bound}/ui?key={key}")
     server.run(sockets=[sock])

@@ -93,11 +93,14 @@ class PlacedContainer:
         workload_id: ``namespace/name``.
         uid: the pod's uid (its cgroup is named after it).
         assignment: what it was granted (GPU UUIDs, compute milli, memory MiB).
+        squeezed_by: the keys of the pods that squeezed it (its ``fgpu.io/squeezed-by``
+            annotation; empty when it is not squeezed).
     """
 
     workload_id: str
     uid: str
     assignment: wire.Assignment
+    squeezed_by: tuple[str, ...] = ()
 
 
 class Enforcer(Protocol):
@@ -406,7 +409,9 @@ class NodeAgent:
                 a = wire.Assignment.from_json(text)
             except wire.WireError:
                 continue
-            out.append(PlacedContainer(wire.pod_key(pod), pod["metadata"].get("uid", ""), a))
+            squeezed = wire.squeezed_by(wire.annotations_of(pod).get(wire.SQUEEZED_BY))
+            uid = pod["metadata"].get("uid", "")
+            out.append(PlacedContainer(wire.pod_key(pod), uid, a, squeezed))
         return out
 
     def run(self, interval_s: float = 10.0) -> None:

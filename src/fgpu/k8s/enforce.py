@@ -198,6 +198,7 @@ class GovernorEnforcer:
                     gpu_uuids=a.uuids,
                     compute_milli=tuple(min(1000, max(1, m)) for m in a.gpu_milli),
                     priority=a.priority,
+                    squeezed_by=p.squeezed_by,
                 )
             )
             guarded.append(

@@ -24,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from fgpu.metrics.events import EventMetrics
-from fgpu.metrics.names import GPU_LABELS, SERIES, WORKLOAD_LABELS
+from fgpu.metrics.names import GPU_LABELS, PENDING_REASONS, SERIES, WORKLOAD_LABELS
 from fgpu.metrics.sample import FleetSample
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -118,7 +118,12 @@ def _families(sample: FleetSample, texts: _LabelTexts | None = None) -> list[_Fa
         quota.add((q.name,), text, q.quota_milli / MILLI)
         fair.add((q.name,), text, q.fair_share_milli / MILLI)
         queue_allocated.add((q.name,), text, q.allocated_milli / MILLI)
-        for reason, count in sorted(q.pending.items()):
+        # every reason of the fixed set, 0 included, so a series drops to 0 rather than
+        # vanishing when nothing waits (bounded: queues x PENDING_REASONS)
+        counts = {reason: 0 for reason in PENDING_REASONS}
+        for reason, count in q.pending.items():
+            counts[reason if reason in counts else "other"] += count
+        for reason, count in counts.items():
             pending.add((q.name, reason), f'{text},reason="{_escape(reason)}"', count)
     families = list(fam.values())
     if sample.fragmentation is None:

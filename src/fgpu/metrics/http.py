@@ -21,6 +21,8 @@ def parse_address(text: str) -> tuple[str, int]:
     Raises:
         ValueError: a message naming what is wrong (no port, not a number, out of range).
     """
+    if not text.strip():
+        raise ValueError(f"{text!r}: empty; expected HOST:PORT, e.g. 127.0.0.1:9400 or :9400")
     host, sep, port_text = text.strip().rpartition(":")
     if not sep:
         raise ValueError(f"{text!r}: expected HOST:PORT, e.g. 127.0.0.1:9400 or :9400")
@@ -35,6 +37,19 @@ def parse_address(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", port
 
 
+def _loopback(host: str) -> bool:
+    """Whether every address ``host`` resolves to is a loopback one."""
+    import ipaddress
+
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(
+        ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found
+    )
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -42,9 +57,10 @@ class _Server(ThreadingHTTPServer):
 def serve_metrics(
     render: Callable[[], bytes], address: tuple[str, int]
 ) -> tuple[ThreadingHTTPServer, threading.Thread]:
-    """Answer ``GET /metrics`` (and ``/``) at ``http://HOST:PORT`` with ``render()`` in a
-    daemon thread until the returned server's ``shutdown()``; other paths get 404, a
-    failing ``render`` 500 (logged).
+    """Answer ``GET /metrics`` at ``http://HOST:PORT`` with ``render()`` in a daemon thread
+    until the returned server's ``shutdown()``; other paths (``/`` too) get 404, a failing
+    ``render`` 500 (logged). There is no authentication: the series name workloads and
+    queues, so a HOST that is not loopback is logged as a warning.
 
     Raises:
         OSError: the address cannot be bound or resolved.
@@ -52,7 +68,7 @@ def serve_metrics(
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+            if self.path.split("?", 1)[0] != "/metrics":
                 self._answer(404, b"only /metrics here\n", "text/plain; charset=utf-8")
                 return
             try:
@@ -74,6 +90,13 @@ def serve_metrics(
             pass  # a scrape every few seconds is not news
 
     host, port = address
+    if not _loopback(host):
+        log.warning(
+            "--metrics-listen %s:%d is not a loopback address: anyone who reaches it reads "
+            "the metrics (workload and queue names) without a token",
+            host,
+            port,
+        )
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type("_MetricsServer", (_Server,), {"address_family": family})
     server = server_class((host, port), Handler)

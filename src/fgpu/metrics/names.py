@@ -78,7 +78,8 @@ SERIES: Final[dict[str, Series]] = {
     "fgpu_queue_pending_workloads": Series(
         "gauge",
         ("queue", "reason"),
-        "Pending workloads of the queue by why they wait (see fgpu.metrics.PENDING_REASONS).",
+        "Pending workloads of the queue by why they wait (reason: capacity, quota, "
+        "preemption, reservation, constraints, queue, scheduling or other; 0 when none).",
     ),
     # fleet
     "fgpu_fragmentation_ratio": Series(

@@ -116,6 +116,7 @@ class Running:
         compute_milli: its compute share on each, milli-GPU.
         memory_mib: its memory quota on each, MiB.
         priority: numeric priority.
+        squeezed_by: ids of the workloads that squeezed it (empty when not squeezed).
     """
 
     workload_id: str
@@ -124,6 +125,7 @@ class Running:
     compute_milli: tuple[int, ...]
     memory_mib: tuple[int, ...]
     priority: int
+    squeezed_by: tuple[str, ...] = ()
 
 
 class Enforcement:
@@ -265,6 +267,7 @@ class Enforcement:
                     gpu_uuids=r.gpu_uuids,
                     compute_milli=tuple(max(1, m) for m in r.compute_milli),
                     priority=r.priority,
+                    squeezed_by=r.squeezed_by,
                     segment=segments.get(r.workload_id),
                 )
             )

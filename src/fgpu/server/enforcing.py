@@ -45,6 +45,7 @@ class EnforcementHooks:
                     compute_milli=tuple(a.gpu_milli),
                     memory_mib=tuple(a.gpu_memory_mib),
                     priority=record.priority,
+                    squeezed_by=record.squeezed_by or (),
                 )
             )
         self.enforcement.sync(running)

@@ -110,6 +110,7 @@ class SchedulingLoop(Recovery):
             self.store.save_holds(decision.holds)
             self._last = decision
             reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            squeezes = False
             for action in decision.actions:
                 if isinstance(action, Place):
                     self._start(action.workload, action.allocation)
@@ -118,6 +119,9 @@ class SchedulingLoop(Recovery):
                     self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Squeeze | Unsqueeze):
                     record_squeeze(self._tracked, action)
+                    squeezes = True
+            if squeezes:  # the governor pauses squeezed work, and lets released work run
+                self._enforce()
             try:
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries

@@ -32,6 +32,11 @@ Model (one time-sliced GPU behaves like one CPU core under a lease scheduler):
   the highest holder on a GPU are *suppressed* there: ``pause`` freezes them whatever their
   activity; ``compress`` caps them at ``min(share, floor_milli)`` as a strict budget. A
   higher-priority workload that wants a GPU ends a lower-priority lease at once.
+- **Squeezed workloads** (DESIGN.md section 5, squeeze before evict) lent their compute to
+  the workloads that squeezed them: they are suppressed in the same way (paused, or
+  compressed) while one of their squeezers holds the GPU, whatever the priorities, and run
+  on their share when all of them have let go. Their shares are not counted in the 1000
+  milli of a GPU: compute of the workloads that are not squeezed adds up to at most 1000.
 - **Gangs.** A workload on several GPUs runs only when it may run on every one of them: it
   is eligible only if eligible on each, holds one lease covering all of them, and is paused
   on all of them when paused on one. Its run time counts on each of its GPUs.
@@ -155,6 +160,8 @@ class WorkloadState:
         mode: its compute mode, or None for each GPU's.
         priority_policy: ``pause``/``compress`` when suppressed, or None for each GPU's.
         busy: whether it is using (or about to use) the GPU.
+        squeezed_by: ids of the workloads that squeezed it (empty when it is not squeezed);
+            it is suppressed on a GPU while one of them holds it there.
         idle_since_ns: when it last went from busy to idle; None when busy or never busy.
         state: what was last executed for it.
         used_ns: run time it received while busy in the period that starts at
@@ -170,6 +177,7 @@ class WorkloadState:
     mode: ComputeMode | None = None
     priority_policy: PriorityPolicy | None = None
     busy: bool = True
+    squeezed_by: frozenset[str] = frozenset()
     idle_since_ns: int | None = None
     state: RunState = RunState.RUNNING
     used_ns: int = 0
@@ -319,10 +327,12 @@ def plan(now: int, state: NodeState) -> Plan:
         holding = [by_id[w] for w in wids if _holding(by_id[w], now, cfg.resume_after_ns)]
         top = max((h.priority for h in holding), default=None)
         top_name = min((h.workload_id for h in holding if h.priority == top), default="")
+        holding_ids = {h.workload_id for h in holding}
         gpu_slots: dict[str, _Slot] = {}
         for wid in wids:
             w = by_id[wid]
-            suppressed = top is not None and w.priority < top
+            squeezer = min(w.squeezed_by & holding_ids, default=None)
+            suppressed = squeezer is not None or (top is not None and w.priority < top)
             how = w.priority_policy or policy.priority_policy
             is_paused = suppressed and how is PriorityPolicy.PAUSE
             is_compressed = suppressed and how is PriorityPolicy.COMPRESS
@@ -333,10 +343,14 @@ def plan(now: int, state: NodeState) -> Plan:
             gpu_slots[wid] = _Slot(share, strict, is_paused, is_compressed)
             if suppressed and wid not in blockers:
                 verb = "paused" if is_paused else f"compressed to {policy.floor_milli} milli"
+                if squeezer is not None:
+                    name, who = squeezer, f"squeezed by {squeezer}, which"
+                else:
+                    name, who = top_name, f"{top_name} (priority {top})"
                 blockers[wid] = (
-                    f"{verb}: {top_name} (priority {top}) is busy on {uuid}"
-                    if by_id[top_name].busy
-                    else f"{verb}: {top_name} (priority {top}) was busy on {uuid} "
+                    f"{verb}: {who} is busy on {uuid}"
+                    if by_id[name].busy
+                    else f"{verb}: {who} was busy on {uuid} "
                     f"less than {cfg.resume_after_ns // 1_000_000} ms ago"
                 )
         slots[uuid] = gpu_slots

@@ -75,6 +75,10 @@ class GovernedWorkload:
         mode: its compute mode, or None for each GPU's.
         priority_policy: ``pause``/``compress`` when a higher priority is busy, or None for
             each GPU's.
+        squeezed_by: ids of the workloads that squeezed it (DESIGN.md section 5, squeeze
+            before evict), empty when it is not squeezed: it is paused (or compressed) while
+            one of them is busy on its GPU, and its share is lent to them (not counted in
+            the GPU's 1000 milli).
         segment: its interposer segment, or None when it runs without the interposer. Once a
             process of it uses the driver through the interposer, it is held at launch
             (:mod:`fgpu.agent.governor.gate`) and charged device time; until then, and
@@ -91,6 +95,7 @@ class GovernedWorkload:
     priority: int = 50
     mode: ComputeMode | None = None
     priority_policy: PriorityPolicy | None = None
+    squeezed_by: tuple[str, ...] = ()
     segment: Segment | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -340,7 +345,8 @@ class Governor:
 
         Raises:
             ValueError: a workload on a GPU this governor does not govern, an id twice, or a
-                GPU whose shares add up to more than 1000 milli.
+                GPU whose shares of workloads that are not squeezed add up to more than 1000
+                milli (a squeezed workload's share is lent to its squeezers).
         """
         by_id: dict[str, GovernedWorkload] = {}
         load: dict[str, int] = {}
@@ -351,10 +357,14 @@ class Governor:
             for uuid, share in zip(w.gpu_uuids, w.compute_milli, strict=True):
                 if uuid not in self._gpus:
                     raise ValueError(f"workload {w.workload_id}: GPU {uuid} is not governed")
-                load[uuid] = load.get(uuid, 0) + share
+                if not w.squeezed_by:
+                    load[uuid] = load.get(uuid, 0) + share
         for uuid, total in load.items():
             if total > MILLI:
-                raise ValueError(f"GPU {uuid}: shares add up to {total} milli (over 1000)")
+                raise ValueError(
+                    f"GPU {uuid}: shares of workloads that are not squeezed add up to "
+                    f"{total} milli (over 1000)"
+                )
         with self._lock:
             now = self._clock()
             for wid in list(self._records):
@@ -589,6 +599,7 @@ class Governor:
             mode=spec.mode,
             priority_policy=spec.priority_policy,
             busy=record.busy,
+            squeezed_by=frozenset(spec.squeezed_by),
             idle_since_ns=record.idle_since_ns,
             state=record.state,
             used_ns=record.used_ns,

@@ -23,6 +23,7 @@ tail is shown only to its owner and admins, as ``GET /v1/workloads/{id}/logs``.
 import hashlib
 import hmac
 import math
+import pwd
 import threading
 import time
 import zlib
@@ -33,13 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qs
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from fgpu.rules.errors import ServiceError
+from fgpu.rules.errors import NotFoundError, ServiceError
 from fgpu.wire import EventView, GpuHolder, NodeView
 
 if TYPE_CHECKING:
@@ -54,6 +55,9 @@ POLL_S = 0.25
 """Seconds: how often the overview asks whether anything changed (an unchanged answer is a
 204 without a body; a change shows within about this plus one render)."""
 LOG_TAIL_BYTES = 4096
+MAX_URL_BYTES = 8192
+"""Longest path plus query string a dashboard page answers (its own links are far shorter);
+a longer one gets 414 at once."""
 EVENTS_SHOWN = 20
 
 _templates = Jinja2Templates(directory=HERE / "templates")
@@ -63,6 +67,14 @@ def session_value(token: bytes) -> str:
     """The session cookie's value for ``token``: an HMAC of a fixed label under the token,
     so the cookie proves the token was typed without being usable as the bearer token."""
     return hmac.new(token, b"fgpu dashboard session", hashlib.sha256).hexdigest()
+
+
+def user_name(uid: int) -> str:
+    """The local user name of ``uid`` (its number where the machine has no such user)."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def holder_marks(holder: GpuHolder) -> list[str]:
@@ -207,10 +219,19 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     from fgpu.server.app import current_caller, read_from
     from fgpu.server.service import Caller
 
+    def bounded_url(request: Request) -> None:
+        """414 for a URL past :data:`MAX_URL_BYTES` (before anything else is read)."""
+        size = len(request.scope.get("raw_path") or b"") + len(request.scope["query_string"])
+        if size > MAX_URL_BYTES:
+            reason = f"the URL is {size} bytes, more than the dashboard's {MAX_URL_BYTES}"
+            raise HTTPException(414, {"field": "url", "reason": reason})
+
+    bounded = Depends(bounded_url)
     overview_state = _Overview(service)
     env = _templates.env
     env.globals.update(marks=holder_marks, colour=queue_colour, refresh_s=REFRESH_S)
     env.filters["gib"] = lambda mib: f"{(mib or 0) / 1024:.1f}"
+    env.filters["user"] = user_name
     env.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
 
@@ -230,7 +251,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
             return Response(status_code=204)
         return HTMLResponse(wrap(body, source, every_s))
 
-    @app.get("/ui", include_in_schema=False, dependencies=[Depends(current_caller)])
+    @app.get("/ui", include_in_schema=False, dependencies=[bounded, Depends(current_caller)])
     def overview(request: Request) -> Response:
         """The GPU map, queues, pending workloads and recent events."""
         body, context = overview_state.current()
@@ -238,7 +259,9 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         return page(request, "overview.html", {**context, "live": live})
 
     @app.get(
-        "/ui/fragment/overview", include_in_schema=False, dependencies=[Depends(current_caller)]
+        "/ui/fragment/overview",
+        include_in_schema=False,
+        dependencies=[bounded, Depends(current_caller)],
     )
     def overview_fragment(v: str | None = None) -> Response:
         return fragment(overview_state.current()[0], "/ui/fragment/overview", POLL_S, v)
@@ -260,16 +283,24 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         context = workload_context(workload_id, caller)
         return _templates.get_template("workload_body.html").render(context), context
 
-    @app.get("/ui/workloads/{workload_id}", include_in_schema=False)
+    @app.get("/ui/workloads/{workload_id}", include_in_schema=False, dependencies=[bounded])
     def workload_page(
         request: Request, workload_id: str, caller: Annotated[Caller, Depends(current_caller)]
     ) -> Response:
-        """One workload: request, placement, events, the tail of its log."""
-        body, context = workload_body(workload_id, caller)
+        """One workload: request, placement, events, the tail of its log (a dashboard page
+        saying so, 404, for an unknown id)."""
+        try:
+            body, context = workload_body(workload_id, caller)
+        except NotFoundError as exc:
+            return _templates.TemplateResponse(
+                request, "missing.html", {"reason": exc.reason}, status_code=404
+            )
         live = Markup(wrap(body, f"/ui/fragment/workloads/{workload_id}", REFRESH_S))
         return page(request, "workload.html", {**context, "live": live})
 
-    @app.get("/ui/fragment/workloads/{workload_id}", include_in_schema=False)
+    @app.get(
+        "/ui/fragment/workloads/{workload_id}", include_in_schema=False, dependencies=[bounded]
+    )
     def workload_fragment(
         workload_id: str,
         caller: Annotated[Caller, Depends(current_caller)],
@@ -278,7 +309,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         body = workload_body(workload_id, caller)[0]
         return fragment(body, f"/ui/fragment/workloads/{workload_id}", REFRESH_S, v)
 
-    @app.get("/ui/login", include_in_schema=False)
+    @app.get("/ui/login", include_in_schema=False, dependencies=[bounded])
     def login_form(request: Request) -> HTMLResponse:
         """Where a browser on the TCP listener types the token once."""
         return page(request, "login.html", {"error": None})
