@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from fgpu.agent.backend import SimulatedBackend
-from fgpu.k8s import tenancy, wire
+from fgpu.k8s import objects, tenancy, wire
 from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.cache import ClusterCache
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
@@ -327,7 +327,10 @@ def test_queue_access_default_queue_and_priority_ceiling_at_admission(
     unclassed = pod("loud", "0.5", priority="high")
     unclassed["spec"].pop("priorityClassName")
     error = _refused(cluster, "team-b", unclassed)
-    assert "fgpu.io/priority: 100 is above what the pod may have: pods without a " in error.message
+    assert (
+        "fgpu.io/priority: high (100) is above what the pod may have: pods without a "
+        in error.message
+    )
     above = pod("above", "0.5", priority="critical")
     above["spec"]["priorityClassName"] = "fgpu-high"
     error = _refused(cluster, "team-b", above)
@@ -356,6 +359,121 @@ def test_queue_access_default_queue_and_priority_ceiling_at_admission(
             "team-b", "mine", {"metadata": {"annotations": {wire.QUEUE: "team-a"}}}
         )
     assert "fgpu.io/queue: namespace team-b may not use queue team-a " in moved.value.message
+
+
+def test_a_queue_whose_namespaces_is_not_a_list_is_broken_and_a_default_queue_is_blamed(
+    hooked: tuple[Cluster, Recorder],
+) -> None:
+    """``spec.namespaces: "team-a"`` (a string) is not read letter by letter: the queue is
+    broken, its pods are refused at admission and it is left out by the scheduler; a
+    refusal caused by the namespace's default queue says where the queue came from."""
+    cluster, _ = hooked
+    _namespace(cluster, "team-a")
+    _queue(cluster, "stringy", namespaces="team-a")
+    error = _refused(cluster, "team-a", pod("p", "0.5", queue="stringy"))
+    assert error.status == 422
+    assert (
+        "fgpu.io/queue: queue stringy is broken, so no pod may use it: its spec.namespaces: "
+        '"team-a" is not a list of namespace names' in error.message
+    )
+    _queue(cluster, "team-a", namespaces=["team-a"])
+    _namespace(cluster, "team-c", **{tenancy.DEFAULT_QUEUE_ANNOTATION: "team-a"})
+    error = _refused(cluster, "team-c", pod("q", "0.5"))
+    assert (
+        "fgpu.io/queue: team-a is the default queue of Namespace team-c (its "
+        "fgpu.io/default-queue annotation, which a pod naming no queue gets); namespace "
+        "team-c may not use queue team-a" in error.message
+    )
+    # the scheduler leaves the broken queue out, naming the field and the value
+    queues = objects.queue_tree(
+        [{"metadata": {"name": "stringy"}, "spec": {"namespaces": "team-a"}}], 1000
+    )
+    assert "stringy" not in queues.tree.specs
+    assert queues.left_out["stringy"].startswith('spec.namespaces: "team-a" is not a list')
+
+
+def _user_claim(cluster: Cluster, namespace: str, name: str, device_class: str) -> None:
+    from fgpu.k8s.resourceapi import ResourceApi
+
+    request = {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 8}}
+    ResourceApi(cluster.api).create_claim(
+        namespace, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+    )
+
+
+def test_a_pod_naming_its_own_claim_of_fgpus_class_is_refused(
+    hooked: tuple[Cluster, Recorder],
+) -> None:
+    """fgpu allocates only the claim it makes for the pod: a pod that names a user's claim
+    (or template) of class gpu.fgpu.io beside fgpu's entry would be bound with that claim
+    allocated and its own never (it would not start), so it is refused at admission."""
+    from fgpu.k8s.dra.share import DRIVER
+    from fgpu.k8s.resourceapi import ResourceApi
+
+    cluster, _ = hooked
+    ns = cluster.namespace
+    _user_claim(cluster, ns, "sneaky", DRIVER)
+    body = pod("sneaky-pod", "0.5")
+    body["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "sneaky"}]
+    error = _refused(cluster, ns, body)
+    assert error.status == 422
+    assert (
+        "spec.resourceClaims[0]: 'g' names ResourceClaim sneaky of device class gpu.fgpu.io"
+        in error.message
+    )
+    ResourceApi(cluster.api).create_claim_template(
+        ns,
+        {
+            "metadata": {"name": "mine"},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                    }
+                }
+            },
+        },
+    )
+    body = pod("templated", "0.5")
+    body["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimTemplateName": "mine"}]
+    error = _refused(cluster, ns, body)
+    assert "spec.resourceClaims[0]: 'g' names ResourceClaimTemplate mine of device class" in (
+        error.message
+    )
+    # a claim of another class (another driver's device) is the pod's own business
+    _user_claim(cluster, ns, "nic", "nic.example.com")
+    body = pod("with-nic", "0.5")
+    body["spec"]["resourceClaims"] = [{"name": "n", "resourceClaimName": "nic"}]
+    made = _create_in(cluster, ns, body)
+    assert [e["name"] for e in made["spec"]["resourceClaims"]] == ["n", "fgpu-gpu"]
+
+
+def test_the_scheduler_never_allocates_a_claim_the_user_wrote(make_cluster: Any) -> None:
+    """A pod made without the webhook that names a user's claim of fgpu's class is not
+    placed, and the user's claim stays unallocated."""
+    from fgpu.k8s.dra.share import DRIVER
+    from fgpu.k8s.resourceapi import ResourceApi
+
+    cluster = make_cluster()
+    if cluster.real:
+        pytest.skip("makes claims by hand")
+    add_node(cluster, "node-a", gpus=1)
+    ns = cluster.namespace
+    _user_claim(cluster, ns, "sneaky", DRIVER)
+    body = pod("sneaky-pod", "0.5")
+    body["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "sneaky"}]
+    _create_in(cluster, ns, body)
+    s = K8sScheduler(cluster.api)
+    for _ in range(2):
+        s.sync()
+        s.run_once()
+    assert not cluster.api.get_pod(ns, "sneaky-pod")["spec"].get("nodeName")
+    assert not (ResourceApi(cluster.api).get_claim(ns, "sneaky").get("status") or {}).get(
+        "allocation"
+    )
+    assert "no spec.resourceClaims entry 'fgpu-gpu' of ResourceClaimTemplate" in _message(
+        cluster, ns, "sneaky-pod"
+    )
 
 
 def _message(cluster: Cluster, namespace: str, name: str) -> str:
@@ -619,7 +737,10 @@ def test_the_mutating_endpoint_never_refuses_and_the_validating_one_never_patche
     assert mutate_review(body(bad))["response"] == {"uid": "u", "allowed": True}
     refused = validate(body(bad))["response"]
     assert refused["allowed"] is False
-    assert "fgpu.io/gpu: above 1 a GPU request is a whole number" in refused["status"]["message"]
+    assert (
+        "fgpu.io/gpu: '1.5': above 1 a GPU request is a whole number"
+        in refused["status"]["message"]
+    )
     good = pod("good", "0.5")
     assert "patch" in mutate_review(body(good))["response"]
     assert validate(body(good))["response"] == {"uid": "u", "allowed": True}

@@ -206,7 +206,9 @@ def test_the_documented_demo_places_sixteen_half_gpu_pods_two_per_gpu(demo: Demo
     with pytest.raises(KubeError) as err:
         demo.api._call(demo.api.core.create_namespaced_pod, "default", bad)
     assert err.value.status == 422
-    assert "fgpu.io/gpu: above 1 a GPU request is a whole number of GPUs" in err.value.message
+    assert (
+        "fgpu.io/gpu: '1.5': above 1 a GPU request is a whole number of GPUs" in err.value.message
+    )
 
 
 def test_the_documented_kubectl_create_line_works(demo: Demo, tmp_path: Path) -> None:

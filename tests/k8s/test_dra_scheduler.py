@@ -183,7 +183,9 @@ def test_a_pod_without_an_fgpu_claim_waits_saying_why(cluster) -> None:
     got = cluster.api.get_pod(cluster.namespace, "bare")
     assert not got["spec"].get("nodeName")
     (cond,) = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
-    assert cond["message"].startswith(f"no ResourceClaim of device class {DRIVER}")
+    assert cond["message"].startswith(
+        f"no spec.resourceClaims entry {claims.POD_CLAIM!r} of ResourceClaimTemplate"
+    )
 
 
 def test_the_scheduler_makes_the_namespace_template_when_pods_name_it(cluster) -> None:

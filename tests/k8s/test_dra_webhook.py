@@ -98,16 +98,16 @@ def test_an_fgpu_pod_gets_a_claim_from_the_template_and_the_toleration() -> None
     assert again["spec"]["containers"][0]["resources"]["claims"] == [{"name": claims.POD_CLAIM}]
 
 
-def test_a_claim_the_user_wrote_is_kept() -> None:
-    body = pod("own", "0.5")
-    body["spec"]["resourceClaims"] = [{"name": claims.POD_CLAIM, "resourceClaimName": "mine"}]
-    admitted = json_patch(body, mutate(body))
-    assert admitted["spec"]["resourceClaims"] == body["spec"]["resourceClaims"]
-    other = pod("other", "0.5")
-    other["spec"]["resourceClaims"] = [{"name": claims.POD_CLAIM, "resourceClaimTemplateName": "x"}]
-    with pytest.raises(PodRequestError) as err:
-        mutate(other)
-    assert str(err.value).startswith("spec.resourceClaims: 'fgpu-gpu' is the claim entry fgpu adds")
+def test_a_fgpu_gpu_entry_other_than_fgpus_own_is_refused() -> None:
+    for entry in ({"resourceClaimName": "mine"}, {"resourceClaimTemplateName": "x"}):
+        body = pod("own", "0.5")
+        body["spec"]["resourceClaims"] = [{"name": claims.POD_CLAIM, **entry}]
+        with pytest.raises(PodRequestError) as err:
+            mutate(body)
+        assert str(err.value).startswith(
+            "spec.resourceClaims[0]: 'fgpu-gpu' is the claim entry fgpu adds"
+        )
+        assert "never allocates a claim a user wrote" in str(err.value)
 
 
 def test_a_cpu_only_fgpu_pod_gets_no_claim() -> None:

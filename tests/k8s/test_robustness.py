@@ -44,7 +44,10 @@ def test_a_pod_edited_to_a_five_thousand_digit_number_stops_only_itself(cluster,
     assert [p["metadata"]["name"] for p in bound(cluster)] == ["other"]
     text = reason(cluster, "edited")
     assert text.startswith(f"bad request: {key}: ")
-    assert "too long" in text or "positive whole number" in text or "not a usable" in text
+    assert any(
+        words in text
+        for words in ("too long", "positive whole number", "not a usable", "largest supported")
+    )
     assert len(text) < 300  # the value is not echoed in full
 
 
@@ -149,6 +152,38 @@ def test_bad_values_name_the_annotation_the_user_wrote(notes, field, words) -> N
         pod_ask(body)
     assert err.value.field == field
     assert words in err.value.reason
+
+
+@pytest.mark.parametrize(
+    ("notes", "message"),
+    [
+        ({wire.GPU: "-0.5"}, "fgpu.io/gpu: '-0.5': a GPU request must be positive"),
+        ({wire.GPU: "0"}, "fgpu.io/gpu: '0': a GPU request must be positive"),
+        *(
+            ({wire.GPU: bad}, f"fgpu.io/gpu: {bad!r}: not a plain decimal number")
+            for bad in ("abc", "", "NaN", "inf", "1/2", "50%", "500m", "1e9")
+        ),
+        ({wire.GPU: "0.0001"}, "fgpu.io/gpu: '0.0001': "),
+        ({wire.GPU: "0.5", wire.GPU_MEMORY: "-5Gi"}, "fgpu.io/gpu-memory: '-5Gi': "),
+        ({wire.GPU: "0.5", wire.GPU_MEMORY: "0"}, "fgpu.io/gpu-memory: '0': "),
+        ({wire.GPU: "0.5", wire.PRIORITY: "-1"}, "fgpu.io/priority: '-1': "),
+        (
+            {wire.GPU: "0.5", wire.GPU_COUNT: "99999999999999999999999"},
+            "fgpu.io/gpu-count: '99999999999999999999999' is above the largest supported value 64",
+        ),
+        (
+            {wire.GPU: "0.5", wire.GPU_COUNT: "65"},
+            "fgpu.io/gpu-count: '65' is above the largest supported value 64",
+        ),
+        ({wire.GPU: "0.5", wire.GPU_COUNT: "0"}, "fgpu.io/gpu-count: must be a positive whole"),
+    ],
+)
+def test_refusals_echo_the_value_the_user_wrote(notes, message) -> None:
+    body = pod("p", None)
+    body["metadata"]["annotations"] = notes
+    with pytest.raises(PodRequestError) as err:
+        pod_ask(body)
+    assert str(err.value).startswith(message), str(err.value)
 
 
 def test_a_cordoned_node_is_named_in_the_reason_not_silently_left_out(cluster) -> None:

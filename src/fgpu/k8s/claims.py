@@ -4,7 +4,7 @@ and the ledger read back from claims.
 An fgpu pod carries a ResourceClaim asking for one device of class
 :data:`~fgpu.k8s.dra.share.DRIVER` (the webhook adds ``spec.resourceClaims`` entry
 :data:`POD_CLAIM` from the namespace's ResourceClaimTemplate :data:`TEMPLATE`, which the
-scheduler creates when a pod needs it; users may also write claims themselves). Before it
+scheduler creates when a pod needs it; fgpu never allocates a claim a user wrote). Before it
 binds the pod, the scheduler writes the claim's ``status``: the allocation (one result per
 GPU, the share as opaque configuration, the node selector; :func:`fgpu.k8s.dra.share.
 allocation`) and ``reservedFor`` the pod (:func:`allocate`). A restarted scheduler reads
@@ -55,8 +55,11 @@ def template_body() -> Obj:
 
 
 def pod_claim(pod: Obj, claims: Mapping[str, Obj]) -> tuple[Obj | None, str]:
-    """A pod's fgpu claim (the first of its claims asking for fgpu's device class), or why
-    there is none yet.
+    """A pod's fgpu claim, or why there is none yet: only the claim made for this pod from
+    its ``spec.resourceClaims`` entry :data:`POD_CLAIM` of ResourceClaimTemplate
+    :data:`TEMPLATE` (owned by the pod). A claim a user wrote is never the pod's fgpu claim,
+    whatever its device class: the scheduler would write one GPU's share into a claim that
+    may ask for more, or that other pods hold (the webhook refuses such pods).
 
     Args:
         pod: the pod.
@@ -64,40 +67,40 @@ def pod_claim(pod: Obj, claims: Mapping[str, Obj]) -> tuple[Obj | None, str]:
 
     Returns:
         ``(claim, "")``, or ``(None, reason)``; the reason starts with ``waiting`` when the
-        claim is still to be made from a template.
+        claim is still to be made from the template.
     """
     ns = pod["metadata"].get("namespace", "default")
     made = {
         s.get("name"): s.get("resourceClaimName")
         for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
     }
-    waiting = ""
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or []:
-        name = entry.get("resourceClaimName") or made.get(entry.get("name"))
-        if not name:
-            if entry.get("resourceClaimTemplateName"):
-                waiting = (
-                    f"waiting for its ResourceClaim {entry.get('name')!r} to be made from "
-                    f"ResourceClaimTemplate {entry['resourceClaimTemplateName']!r}"
-                )
-            continue
-        claim = claims.get(f"{ns}/{name}")
-        if claim is None:
-            waiting = waiting or f"waiting for its ResourceClaim {name!r}"
-            continue
-        owners = claim["metadata"].get("ownerReferences") or []
-        generated = entry.get("resourceClaimTemplateName") is not None
-        if generated and not any(o.get("uid") == pod["metadata"].get("uid") for o in owners):
-            waiting = waiting or f"waiting for its ResourceClaim {name!r} (owned by another pod)"
-            continue
-        if is_fgpu_claim(claim):
-            return claim, ""
-    if waiting:
-        return None, waiting
-    return None, (
-        f"no ResourceClaim of device class {DRIVER} (the fgpu webhook adds one to fgpu pods: "
-        "create the pod again once the webhook runs, or give it a claim of that class)"
-    )
+    ours = {"name": POD_CLAIM, "resourceClaimTemplateName": TEMPLATE}
+    entries = (pod.get("spec") or {}).get("resourceClaims") or []
+    if ours not in entries:
+        return None, (
+            f"no spec.resourceClaims entry {POD_CLAIM!r} of ResourceClaimTemplate {TEMPLATE!r} "
+            "(the fgpu webhook adds it to fgpu pods; fgpu never allocates a claim a user "
+            "wrote): create the pod again once the webhook runs"
+        )
+    name = made.get(POD_CLAIM)
+    if not name:
+        return None, (
+            f"waiting for its ResourceClaim {POD_CLAIM!r} to be made from "
+            f"ResourceClaimTemplate {TEMPLATE!r}"
+        )
+    claim = claims.get(f"{ns}/{name}")
+    if claim is None:
+        return None, f"waiting for its ResourceClaim {name!r}"
+    owners = claim["metadata"].get("ownerReferences") or []
+    if not any(o.get("uid") == pod["metadata"].get("uid") for o in owners):
+        return None, f"waiting for its ResourceClaim {name!r} (owned by another pod)"
+    if not is_fgpu_claim(claim):
+        return None, (
+            f"its ResourceClaim {name!r} does not ask for device class {DRIVER} (the "
+            f"namespace's ResourceClaimTemplate {TEMPLATE!r} was changed; delete it and fgpu "
+            "makes it again)"
+        )
+    return claim, ""
 
 
 def share_for(assignment: wire.Assignment) -> GpuShare:

@@ -9,6 +9,7 @@ name the annotation (or container field) instead of the flag.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 
 from fgpu.k8s import wire
 from fgpu.mig.catalog import MIG_TABLES
-from fgpu.model.types import InvalidRequestError, Node, Request
+from fgpu.model.types import MAX_GPUS, InvalidRequestError, Node, Request
 from fgpu.rules.errors import BadRequest
 from fgpu.rules.requests import (
     MAX_PRIORITY,
@@ -190,9 +191,15 @@ def pod_ask(pod: Obj) -> PodAsk:
     fraction: str | None = None
     if count is not None:
         text = count.strip()
-        if not (text.isascii() and text.isdigit()) or len(text) > 6 or int(text) < 1:
+        if not (text.isascii() and text.isdigit()) or not text.strip("0"):
             raise PodRequestError(
                 wire.GPU_COUNT, f"must be a positive whole number (got {_shown(count)})"
+            )
+        if len(text.lstrip("0")) > 6 or int(text) > MAX_GPUS:  # int() of any length is slow
+            raise PodRequestError(
+                wire.GPU_COUNT,
+                f"{_shown(count)} is above the largest supported value {MAX_GPUS} "
+                "(GPUs of one pod, all on one node)",
             )
         if gpu is not None:
             try:
@@ -228,8 +235,21 @@ def pod_ask(pod: Obj) -> PodAsk:
             request.gpu_models,
         )
     except (BadRequest, InvalidRequestError) as exc:
-        raise PodRequestError(_annotation_for(exc.field, notes), exc.reason) from None
+        field = _annotation_for(exc.field, notes)
+        raise PodRequestError(field, _echoed(notes.get(field), exc.reason)) from None
     return _finish(notes, request, priority)
+
+
+def _echoed(value: str | None, reason: str) -> str:
+    """``reason`` led by the value the user wrote (``'-0.5': a GPU request must be
+    positive``), unless the reason already quotes it or there is no such annotation."""
+    if value is None:
+        return reason
+    shown = _shown(value)
+    text = value.strip()
+    if shown in reason or (text and (repr(text) in reason or reason.startswith(f"{text} "))):
+        return reason
+    return f"{shown}: {reason}"
 
 
 def _annotation_for(field: str, notes: Mapping[str, str]) -> str:
@@ -377,18 +397,40 @@ def node_info(obj: Obj) -> NodeInfo | None:
 
 
 # ----------------------------------------------------------------------- queues
+def queue_namespaces(spec: Obj) -> list[str] | None:
+    """A Queue's ``spec.namespaces``: None when absent (every namespace), else the list of
+    namespace names (``*`` in it: every namespace).
+
+    Raises:
+        PodRequestError: naming ``spec.namespaces`` and echoing a value that is not a list
+            of names (a string is not read letter by letter).
+    """
+    allowed = spec.get("namespaces")
+    if allowed is None:
+        return None
+    if not isinstance(allowed, list) or not all(isinstance(n, str) and n for n in allowed):
+        raise PodRequestError(
+            "spec.namespaces",
+            f"{json.dumps(allowed)} is not a list of namespace names; write a list, e.g. "
+            'namespaces: ["team-a"] (["*"]: every namespace)',
+        )
+    return allowed
+
+
 def queue_spec(obj: Obj) -> QueueSpec:
     """A ``Queue`` object (``fgpu.io/v1alpha1``) as the core's :class:`QueueSpec`.
 
     ``spec``: ``quota`` and ``limit`` in GPUs (fractions allowed), ``overQuotaWeight``,
     ``priority`` (number or class name), ``parent``, ``squeeze`` (true, false, or absent
-    for the scheduler's setting). Checked as ``fgpu queue create`` checks.
+    for the scheduler's setting). Checked as ``fgpu queue create`` checks; ``namespaces``
+    as :func:`queue_namespaces` checks.
 
     Raises:
         PodRequestError: naming ``spec.FIELD`` and the reason.
     """
     name = (obj.get("metadata") or {}).get("name", "")
     spec = obj.get("spec") or {}
+    queue_namespaces(spec)
     priority = spec.get("priority", 0)
     if isinstance(priority, str) and priority in PRIORITY_CLASSES:
         priority = PRIORITY_CLASSES[priority]

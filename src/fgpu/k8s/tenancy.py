@@ -6,7 +6,8 @@ before it places a pod (a Queue or an annotation may change after admission):
 
 1. **Queue access.** A ``Queue`` with ``spec.namespaces`` admits pods of those namespaces
    only (``*`` in the list: every namespace); without the field, every namespace (as before
-   the field existed, and right for one-team clusters).
+   the field existed, and right for one-team clusters). A ``spec.namespaces`` that is not a
+   list of names makes the queue broken: no pod may use it (the scheduler leaves it out).
 2. **Default queue.** A pod without ``fgpu.io/queue`` gets its namespace's
    ``fgpu.io/default-queue`` annotation (set by whoever manages namespaces), else
    ``default``; the mutating webhook writes it on the pod.
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fgpu.k8s import wire
-from fgpu.k8s.objects import PodAsk, PodRequestError
+from fgpu.k8s.objects import PodAsk, PodRequestError, queue_namespaces
 from fgpu.rules.requests import MAX_PRIORITY
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
 
@@ -91,9 +92,11 @@ def check(pod: Obj, ask: PodAsk, queue: Obj | None, namespace: str | None = None
     if wire.PRIORITY in notes:
         ceiling, why = class_ceiling(pod)
         if ask.priority > ceiling:
+            written = str(notes[wire.PRIORITY]).strip()
+            shown = written if written == str(ask.priority) else f"{written} ({ask.priority})"
             raise PodRequestError(
                 wire.PRIORITY,
-                f"{ask.priority} is above what the pod may have: {why}; the annotation may "
+                f"{shown} is above what the pod may have: {why}; the annotation may "
                 "lower a pod's priority, never raise it (use a higher PriorityClass, which "
                 "your cluster administrator grants)",
             )
@@ -103,7 +106,14 @@ def check(pod: Obj, ask: PodAsk, queue: Obj | None, namespace: str | None = None
         return
     namespace = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")
     spec = queue.get("spec") or {}
-    allowed = spec.get("namespaces")
+    try:
+        allowed = queue_namespaces(spec)
+    except PodRequestError as exc:
+        raise PodRequestError(
+            wire.QUEUE,
+            f"queue {ask.queue} is broken, so no pod may use it: its {exc}; ask an "
+            "administrator to fix the Queue",
+        ) from None
     if allowed is not None and EVERY_NAMESPACE not in allowed and namespace not in allowed:
         shown = ", ".join(str(n) for n in allowed) or "none"
         raise PodRequestError(

@@ -43,8 +43,9 @@ by every container and init container (``resources.claims``), and the toleration
 fgpu nodes' taint ``fgpu.io/gpu:NoSchedule``. The node's DRA driver puts the GPU, the
 interposer and the hint socket's folder into the containers through CDI
 (:mod:`fgpu.k8s.dra`), so the pod needs no ``hostPath`` and passes Pod Security
-``restricted``. A pod whose own ``fgpu-gpu`` entry names a claim (``resourceClaimName``)
-keeps it: users may write claims of class ``gpu.fgpu.io`` themselves. Refused besides:
+``restricted``. fgpu allocates only the claim it makes for the pod: a ``fgpu-gpu`` entry
+other than fgpu's own, and (in the validating webhook, which reads them) any other entry
+naming a claim or template of class ``gpu.fgpu.io``, are refused. Refused besides:
 a privileged container (it would see every device of the node), also as an ephemeral
 container added later (``kubectl debug --profile=sysadmin``), and ``LD_PRELOAD`` or
 ``FGPU_SEG`` in a container's own ``env`` (they carry the interposer). The ConfigMap path

@@ -9,7 +9,9 @@ only adds: it never refuses, and a pod it cannot read gets no patch. ``POST /val
 mutating webhook left it (the API server calls validating webhooks last), so a later
 mutating webhook cannot undo a check. Validation adds the tenancy rules of
 :mod:`fgpu.k8s.tenancy` (queue access, the priority ceiling, non-preemptible work), with
-the Namespace and Queue read through a :class:`Lookup`.
+the Namespace and Queue read through a :class:`Lookup`, and on the DRA path refuses a pod
+that names a claim of fgpu's device class of its own (the claims and templates it names
+read through the same :class:`Lookup`; :func:`fgpu.k8s.webhook_dra.check_user_claims`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fgpu.k8s import tenancy, wire
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.objects import PodRequestError, pod_ask
 from fgpu.k8s.webhook import SCHEDULER_USER, check_update, mutate, wants_fgpu
-from fgpu.k8s.webhook_dra import check_privileged
+from fgpu.k8s.webhook_dra import check_privileged, check_user_claims
 
 Obj = Mapping[str, Any]
 
@@ -40,12 +42,17 @@ def _refusal(uid: str, exc: PodRequestError) -> dict[str, Any]:
 
 
 class Lookup(Protocol):
-    """What the webhook reads from the API: a Namespace (its default queue) and a Queue
-    (who may use it). None when there is no such object."""
+    """What the webhook reads from the API: a Namespace (its default queue), a Queue (who
+    may use it), and the ResourceClaims and ResourceClaimTemplates a pod names (whether
+    they ask for fgpu's device class). None when there is no such object."""
 
     def namespace(self, name: str) -> Obj | None: ...
 
     def queue(self, name: str) -> Obj | None: ...
+
+    def claim(self, namespace: str, name: str) -> Obj | None: ...
+
+    def claim_template(self, namespace: str, name: str) -> Obj | None: ...
 
 
 class NoLookup:
@@ -58,10 +65,16 @@ class NoLookup:
     def queue(self, name: str) -> Obj | None:
         return None
 
+    def claim(self, namespace: str, name: str) -> Obj | None:
+        return None
+
+    def claim_template(self, namespace: str, name: str) -> Obj | None:
+        return None
+
 
 class KubeLookup:
     """:class:`Lookup` through the API (one GET each; the webhook's RBAC allows ``get`` on
-    namespaces and queues, deploy/base/rbac.yaml).
+    namespaces, queues, resourceclaims and resourceclaimtemplates, deploy/base/rbac.yaml).
 
     Raises (from both methods):
         KubeError: any failure but 404 (the review then fails, and the API server applies
@@ -83,6 +96,20 @@ class KubeLookup:
             QUEUE_VERSION,
             QUEUE_PLURAL,
             name,
+        )
+
+    def claim(self, namespace: str, name: str) -> Obj | None:
+        from fgpu.k8s.resourceapi import ResourceApi
+
+        return self._get(
+            ResourceApi(self.api).resource.read_namespaced_resource_claim, name, namespace
+        )
+
+    def claim_template(self, namespace: str, name: str) -> Obj | None:
+        from fgpu.k8s.resourceapi import ResourceApi
+
+        return self._get(
+            ResourceApi(self.api).resource.read_namespaced_resource_claim_template, name, namespace
         )
 
     def _get(self, method: Any, *args: Any) -> Obj | None:
@@ -143,6 +170,8 @@ def validate(
                 env_without_isolation=env_without_isolation,
             )
             _check_tenancy(pod, lookup, str(request.get("namespace") or ""))
+            if not env_without_isolation:
+                _check_claims(pod, lookup, str(request.get("namespace") or ""))
         elif is_pod and operation == "UPDATE":
             old = request.get("oldObject") or {}
             user = str((request.get("userInfo") or {}).get("username") or "")
@@ -172,7 +201,34 @@ def _unreadable(uid: str, exc: KubeError) -> dict[str, Any]:
 
 def _check_tenancy(pod: Obj, lookup: Lookup, namespace: str) -> None:
     ask = pod_ask(pod)
-    tenancy.check(pod, ask, lookup.queue(ask.queue), namespace or None)
+    try:
+        tenancy.check(pod, ask, lookup.queue(ask.queue), namespace or None)
+    except PodRequestError as exc:
+        if exc.field != wire.QUEUE:
+            raise
+        ns = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")
+        notes = ((lookup.namespace(ns) or {}).get("metadata") or {}).get("annotations") or {}
+        if str(notes.get(tenancy.DEFAULT_QUEUE_ANNOTATION) or "").strip() != ask.queue:
+            raise
+        raise PodRequestError(
+            exc.field,
+            f"{ask.queue} is the default queue of Namespace {ns} (its "
+            f"{tenancy.DEFAULT_QUEUE_ANNOTATION} annotation, which a pod naming no queue "
+            f"gets); {exc.reason}; or ask an administrator to fix that annotation",
+        ) from None
+
+
+def _check_claims(pod: Obj, lookup: Lookup, namespace: str) -> None:
+    ns = namespace or str((pod.get("metadata") or {}).get("namespace") or "default")
+
+    def claim_of(entry: Obj) -> tuple[str, Obj | None]:
+        if entry.get("resourceClaimName"):
+            name = str(entry["resourceClaimName"])
+            return f"ResourceClaim {name}", lookup.claim(ns, name)
+        name = str(entry.get("resourceClaimTemplateName") or "")
+        return f"ResourceClaimTemplate {name}", lookup.claim_template(ns, name) if name else None
+
+    check_user_claims(pod, claim_of)
 
 
 def mutate_review(

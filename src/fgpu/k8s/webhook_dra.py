@@ -6,11 +6,11 @@ devices (privileged containers, also ephemeral ones; the interposer's variables 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fgpu.k8s.claims import POD_CLAIM, TEMPLATE
-from fgpu.k8s.dra.share import TAINT_KEY
+from fgpu.k8s.dra.share import DRIVER, TAINT_KEY, is_fgpu_claim
 from fgpu.k8s.objects import PodRequestError
 
 Obj = Mapping[str, Any]
@@ -38,13 +38,49 @@ def check_privileged(spec: Obj, groups: tuple[str, ...] = ("initContainers", "co
                 )
 
 
+def check_user_claims(pod: Obj, claim_of: Callable[[Obj], tuple[str, Obj | None]]) -> None:
+    """Refuse a pod whose ``spec.resourceClaims`` entries, other than fgpu's own
+    ``fgpu-gpu`` entry, name a ResourceClaim or ResourceClaimTemplate asking for fgpu's
+    device class: fgpu allocates only the claim it made for the pod, so such a claim would
+    either never be allocated (the pod never starts) or be a way to hold GPUs the ledger
+    does not count.
+
+    Args:
+        pod: the pod.
+        claim_of: an entry -> ``(what, object)``: ``"ResourceClaim mine"`` or
+            ``"ResourceClaimTemplate t"`` and the object read (None: not found; a claim
+            made later is still refused by the scheduler, which never allocates it).
+
+    Raises:
+        PodRequestError: naming ``spec.resourceClaims[i]`` and the claim.
+    """
+    ours = {"name": POD_CLAIM, "resourceClaimTemplateName": TEMPLATE}
+    for i, entry in enumerate((pod.get("spec") or {}).get("resourceClaims") or []):
+        if entry == ours:
+            continue
+        what, found = claim_of(entry)
+        if found is None:
+            continue
+        body = found.get("spec") or {}
+        if "resourceClaimTemplateName" in entry:
+            body = body.get("spec") or {}
+        if is_fgpu_claim({"spec": body}):
+            raise PodRequestError(
+                f"spec.resourceClaims[{i}]",
+                f"{entry.get('name')!r} names {what} of device class {DRIVER}; fgpu gives "
+                f"GPUs only through the claim it adds ({POD_CLAIM!r}, from its template "
+                f"{TEMPLATE}) and never allocates a claim a user wrote; remove this entry "
+                "and ask with the fgpu.io/ annotations",
+            )
+
+
 def dra_ops(pod: Obj, ask_gpus: bool) -> list[dict[str, Any]]:
     """The JSON patch ops of the DRA path after the common ones (``ask_gpus``: the pod asks
     for GPUs or a MIG instance, so it gets the claim; every fgpu pod gets the toleration).
 
     Raises:
         PodRequestError: a privileged container, an interposer variable in ``env``, or a
-            ``fgpu-gpu`` claim entry that neither names a claim nor is fgpu's.
+            ``fgpu-gpu`` claim entry other than fgpu's own.
     """
     spec = pod.get("spec") or {}
     check_privileged(spec)
@@ -66,11 +102,13 @@ def dra_ops(pod: Obj, ask_gpus: bool) -> list[dict[str, Any]]:
     ours = {"name": POD_CLAIM, "resourceClaimTemplateName": TEMPLATE}
     entries = spec.get("resourceClaims") or []
     taken = [e for e in entries if e.get("name") == POD_CLAIM]
-    if taken and taken[0] != ours and not taken[0].get("resourceClaimName"):
+    if taken and taken[0] != ours:
+        i = entries.index(taken[0])
         raise PodRequestError(
-            "spec.resourceClaims",
-            f"{POD_CLAIM!r} is the claim entry fgpu adds (template {TEMPLATE}); rename "
-            "this entry, or name a ResourceClaim of class gpu.fgpu.io in it",
+            f"spec.resourceClaims[{i}]",
+            f"{POD_CLAIM!r} is the claim entry fgpu adds (template {TEMPLATE}; fgpu never "
+            "allocates a claim a user wrote); rename this entry, or remove it and let fgpu "
+            "add its own",
         )
     if not taken:
         ops.append({"op": "add", "path": "/spec/resourceClaims", "value": [*entries, ours]})
@@ -92,4 +130,4 @@ def dra_ops(pod: Obj, ask_gpus: bool) -> list[dict[str, Any]]:
     return ops
 
 
-__all__ = ["DRA_RESERVED_ENV", "TOLERATION", "check_privileged", "dra_ops"]
+__all__ = ["DRA_RESERVED_ENV", "TOLERATION", "check_privileged", "check_user_claims", "dra_ops"]
