@@ -27,7 +27,8 @@ class _Strict(BaseModel):
     ``json_schema_extra``, so that the document lists them without pydantic answering
     first."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: JSON types as the document says (no false for a number, no 1 for true)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class SubmitRequest(_Strict):
