@@ -6,6 +6,7 @@ from fgpu.model.catalog import canonical_name, gpu_model
 from fgpu.model.types import Node, Request
 from fgpu.model.units import parse_gpu_request, parse_memory_mib
 from fgpu.sched.state import ClusterState
+from fgpu.wire import GpuGrant, ResourceRequest, WorkloadView
 
 
 class NodeBuilder:
@@ -86,3 +87,33 @@ def pod() -> PodBuilder:
 
 def cluster(*nodes: NodeBuilder) -> ClusterState:
     return ClusterState([n.build() for n in nodes])
+
+
+def workload_view(**fields: object) -> WorkloadView:
+    """A running half-GPU workload as the API lists it, with ``fields`` replaced."""
+    base: dict[str, object] = {
+        "id": "237094bf",
+        "name": "fgpu-test-bob",
+        "owner_uid": 0,
+        "phase": "running",
+        "queue": "default",
+        "priority": 50,
+        "preemptible": True,
+        "request": ResourceRequest(
+            gpu_count=1,
+            gpu_milli=500,
+            gpu_memory_mib=None,
+            gpu_models=[],
+            cpu_milli=0,
+            memory_mib=0,
+        ),
+        "gpus": [GpuGrant(node="vm", index=0, uuid="u", compute_milli=500, memory_mib=20480)],
+        "command": ["x"],
+        "submitted_at": 0.0,
+        "started_at": 0.0,
+        "finished_at": None,
+        "exit_code": None,
+        "reason": "",
+        "restarts": 0,
+    }
+    return WorkloadView.model_validate({**base, **fields})

@@ -21,7 +21,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from fgpu.cli import app, render
-from fgpu.wire import GpuGrant, ResourceRequest, WorkloadView
+from tests.builders import workload_view
 from tests.integration.test_cli_service import (
     TIMEOUT_S,
     Server,
@@ -227,33 +227,7 @@ def test_ls_watch_refreshes_in_place_until_ctrl_c(
 
 
 def test_the_table_words_the_governor_states_beyond_the_phase() -> None:
-    def view(**kw: object) -> WorkloadView:
-        base: dict[str, object] = {
-            "id": "a1",
-            "name": "n",
-            "owner_uid": 0,
-            "phase": "running",
-            "queue": "default",
-            "priority": 50,
-            "preemptible": True,
-            "request": ResourceRequest(
-                gpu_count=1,
-                gpu_milli=500,
-                gpu_memory_mib=None,
-                gpu_models=[],
-                cpu_milli=0,
-                memory_mib=0,
-            ),
-            "gpus": [GpuGrant(node="vm", index=0, uuid="u", compute_milli=500, memory_mib=1)],
-            "command": ["x"],
-            "submitted_at": 0.0,
-            "started_at": 0.0,
-            "finished_at": None,
-            "exit_code": None,
-            "reason": "",
-            "restarts": 0,
-        }
-        return WorkloadView.model_validate({**base, **kw})
+    view = workload_view
 
     assert render.state_text(view(gpu_state="frozen-by-priority")).plain.startswith("paused")
     assert render.state_text(view(gpu_state="running")).plain == ""

@@ -8,38 +8,13 @@ import re
 from rich.console import Console
 
 from fgpu.cli import render
-from fgpu.wire import GpuGrant, GpuHolder, GpuView, NodeView, ResourceRequest, WorkloadView
+from fgpu.wire import GpuHolder, GpuView, NodeView
+from tests.builders import workload_view
 
 REASON = "waiting for 0.5 GPU: queue default is over its limit of 1 GPU (1 GPU allocated)"
 
 
-def view(**fields: object) -> WorkloadView:
-    base: dict[str, object] = {
-        "id": "237094bf",
-        "name": "fgpu-test-bob",
-        "owner_uid": 0,
-        "phase": "running",
-        "queue": "default",
-        "priority": 50,
-        "preemptible": True,
-        "request": ResourceRequest(
-            gpu_count=1,
-            gpu_milli=500,
-            gpu_memory_mib=None,
-            gpu_models=[],
-            cpu_milli=0,
-            memory_mib=0,
-        ),
-        "gpus": [GpuGrant(node="vm", index=0, uuid="u", compute_milli=500, memory_mib=20480)],
-        "command": ["x"],
-        "submitted_at": 0.0,
-        "started_at": 0.0,
-        "finished_at": None,
-        "exit_code": None,
-        "reason": "",
-        "restarts": 0,
-    }
-    return WorkloadView.model_validate({**base, **fields})
+view = workload_view
 
 
 def shown(renderable: object, width: int) -> list[str]:
