@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -219,9 +219,9 @@ def test_a_restart_after_preemption_is_not_a_new_start(tmp_path: Path) -> None:
         command = [sys.executable, "-c", waits, str(release if name == "infer" else "/none")]
         return SubmitRequest(command=command, gpu=gpu, priority=priority, name=name, grace_s=1.0)
 
-    async def until(check: object, what: str) -> None:
+    async def until(check: Callable[[], bool], what: str) -> None:
         end = time.monotonic() + 60
-        while not check():  # type: ignore[operator]
+        while not check():
             assert time.monotonic() < end, f"not reached in 60 s: {what}"
             await asyncio.sleep(0.05)
 
