@@ -9,7 +9,8 @@
  * Who writes what:
  *   agent       : everything at creation; later gate, max_inflight, gpus[].memory_limit,
  *                 agent_beat_ns (at least every second while it runs),
- *                 and reclaims procs[] of dead processes (fgpu_seg_sweep).
+ *                 and reclaims procs[] of dead processes (fgpu_agent_sweep: its own pid
+ *                 namespace, and every other one when it runs in the host's).
  *   interposers : procs[] (claim an entry, reserve/give back bytes, inflight, waiting),
  *                 gpus[].memory_reserved, gpu_time_ns, oom_*, last_launch_ns, launches.
  *
@@ -25,7 +26,7 @@
 #include <stdint.h>
 
 #define FGPU_SEG_MAGIC 0x55504746u /* "FGPU" read as little-endian bytes */
-#define FGPU_SEG_VERSION 1u
+#define FGPU_SEG_VERSION 2u /* 2: procs[].pidns_dev / pidns_ino */
 #define FGPU_SEG_MAX_GPUS 16
 #define FGPU_SEG_MAX_PROCS 128
 #define FGPU_SEG_ID_LEN 64
@@ -52,11 +53,16 @@ struct fgpu_seg_gpu {
     _Atomic uint64_t oom_last_bytes;   /* size of the last refused allocation */
 };
 
-/* One process of the workload that has used the driver through the interposer. */
+/* One process of the workload that has used the driver through the interposer.
+ * A process is named by (pid, start_ticks, pidns): the pid is a number in the owner's pid
+ * namespace (containers of one pod sharing a claim each have their own), so only a process
+ * of the same namespace may judge it by that pid. */
 struct fgpu_seg_proc {
     _Atomic int32_t pid;          /* 0: free; > 0: owner; -1: being claimed or reclaimed */
     uint32_t pad0;
     _Atomic uint64_t start_ticks; /* field 22 of /proc/<pid>/stat: guards against pid reuse */
+    _Atomic uint64_t pidns_dev;   /* st_dev and st_ino of the owner's /proc/self/ns/pid */
+    _Atomic uint64_t pidns_ino;   /* (both 0: the owner could not name its namespace) */
     _Atomic uint64_t reserved[FGPU_SEG_MAX_GPUS]; /* bytes this process holds, per GPU */
     _Atomic uint32_t inflight;    /* gated operations issued and not yet seen complete */
     _Atomic uint32_t waiting;     /* threads of this process held at the gate now */

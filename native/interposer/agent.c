@@ -3,8 +3,9 @@
  *
  * Owns: creating a segment file (written to a temporary name, then renamed, mode 0600,
  * chown to the workload's user), mapping and unmapping it, the agent's writes (gate and
- * heartbeat, max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same code the
- * interposer runs) and a consistent-enough snapshot of the counters in a plain struct.
+ * heartbeat, max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same
+ * code the interposer runs, plus the host's view of other pid namespaces below) and a
+ * consistent-enough snapshot of the counters in a plain struct.
  *
  * Errors: functions return 0 or a negative errno value; fgpu_agent_open returns NULL and
  * writes the reason into the caller's buffer.
@@ -12,11 +13,13 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -205,9 +208,137 @@ FGPU_API int fgpu_agent_set_memory_limit(struct fgpu_seg *s, uint32_t gpu, uint6
     return 0;
 }
 
+/* The innermost pid of /proc/<host>/status's NSpid line (the pid in the process's own pid
+ * namespace) and how many namespaces the line lists; -1 when unreadable (it exited). */
+static int ns_pid_of(int host, int32_t *pid, int *levels)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/status", host);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return -1;
+    char line[512];
+    int rc = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "NSpid:", 6) != 0)
+            continue;
+        *levels = 0;
+        char *p = line + 6, *end;
+        for (;;) {
+            long v = strtol(p, &end, 10);
+            if (end == p)
+                break;
+            *pid = (int32_t)v;
+            (*levels)++;
+            p = end;
+        }
+        rc = *levels > 0 ? 0 : -1;
+        break;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Whether process host reads boot-relative times as we do (same time namespace, or a
+ * kernel without time namespaces). */
+static int same_time_ns(int host)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/time", host);
+    struct stat a, b;
+    int ra = stat("/proc/self/ns/time", &a), rb = stat(path, &b);
+    if (ra != 0 && rb != 0)
+        return 1;
+    return ra == 0 && rb == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* The entries of other pid namespaces, judged from the host's: every process of every
+ * namespace is under /proc there, with its namespace (/proc/<pid>/ns/pid) and its pid in
+ * that namespace (NSpid). An entry is alive when a process of its namespace has its pid and
+ * start time (or is of another time namespace, whose start times are read with another
+ * boot-time offset: kept); dead otherwise, its namespace gone included (a restarted
+ * container). Nothing
+ * is judged when a process that may belong to another namespace cannot be examined
+ * (EACCES: not root, or no CAP_SYS_PTRACE), since it might be the owner. */
+static uint64_t sweep_other_namespaces(struct fgpu_seg *s, struct fgpu_pidns me)
+{
+    int32_t pid[FGPU_SEG_MAX_PROCS];
+    uint64_t ticks[FGPU_SEG_MAX_PROCS];
+    struct fgpu_pidns ns[FGPU_SEG_MAX_PROCS];
+    unsigned char alive[FGPU_SEG_MAX_PROCS];
+    int n = 0;
+    for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+        struct fgpu_seg_proc *e = &s->procs[p];
+        pid[p] = atomic_load_explicit(&e->pid, memory_order_acquire);
+        ticks[p] = atomic_load_explicit(&e->start_ticks, memory_order_relaxed);
+        ns[p].dev = atomic_load_explicit(&e->pidns_dev, memory_order_relaxed);
+        ns[p].ino = atomic_load_explicit(&e->pidns_ino, memory_order_relaxed);
+        alive[p] = 0;
+        if (pid[p] <= 0 || (ns[p].dev == me.dev && ns[p].ino == me.ino))
+            pid[p] = 0; /* free, busy, or ours (fgpu_seg_sweep judged it) */
+        else
+            n++;
+    }
+    if (n == 0)
+        return 0;
+    DIR *d = opendir("/proc");
+    if (d == NULL)
+        return 0;
+    int blind = 0;
+    struct dirent *de;
+    while (!blind && (de = readdir(d)) != NULL) {
+        char *end;
+        long host = strtol(de->d_name, &end, 10);
+        if (*end != '\0' || host <= 0 || host > INT_MAX)
+            continue; /* not a process */
+        int32_t inner = 0;
+        int levels = 0;
+        if (ns_pid_of((int)host, &inner, &levels) != 0 || levels < 2)
+            continue; /* gone, or a process of the host's namespace */
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/pid", (int)host);
+        struct stat st;
+        if (stat(path, &st) != 0) {
+            if (errno != ENOENT && errno != ESRCH)
+                blind = 1;
+            continue;
+        }
+        uint64_t now = 0;
+        for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+            if (pid[p] != inner || ns[p].dev != (uint64_t)st.st_dev ||
+                ns[p].ino != (uint64_t)st.st_ino)
+                continue;
+            if (now == 0)
+                now = fgpu_proc_start_ticks((pid_t)host);
+            /* a start time read through another time namespace carries its boot-time
+             * offset: not comparable, so the entry is kept */
+            if ((now != 0 && now == ticks[p]) || !same_time_ns((int)host))
+                alive[p] = 1;
+        }
+    }
+    closedir(d);
+    if (blind)
+        return 0;
+    uint64_t total = 0;
+    for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+        if (pid[p] > 0 && !alive[p])
+            total += fgpu_seg_reclaim_dead(s, p, pid[p], ticks[p], ns[p]);
+    }
+    return total;
+}
+
+/* The agent's sweep: the entries of its own pid namespace (fgpu_seg_sweep, as in every
+ * interposer), and, only from the host's pid namespace with the host's /proc (the one place
+ * that sees every namespace whole), the entries of the others. */
 FGPU_API uint64_t fgpu_agent_sweep(struct fgpu_seg *s)
 {
-    return s == NULL ? 0 : fgpu_seg_sweep(s);
+    if (s == NULL)
+        return 0;
+    uint64_t total = fgpu_seg_sweep(s);
+    struct fgpu_pidns me = fgpu_pidns_self();
+    if (me.ino == FGPU_PIDNS_INIT_INO && fgpu_procfs_is_own())
+        total += sweep_other_namespaces(s, me);
+    return total;
 }
 
 FGPU_API int fgpu_agent_snapshot(struct fgpu_seg *s, struct fgpu_agent_snapshot *out)

@@ -151,7 +151,7 @@ int fgpu_proc(void)
     p = atomic_load_explicit(&proc_index, memory_order_relaxed);
     if (p == -2) {
         pid_t pid = getpid();
-        p = fgpu_seg_claim(fgpu_g.seg, pid, fgpu_proc_start_ticks(pid));
+        p = fgpu_seg_claim(fgpu_g.seg, pid, fgpu_proc_self_start_ticks(), fgpu_pidns_self());
         if (p < 0)
             fgpu_log(FGPU_LOG_WARN, "segment has no free process entry (%d held by live "
                                     "processes): allocations on capped GPUs are refused",
@@ -178,7 +178,7 @@ __attribute__((constructor)) static void fgpu_reclaim_previous_image(void)
     if (s == NULL)
         return; /* said (once) when a CUDA call needs the segment */
     pid_t pid = getpid();
-    fgpu_seg_reclaim_own(s, pid, fgpu_proc_start_ticks(pid));
+    fgpu_seg_reclaim_own(s, pid, fgpu_proc_self_start_ticks(), fgpu_pidns_self());
     fgpu_seg_unmap(s);
 }
 

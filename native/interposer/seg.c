@@ -5,8 +5,13 @@
  * kept by one CAS on memory_reserved (acq_rel), so two processes can never both pass the
  * check (no check-then-allocate window). procs[].pid is the publication word of an entry:
  * a claimer fills the entry and then stores its pid with release; readers load the pid
- * with acquire before trusting start_ticks. A reclaimer owns an entry once its CAS
- * pid -> -1 succeeded, so an entry is given back exactly once.
+ * with acquire before trusting start_ticks and the pid namespace. A reclaimer owns an entry
+ * once its CAS pid -> -1 succeeded, so an entry is given back exactly once.
+ *
+ * Pid namespaces: an entry's pid is a number in its owner's pid namespace (recorded at
+ * claim). Containers of one pod that share a claim share this segment but not their pid
+ * namespaces, so a sweeper judges only entries of its own namespace: a pid of another one
+ * names some other process here (or none) and must not make a live entry look dead.
  *
  * Order of the two counters: reserve adds to gpus[g] first and to procs[p] second; give
  * back subtracts from procs[p] first and gpus[g] second. A process killed between the two
@@ -95,10 +100,35 @@ void fgpu_seg_unmap(struct fgpu_seg *s)
         munmap(s, sizeof(struct fgpu_seg));
 }
 
-uint64_t fgpu_proc_start_ticks(pid_t pid)
+struct fgpu_pidns fgpu_pidns_self(void)
 {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    struct fgpu_pidns ns = {0, 0};
+    struct stat st;
+    if (stat("/proc/self/ns/pid", &st) == 0) {
+        ns.dev = (uint64_t)st.st_dev;
+        ns.ino = (uint64_t)st.st_ino;
+    }
+    return ns;
+}
+
+int fgpu_procfs_is_own(void)
+{
+    char link[32];
+    ssize_t n = readlink("/proc/self", link, sizeof link - 1);
+    if (n <= 0)
+        return 0;
+    link[n] = '\0';
+    long v = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        if (link[i] < '0' || link[i] > '9')
+            return 0;
+        v = v * 10 + (link[i] - '0');
+    }
+    return v == (long)getpid();
+}
+
+static uint64_t start_ticks_at(const char *path)
+{
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -125,6 +155,30 @@ uint64_t fgpu_proc_start_ticks(pid_t pid)
     while (*p >= '0' && *p <= '9')
         v = v * 10 + (uint64_t)(*p++ - '0');
     return v;
+}
+
+uint64_t fgpu_proc_start_ticks(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    return start_ticks_at(path);
+}
+
+uint64_t fgpu_proc_self_start_ticks(void) { return start_ticks_at("/proc/self/stat"); }
+
+static int same_ns(const struct fgpu_seg_proc *e, struct fgpu_pidns ns)
+{
+    return atomic_load_explicit(&e->pidns_dev, memory_order_relaxed) == ns.dev &&
+           atomic_load_explicit(&e->pidns_ino, memory_order_relaxed) == ns.ino;
+}
+
+/* Whether entry e (loaded with acquire) names the process (pid, start_ticks, ns). */
+static int entry_is(const struct fgpu_seg_proc *e, int32_t pid, uint64_t start_ticks,
+                    struct fgpu_pidns ns)
+{
+    return atomic_load_explicit(&e->pid, memory_order_acquire) == pid &&
+           atomic_load_explicit(&e->start_ticks, memory_order_relaxed) == start_ticks &&
+           same_ns(e, ns);
 }
 
 /* Subtract up to want from *a, never below zero; returns what was subtracted. */
@@ -161,63 +215,80 @@ uint64_t fgpu_seg_release(struct fgpu_seg *s, int p)
     struct fgpu_seg_proc *e = &s->procs[p];
     uint64_t total = drain_entry(s, e);
     atomic_store_explicit(&e->start_ticks, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->pidns_dev, 0, memory_order_relaxed);
+    atomic_store_explicit(&e->pidns_ino, 0, memory_order_relaxed);
     /* release: the drained counters are visible before the entry reads as free */
     atomic_store_explicit(&e->pid, 0, memory_order_release);
     return total;
 }
 
+uint64_t fgpu_seg_reclaim_dead(struct fgpu_seg *s, int p, int32_t pid, uint64_t start_ticks,
+                               struct fgpu_pidns ns)
+{
+    if (p < 0 || p >= FGPU_SEG_MAX_PROCS || pid <= 0)
+        return 0;
+    struct fgpu_seg_proc *e = &s->procs[p];
+    int32_t expect = pid;
+    /* acq_rel: we own the entry from here; no other sweeper can take it, and a claimer's
+     * fields stored before its release store of pid are visible */
+    if (!atomic_compare_exchange_strong_explicit(&e->pid, &expect, -1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return 0;
+    /* the entry may have been freed and claimed again (same pid number) since it was judged */
+    if (atomic_load_explicit(&e->start_ticks, memory_order_relaxed) != start_ticks ||
+        !same_ns(e, ns)) {
+        atomic_store_explicit(&e->pid, pid, memory_order_release);
+        return 0;
+    }
+    return fgpu_seg_release(s, p);
+}
+
 uint64_t fgpu_seg_sweep(struct fgpu_seg *s)
 {
+    struct fgpu_pidns me = fgpu_pidns_self();
+    /* a procfs of another pid namespace (unshare --pid without remounting /proc) shows other
+     * processes under our pid numbers: then only "this pid exists here" (kill 0) is asked */
+    int by_procfs = fgpu_procfs_is_own();
     uint64_t total = 0;
     for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
         struct fgpu_seg_proc *e = &s->procs[p];
-        /* acquire: pairs with the claimer's release store of pid, start_ticks is filled */
+        /* acquire: pairs with the claimer's release store of pid, the rest is filled */
         int32_t pid = atomic_load_explicit(&e->pid, memory_order_acquire);
         if (pid <= 0)
             continue;
         uint64_t st = atomic_load_explicit(&e->start_ticks, memory_order_relaxed);
-        uint64_t now = fgpu_proc_start_ticks(pid);
-        if (now != 0 && now == st)
-            continue; /* alive */
-        if (now == 0 && access("/proc/self/stat", R_OK) != 0 &&
-            (kill(pid, 0) == 0 || errno == EPERM))
-            continue; /* no procfs here: fall back to "the pid exists" */
-        int32_t expect = pid;
-        /* acq_rel: we own the entry from here; no other sweeper can take it */
-        if (!atomic_compare_exchange_strong_explicit(&e->pid, &expect, -1, memory_order_acq_rel,
-                                                     memory_order_relaxed))
-            continue;
-        /* the entry may have been freed and claimed again between our loads: look again */
-        st = atomic_load_explicit(&e->start_ticks, memory_order_relaxed);
-        now = fgpu_proc_start_ticks(pid);
-        if (now != 0 && now == st) {
-            atomic_store_explicit(&e->pid, pid, memory_order_release);
-            continue;
+        if (!same_ns(e, me))
+            continue; /* another container's pid: not ours to judge */
+        if (by_procfs) {
+            uint64_t now = fgpu_proc_start_ticks(pid);
+            if (now != 0 && now == st)
+                continue; /* alive */
+        } else if (kill(pid, 0) == 0 || errno == EPERM) {
+            continue; /* no usable procfs here: fall back to "the pid exists" */
         }
-        total += fgpu_seg_release(s, p);
+        total += fgpu_seg_reclaim_dead(s, p, pid, st, me);
     }
     return total;
 }
 
-uint64_t fgpu_seg_reclaim_own(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks)
+uint64_t fgpu_seg_reclaim_own(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks,
+                              struct fgpu_pidns ns)
 {
     uint64_t total = 0;
     for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
         struct fgpu_seg_proc *e = &s->procs[p];
-        if (atomic_load_explicit(&e->pid, memory_order_acquire) == (int32_t)pid &&
-            atomic_load_explicit(&e->start_ticks, memory_order_relaxed) == start_ticks)
+        if (entry_is(e, (int32_t)pid, start_ticks, ns))
             total += drain_entry(s, e);
     }
     return total;
 }
 
-int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks)
+int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks, struct fgpu_pidns ns)
 {
     for (int pass = 0; pass < 2; pass++) {
         for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
             struct fgpu_seg_proc *e = &s->procs[p];
-            if (atomic_load_explicit(&e->pid, memory_order_acquire) == (int32_t)pid &&
-                atomic_load_explicit(&e->start_ticks, memory_order_relaxed) == start_ticks) {
+            if (entry_is(e, (int32_t)pid, start_ticks, ns)) {
                 /* our previous image (exec keeps pid and start time): its driver memory
                  * was freed by the exec, so give its reservations back and reuse it */
                 drain_entry(s, e);
@@ -233,8 +304,10 @@ int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks)
                 continue;
             drain_entry(s, e); /* a free entry holds nothing; stay safe if it did */
             atomic_store_explicit(&e->start_ticks, start_ticks, memory_order_relaxed);
+            atomic_store_explicit(&e->pidns_dev, ns.dev, memory_order_relaxed);
+            atomic_store_explicit(&e->pidns_ino, ns.ino, memory_order_relaxed);
             atomic_fetch_add_explicit(&s->processes, 1, memory_order_relaxed);
-            /* release: start_ticks and the zeroed counters are visible with the pid */
+            /* release: the identity and the zeroed counters are visible with the pid */
             atomic_store_explicit(&e->pid, (int32_t)pid, memory_order_release);
             return p;
         }

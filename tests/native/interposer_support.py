@@ -5,14 +5,20 @@
 - :func:`fake_env`: the environment of a process run against the fake driver (a stand-in
   for ``libcuda.so.1`` written for the tests), with or without the interposer;
 - :data:`WORKER`: the path of ``interposer_worker.py``, a CUDA program in Python (ctypes)
-  that reaches the driver through ``dlopen("libcuda.so.1")`` like the CUDA runtime does.
+  that reaches the driver through ``dlopen("libcuda.so.1")`` like the CUDA runtime does;
+- :func:`unshare_pid` and :func:`in_new_pid_namespace`: run a process as pid 1 of a new pid
+  namespace (a container's, as far as pids go), or skip where that cannot be done.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from fgpu.agent.interposer.segment import Snapshot, agent_library
 
@@ -120,3 +126,23 @@ def fake_env(
         env["LD_PRELOAD"] = str(native / "libfgpu.so")
     env.update(extra)
     return env
+
+
+def unshare_pid() -> str:
+    """util-linux ``unshare``, once it has made a pid namespace here; skips the test with the
+    reason otherwise (not installed, or no permission to make namespaces)."""
+    path = shutil.which("unshare")
+    if path is None:
+        pytest.skip("util-linux unshare is not installed: no pid namespaces to test with")
+    probe = subprocess.run(
+        [*in_new_pid_namespace(path), "true"], capture_output=True, text=True, timeout=60
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a pid namespace here (unshare: {probe.stderr.strip()})")
+    return path
+
+
+def in_new_pid_namespace(unshare: str) -> list[str]:
+    """The argv prefix that runs a program as pid 1 of a new pid namespace with its own
+    ``/proc``; killing the unshare process kills it (``--kill-child``)."""
+    return [unshare, "--pid", "--fork", "--mount-proc", "--kill-child"]

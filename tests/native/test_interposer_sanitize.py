@@ -3,7 +3,8 @@
 Everything (interposer, fake driver, fgpu-cudemo) is built once with ``sanitize=True`` into a
 temporary folder, and a subset runs with the ASan runtime preloaded first (an instrumented
 preload needs it ahead of itself): allocations against the cap on both paths, a kill -9
-swept by the next process that needs the memory, and launches held at a closed gate. Any
+swept by the next process that needs the memory, a sweep that must leave a live process of
+another pid namespace alone, and launches held at a closed gate. Any
 sanitizer report fails the test (halt_on_error), and stderr must not mention one.
 """
 
@@ -18,7 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.native.interposer_support import GATE_CLOSED, GATE_OPEN, MIB, AgentLib, fake_env
+from tests.native.interposer_support import (
+    GATE_CLOSED,
+    GATE_OPEN,
+    MIB,
+    AgentLib,
+    fake_env,
+    in_new_pid_namespace,
+    unshare_pid,
+)
 
 from fgpu import native as fgpu_native
 
@@ -137,3 +146,37 @@ def test_sanitized_caps_sweep_and_gate(
     assert json.loads(stdout.strip().splitlines()[-1])["launches"] == 10
     snap = agent.snapshot()
     assert (snap.launches, snap.inflight, snap.waiting) == (base + 10, 0, 0)
+
+
+def test_sanitized_sweep_leaves_another_pid_namespace_alone(
+    asan_dir: Path, env: dict[str, str], seg: tuple[AgentLib, Path], tmp_path: Path
+) -> None:
+    agent, _ = seg
+    unshare = unshare_pid()
+    # the holder is pid 1 of its own namespace (its own fake-driver state: its own memory)
+    holder_env = {**env, "FGPU_FAKE_GPU_STATE": str(tmp_path / "fakegpu-holder")}
+    holder = subprocess.Popen(
+        [
+            *in_new_pid_namespace(unshare),
+            str(asan_dir / "bin" / "fgpu-cudemo"),
+            "hold",
+            str(800 * MIB),
+        ],
+        env=holder_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        assert line, holder.stderr.read() if holder.stderr is not None else "no output"
+        assert json.loads(line)["error"] == "CUDA_SUCCESS"
+        # over the cap: this process sweeps, and must not take the holder's 800 MiB
+        over = cudemo(asan_dir, env, "alloc", "mem", str(300 * MIB))
+        assert over["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+        assert agent.snapshot().gpus[0].memory_reserved == 800 * MIB
+    finally:
+        holder.kill()
+        holder.wait()

@@ -41,12 +41,14 @@ OFFSETS_C = r"""
 int main(void) {
     printf("{\"size\": %zu, \"magic\": %zu, \"version\": %zu, \"gpus\": %zu, \"gpu_size\": %zu,"
            " \"memory_reserved\": %zu, \"procs\": %zu, \"proc_size\": %zu, \"pid\": %zu,"
-           " \"start_ticks\": %zu, \"reserved\": %zu, \"inflight\": %zu}\n",
+           " \"start_ticks\": %zu, \"pidns_dev\": %zu, \"pidns_ino\": %zu, \"reserved\": %zu,"
+           " \"inflight\": %zu}\n",
            sizeof(struct fgpu_seg), offsetof(struct fgpu_seg, magic),
            offsetof(struct fgpu_seg, version), offsetof(struct fgpu_seg, gpus),
            sizeof(struct fgpu_seg_gpu), offsetof(struct fgpu_seg_gpu, memory_reserved),
            offsetof(struct fgpu_seg, procs), sizeof(struct fgpu_seg_proc),
            offsetof(struct fgpu_seg_proc, pid), offsetof(struct fgpu_seg_proc, start_ticks),
+           offsetof(struct fgpu_seg_proc, pidns_dev), offsetof(struct fgpu_seg_proc, pidns_ino),
            offsetof(struct fgpu_seg_proc, reserved), offsetof(struct fgpu_seg_proc, inflight));
     return 0;
 }
@@ -84,6 +86,12 @@ def start_ticks(pid: int) -> int:
     return int(text[text.rindex(")") + 2 :].split()[19])
 
 
+def own_pidns() -> tuple[int, int]:
+    """(st_dev, st_ino) of this process's pid namespace, as the interposer records it."""
+    st = os.stat("/proc/self/ns/pid")
+    return st.st_dev, st.st_ino
+
+
 class Raw:
     """Direct reads and writes of a segment file at the compiler's offsets."""
 
@@ -99,9 +107,15 @@ class Raw:
     def _proc(self, i: int) -> int:
         return self.off["procs"] + i * self.off["proc_size"]
 
-    def put_proc(self, i: int, pid: int, ticks: int, reserved0: int) -> None:
+    def put_proc(
+        self, i: int, pid: int, ticks: int, reserved0: int, pidns: tuple[int, int] | None = None
+    ) -> None:
+        """Fill entry i as a claimer does (pid last); ``pidns`` defaults to ours."""
         base = self._proc(i)
+        dev, ino = own_pidns() if pidns is None else pidns
         struct.pack_into("<Q", self.m, base + self.off["start_ticks"], ticks)
+        struct.pack_into("<Q", self.m, base + self.off["pidns_dev"], dev)
+        struct.pack_into("<Q", self.m, base + self.off["pidns_ino"], ino)
         struct.pack_into("<Q", self.m, base + self.off["reserved"], reserved0)
         struct.pack_into("<i", self.m, base + self.off["pid"], pid)
 

@@ -9,8 +9,9 @@ time of their completed work and when they last launched.
 :class:`Segment` does all of it through ``libfgpu-agent.so`` (``native/interposer/agent.c``),
 which is compiled from the same segment code as the interposer itself (``seg.c``): creating
 the file, the gate's release store and futex wake, the sweep that reclaims the reservations
-of dead processes exactly once (compare-and-swap, racing the interposers' own sweeps), and a
-snapshot of the counters. Nothing here reads or writes the segment's bytes directly.
+of dead processes exactly once (compare-and-swap, racing the interposers' own sweeps; each
+judges only processes of a pid namespace it can see), and a snapshot of the counters.
+Nothing here reads or writes the segment's bytes directly.
 
 Units: bytes for memory, nanoseconds of ``CLOCK_MONOTONIC`` for times.
 """
@@ -354,6 +355,12 @@ class Segment:
 
     def sweep(self) -> int:
         """Give back the reservations of the workload's dead processes (kill -9 included).
+
+        Each entry is named by pid, start time and pid namespace. Those of this process's own
+        pid namespace are judged by its ``/proc``; those of other namespaces (containers
+        sharing the segment) only when this process runs in the host's pid namespace with
+        the host's ``/proc``, where every namespace's processes are seen (a namespace with
+        none left frees its entries); elsewhere they are left alone.
 
         Returns:
             Bytes given back, over all GPUs.
