@@ -10,15 +10,19 @@ Pinned: an interposer never reclaims a live process of another namespace (before
 namespace was recorded, a process whose own pid 1 differs from the other container's pid 1
 swept that container's reservation and went past the cap); dead processes of its own
 namespace are still swept; the agent, from the host's namespace, keeps the live ones of
-every namespace and gives back those of a namespace whose processes are all gone.
+every namespace and gives back those of a namespace whose processes are all gone, but judges
+no other namespace when it may not examine every process (not root).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +43,27 @@ GPUS = f"{UUID}=A100-80GB:81920"
 DEADLINE_S = 60.0
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY
 HOST_PIDNS_INO = 0xEFFFFFFC  # the initial pid namespace (PROC_PID_INIT_INO, linux/proc_ns.h)
+
+# the agent's sweep, by libfgpu-agent.so alone, as a program any user can run (argv: the
+# library, the segment); prints the bytes given back
+AGENT_SWEEP_C = r"""
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    void *lib = dlopen(argv[1], RTLD_NOW);
+    if (lib == NULL) { fprintf(stderr, "%s\n", dlerror()); return 2; }
+    void *(*open_seg)(const char *, char *, size_t) =
+        (void *(*)(const char *, char *, size_t))dlsym(lib, "fgpu_agent_open");
+    uint64_t (*sweep)(void *) = (uint64_t (*)(void *))dlsym(lib, "fgpu_agent_sweep");
+    char why[256] = "";
+    void *seg = open_seg(argv[2], why, sizeof why);
+    if (seg == NULL) { fprintf(stderr, "%s\n", why); return 2; }
+    printf("%llu\n", (unsigned long long)sweep(seg));
+    return 0;
+}
+"""
 
 # run inside one new pid namespace: a holder killed with -9, then a process that needs its
 # memory (so it must sweep the dead holder of its own namespace); prints the last one's JSON
@@ -183,3 +208,61 @@ def test_dead_processes_of_ones_own_namespace_are_still_swept(
         holder.kill()
         holder.wait()
     agent.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the sweep as another user")
+@pytest.mark.skipif(
+    os.stat("/proc/self/ns/pid").st_ino != HOST_PIDNS_INO,
+    reason="the agent judges other pid namespaces only from the host's",
+)
+def test_an_agent_that_cannot_examine_every_namespace_judges_none_of_them(
+    unshare: str, native: Path
+) -> None:
+    try:
+        user = pwd.getpwnam("fgpu-test-alice")
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "fgpu-test-alice"], check=True)
+        user = pwd.getpwnam("fgpu-test-alice")
+    base = Path(tempfile.mkdtemp(prefix="fgpu-test-", dir="/dev/shm"))
+    base.chmod(0o755)
+    seg = base / "seg"
+    agent = make_segment(native, seg, 1024 * MIB)
+    os.chown(seg, user.pw_uid, user.pw_gid)  # the workload's user may map it
+    (base / "sweep.c").write_text(AGENT_SWEEP_C)
+    cc = os.environ.get("CC", "cc")
+    compile_flags = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+    build = [cc, *compile_flags, "-o", str(base / "sweep"), str(base / "sweep.c"), "-ldl"]
+    subprocess.run(build, check=True)
+    shutil.copy(native / "libfgpu-agent.so", base)  # where the user can read it
+    gone = start_holder(unshare, container_env(native, base, seg, "gone"), 300 * MIB)
+    gone.kill()  # its namespace goes with it
+    gone.wait()
+    live = start_holder(unshare, container_env(native, base, seg, "live"), 100 * MIB)
+    try:
+        # the user may not look at root's container (/proc/<pid>/ns/pid: EACCES), which could
+        # own the gone container's entry: nothing of another namespace is judged
+        as_user = subprocess.run(
+            [str(base / "sweep"), str(base / "libfgpu-agent.so"), str(seg)],
+            user=user.pw_uid,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert as_user.returncode == 0, as_user.stderr
+        assert int(as_user.stdout) == 0
+        assert agent.snapshot().gpus[0].memory_reserved == 400 * MIB
+        # root sees every process: the gone container's 300 MiB come back, the live 100 stay
+        swept = 0
+        deadline = time.monotonic() + DEADLINE_S
+        while swept < 300 * MIB:
+            assert time.monotonic() < deadline, "root's sweep never gave the gone entry back"
+            swept += agent.sweep()
+            time.sleep(0.02)
+        assert swept == 300 * MIB
+        snap = agent.snapshot()
+        assert (snap.gpus[0].memory_reserved, snap.live_processes) == (100 * MIB, 1)
+    finally:
+        live.kill()
+        live.wait()
+        agent.close()
+        shutil.rmtree(base)
