@@ -441,15 +441,15 @@ def nodes(
 
 def register(app: typer.Typer) -> None:
     """Add the commands to the ``fgpu`` app."""
-    app.command(context_settings={"allow_interspersed_args": False})(submit)
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
     app.command("list", help="Same as ls.")(ls)
-    app.command()(describe)
-    app.command()(logs)
-    app.command()(cancel)
+    app.command("describe")(describe)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
     app.command("delete", help="Same as cancel.")(cancel)
-    app.command()(top)
-    app.command()(nodes)
+    app.command("top")(top)
+    app.command("nodes")(nodes)
 
 
 def _shell_status(exit_code: int | None) -> int:
