@@ -1,7 +1,7 @@
 """The top-level ``fgpu`` group, loading each command's module only when it is used.
 
 ``fgpu --help`` lists the commands from :data:`COMMANDS` (names and the first paragraph of
-each help, checked against the real commands by ``tests/unit/test_cli_start.py``) without
+each help, checked against the real commands by ``tests/integration/test_cli_start.py``) without
 importing any command module; ``fgpu ls`` imports :mod:`fgpu.cli.workloads` and builds that
 one command, not the simulators, the MIG planner or the Kubernetes adapters. This is
 Click's lazily loading group (its documentation, "Complex Applications: Lazily Loading
