@@ -35,6 +35,8 @@ NEVER = (
     "uvicorn",
     "httpx",
     "httpcore",
+    "pydantic",
+    "fgpu.wire",
     "fgpu.sim",
     "fgpu.sched",
     "fgpu.k8s",
@@ -52,10 +54,11 @@ NEVER = (
     "fgpu.cli.service",
 )
 """Modules neither command may load: the simulators, the cores, the service, the Kubernetes
-adapters, the MIG planner, the other commands, and httpx (the socket goes through the
-standard library)."""
+adapters, the MIG planner, the other commands, httpx (the socket goes through the standard
+library) and pydantic (the listing is read by :mod:`fgpu.client.plain`, the options are
+converted by :mod:`fgpu.cli.coercion`)."""
 
-NOT_FOR_HELP = ("rich", "pydantic", "fgpu.wire", "fgpu.client", "fgpu.cli.workloads")
+NOT_FOR_HELP = ("rich", "fgpu.client", "fgpu.cli.workloads")
 """Modules ``fgpu --help`` does not need either: it lists the commands from the table."""
 
 
@@ -147,7 +150,20 @@ def test_help_reads_as_with_every_command_loaded(width: int) -> None:
         for line in lazy.output.split("Commands:")[1].splitlines()
         if line.startswith("  ") and not line.startswith("    ")
     ] == list(COMMANDS)
-    for args in (["lss"], ["queue"], ["queue", "create", "--help"], ["ls", "--interval", "0"]):
+    for args in (
+        ["lss"],
+        ["queue"],
+        ["queue", "create", "--help"],
+        ["ls", "--interval", "0"],
+        ["ls", "--interval", "abc"],
+        ["ls", "--interval", "nan"],
+        ["ls", "--phase", "running,,x"],
+        ["ls", "--bogus"],
+        ["describe"],
+        ["queue", "create", "q", "--quota", "abc"],
+        ["sim", "fill", "--nodes", "x"],
+        ["mig", "profiles", "--bogus"],
+    ):
         lazy = runner.invoke(cli.app, args, terminal_width=width)
         eager = runner.invoke(eager_app(), args, terminal_width=width)
         assert (lazy.exit_code, lazy.output) == (eager.exit_code, eager.output), args

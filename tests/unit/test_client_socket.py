@@ -4,9 +4,14 @@ path gives (the same exception, status, field and reason)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +23,8 @@ import pytest
 from fgpu.client import Client, ClientError
 from fgpu.client.client import json_text
 from fgpu.wire import LOG_OFFSET_HEADER, QueueBody
+from tests.builders import workload_view
+from tests.serverproc import AS_NOBODY
 
 Handler = Callable[[socket.socket], None]
 
@@ -213,3 +220,60 @@ def test_a_socket_of_another_user_says_no_permission(tmp_path: Path) -> None:
         results = both(path, lambda c: c.nodes())
     assert results[0] == results[1]
     assert "no permission to use the fgpu socket" in str(results[0][3])
+
+
+def test_the_plain_listing_is_the_typed_one(tmp_path: Path) -> None:
+    views = [workload_view(), workload_view(id="b", phase="pending", gpus=[])]
+    body = json.dumps([v.model_dump(mode="json") for v in views]).encode()
+    path = tmp_path / "s.sock"
+    with serving(path, answer("200 OK", body)), Client(path) as client:
+        typed = client.list_workloads()
+        plain = client.list_workloads_plain()
+    assert typed == views
+    assert [dataclasses.asdict(p) for p in plain] == [v.model_dump() for v in typed]
+    bad = path.with_name("b.sock")
+    with (
+        serving(bad, answer("200 OK", b'[{"id": 1}]')),
+        Client(bad) as client,
+        pytest.raises(ClientError) as caught,
+    ):
+        client.list_workloads_plain()
+    assert caught.value.reason.startswith("unexpected answer from the server: ")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_a_socket_another_user_may_not_use_says_no_permission() -> None:
+    root = Path(tempfile.mkdtemp(prefix="fgpu-perm-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        path = root / "s.sock"
+        with serving(path, answer("200 OK", b"[]")):
+            path.chmod(0o600)  # root's socket: nobody may not connect
+            code = (
+                "import json, sys\n"
+                "import httpx\n"
+                "from fgpu.client import Client, ClientError\n"
+                "out = []\n"
+                "for t in (None, httpx.HTTPTransport(uds=sys.argv[1])):\n"
+                "    try:\n"
+                "        Client(sys.argv[1], transport=t).nodes()\n"
+                "    except ClientError as exc:\n"
+                "        out.append([type(exc).__name__, exc.status, exc.reason])\n"
+                "print(json.dumps(out))\n"
+            )
+            done = subprocess.run(
+                [*AS_NOBODY, sys.executable, "-c", code, str(path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+                env={**os.environ, "HOME": "/"},
+            )
+        assert done.returncode == 0, done.stderr
+        ours, httpxs = json.loads(done.stdout)
+        assert ours == httpxs
+        assert ours == ["ServerUnavailable", 0, f"no permission to use the fgpu socket {path}"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -23,6 +23,8 @@ import typer.main
 from typer._click import Command, Context, HelpFormatter  # Typer's own copy of Click
 from typer.core import TyperCommand, TyperGroup
 
+from fgpu.cli import coercion
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
         "fgpu.cli.service",
@@ -85,7 +87,9 @@ def load(name: str) -> Command:
     importlib.import_module(module).register(app)
     app.registered_commands = [c for c in app.registered_commands if c.name == name]
     app.registered_groups = [g for g in app.registered_groups if g.name == name]
-    return typer.main.get_group(app).commands[name]
+    command = typer.main.get_group(app).commands[name]
+    coercion.install(command)
+    return command
 
 
 class _Commands(MutableMapping[str, Command]):
@@ -125,6 +129,10 @@ class LazyGroup(TyperGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = _Commands()
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        coercion.install(self, ctx, subcommands=False)  # the options of fgpu itself
+        return super().parse_args(ctx, args)
 
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         return self.commands.get(cmd_name)

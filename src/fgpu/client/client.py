@@ -4,7 +4,9 @@ Every method returns wire models (:mod:`fgpu.wire`); a refusal from the server i
 :class:`ClientError` with the status, the field and the reason the server gave; a server
 that cannot be reached is :class:`ServerUnavailable`, whose message says how to start one.
 
-On the Unix socket the requests go through the standard library (:mod:`http.client`, one
+The wire models (pydantic) are loaded by the first method that returns one;
+:meth:`Client.list_workloads_plain` (``fgpu ls``) needs none (:mod:`fgpu.client.plain`). On
+the Unix socket the requests go through the standard library (:mod:`http.client`, one
 connection per request), which a short command loads in a fraction of httpx's time; over
 TCP (and TLS) and with an injected transport they go through httpx. Both give the same
 answers and the same errors.
@@ -17,31 +19,31 @@ import json
 import math
 import os
 import socket as sockets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 from urllib.parse import urlencode
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
-
 from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
-from fgpu.wire import (
-    API_PREFIX,
-    LOG_OFFSET_HEADER,
-    EventView,
-    Health,
-    NodeView,
-    QueueBody,
-    QueueView,
-    SubmitRequest,
-    WorkloadDetail,
-    WorkloadView,
-)
+from fgpu.client.plain import PlainWorkloadView, plain_workloads
+from fgpu.wire_basics import API_PREFIX, LOG_OFFSET_HEADER
 
 if TYPE_CHECKING:
     import httpx
+    from pydantic import BaseModel, TypeAdapter
+
+    from fgpu.wire import (
+        EventView,
+        Health,
+        NodeView,
+        QueueBody,
+        QueueView,
+        SubmitRequest,
+        WorkloadDetail,
+        WorkloadView,
+    )
 
 DEFAULT_TIMEOUT_S = 30.0
 USER_AGENT = "fgpu-client"
@@ -273,12 +275,7 @@ class Client:
         json: Any = None,
     ) -> T:
         answer = self._request(method, path, params=params, json=json)
-        try:
-            return TypeAdapter(kind).validate_python(answer.json())
-        except (ValueError, ValidationError) as exc:
-            raise ClientError(
-                answer.status_code, "", f"unexpected answer from the server: {exc}"
-            ) from None
+        return _parsed(answer, lambda data: _adapter(kind).validate_python(data))
 
     @staticmethod
     def _body(model: BaseModel) -> dict[str, Any]:
@@ -290,6 +287,8 @@ class Client:
     # ------------------------------------------------------------------ use-cases
     def health(self) -> Health:
         """``GET /v1/healthz``."""
+        from fgpu.wire import Health
+
         return self._json("GET", "/healthz", Health)
 
     def submit(self, request: SubmitRequest) -> WorkloadView:
@@ -302,6 +301,8 @@ class Client:
         Raises:
             ClientError: field ``socket`` when the socket belongs to another user.
         """
+        from fgpu.wire import WorkloadView
+
         self._check_socket_owner()
         return self._json("POST", "/workloads", WorkloadView, json=self._body(request))
 
@@ -322,15 +323,27 @@ class Client:
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
+        from fgpu.wire import WorkloadView
+
         params = {"all": "true"} if include_done else None
         return self._json("GET", "/workloads", list[WorkloadView], params=params)
 
+    def list_workloads_plain(self, include_done: bool = False) -> list[PlainWorkloadView]:
+        """:meth:`list_workloads` as :class:`fgpu.client.plain.PlainWorkloadView` objects (the
+        same fields), read without pydantic when the answer is well typed."""
+        params = {"all": "true"} if include_done else None
+        return _parsed(self._request("GET", "/workloads", params=params), plain_workloads)
+
     def get_workload(self, workload_id: str) -> WorkloadDetail:
         """One workload with its events."""
+        from fgpu.wire import WorkloadDetail
+
         return self._json("GET", f"/workloads/{_segment(workload_id)}", WorkloadDetail)
 
     def cancel(self, workload_id: str) -> WorkloadView:
         """Cancel a workload."""
+        from fgpu.wire import WorkloadView
+
         return self._json("POST", f"/workloads/{_segment(workload_id)}/cancel", WorkloadView)
 
     def logs(self, workload_id: str, stream: str = "stdout", offset: int = 0) -> tuple[bytes, int]:
@@ -348,14 +361,20 @@ class Client:
 
     def list_queues(self) -> list[QueueView]:
         """Every queue."""
+        from fgpu.wire import QueueView
+
         return self._json("GET", "/queues", list[QueueView])
 
     def create_queue(self, body: QueueBody) -> QueueView:
         """Create a queue (admins)."""
+        from fgpu.wire import QueueView
+
         return self._json("POST", "/queues", QueueView, json=self._body(body))
 
     def update_queue(self, body: QueueBody) -> QueueView:
         """Replace a queue's settings (admins)."""
+        from fgpu.wire import QueueView
+
         return self._json(
             "PUT", f"/queues/{_segment(body.name, 'name')}", QueueView, json=self._body(body)
         )
@@ -366,10 +385,14 @@ class Client:
 
     def nodes(self) -> list[NodeView]:
         """Nodes and their GPUs."""
+        from fgpu.wire import NodeView
+
         return self._json("GET", "/nodes", list[NodeView])
 
     def events(self, after: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after id ``after``, oldest first."""
+        from fgpu.wire import EventView
+
         params: dict[str, int] = {"limit": limit}
         if after is not None:
             params["after"] = after
@@ -388,6 +411,31 @@ def _segment(text: str, field: str = "id") -> str:
         what = "a workload id (fgpu ls lists them)" if field == "id" else "a queue name"
         raise ClientError(0, field, f"empty; give {what}")
     return quote(text, safe="")
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: type[T]) -> TypeAdapter[T]:
+    """Pydantic's validator of ``kind``, built once."""
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _ADAPTERS[kind] = TypeAdapter(kind)
+    return adapter
+
+
+def _parsed(answer: _Answer, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the answer's JSON; a body that is not JSON, or not what ``parse`` wants
+    (``ValueError``, of which pydantic's ``ValidationError`` is one), is a
+    :class:`ClientError` of the answer's status."""
+    try:
+        return parse(answer.json())
+    except ValueError as exc:
+        raise ClientError(
+            answer.status_code, "", f"unexpected answer from the server: {exc}"
+        ) from None
 
 
 def json_text(value: Any) -> str:
