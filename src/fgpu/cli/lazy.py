@@ -1,14 +1,15 @@
 """The top-level ``fgpu`` group, loading each command's module only when it is used.
 
 ``fgpu --help`` lists the commands from :data:`COMMANDS` (names and the first paragraph of
-each help, checked against the real commands by ``tests/integration/test_cli_start.py``) without
-importing any command module; ``fgpu ls`` imports :mod:`fgpu.cli.workloads` and builds that
-one command, not the simulators, the MIG planner or the Kubernetes adapters. This is
-Click's lazily loading group (its documentation, "Complex Applications: Lazily Loading
-Subcommands") on Typer's group class.
+each help, checked against the real commands by ``tests/integration/test_cli_start.py``)
+without importing any command module; ``fgpu ls`` imports :mod:`fgpu.cli.workloads` and
+builds that one command, not the simulators, the MIG planner or the Kubernetes adapters.
+This is Click's lazily loading group (its documentation, "Complex Applications: Lazily
+Loading Subcommands") on Typer's group class.
 
 Each command module has ``register(app)``, which adds its commands to a Typer app under
-explicit names; :func:`load` builds one of them.
+explicit names; :func:`load` builds one of them, its options converted by
+:mod:`fgpu.cli.coercion`.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class _Commands(MutableMapping[str, Command]):
         return self._built[name]
 
     def __setitem__(self, name: str, command: Command) -> None:
+        if name not in COMMANDS:
+            raise TypeError(f"{name}: an fgpu command is added in fgpu.cli.lazy.COMMANDS")
         self._built[name] = command
 
     def __delitem__(self, name: str) -> None:
@@ -127,6 +130,8 @@ class LazyGroup(TyperGroup):
     help builds it (:func:`load`)."""
 
     def __init__(self, **attrs: Any) -> None:
+        if attrs.get("commands"):
+            raise TypeError("the fgpu app's commands are in fgpu.cli.lazy.COMMANDS")
         super().__init__(**attrs)
         self.commands = _Commands()
 
