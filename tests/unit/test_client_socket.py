@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from fgpu.client import Client, ClientError
-from fgpu.client.client import json_text
+from fgpu.client.transport import json_text
 from fgpu.wire import LOG_OFFSET_HEADER, QueueBody
 from tests.builders import workload_view
 from tests.serverproc import AS_NOBODY

@@ -15,12 +15,9 @@ answers and the same errors.
 from __future__ import annotations
 
 import http.client
-import json
 import math
 import os
-import socket as sockets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -28,6 +25,7 @@ from urllib.parse import urlencode
 
 from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
 from fgpu.client.plain import PlainWorkloadView, plain_workloads
+from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
 from fgpu.wire_basics import API_PREFIX, LOG_OFFSET_HEADER
 
 if TYPE_CHECKING:
@@ -173,7 +171,7 @@ class Client:
         *,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
-    ) -> _Answer:
+    ) -> Answer:
         """One request to ``/v1{path}``; a refusal (4xx/5xx) is raised as :class:`ClientError`.
 
         Raises:
@@ -194,7 +192,7 @@ class Client:
 
     def _httpx_request(
         self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
-    ) -> _Answer:
+    ) -> Answer:
         import httpx
 
         assert self._http is not None
@@ -211,7 +209,7 @@ class Client:
             raise self._timed_out() from None
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
-        return _Answer(
+        return Answer(
             response.status_code,
             response.reason_phrase,
             {name.lower(): value for name, value in response.headers.items()},
@@ -220,50 +218,33 @@ class Client:
 
     def _unix_request(
         self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
-    ) -> _Answer:
+    ) -> Answer:
         """The request over the Unix socket with :mod:`http.client`, its failures mapped as
         httpx's are in :meth:`_httpx_request` (httpcore: an ``OSError`` while connecting is
         a connect error, a timeout anywhere is a timeout, any other failure a transport
         error)."""
         assert self._socket is not None
         target = API_PREFIX + path + (f"?{urlencode(params)}" if params else "")
-        headers = dict(self._headers)
-        content = None
-        if body is not None:  # as httpx sends json=: compact UTF-8, no NaN
-            content = json_text(body).encode()
-            headers["content-type"] = "application/json"
-        connection = _UnixConnection(str(self._socket), self._timeout)
         try:
-            try:
-                connection.connect()
-            except TimeoutError:
+            return unix_exchange(
+                str(self._socket), self._timeout, method, target, self._headers, body
+            )
+        except ConnectFailed as exc:
+            if isinstance(exc.__cause__, TimeoutError):
                 raise self._timed_out() from None
-            except PermissionError:
+            if isinstance(exc.__cause__, PermissionError):
                 raise ServerUnavailable(
                     f"no permission to use the fgpu socket {self.address}"
                 ) from None
-            except OSError:
-                raise ServerUnavailable(self._start_hint) from None
-            try:
-                connection.request(method, target, body=content, headers=headers)
-                response = connection.getresponse()
-                data = response.read()
-            except TimeoutError:
-                raise self._timed_out() from None
-            except http.client.RemoteDisconnected:  # httpx's words for it
-                raise ServerUnavailable(
-                    f"{self._start_hint} (Server disconnected without sending a response.)"
-                ) from None
-            except (OSError, http.client.HTTPException) as exc:
-                raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
-        finally:
-            connection.close()
-        return _Answer(
-            response.status,
-            response.reason,
-            {name.lower(): value for name, value in response.getheaders()},
-            data,
-        )
+            raise ServerUnavailable(self._start_hint) from None
+        except TimeoutError:
+            raise self._timed_out() from None
+        except http.client.RemoteDisconnected:  # httpx's words for it
+            raise ServerUnavailable(
+                f"{self._start_hint} (Server disconnected without sending a response.)"
+            ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
 
     def _json(
         self,
@@ -426,7 +407,7 @@ def _adapter(kind: type[T]) -> TypeAdapter[T]:
     return adapter
 
 
-def _parsed(answer: _Answer, parse: Callable[[Any], T]) -> T:
+def _parsed(answer: Answer, parse: Callable[[Any], T]) -> T:
     """``parse`` of the answer's JSON; a body that is not JSON, or not what ``parse`` wants
     (``ValueError``, of which pydantic's ``ValidationError`` is one), is a
     :class:`ClientError` of the answer's status."""
@@ -438,58 +419,7 @@ def _parsed(answer: _Answer, parse: Callable[[Any], T]) -> T:
         ) from None
 
 
-def json_text(value: Any) -> str:
-    """``value`` as the JSON httpx sends for ``json=``: compact, UTF-8 characters as they
-    are, no NaN or infinity.
-
-    Raises:
-        ValueError: a NaN or an infinity.
-    """
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """An HTTP answer, whichever way it came. Header names are lower case."""
-
-    status_code: int
-    reason_phrase: str
-    headers: Mapping[str, str]
-    content: bytes
-
-    def json(self) -> Any:
-        """The body as JSON.
-
-        Raises:
-            ValueError: the body is not JSON.
-        """
-        return json.loads(self.content)
-
-    @property
-    def text(self) -> str:
-        """The body as text (UTF-8, undecodable bytes replaced)."""
-        return self.content.decode("utf-8", errors="replace")
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    """An HTTP/1.1 connection to a Unix socket (the ``Host`` header says ``fgpu``)."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("fgpu", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self._path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-def _refusal(response: _Answer) -> ClientError:
+def _refusal(response: Answer) -> ClientError:
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):
