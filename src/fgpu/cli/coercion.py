@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
-from typer._click import Command, Context
+if TYPE_CHECKING:
+    from typer._click import Command, Context
 
 try:  # Typer's conversion layer (0.2x); absent in other versions
     from typer._coercion import RuntimeParam, build_runtime_param

@@ -17,14 +17,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, MutableMapping
 from gettext import gettext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import typer.main
-from typer._click import Command, Context, HelpFormatter  # Typer's own copy of Click
 from typer.core import TyperCommand, TyperGroup
 
 from fgpu.cli import coercion
+
+if TYPE_CHECKING:
+    from typer._click import Command, Context, HelpFormatter  # Typer's own copy of Click
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": (
@@ -93,7 +95,7 @@ def load(name: str) -> Command:
     return command
 
 
-class _Commands(MutableMapping[str, Command]):
+class _Commands(MutableMapping[str, "Command"]):
     """The group's commands: every name of :data:`COMMANDS`, each built on first use."""
 
     def __init__(self) -> None:
