@@ -266,3 +266,48 @@ def test_an_agent_that_cannot_examine_every_namespace_judges_none_of_them(
         live.wait()
         agent.close()
         shutil.rmtree(base)
+
+
+def test_the_dra_driver_gives_back_a_gone_containers_claim_reservation(
+    unshare: str, native: Path, tmp_path: Path
+) -> None:
+    """On Kubernetes the node agent's DRA driver (hostPID) sweeps the claims' segments: a
+    container killed with -9 does not keep its reservation counted until the pod is gone."""
+    if os.stat("/proc/self/ns/pid").st_ino != HOST_PIDNS_INO:
+        pytest.skip("the driver judges other namespaces only from the host's pid namespace")
+    from fgpu.k8s.dra.driver import DraDriver, sweep_claim_segments
+
+    segments = tmp_path / "segments"
+    segments.mkdir()
+    seg = segments / "claim-0000.seg"
+    agent = make_segment(native, seg, 512 * MIB)
+    (segments / "claim-broken.seg").write_bytes(b"not a segment")  # skipped, not fatal
+    holder = start_holder(unshare, container_env(native, tmp_path, seg, "b"), 300 * MIB)
+    assert sweep_claim_segments(segments) == 0  # alive
+    holder.kill()
+    holder.wait()
+    # the driver's own thread does it, every sweep interval once started
+    folder = Path(tempfile.mkdtemp(prefix="fgpu-dra-"))  # short: Unix socket paths
+    try:
+        driver = DraDriver(
+            None,  # type: ignore[arg-type]  # the sweep reads no API
+            "node-1",
+            lambda: None,  # type: ignore[arg-type,return-value]
+            None,  # type: ignore[arg-type]
+            registry_dir=folder / "reg",
+            plugin_dir=folder / "plug",
+            segment_dir=segments,
+        )
+        driver.start(sweep_interval_s=0.05)
+        try:
+            deadline = time.monotonic() + DEADLINE_S
+            while agent.snapshot().gpus[0].memory_reserved != 0:
+                assert time.monotonic() < deadline, "the driver never swept the gone container"
+                time.sleep(0.05)
+        finally:
+            driver.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert agent.snapshot().live_processes == 0
+    assert sweep_claim_segments(segments) == 0
+    agent.close()

@@ -13,10 +13,19 @@ the one asked for), take the allocation results of this driver in this node's po
 share (:func:`~fgpu.k8s.dra.share.share_of`) and the pod it is reserved for, create the
 claim's shared-state segment, write the CDI spec (:mod:`~fgpu.k8s.dra.cdi`), and answer
 with the CDI device id on the first device. Preparing again gives the same answer.
-Unpreparing removes the spec and the segment. What a running container was given lives in
-its runtime, so a driver restart changes nothing for running pods: the new process serves
-new sockets, the kubelet registers it again, and specs on disk stay until their claims are
-unprepared.
+Unpreparing removes the spec and the segment.
+
+Sweeping (:meth:`DraDriver.sweep`, every :data:`SWEEP_INTERVAL_S` once started): the
+interposer in a container judges only its own pid namespace's entries of a claim's segment,
+so the reservations of a container whose processes all died (OOM kill, ``kill -9``, a
+restart in a new container) would stay counted against the claim's memory cap until the
+claim is unprepared. The driver runs in the node agent, whose pod has ``hostPID``: from the
+host's pid namespace the native sweep sees every container's processes and gives back the
+entries of those that are gone (``native/interposer/README.md``, pid namespaces).
+
+What a running container was given lives in its runtime, so a driver restart changes nothing
+for running pods: the new process serves new sockets, the kubelet registers it again, and
+specs on disk stay until their claims are unprepared.
 """
 
 from __future__ import annotations
@@ -41,12 +50,41 @@ log = logging.getLogger("fgpu.k8s.dra.driver")
 REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 SEGMENT_DIR = Path("/run/fgpu/segments")
+SWEEP_INTERVAL_S = 10.0
+"""Seconds between two sweeps of the claims' segments (module docstring)."""
 PLUGIN_TYPE = "DRAPlugin"
 SERVICE_VERSIONS = ("v1.DRAPlugin",)
 """What ``PluginInfo.supported_versions`` lists: the gRPC services served, as the kubelet
 names them (``k8s.io/kubelet/pkg/apis/dra/v1``'s ``DRAPluginService``)."""
 
 Obj = dict[str, Any]
+
+
+def sweep_claim_segments(folder: Path) -> int:
+    """Give back the reservations of gone processes in every claim's segment in ``folder``
+    (module docstring, Sweeping); a segment that cannot be opened (being removed, not a
+    segment) is skipped with a log line.
+
+    Returns:
+        Bytes given back, over all claims and GPUs.
+    """
+    from fgpu.agent.interposer.segment import Segment, SegmentError
+
+    total = 0
+    for path in sorted(folder.glob("claim-*.seg")):
+        try:
+            segment = Segment.open(path)
+        except SegmentError as exc:
+            log.debug("sweep: %s", exc)
+            continue
+        try:
+            freed = segment.sweep()
+        finally:
+            segment.close()
+        if freed:
+            log.info("sweep: %s: %d bytes of gone processes given back", path.name, freed)
+        total += freed
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +166,8 @@ class DraDriver:
         self.registered = threading.Event()
         self.registration_error = ""
         self._servers: list[Any] = []
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
 
     # ------------------------------------------------------------------- logic
     def _devices(self) -> dict[str, cdi.PreparedGpu]:
@@ -206,8 +246,19 @@ class DraDriver:
         if removed:
             log.info("unprepared claim %s", uid)
 
+    def sweep(self) -> int:
+        """:func:`sweep_claim_segments` over this driver's segment folder."""
+        return sweep_claim_segments(self.segment_dir)
+
+    def _sweep_loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self.sweep()
+            except (OSError, RuntimeError) as exc:  # never let the thread die
+                log.warning("sweeping claim segments: %s", exc)
+
     # -------------------------------------------------------------------- gRPC
-    def start(self) -> None:
+    def start(self, sweep_interval_s: float = SWEEP_INTERVAL_S) -> None:
         """Serve the DRA service, then the registration service (so the kubelet never
         finds a registration whose endpoint is not listening yet). Stale sockets of an
         earlier run are replaced.
@@ -236,10 +287,19 @@ class DraDriver:
             server.start()
             self._servers.append(server)
         log.info("DRA driver %s: registration at %s", DRIVER, self.registry_socket)
+        self._stop.clear()
+        self._sweeper = threading.Thread(
+            target=self._sweep_loop, args=(sweep_interval_s,), name="fgpu-dra-sweep", daemon=True
+        )
+        self._sweeper.start()
 
     def stop(self) -> None:
         """Stop serving and remove the sockets (the kubelet then deregisters the plugin);
         prepared claims' specs stay."""
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=30)
+            self._sweeper = None
         for server in reversed(self._servers):
             server.stop(grace=2).wait()
         self._servers.clear()
@@ -322,7 +382,9 @@ __all__ = [
     "PLUGIN_TYPE",
     "REGISTRY_DIR",
     "SERVICE_VERSIONS",
+    "SWEEP_INTERVAL_S",
     "DraDriver",
     "PreparedDevice",
     "create_segment",
+    "sweep_claim_segments",
 ]
