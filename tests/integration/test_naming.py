@@ -145,6 +145,9 @@ def test_an_ambiguous_prefix_is_refused_with_the_candidates_and_nothing_happens(
         ("c1\x9b31m", "the control character '\\x9b'"),
         ("--all", "'--all' starts with '-'"),
         ("x" * 129, "129 characters; the limit is 128"),
+        ("a/b", "'a/b' contains '/'"),
+        (".", "'.' is a path step"),
+        ("..", "'..' is a path step"),
     ],
 )
 def test_names_that_could_not_be_listed_or_typed_back_are_refused(

@@ -8,6 +8,8 @@ so it must be printable on one line and reachable from a command line:
   U+202E RIGHT-TO-LEFT OVERRIDE, which reverses the rest of a terminal row) and no line or
   paragraph separators (``Zl``, ``Zp``);
 - not starting with ``-`` (it would read as an option: ``fgpu describe --all``);
+- no ``/``, and not ``.`` or ``..`` (a name goes into the API's paths,
+  ``/v1/workloads/{name}``, where such a name never arrives whole);
 - at most :data:`NAME_LENGTH` characters.
 """
 
@@ -55,8 +57,8 @@ def check_name(field: str, value: str) -> None:
 
     Raises:
         BadRequest: ``field``: empty, only white space, a control/format/separator character,
-            a leading ``-``, or more than :data:`NAME_LENGTH` characters (the reason echoes a
-            shortened value only where it helps).
+            a leading ``-``, a ``/``, ``.`` or ``..``, or more than :data:`NAME_LENGTH`
+            characters (the reason echoes a shortened value only where it helps).
     """
     if value == "":
         raise BadRequest(field, "empty (leave the option out for the command's name)")
@@ -69,6 +71,10 @@ def check_name(field: str, value: str) -> None:
         raise BadRequest(field, why)
     if value.startswith("-"):
         raise BadRequest(field, f"{value!r} starts with '-' (it would read as an option)")
+    if "/" in value:
+        raise BadRequest(field, f"{shorten(value)} contains '/' (a name goes into URL paths)")
+    if value in (".", ".."):
+        raise BadRequest(field, f"{value!r} is a path step, not a name (it goes into URL paths)")
 
 
 __all__ = ["ECHO_LENGTH", "NAME_LENGTH", "check_name", "shorten", "unprintable"]

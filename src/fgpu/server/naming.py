@@ -1,15 +1,17 @@
 """Workload names: the default name of a submission, unique names among a user's active
 workloads, and finding a workload by id, unique id prefix or name (issue "Everyday use").
 
-A reference (what a user types where an id goes) is tried in this order:
+A reference (what a user types where an id goes) means:
 
-1. an exact id;
-2. a name: the caller's own workload of that name (the active one; else the most recent),
-   else the one workload of another user with that name;
-3. a unique prefix of an id.
+1. the workload with exactly that id, when there is one; else
+2. the one candidate among the workloads it names and the workloads whose id starts with it.
+   The workload a name names is the caller's own of that name (the active one; else the most
+   recent), else the one workload of another user with that name (the active one when
+   several have it). A name that is also the prefix of another workload's id fits both, so
+   it is refused: a name never silently wins over an id prefix, nor a prefix over a name.
 
-A reference that fits several workloads at the same step is refused with the candidates
-listed (id, name, owner, phase), never guessed.
+A reference that fits several workloads is refused with the candidates listed (id, name,
+owner, phase, and whether it matched by name or by id prefix), never guessed.
 """
 
 from __future__ import annotations
@@ -102,33 +104,32 @@ def resolve(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> Wor
     for record in records:
         if record.id == ref:
             return record
-    named = [r for r in records if r.name == ref]
-    if named:
-        own = [r for r in named if r.owner_uid == caller_uid]
-        if own:
-            active = [r for r in own if r.is_active]
-            if len(active) == 1:
-                return active[0]
-            if len(active) > 1:  # from before names were unique
-                raise _ambiguous(ref, "name", active)
-            return own[-1]  # the most recent of the finished ones
-        active = [r for r in named if r.is_active]
-        if len(active) == 1:
-            return active[0]
-        if len(named) == 1:
-            return named[0]
-        raise _ambiguous(ref, "name", active or named)
-    prefixed = [r for r in records if r.id.startswith(ref)]
-    if len(prefixed) == 1:
-        return prefixed[0]
-    if prefixed:
-        raise _ambiguous(ref, "id prefix", prefixed)
+    named = _named(ref, records, caller_uid)
+    by_name = {r.id for r in named}
+    candidates = [*named, *(r for r in records if r.id.startswith(ref) and r.id not in by_name)]
+    if len(candidates) == 1:
+        return candidates[0]
+    if candidates:
+        raise _ambiguous(ref, candidates, by_name)
     raise NotFoundError("id", f"no workload with the id, id prefix or name {ref!r}")
 
 
-def _ambiguous(ref: str, what: str, candidates: Sequence[WorkloadRecord]) -> BadRequest:
+def _named(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> list[WorkloadRecord]:
+    """The workloads the name ``ref`` may mean for ``caller_uid``: one, none, or several
+    (then ``ref`` is ambiguous as a name alone)."""
+    named = [r for r in records if r.name == ref]
+    own = [r for r in named if r.owner_uid == caller_uid]
+    if own:
+        active = [r for r in own if r.is_active]
+        return active if active else own[-1:]  # several active: from before names were unique
+    active = [r for r in named if r.is_active]
+    return active if active else named
+
+
+def _ambiguous(ref: str, candidates: Sequence[WorkloadRecord], by_name: set[str]) -> BadRequest:
     listed = "; ".join(
-        f"{r.id} ({r.name}, {user_text(r.owner_uid)}, {r.phase})"
+        f"{r.id} ({r.name}, {user_text(r.owner_uid)}, {r.phase}; "
+        f"{'by name' if r.id in by_name else 'by id prefix'})"
         for r in candidates[:MAX_CANDIDATES]
     )
     more = len(candidates) - MAX_CANDIDATES
@@ -136,7 +137,8 @@ def _ambiguous(ref: str, what: str, candidates: Sequence[WorkloadRecord]) -> Bad
         listed += f"; and {more} more"
     return BadRequest(
         "id",
-        f"{ref!r} is the {what} of {len(candidates)} workloads: {listed}; give the full id",
+        f"{ref!r} fits {len(candidates)} workloads (a name or an id prefix): {listed}; "
+        "give the full id",
     )
 
 
