@@ -15,6 +15,7 @@ from fgpu.addresses import SYSTEM_SOCKET, default_socket_path
 from fgpu.cli import render
 from fgpu.cli.common import exit_code
 from fgpu.client import Client, ClientError, ServerUnavailable, resolve_socket
+from fgpu.client.client import foreign_default
 from fgpu.wire import LOG_OFFSET_HEADER, ResourceRequest, SubmitRequest, WorkloadView
 
 
@@ -51,6 +52,29 @@ def test_resolve_socket_falls_back_to_the_system_server(tmp_path: Path) -> None:
     assert resolve_socket(None, env, uid=1000, system=system) == own
     nowhere = tmp_path / "none.sock"
     assert resolve_socket(None, env, uid=0, system=nowhere) == SYSTEM_SOCKET
+
+
+def test_resolve_socket_skips_a_default_that_belongs_to_another_user(tmp_path: Path) -> None:
+    # another user can create /tmp/fgpu-UID before its user: such a default never shadows
+    # the system server; a socket named explicitly is used as given
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a folder to another uid")
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
+    own = tmp_path / "xdg" / "fgpu" / "fgpu.sock"
+    own.parent.mkdir(parents=True)
+    own.touch()
+    system = tmp_path / "nowhere.sock"
+    me = 1000
+    assert resolve_socket(None, env, uid=me, system=system) == own
+    assert foreign_default(own, me) is None
+    os.chown(own.parent, 4242, 4242)
+    assert resolve_socket(None, env, uid=me, system=system) == system
+    assert foreign_default(own, me) == f"{own.parent} belongs to uid 4242"
+    os.chown(own.parent, me, me)
+    os.chown(own, 4242, 4242)
+    assert resolve_socket(None, env, uid=me, system=system) == system
+    assert foreign_default(own, me) == f"{own} belongs to uid 4242"
+    assert resolve_socket(own, env, uid=me, system=system) == own
 
 
 def mock_client(handler: httpx.MockTransport) -> Client:

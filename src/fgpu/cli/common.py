@@ -78,6 +78,12 @@ def connect(
             Client(base_url=url, token=os.environ.get(TOKEN_ENV) or None) if url else Client(socket)
         )
     except ClientError as exc:
+        if exc.field == "url" and url:
+            from fgpu.cli.flags import typed_value
+            from fgpu.rules.names import shorten
+
+            flag = "--url" if typed_value(("--url",)) is not None else f"${URL_ENV}"
+            fail(f"{flag} {shorten(url)}: {exc.reason}")
         fail(str(exc), exit_code(exc))
     try:
         with client:

@@ -80,18 +80,59 @@ def resolve_socket(
     system: Path = SYSTEM_SOCKET,
 ) -> Path:
     """The socket to call: ``socket`` if given, else ``$FGPU_SOCKET``, else this user's
-    default (:func:`fgpu.addresses.default_socket_path` for ``uid``) when a socket is there, else
-    the system server's socket (``system``) when that one is there, else this user's
-    default."""
+    default (:func:`fgpu.addresses.default_socket_path` for ``uid``) when a socket is there
+    and it and its folder belong to the user or to root, else the system server's socket
+    (``system``) when that one is there or this user's default belongs to someone else, else
+    this user's default.
+
+    Another user can create ``/tmp/fgpu-UID/`` before its user does and serve there; such a
+    default is skipped (see :func:`foreign_default`), so that it cannot shadow the system
+    server. A socket named explicitly is used as given (a submission to one that belongs to
+    another user is still refused, :meth:`Client.submit`)."""
     env = os.environ if env is None else env
     if socket:
         return Path(socket)
     if env.get(SOCKET_ENV):
         return Path(env[SOCKET_ENV])
     own = default_socket_path(env, uid)
+    if foreign_default(own, uid) is not None:
+        return system
     if not own.exists() and system.exists():
         return system
     return own
+
+
+def foreign_default(own: Path, uid: int | None = None) -> str | None:
+    """Why the default socket ``own`` is not this user's (``uid``, default the effective
+    uid), or None: the socket or its folder exists and belongs to another user than the
+    user and root (``'/tmp/fgpu-1001 belongs to uid 1002'``)."""
+    uid = os.geteuid() if uid is None else uid
+    for path in (own.parent, own):
+        try:
+            owner = path.lstat().st_uid
+        except OSError:
+            continue
+        if owner not in (0, uid):
+            return f"{path} belongs to uid {owner}"
+    return None
+
+
+def _check_url(url: str) -> None:
+    """Refuse a server URL that is not ``http(s)://HOST[:PORT]``.
+
+    Raises:
+        ClientError: field ``url`` (status 0), the reason echoing no more than httpx says.
+    """
+    import httpx
+
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ClientError(0, "url", f"not a valid URL ({exc})") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ClientError(0, "url", "must start with http:// or https://")
+    if not parsed.host:
+        raise ClientError(0, "url", "names no host (http://HOST:PORT)")
 
 
 class Client:
@@ -121,6 +162,7 @@ class Client:
         self._http: httpx.Client | None = None
         self._socket: Path | None = None
         if base_url:
+            _check_url(base_url)
             self.address = base_url.rstrip("/")
             root = self.address
             if token:
@@ -132,6 +174,10 @@ class Client:
             root = "http://fgpu"
             self._socket = path
             self._start_hint = f"no fgpu server at {path}; start one with `fgpu serve`"
+            if not socket and not os.environ.get(SOCKET_ENV):
+                skipped = foreign_default(default_socket_path())
+                if skipped is not None:
+                    self._start_hint += f" (skipped the default socket: {skipped})"
             if path.exists() and not os.access(path, os.W_OK):
                 self._start_hint = f"no permission to use the fgpu socket {path}"
             if transport is None:
