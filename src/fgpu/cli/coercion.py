@@ -13,8 +13,12 @@ answers the plain cases itself, with what Typer's adapter returns for them:
   its ``min``/``max`` and not clamped: the same number;
 - strings for a ``list[str]`` parameter: the list of them.
 
-Everything else (a number typed on the command line, a choice, a parser, files) goes to
-Typer's adapter, built then, so that its conversions and its messages stay the rule. When
+- text typed for an ``int`` or ``float`` parameter (or one that may be None): the number,
+  or, for text that is not a number or a number outside ``min``/``max``, the project's error
+  ``error: --grace 'abc': not a number`` (exit 2) instead of Click's generic one.
+
+Everything else (a choice, a parser, files, an unbounded ``inf``/``nan``) goes to Typer's
+adapter, built then, so that its conversions and its messages stay the rule. When
 Typer's internals are not as expected (another version), :func:`install` leaves the
 parameters alone; ``tests/integration/test_cli_start.py`` notices by pydantic being loaded.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args, get_origin
+from typing import TYPE_CHECKING, Any, NoReturn, get_args, get_origin
 
 if TYPE_CHECKING:
     from typer._click import Command, Context
@@ -86,9 +90,65 @@ if RuntimeParam is not None:
                         return coerce_cli_path(
                             path_type(value), info, path_type=path_type, param=param, ctx=ctx
                         )
+                number = _number_kind(kind)
+                if number is not None and type(value) is str:
+                    parsed = _number(value, number, info, param)
+                    if parsed is not None:
+                        return parsed
             typer = build_runtime_param(self.descriptor)
             param._runtime_param = typer
             return typer._coerce_value(value, param=param, ctx=ctx)
+
+
+def _number_kind(kind: Any) -> type[int] | type[float] | None:
+    """``int`` or ``float`` for a parameter of that type (or that type or None), else None."""
+    if kind in (int, float):
+        return kind  # type: ignore[no-any-return]
+    args = [arg for arg in get_args(kind) if arg is not type(None)]
+    if len(args) == 1 and len(get_args(kind)) == 2 and args[0] in (int, float):
+        return args[0]  # type: ignore[no-any-return]
+    return None
+
+
+def _number(text: str, kind: type[int] | type[float], info: Any, param: Any) -> float | None:
+    """``text`` typed for a numeric option as the number, or None for Typer's adapter to
+    convert (an infinite or NaN float of an option without bounds, a clamped option).
+
+    Text that is not a number, or a number outside the option's ``min``/``max``, ends the
+    command as every other bad flag does: ``error: --grace 'abc': not a number`` (exit 2).
+    """
+    import math
+
+    try:
+        number: float = int(text) if kind is int else float(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        _refuse(param, text, f"not {what}")
+    if info.clamp:
+        return None
+    low, high = info.min, info.max
+    if not math.isfinite(number):
+        if low is None and high is None:
+            return None
+        _refuse(param, text, "must be a finite number")
+    if (low is not None and number < low) or (high is not None and number > high):
+        if low is not None and high is not None:
+            _refuse(param, text, f"must be between {low} and {high}")
+        if low is not None:
+            _refuse(param, text, f"must be at least {low}")
+        _refuse(param, text, f"must be at most {high}")
+    return number
+
+
+def _refuse(param: Any, text: str, reason: str) -> NoReturn:
+    """End the command with ``error: FLAG 'TEXT': reason`` (exit 2); the flag as typed."""
+    from fgpu.cli.common import fail
+    from fgpu.cli.flags import typed
+    from fgpu.rules.names import shorten
+
+    spellings = [o for o in [*param.opts, *param.secondary_opts] if o.startswith("-")]
+    flag = typed(spellings) if spellings else param.human_readable_name
+    fail(f"{flag} {shorten(text)}: {reason}")
 
 
 def _within(value: float, info: Any) -> bool:
