@@ -87,3 +87,23 @@ def _no_user(uid: int) -> bool:
     except KeyError:
         return True
     return False
+
+
+def test_ls_user_grows_to_the_longest_user_name_where_the_width_allows() -> None:
+    # issue 18 trial: fgpu-test-alice and fgpu-test-bob both showed as "fgpu-test…"
+    from tests.localusers import ALICE, BOB, ensure_users, uid_of
+
+    ensure_users()
+    views = [
+        view(id="11111111", owner_uid=uid_of(ALICE), phase="pending", gpus=[], reason=REASON),
+        view(id="22222222", owner_uid=uid_of(BOB)),
+    ]
+    wide = shown(render.workloads_table(views, now=90.0), 200)
+    assert {ALICE, BOB} <= words(wide), wide
+    assert not any("fgpu-test…" in line for line in wide), wide
+    assert any(line.startswith("11111111") and REASON in line for line in wide), wide
+    # 80 columns: the short USER column and the reasons' rules as before
+    narrow = shown(render.workloads_table(views, now=90.0), 80)
+    assert all(len(line.rstrip()) <= 80 for line in narrow), narrow
+    assert "fgpu-test…" in words(narrow), narrow
+    assert set(REASON.split()) <= words(narrow), narrow

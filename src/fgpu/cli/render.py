@@ -191,7 +191,10 @@ def safe(text: str) -> str:
 NAME_WIDTH = 16
 """Widest NAME in ``fgpu ls`` (a longer one ends in an ellipsis; ``describe`` shows it)."""
 USER_WIDTH = 10
-"""Widest USER in ``fgpu ls``."""
+"""Widest USER in ``fgpu ls`` where the width is short; where the table (with its REASON
+column, when some row has a reason) fits with longer user names, up to :data:`USER_WIDE`."""
+USER_WIDE = 32
+"""Widest USER in ``fgpu ls`` on a wide console (the longest user name ``useradd`` takes)."""
 QUEUE_WIDTH = 12
 """Widest QUEUE in ``fgpu ls``."""
 REASON_WIDTH = 12
@@ -250,9 +253,15 @@ class _FittedTable:
                 strict=True,
             )
         ]
+        user = self.columns.index("USER")
+        widest_user = max([0, *(_width(row[user]) for row in rows)])
+        self.wide = list(self.widths)
+        self.wide[user] = max(self.widths[user], min(widest_user, USER_WIDE))
 
-    def table(self, with_reason: bool, narrow: bool) -> Table:
-        """The table; ``narrow``: GPUS wraps at spaces and an empty STATE is left out."""
+    def table(self, with_reason: bool, narrow: bool, widths: Sequence[int] | None = None) -> Table:
+        """The table; ``narrow``: GPUS wraps at spaces and an empty STATE is left out;
+        ``widths``: of the columns (default: the short ones)."""
+        widths = self.widths if widths is None else widths
         table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
         keep = [
             i
@@ -260,7 +269,7 @@ class _FittedTable:
             if not (narrow and column == "STATE" and not any(_width(r[i]) for r in self.rows))
         ]
         for i in keep:
-            column, width = self.columns[i], self.widths[i]
+            column, width = self.columns[i], widths[i]
             if narrow and column == "GPUS":
                 words = [len(w) for r in self.rows for w in _plain(r[i]).split()]
                 table.add_column(column, overflow="fold", min_width=max([4, *words]))
@@ -277,6 +286,10 @@ class _FittedTable:
         needed = sum(self.widths) + len(self.widths)
         fits = needed + REASON_WIDTH <= options.max_width
         reasons = [(row[0], row[-1]) for row in self.rows if row[-1]]
+        wide = sum(self.wide) + len(self.wide) + (REASON_WIDTH if reasons else 0)
+        if self.wide != self.widths and wide <= options.max_width:
+            yield self.table(with_reason=True, narrow=False, widths=self.wide)
+            return
         narrow = needed - 1 > options.max_width
         yield self.table(with_reason=fits or not reasons, narrow=narrow)
         if not fits and reasons:
