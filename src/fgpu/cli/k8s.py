@@ -417,6 +417,8 @@ def node_agent(
                 )
         else:
             log.info("not enforcing (--no-enforce): log only")
+    except typer.Exit:  # said already (a RuntimeError too: not to be said again below)
+        raise
     except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
     from fgpu.k8s.metrics import AgentMetrics

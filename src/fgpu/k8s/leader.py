@@ -197,17 +197,19 @@ class LeaseElector:
         self.renewals += 1
 
     def release(self) -> None:
-        """Give the Lease up (on a clean stop) so that another replica need not wait."""
+        """Give the Lease up (on a clean stop) so that another replica need not wait.
+
+        Raises:
+            KubeError: the API server refused or could not be reached: the Lease then runs
+                out after ``lease_s`` (this replica has stopped acting either way).
+        """
         with self._lock:
             if self._renewed_at is None:
                 return
             self._renewed_at = None
-        try:
-            lease = self.api.get_lease(self.namespace, self.name)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            lease["spec"]["holderIdentity"] = ""
-            lease["spec"]["leaseDurationSeconds"] = 1
-            self.api.replace_lease(self.namespace, self.name, lease)
-        except KubeError as exc:
-            log.warning("releasing lease %s/%s: %s", self.namespace, self.name, exc)
+        lease = self.api.get_lease(self.namespace, self.name)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        lease["spec"]["holderIdentity"] = ""
+        lease["spec"]["leaseDurationSeconds"] = 1
+        self.api.replace_lease(self.namespace, self.name, lease)

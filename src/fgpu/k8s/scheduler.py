@@ -289,7 +289,11 @@ class K8sScheduler(RoundActions):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop acting (and give the Lease up)."""
+        """Stop acting (and give the Lease up).
+
+        Raises:
+            KubeError: the Lease could not be given up (it runs out after its duration).
+        """
         self._stop.set()
         self._wake.set()
         self.cache.stop()
