@@ -8,12 +8,20 @@ object is printed (and written with ``--out``):
 
 - per mode: evictions, preemptions, reclaims, squeezes, wasted GPU-hours, mean GPU
   allocation, p95 start delay and completion times per priority, finished workloads;
+- per mode, ``evictions_by_shape``: evictions by the shapes of preemptor and victim
+  (fractional, whole, multi) and ``squeezable_at_most``, the evictions whose pair the squeeze
+  rule allows at all (fractional over fractional, inside a queue; memory not checked);
 - ``ratios``: squeeze / evict-only for evictions, wasted GPU-hours, critical p95 start
-  delay and mean allocation;
+  delay and mean allocation; ``evictions_at_least``: the lowest evictions ratio a squeeze
+  could reach on the evict-only run's eviction mix (every allowed pair squeezed);
 - ``target``: the issue's bar (evictions and wasted GPU-hours at most half, critical p95
   start delay no worse, mean allocation no lower) and whether each part is met.
 
-Usage: ``python bench/squeeze.py [--hours 48] [--load 1.1] [--seed 1] [--out FILE]``.
+``--min-runtime S`` sets the core's ``min_runtime_s`` in both runs (default 0, as ``fgpu
+sim replay``): a workload runs at least S seconds before it can be a victim.
+
+Usage: ``python bench/squeeze.py [--hours 48] [--load 1.1] [--seed 1] [--min-runtime 0]
+[--out FILE]``.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ GPUS = "64xA100-80GB"
 TENANTS = 3
 
 
-def one_run(squeeze: bool, hours: float, load: float, seed: int, pods_path: str) -> dict[str, Any]:
+def one_run(
+    squeeze: bool, hours: float, load: float, seed: int, pods_path: str, min_runtime_s: float = 0.0
+) -> dict[str, Any]:
     """One replay of the seeded day; the summary's figures that the comparison needs."""
     nodes = parse_gpus(GPUS)
     capacity = sum(n.gpu_count for n in nodes) * 1000
@@ -61,7 +71,7 @@ def one_run(squeeze: bool, hours: float, load: float, seed: int, pods_path: str)
         "fgd-pattern",
         nodes,
         shapes,
-        SchedulerConfig(squeeze=squeeze),
+        SchedulerConfig(squeeze=squeeze, min_runtime_s=min_runtime_s),
         np.random.default_rng(scheduler_seed),
     )
     started = time.perf_counter()
@@ -82,6 +92,7 @@ def one_run(squeeze: bool, hours: float, load: float, seed: int, pods_path: str)
         "preemptions": s["preemptions"],
         "reclaims": s["reclaims"],
         "squeezes": s["squeezes"],
+        "evictions_by_shape": s["evictions_by_shape"],
         "wasted_gpu_hours": s["wasted_gpu_hours"],
         "gpu_allocation_pct": s["gpu_allocation_pct"],
         "start_delay_s_per_priority": s["queueing_delay_s"]["per_priority"],
@@ -103,6 +114,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=48.0)
     parser.add_argument("--load", type=float, default=1.1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--min-runtime", type=float, default=0.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     folder = find_trace_dir()
@@ -111,7 +123,15 @@ def main() -> None:
     pods = str(folder / DEFAULT_PODS)
     with ProcessPoolExecutor(max_workers=2) as pool:
         runs = {
-            mode: pool.submit(one_run, mode == "squeeze", args.hours, args.load, args.seed, pods)
+            mode: pool.submit(
+                one_run,
+                mode == "squeeze",
+                args.hours,
+                args.load,
+                args.seed,
+                pods,
+                args.min_runtime,
+            )
             for mode in ("evict_only", "squeeze")
         }
         results = {mode: f.result() for mode, f in runs.items()}
@@ -120,6 +140,7 @@ def main() -> None:
     crit_s = squeeze["start_delay_s_per_priority"].get("critical", {}).get("p95")
     ratios = {
         "evictions": _ratio(squeeze["evictions"], evict["evictions"]),
+        "evictions_at_least": evict["evictions_by_shape"]["ratio_at_least"],
         "wasted_gpu_hours": _ratio(squeeze["wasted_gpu_hours"], evict["wasted_gpu_hours"]),
         "critical_p95_start_delay": _ratio(crit_s, crit_e),
         "mean_allocation": _ratio(
@@ -144,6 +165,7 @@ def main() -> None:
             "seed": args.seed,
             "policy": "fgd-pattern",
             "tick_s": 60.0,
+            "min_runtime_s": args.min_runtime,
             "duty": {"inference": DutyCycles().inference_duty, "training": 1.0},
         },
         "evict_only": evict,

@@ -29,7 +29,12 @@ from fgpu.sim.replay import (
     run_replay,
     tenant_queues,
 )
-from fgpu.sim.replay_report import jain_index, summarize_replay, weighted_percentile
+from fgpu.sim.replay_report import (
+    evictions_by_shape,
+    jain_index,
+    summarize_replay,
+    weighted_percentile,
+)
 from fgpu.sim.workloads import SimWorkload
 from tests.builders import pod
 
@@ -41,6 +46,7 @@ SUMMARY_KEYS = {
     "reclaims",
     "evictions",
     "squeezes",
+    "evictions_by_shape",
     "wasted_gpu_hours",
     "jain_fairness",
     "finished",
@@ -593,3 +599,40 @@ def test_evicted_work_loses_what_it_had_done() -> None:
         assert result.wasted_gpu_hours == pytest.approx(10.0 * 500 / 1000 / 3600)
         assert victim.finish_s is not None
         assert victim.finish_s > 100.0
+
+
+def test_every_eviction_is_logged_and_counted_by_shape() -> None:
+    """The log names preemptor and victim; the breakdown bounds what squeezing could replace."""
+    result = _run_squeeze_day(None)  # memory too short: c evicts one low job
+    (e,) = result.eviction_log
+    assert (e.time_s, e.kind, e.preemptor) == (10.0, "preemption", "c")
+    assert e.victim in {"l1", "l2"}
+    shapes = evictions_by_shape(result)
+    assert shapes["pairs"] == {"preemption fractional > fractional": 1}
+    assert (shapes["squeezable_at_most"], shapes["ratio_at_least"]) == (1, 0.0)
+    assert (shapes["victims"], shapes["repeat_victim_evictions"], shapes["most_per_victim"]) == (
+        1,
+        0,
+        1,
+    )
+
+
+def test_whole_gpu_and_reclaim_evictions_are_not_squeezable() -> None:
+    nodes = [gpu_node("n1", 2)]
+    day = [
+        work("a1", 0, 500, queue="a", priority=40),
+        work("a2", 1, 500, queue="a", gpu=0.5, priority=40),
+        work("a3", 5, 100, queue="a", priority=50),  # whole over the most recent: a2
+        work("b1", 10, 100, queue="b"),  # reclaims a1
+    ]
+    result = replay(nodes, day, 2000, queues=("a", "b"), grace_s=30)
+    assert [(e.kind, e.preemptor, e.victim) for e in result.eviction_log] == [
+        ("preemption", "a3", "a2"),
+        ("reclaim", "b1", "a1"),
+    ]
+    shapes = summarize_replay(result, 0.0)["evictions_by_shape"]
+    assert shapes["pairs"] == {
+        "preemption whole > fractional": 1,
+        "reclaim whole > whole": 1,
+    }
+    assert (shapes["squeezable_at_most"], shapes["ratio_at_least"]) == (0, 1.0)

@@ -253,6 +253,7 @@ class WorkloadRecord:
         squeezes: how often it was squeezed (a first squeeze; changes of squeezers and
             releases are not counted).
         wasted_s: run seconds (at full rate) lost to its evictions.
+        gpu_count: how many GPUs it asks for (0: CPU only).
     """
 
     id: str
@@ -267,11 +268,28 @@ class WorkloadRecord:
     wait_reason: str = ""
     squeezes: int = 0
     wasted_s: float = 0.0
+    gpu_count: int = 0
 
     @property
     def first_start_s(self) -> float | None:
         """When it first started, or None."""
         return self.starts[0] if self.starts else None
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """One Preempt action of the core, as the replay executed it.
+
+    Attributes:
+        time_s: virtual time of the round that decided it.
+        kind: ``preemption`` (inside a queue) or ``reclaim`` (across queues).
+        preemptor, victim: workload ids.
+    """
+
+    time_s: float
+    kind: str
+    preemptor: str
+    victim: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +319,7 @@ class ReplayResult:
         evictions: all Preempt actions.
         squeezes: Squeeze actions that squeezed a workload not squeezed before.
         wasted_gpu_hours: work lost by evictions, GPU-hours (done seconds x GPU share).
+        eviction_log: every Preempt action, in order (``evictions`` entries).
         rounds: decision rounds.
         warnings: distinct configuration warnings of the core, in first-seen order.
     """
@@ -317,6 +336,7 @@ class ReplayResult:
     warnings: tuple[str, ...]
     squeezes: int = 0
     wasted_gpu_hours: float = 0.0
+    eviction_log: tuple[Eviction, ...] = ()
 
 
 # ----------------------------------------------------------------------------- engine
@@ -353,7 +373,13 @@ class _Engine:
         self.inputs = {w.id: w for w in workloads}
         self.records = {
             w.id: WorkloadRecord(
-                w.id, w.queue, w.priority, w.submit_s, w.duration_s, w.request.total_gpu_milli
+                w.id,
+                w.queue,
+                w.priority,
+                w.submit_s,
+                w.duration_s,
+                w.request.total_gpu_milli,
+                gpu_count=w.request.gpu_count,
             )
             for w in workloads
         }
@@ -372,6 +398,7 @@ class _Engine:
         self.preemptions = 0
         self.reclaims = 0
         self.evictions = 0
+        self.eviction_log: list[Eviction] = []
         self.rounds = 0
         self.warnings: dict[str, None] = {}
         for w in workloads:
@@ -538,6 +565,7 @@ class _Engine:
             )
         self.live[w.id] = replace(w, terminating=True)
         self.evictions += 1
+        self.eviction_log.append(Eviction(now, action.kind, action.preemptor, w.id))
         if action.kind == "preemption":
             self.preemptions += 1
         elif action.kind == "reclaim":
@@ -619,6 +647,7 @@ class _Engine:
             warnings=tuple(self.warnings),
             squeezes=self.squeezes,
             wasted_gpu_hours=self.wasted_milli_s / 1000.0 / 3600.0,
+            eviction_log=tuple(self.eviction_log),
         )
 
 

@@ -12,6 +12,8 @@
   ``per_priority`` (``p50``, ``p95``, ``mean``, ``count``);
 - ``preemptions`` (inside a queue), ``reclaims`` (across queues), ``evictions`` (both);
 - ``squeezes``: workloads squeezed instead of evicted (squeeze before evict);
+- ``evictions_by_shape``: evictions counted by the shapes of preemptor and victim
+  (:func:`evictions_by_shape`), with the bound on what squeezing could replace;
 - ``wasted_gpu_hours``: work lost by evictions (run seconds done before the eviction x
   the workload's GPU share, in GPU-hours);
 - ``jain_fairness``: Jain's index ``(sum x)^2 / (n * sum x^2)`` of ``x_q = allocated_q /
@@ -205,6 +207,7 @@ def summarize_replay(
         "reclaims": result.reclaims,
         "evictions": result.evictions,
         "squeezes": result.squeezes,
+        "evictions_by_shape": evictions_by_shape(result),
         "wasted_gpu_hours": _round(result.wasted_gpu_hours),
         "jain_fairness": _round(jain),
         "finished": finished,
@@ -216,6 +219,56 @@ def summarize_replay(
         "simulated_hours": _round(horizon / 3600.0),
         "wall_s": _round(wall_s),
         "config": dict(config or {}),
+    }
+
+
+def shape_class(gpu_count: int, gpu_milli: int) -> str:
+    """``cpu`` (no GPU), ``fractional`` (one GPU, below 1000 milli or memory only: the
+    record's milli is then 0), ``whole`` (one whole GPU) or ``multi`` (several GPUs)."""
+    if gpu_count == 0:
+        return "cpu"
+    if gpu_count > 1:
+        return "multi"
+    return "whole" if gpu_milli >= 1000 else "fractional"
+
+
+def evictions_by_shape(result: ReplayResult) -> dict[str, Any]:
+    """Where evictions come from, and how many a squeeze could replace at most.
+
+    Returns a dict:
+        ``pairs``: ``"<kind> <preemptor shape> > <victim shape>"`` -> count (shapes from
+            :func:`shape_class`), most frequent first;
+        ``squeezable_at_most``: evictions that are preemptions (inside a queue) of a
+            single-GPU fractional victim by a single-GPU fractional preemptor: the only pairs
+            the squeeze rule allows (a whole GPU holds all of its GPU memory, so nothing
+            joins it and it joins nothing; reclaim always evicts). Whether memory fits is not
+            checked, so this bounds squeezing from above: ``ratio_at_least`` =
+            ``1 - squeezable_at_most / evictions`` is the lowest evictions ratio that
+            squeezing alone could reach on this run's eviction mix;
+        ``victims``: distinct evicted workloads; ``repeat_victim_evictions``: evictions of
+            workloads evicted 5 times or more (thrashing); ``most_per_victim``.
+    """
+    by_id = {r.id: r for r in result.records}
+    pairs: dict[str, int] = {}
+    squeezable = 0
+    per_victim: dict[str, int] = {}
+    for e in result.eviction_log:
+        p, v = by_id.get(e.preemptor), by_id[e.victim]
+        ps = shape_class(p.gpu_count, p.gpu_milli) if p is not None else "none"
+        vs = shape_class(v.gpu_count, v.gpu_milli)
+        key = f"{e.kind} {ps} > {vs}"
+        pairs[key] = pairs.get(key, 0) + 1
+        if e.kind == "preemption" and ps == vs == "fractional":
+            squeezable += 1
+        per_victim[e.victim] = per_victim.get(e.victim, 0) + 1
+    total = len(result.eviction_log)
+    return {
+        "pairs": dict(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "squeezable_at_most": squeezable,
+        "ratio_at_least": _round(1 - squeezable / total) if total else None,
+        "victims": len(per_victim),
+        "repeat_victim_evictions": sum(n for n in per_victim.values() if n >= 5),
+        "most_per_victim": max(per_victim.values(), default=0),
     }
 
 
