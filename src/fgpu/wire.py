@@ -1,6 +1,7 @@
 """Wire models of the REST API (``/v1``), shared by the server and the client.
 
-Pydantic models only: no fgpu internals, so the client depends on nothing else. Units on
+Pydantic models only: no fgpu internals (the constants live in :mod:`fgpu.wire_basics`), so
+the client depends on nothing else. Units on
 the wire follow DESIGN.md section 3: compute in milli-GPU, memory in MiB, CPU in
 milli-cores, times in seconds since the epoch. Requests accept the human forms the CLI
 takes (``"0.5"``, ``"5GiB"``); the server validates them with :mod:`fgpu.model.units` and
@@ -11,14 +12,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-API_PREFIX = "/v1"
-
-LOG_OFFSET_HEADER = "X-Fgpu-Log-Offset"
-"""``GET /v1/workloads/{id}/logs`` answers the log bytes from ``offset``; this header holds the
-offset to ask for next (``offset`` + the bytes sent)."""
-
-TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
-"""Phases a workload never leaves (DESIGN.md section 8)."""
+# the API's constants, kept where the client reads them without pydantic
+from fgpu.wire_basics import API_PREFIX as API_PREFIX
+from fgpu.wire_basics import LOG_OFFSET_HEADER as LOG_OFFSET_HEADER
+from fgpu.wire_basics import TERMINAL_PHASES as TERMINAL_PHASES
 
 
 class _Strict(BaseModel):

@@ -239,8 +239,13 @@ def test_the_table_words_the_governor_states_beyond_the_phase() -> None:
 def test_shell_completion_scripts_and_completions() -> None:
     # what `fgpu --install-completion` installs, and what it answers to a half-typed word
     fgpu = str(Path(sys.executable).parent / "fgpu")
+    # Typer finds the shell among the parent processes: run it from bash (not as bash's
+    # last command, which bash would replace by it)
     script = subprocess.run(
-        [fgpu, "--show-completion", "bash"], capture_output=True, text=True, timeout=60
+        ["bash", "-c", '"$0" --show-completion; exit $?', fgpu],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert script.returncode == 0, script.stderr
     assert "_fgpu_completion" in script.stdout

@@ -8,26 +8,21 @@
 - :mod:`fgpu.cli.k8s`: ``k8s scheduler|webhook|node-agent|kubelet|standin``;
 - :mod:`fgpu.cli.ui`: ``ui`` (the dashboard over the socket, through
   :mod:`fgpu.cli.ui_proxy`);
-- ``serve``: the service (:func:`fgpu.server.main.serve`).
+- :mod:`fgpu.cli.service`: ``serve``, the service (:func:`fgpu.server.main.serve`).
 
-The commands parse and render; the work is in the library.
+The commands parse and render; the work is in the library. A command's module is imported
+only when that command runs (:mod:`fgpu.cli.lazy`), so that ``fgpu --help`` and ``fgpu ls``
+start fast.
 """
 
 from __future__ import annotations
 
 import typer
 
-from fgpu.cli import mig, queues, ui, workloads
-from fgpu.cli.k8s import k8s_app
-from fgpu.cli.sim import sim_app
-from fgpu.server.main import serve
+from fgpu.cli.lazy import SETTINGS, LazyGroup
 
 app = typer.Typer(
-    help="fgpu: fractional GPU sharing.",
-    no_args_is_help=True,
-    # plain help and errors: the Rich renderer alone takes longer to load than a command
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
+    cls=LazyGroup, help="fgpu: fractional GPU sharing.", no_args_is_help=True, **SETTINGS
 )
 
 
@@ -46,15 +41,6 @@ def _options(
     ),
 ) -> None:
     """fgpu: fractional GPU sharing."""
-
-
-app.add_typer(sim_app, name="sim")
-app.add_typer(mig.mig_app, name="mig")
-app.add_typer(k8s_app, name="k8s")
-app.command(rich_help_panel="Service")(serve)
-workloads.register(app)
-queues.register(app)
-ui.register(app)
 
 
 def main() -> None:

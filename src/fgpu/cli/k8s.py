@@ -629,3 +629,8 @@ def _register_node(url: str, name: str) -> None:
     reply = httpx.post(f"{url}/api/v1/nodes", json=body, timeout=10)
     if reply.status_code != 201:
         raise ValueError(f"--node {name}: {reply.json().get('message', reply.text)}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fgpu k8s`` to the ``fgpu`` app."""
+    app.add_typer(k8s_app, name="k8s")

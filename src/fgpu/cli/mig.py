@@ -395,3 +395,8 @@ def _load(file: Path) -> tuple[str, Any]:
         return load_plan_file(_read(file, "PLAN_OR_CONFIG"), str(file))
     except MigInputError as exc:
         fail(str(exc))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fgpu mig`` to the ``fgpu`` app."""
+    app.add_typer(mig_app, name="mig")

@@ -11,24 +11,32 @@ import pwd
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING, TypeAlias
 
-from pydantic import BaseModel
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
-from fgpu.wire import (
-    TERMINAL_PHASES,
-    EventView,
-    GpuHolder,
-    GpuView,
-    NodeView,
-    QueueView,
-    ResourceRequest,
-    WorkloadDetail,
-    WorkloadView,
-)
+from fgpu.wire_basics import TERMINAL_PHASES
+
+if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls's table)
+    from pydantic import BaseModel
+
+    from fgpu.client.plain import PlainResourceRequest, PlainWorkloadView
+    from fgpu.wire import (
+        EventView,
+        GpuHolder,
+        GpuView,
+        NodeView,
+        QueueView,
+        ResourceRequest,
+        WorkloadDetail,
+        WorkloadView,
+    )
+
+    JsonValue: TypeAlias = BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]
+    """What :func:`to_json` prints: a wire model, a list of them, or a list of plain rows."""
 
 PRIORITY_NAMES = {25: "very-low", 40: "low", 50: "normal", 100: "high", 125: "critical"}
 """Priority classes of DESIGN.md section 5, by value."""
@@ -44,12 +52,10 @@ PHASE_STYLES = {
 }
 
 
-JsonValue = BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]
-"""What :func:`to_json` prints: a wire model, a list of them, or a list of plain rows."""
-
-
 def to_json(items: JsonValue) -> str:
     """Wire models (one or a list) as indented JSON."""
+    from pydantic import BaseModel
+
     if isinstance(items, BaseModel):
         data: object = items.model_dump(mode="json")
     else:
@@ -103,7 +109,7 @@ def user_text(uid: int) -> str:
         return str(uid)
 
 
-def request_text(request: ResourceRequest) -> str:
+def request_text(request: ResourceRequest | PlainResourceRequest) -> str:
     """``0.5 GPU``, ``2 GPUs``, ``2 x 0.3 GPU``, with ``5GiB`` memory and models; ``MIG
     3g.40gb`` or ``MIG, 18GiB`` (the smallest profile with that much) for MIG requests."""
     if request.isolation == "mig":
@@ -137,7 +143,7 @@ def request_text(request: ResourceRequest) -> str:
     return text
 
 
-def grants_text(view: WorkloadView) -> str:
+def grants_text(view: WorkloadView | PlainWorkloadView) -> str:
     """GPUs held: ``node/0: 0.5 (20GiB)``, one per line; on a MIG instance
     ``node/mig/2: MIG 3g.40gb@4 (39.25GiB) MIG-...``."""
     return "\n".join(
@@ -161,7 +167,7 @@ GPU_STATE_TEXT = {
 """How ``fgpu ls`` words the governor's states (others, e.g. ``squeezed``, as they are)."""
 
 
-def state_text(view: WorkloadView) -> Text:
+def state_text(view: WorkloadView | PlainWorkloadView) -> Text:
     """What happens to a workload beyond its phase: being stopped, or what the governor does
     with it (paused by priority, waiting for its share); empty when nothing."""
     if view.stopping:
@@ -192,7 +198,9 @@ REASON_WIDTH = 12
 """Narrowest free-text column (REASON, HOLDERS): it wraps at spaces instead."""
 
 
-def workloads_table(views: Sequence[WorkloadView], now: float | None = None) -> RenderableType:
+def workloads_table(
+    views: Sequence[WorkloadView] | Sequence[PlainWorkloadView], now: float | None = None
+) -> RenderableType:
     """``fgpu ls``: one row per workload. Words are never split: every column but REASON
     keeps its lines whole (long names, users and queues end in an ellipsis) and REASON wraps
     at spaces; where even a narrow REASON does not fit (80 columns), the reasons follow the

@@ -438,3 +438,8 @@ def sim_replay(
     if workloads_file is None:
         files += ", workloads.csv"
     out.print(f"wrote {out_dir}/{{{files}}}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``fgpu sim`` to the ``fgpu`` app."""
+    app.add_typer(sim_app, name="sim")

@@ -49,4 +49,4 @@ def ui(
 
 def register(app: typer.Typer) -> None:
     """Add ``fgpu ui`` to the ``fgpu`` app."""
-    app.command(rich_help_panel="Service")(ui)
+    app.command("ui", rich_help_panel="Service")(ui)

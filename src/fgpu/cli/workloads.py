@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fgpu.client.client import Client, ClientError
+    from fgpu.client.plain import PlainWorkloadView
+    from fgpu.wire import WorkloadView
 
 FOLLOW_INTERVAL_S = 0.5
 
@@ -239,17 +241,19 @@ def ls(
     if watch and json_out:
         fail("--watch: not with --json (scripts poll `fgpu ls --json` themselves)")
 
+    def kept(view: WorkloadView | PlainWorkloadView) -> bool:
+        return (
+            (not queues or view.queue in queues)
+            and (not uids or view.owner_uid in uids)
+            and (not phases or view.phase in phases)
+        )
+
     def listing(client: Client) -> RenderableType:
-        views = [
-            v
-            for v in client.list_workloads(include_done)
-            if (not queues or v.queue in queues)
-            and (not uids or v.owner_uid in uids)
-            and (not phases or v.phase in phases)
-        ]
-        if json_out:
-            print(render.to_json(views))
+        if json_out:  # the wire models' JSON, as every --json prints
+            print(render.to_json([v for v in client.list_workloads(include_done) if kept(v)]))
             return ""
+        # the table reads the same fields without loading pydantic (a fast `fgpu ls`)
+        views = [v for v in client.list_workloads_plain(include_done) if kept(v)]
         if not views:
             filtered = queues or uids or phases
             hint = "" if include_done or filtered else " (--all shows finished ones)"
@@ -357,7 +361,7 @@ def cancel(
     its grace period. Each id is tried; the exit code is that of the first refusal."""
     from fgpu.cli import render
     from fgpu.client.client import ClientError, ServerUnavailable
-    from fgpu.wire import TERMINAL_PHASES, WorkloadView
+    from fgpu.wire import TERMINAL_PHASES
 
     if every == bool(workload_ids):
         fail("give workload ids or names, or --all (not both)")
@@ -441,15 +445,15 @@ def nodes(
 
 def register(app: typer.Typer) -> None:
     """Add the commands to the ``fgpu`` app."""
-    app.command(context_settings={"allow_interspersed_args": False})(submit)
+    app.command("submit", context_settings={"allow_interspersed_args": False})(submit)
     app.command("ls")(ls)
     app.command("list", help="Same as ls.")(ls)
-    app.command()(describe)
-    app.command()(logs)
-    app.command()(cancel)
+    app.command("describe")(describe)
+    app.command("logs")(logs)
+    app.command("cancel")(cancel)
     app.command("delete", help="Same as cancel.")(cancel)
-    app.command()(top)
-    app.command()(nodes)
+    app.command("top")(top)
+    app.command("nodes")(nodes)
 
 
 def _shell_status(exit_code: int | None) -> int:

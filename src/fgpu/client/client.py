@@ -3,35 +3,48 @@
 Every method returns wire models (:mod:`fgpu.wire`); a refusal from the server is raised as
 :class:`ClientError` with the status, the field and the reason the server gave; a server
 that cannot be reached is :class:`ServerUnavailable`, whose message says how to start one.
+
+The wire models (pydantic) are loaded by the first method that returns one;
+:meth:`Client.list_workloads_plain` (``fgpu ls``) needs none (:mod:`fgpu.client.plain`). On
+the Unix socket the requests go through the standard library (:mod:`http.client`, one
+connection per request), which a short command loads in a fraction of httpx's time; over
+TCP (and TLS) and with an injected transport they go through httpx. Both give the same
+answers and the same errors.
 """
 
 from __future__ import annotations
 
+import http.client
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, TypeVar
-
-import httpx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+from urllib.parse import urlencode
 
 from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
-from fgpu.wire import (
-    API_PREFIX,
-    LOG_OFFSET_HEADER,
-    EventView,
-    Health,
-    NodeView,
-    QueueBody,
-    QueueView,
-    SubmitRequest,
-    WorkloadDetail,
-    WorkloadView,
-)
+from fgpu.client.plain import PlainWorkloadView, plain_workloads
+from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
+from fgpu.wire_basics import API_PREFIX, LOG_OFFSET_HEADER
+
+if TYPE_CHECKING:
+    import httpx
+    from pydantic import BaseModel, TypeAdapter
+
+    from fgpu.wire import (
+        EventView,
+        Health,
+        NodeView,
+        QueueBody,
+        QueueView,
+        SubmitRequest,
+        WorkloadDetail,
+        WorkloadView,
+    )
 
 DEFAULT_TIMEOUT_S = 30.0
+USER_AGENT = "fgpu-client"
 
 T = TypeVar("T")
 
@@ -103,34 +116,41 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"user-agent": "fgpu-client"}
+        self._headers = {"user-agent": USER_AGENT}
+        self._timeout = timeout
+        self._http: httpx.Client | None = None
+        self._socket: Path | None = None
         if base_url:
             self.address = base_url.rstrip("/")
             root = self.address
             if token:
-                headers["authorization"] = f"Bearer {token}"
+                self._headers["authorization"] = f"Bearer {token}"
             self._start_hint = f"no fgpu server answers at {self.address}"
-            self._socket: Path | None = None
         else:
             path = resolve_socket(socket)
             self.address = str(path)
             root = "http://fgpu"
             self._socket = path
-            # no TLS on a Unix socket: without verify=False the transport loads the system's
-            # certificate store, the largest part of a short command's time
-            transport = transport or httpx.HTTPTransport(uds=str(path), verify=False)
             self._start_hint = f"no fgpu server at {path}; start one with `fgpu serve`"
             if path.exists() and not os.access(path, os.W_OK):
                 self._start_hint = f"no permission to use the fgpu socket {path}"
-        if transport is None and root.startswith("http://"):  # plain HTTP: no certificates
+            if transport is None:
+                return  # the standard library's HTTP over the socket (_unix_request)
+        import httpx
+
+        if transport is None and root.startswith("http://"):
+            # plain HTTP: no TLS, so no certificate store to load (most of a short
+            # command's time)
             transport = httpx.HTTPTransport(verify=False)
         self._http = httpx.Client(
-            base_url=root + API_PREFIX, headers=headers, timeout=timeout, transport=transport
+            base_url=root + API_PREFIX, headers=self._headers, timeout=timeout, transport=transport
         )
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self._http.close()
+        """Close the connection pool (over httpx; on the socket each request has its own
+        connection)."""
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Self:
         return self
@@ -144,9 +164,40 @@ class Client:
         self.close()
 
     # -------------------------------------------------------------------- plumbing
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+    ) -> Answer:
+        """One request to ``/v1{path}``; a refusal (4xx/5xx) is raised as :class:`ClientError`.
+
+        Raises:
+            ServerUnavailable: nothing answers (no socket, refused, no permission, the
+                connection broke before an answer).
+            ClientError: status 0 when the server did not answer within the timeout.
+        """
+        if self._http is None:
+            answer = self._unix_request(method, path, params, json)
+        else:
+            answer = self._httpx_request(method, path, params, json)
+        if answer.status_code >= 400:
+            raise _refusal(answer)
+        return answer
+
+    def _timed_out(self) -> ClientError:
+        return ClientError(0, "", f"the fgpu server at {self.address} did not answer in time")
+
+    def _httpx_request(
+        self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
+    ) -> Answer:
+        import httpx
+
+        assert self._http is not None
         try:
-            response = self._http.request(method, path, **kwargs)
+            response = self._http.request(method, path, params=params, json=body)
         except httpx.ConnectError as exc:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, PermissionError):
@@ -155,23 +206,57 @@ class Client:
                 ) from None
             raise ServerUnavailable(self._start_hint) from None
         except httpx.TimeoutException:
-            raise ClientError(
-                0, "", f"the fgpu server at {self.address} did not answer in time"
-            ) from None
+            raise self._timed_out() from None
         except httpx.TransportError as exc:
             raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
-        if response.status_code >= 400:
-            raise _refusal(response)
-        return response
+        return Answer(
+            response.status_code,
+            response.reason_phrase,
+            {name.lower(): value for name, value in response.headers.items()},
+            response.content,
+        )
 
-    def _json(self, method: str, path: str, kind: type[T], **kwargs: Any) -> T:
-        response = self._request(method, path, **kwargs)
+    def _unix_request(
+        self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
+    ) -> Answer:
+        """The request over the Unix socket with :mod:`http.client`, its failures mapped as
+        httpx's are in :meth:`_httpx_request` (httpcore: an ``OSError`` while connecting is
+        a connect error, a timeout anywhere is a timeout, any other failure a transport
+        error)."""
+        assert self._socket is not None
+        target = API_PREFIX + path + (f"?{urlencode(params)}" if params else "")
         try:
-            return TypeAdapter(kind).validate_python(response.json())
-        except (ValueError, ValidationError) as exc:
-            raise ClientError(
-                response.status_code, "", f"unexpected answer from the server: {exc}"
+            return unix_exchange(
+                str(self._socket), self._timeout, method, target, self._headers, body
+            )
+        except ConnectFailed as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                raise self._timed_out() from None
+            if isinstance(exc.__cause__, PermissionError):
+                raise ServerUnavailable(
+                    f"no permission to use the fgpu socket {self.address}"
+                ) from None
+            raise ServerUnavailable(self._start_hint) from None
+        except TimeoutError:
+            raise self._timed_out() from None
+        except http.client.RemoteDisconnected:  # httpx's words for it
+            raise ServerUnavailable(
+                f"{self._start_hint} (Server disconnected without sending a response.)"
             ) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        kind: type[T],
+        *,
+        params: Mapping[str, str | int] | None = None,
+        json: Any = None,
+    ) -> T:
+        answer = self._request(method, path, params=params, json=json)
+        return _parsed(answer, lambda data: _adapter(kind).validate_python(data))
 
     @staticmethod
     def _body(model: BaseModel) -> dict[str, Any]:
@@ -183,6 +268,8 @@ class Client:
     # ------------------------------------------------------------------ use-cases
     def health(self) -> Health:
         """``GET /v1/healthz``."""
+        from fgpu.wire import Health
+
         return self._json("GET", "/healthz", Health)
 
     def submit(self, request: SubmitRequest) -> WorkloadView:
@@ -195,6 +282,8 @@ class Client:
         Raises:
             ClientError: field ``socket`` when the socket belongs to another user.
         """
+        from fgpu.wire import WorkloadView
+
         self._check_socket_owner()
         return self._json("POST", "/workloads", WorkloadView, json=self._body(request))
 
@@ -215,15 +304,27 @@ class Client:
 
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first."""
+        from fgpu.wire import WorkloadView
+
         params = {"all": "true"} if include_done else None
         return self._json("GET", "/workloads", list[WorkloadView], params=params)
 
+    def list_workloads_plain(self, include_done: bool = False) -> list[PlainWorkloadView]:
+        """:meth:`list_workloads` as :class:`fgpu.client.plain.PlainWorkloadView` objects (the
+        same fields), read without pydantic when the answer is well typed."""
+        params = {"all": "true"} if include_done else None
+        return _parsed(self._request("GET", "/workloads", params=params), plain_workloads)
+
     def get_workload(self, workload_id: str) -> WorkloadDetail:
         """One workload with its events."""
+        from fgpu.wire import WorkloadDetail
+
         return self._json("GET", f"/workloads/{_segment(workload_id)}", WorkloadDetail)
 
     def cancel(self, workload_id: str) -> WorkloadView:
         """Cancel a workload."""
+        from fgpu.wire import WorkloadView
+
         return self._json("POST", f"/workloads/{_segment(workload_id)}/cancel", WorkloadView)
 
     def logs(self, workload_id: str, stream: str = "stdout", offset: int = 0) -> tuple[bytes, int]:
@@ -234,21 +335,27 @@ class Client:
             params={"stream": stream, "offset": offset},
         )
         try:
-            following = int(response.headers.get(LOG_OFFSET_HEADER, ""))
+            following = int(response.headers.get(LOG_OFFSET_HEADER.lower(), ""))
         except ValueError:
             following = offset + len(response.content)
         return response.content, following
 
     def list_queues(self) -> list[QueueView]:
         """Every queue."""
+        from fgpu.wire import QueueView
+
         return self._json("GET", "/queues", list[QueueView])
 
     def create_queue(self, body: QueueBody) -> QueueView:
         """Create a queue (admins)."""
+        from fgpu.wire import QueueView
+
         return self._json("POST", "/queues", QueueView, json=self._body(body))
 
     def update_queue(self, body: QueueBody) -> QueueView:
         """Replace a queue's settings (admins)."""
+        from fgpu.wire import QueueView
+
         return self._json(
             "PUT", f"/queues/{_segment(body.name, 'name')}", QueueView, json=self._body(body)
         )
@@ -259,10 +366,14 @@ class Client:
 
     def nodes(self) -> list[NodeView]:
         """Nodes and their GPUs."""
+        from fgpu.wire import NodeView
+
         return self._json("GET", "/nodes", list[NodeView])
 
     def events(self, after: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after id ``after``, oldest first."""
+        from fgpu.wire import EventView
+
         params: dict[str, int] = {"limit": limit}
         if after is not None:
             params["after"] = after
@@ -283,7 +394,32 @@ def _segment(text: str, field: str = "id") -> str:
     return quote(text, safe="")
 
 
-def _refusal(response: httpx.Response) -> ClientError:
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: type[T]) -> TypeAdapter[T]:
+    """Pydantic's validator of ``kind``, built once."""
+    adapter = _ADAPTERS.get(kind)
+    if adapter is None:
+        from pydantic import TypeAdapter
+
+        adapter = _ADAPTERS[kind] = TypeAdapter(kind)
+    return adapter
+
+
+def _parsed(answer: Answer, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the answer's JSON; a body that is not JSON, or not what ``parse`` wants
+    (``ValueError``, of which pydantic's ``ValidationError`` is one), is a
+    :class:`ClientError` of the answer's status."""
+    try:
+        return parse(answer.json())
+    except ValueError as exc:
+        raise ClientError(
+            answer.status_code, "", f"unexpected answer from the server: {exc}"
+        ) from None
+
+
+def _refusal(response: Answer) -> ClientError:
     try:
         detail = response.json().get("detail")
     except (ValueError, AttributeError):

@@ -1,0 +1,16 @@
+"""Constants of the REST API that need no models: its prefix, the log offset header and the
+phases a workload never leaves. Standard library only, so that the command line and the
+client use them without loading pydantic; :mod:`fgpu.wire` re-exports them."""
+
+from __future__ import annotations
+
+API_PREFIX = "/v1"
+
+LOG_OFFSET_HEADER = "X-Fgpu-Log-Offset"
+"""``GET /v1/workloads/{id}/logs`` answers the log bytes from ``offset``; this header holds the
+offset to ask for next (``offset`` + the bytes sent)."""
+
+TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
+"""Phases a workload never leaves (DESIGN.md section 8)."""
+
+__all__ = ["API_PREFIX", "LOG_OFFSET_HEADER", "TERMINAL_PHASES"]
