@@ -123,7 +123,8 @@ extern struct fk_shared *fk_sh; /* NULL until fk_state_open succeeded */
 void fk_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t fk_now_ns(void);      /* CLOCK_MONOTONIC */
 uint64_t fk_realtime_us(void); /* CLOCK_REALTIME, microseconds */
-int fk_state_open(void);       /* 0 or -1 (reason logged with FGPU_FAKE_DEBUG=1) */
+int fk_state_open(void);       /* 0 or -1 (reason logged with FGPU_FAKE_DEBUG=1): missing,
+                                  unmakeable, or corrupt state file */
 uint64_t fk_proc_start(pid_t pid);       /* start time in clock ticks; 0 if no such process */
 int fk_alive(int32_t pid, uint64_t start); /* 1 alive (not a zombie, same start time) */
 uint64_t fk_self_start(void);
@@ -133,8 +134,9 @@ void fk_state_after_fork(void); /* in a forked child: locks usable again */
 void fk_sweep(void);           /* give back memory of dead processes */
 int fk_gpu_by_uuid(const char *uuid); /* global index or -1 */
 uint64_t fk_new_va(uint64_t size);    /* unique device address range across processes */
-CUresult fk_reserve(int gpu, uint64_t bytes);
-void fk_release(int gpu, uint64_t bytes);
+CUresult fk_reserve(int gpu, uint64_t bytes); /* CUDA_ERROR_ILLEGAL_STATE: corrupt counter */
+void fk_release(int gpu, uint64_t bytes);      /* never below zero (clamped, logged) */
+int fk_device_used(int gpu, uint64_t *used);   /* 0, or -1 when above the total (corrupt) */
 void fk_dev_lock(int gpu, int *waiter_out);
 void fk_dev_unlock(int gpu, int waiter);
 void fk_dev_busy(int gpu, int slot, uint64_t ns); /* add busy time; caller holds the lock */

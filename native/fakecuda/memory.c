@@ -208,9 +208,11 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     if (rc != CUDA_SUCCESS)
         return rc;
     struct fk_gpu *d = &fk_sh->gpus[c->gpu];
-    uint64_t used = atomic_load(&d->used);
+    uint64_t used;
+    if (fk_device_used(c->gpu, &used) != 0)
+        return CUDA_ERROR_ILLEGAL_STATE; /* a corrupt counter is an error, not a figure */
     *total = d->total;
-    *free_bytes = used < d->total ? d->total - used : 0;
+    *free_bytes = d->total - used;
     return CUDA_SUCCESS;
 }
 

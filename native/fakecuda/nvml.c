@@ -176,12 +176,16 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
     return NVML_SUCCESS;
 }
 
-static void memory_of(int i, unsigned long long *total, unsigned long long *used)
+/* NVML_ERROR_UNKNOWN ("an internal driver error") when the state's counter is corrupt. */
+static nvmlReturn_t memory_of(int i, unsigned long long *total, unsigned long long *used)
 {
     fk_sweep();
+    uint64_t u;
+    if (fk_device_used(i, &u) != 0)
+        return NVML_ERROR_UNKNOWN;
     *total = fk_sh->gpus[i].total;
-    uint64_t u = atomic_load(&fk_sh->gpus[i].used);
-    *used = u < *total ? u : *total;
+    *used = u;
+    return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
@@ -192,7 +196,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
         return rc;
     if (memory == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
-    memory_of(i, &memory->total, &memory->used);
+    if ((rc = memory_of(i, &memory->total, &memory->used)) != NVML_SUCCESS)
+        return rc;
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
@@ -207,7 +212,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
         return NVML_ERROR_INVALID_ARGUMENT;
     if (memory->version != nvmlMemory_v2)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    memory_of(i, &memory->total, &memory->used);
+    if ((rc = memory_of(i, &memory->total, &memory->used)) != NVML_SUCCESS)
+        return rc;
     memory->reserved = 0;
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;

@@ -177,6 +177,33 @@ static int parse_gpus(const char *spec, struct fk_shared *sh)
     return rc;
 }
 
+/* Whether the mapped header describes GPUs this code can index safely: 1..FK_MAX_GPUS of
+ * them, each named by terminated strings, with a total in 1 MiB..2^30 MiB (what
+ * FGPU_FAKE_GPUS allows). A used counter out of range is found where it is read
+ * (fk_device_used), so that processes already running see it too. */
+static int check_header(const struct fk_shared *sh, const char *path)
+{
+    if (sh->ngpus == 0 || sh->ngpus > FK_MAX_GPUS) {
+        fk_debug("state file %s is corrupt: %u GPUs (1..%d)", path, sh->ngpus, FK_MAX_GPUS);
+        return -1;
+    }
+    for (uint32_t i = 0; i < sh->ngpus; i++) {
+        const struct fk_gpu *d = &sh->gpus[i];
+        if (memchr(d->uuid, '\0', FK_NAME_LEN) == NULL ||
+            memchr(d->name, '\0', FK_NAME_LEN) == NULL) {
+            fk_debug("state file %s is corrupt: GPU %u's uuid or name is not terminated", path,
+                     i);
+            return -1;
+        }
+        if (d->total < (1ull << 20) || d->total > (1ull << 50)) {
+            fk_debug("state file %s is corrupt: GPU %u total %llu bytes (1 MiB..2^30 MiB)",
+                     path, i, (unsigned long long)d->total);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int map_file(int fd, const char *path)
 {
     struct stat st;
@@ -196,12 +223,18 @@ static int map_file(int fd, const char *path)
         munmap(m, sizeof *sh);
         return -1;
     }
+    if (check_header(sh, path) != 0) {
+        munmap(m, sizeof *sh);
+        return -1;
+    }
     fk_sh = sh;
     return 0;
 }
 
 /* Makes the file under a temporary name, then links it into place: racing first users
- * agree on whichever link landed first. */
+ * agree on whichever link landed first. Mode 0600: only the creating user's processes may
+ * use the pretend GPUs; a service whose workloads run as other users widens it itself
+ * (fgpu.agent.fakegpu.state_file_mode, docs/governor.md). */
 static int create_file(const char *path)
 {
     const char *spec = getenv("FGPU_FAKE_GPUS");
@@ -213,7 +246,7 @@ static int create_file(const char *path)
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d.%llu", path, (int)getpid(),
                  (unsigned long long)fk_now_ns()) >= (int)sizeof tmp)
         return -1;
-    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
         fk_debug("state file %s: cannot create %s: %s", path, tmp, strerror(errno));
         return -1;
@@ -286,14 +319,46 @@ uint64_t fk_new_va(uint64_t size)
     return atomic_fetch_add_explicit(&fk_sh->next_va, span, memory_order_relaxed);
 }
 
+/* ------------------------------------------------------------------ memory counters */
+
+/* Lowers GPU `gpu`'s used counter by `bytes`, never below zero: a counter that holds less
+ * than is given back (the file was edited by hand) ends at zero, said in the debug log,
+ * instead of wrapping to an enormous figure. */
+static void device_sub(int gpu, uint64_t bytes)
+{
+    struct fk_gpu *d = &fk_sh->gpus[gpu];
+    uint64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed), take;
+    do {
+        take = cur < bytes ? cur : bytes;
+    } while (!atomic_compare_exchange_weak_explicit(&d->used, &cur, cur - take,
+                                                    memory_order_acq_rel, memory_order_relaxed));
+    if (take != bytes)
+        fk_debug("state of %s: %llu bytes given back but only %llu counted as used; "
+                 "the counter stops at 0 (the state file was changed by hand?)",
+                 d->uuid, (unsigned long long)bytes, (unsigned long long)take);
+}
+
+int fk_device_used(int gpu, uint64_t *used)
+{
+    const struct fk_gpu *d = &fk_sh->gpus[gpu];
+    uint64_t u = atomic_load_explicit(&d->used, memory_order_acquire);
+    if (u > d->total) {
+        fk_debug("state of %s is corrupt: %llu bytes used of %llu", d->uuid,
+                 (unsigned long long)u, (unsigned long long)d->total);
+        return -1;
+    }
+    *used = u;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ process slots */
 
 static void reclaim_slot(struct fk_proc *p)
 {
     for (int g = 0; g < FK_MAX_GPUS; g++) {
         uint64_t u = atomic_exchange(&p->used[g], 0);
-        if (u != 0)
-            atomic_fetch_sub(&fk_sh->gpus[g].used, u);
+        if (u != 0 && (uint32_t)g < fk_sh->ngpus)
+            device_sub(g, u);
         atomic_store(&p->contexts[g], 0);
     }
     int32_t pid = atomic_load(&p->pid);
@@ -417,8 +482,6 @@ void fk_slot_release_self(void)
         reclaim_slot(p);
 }
 
-/* ------------------------------------------------------------------ memory counters */
-
 /* The device counter is raised before the process's own, and lowered after it: a process
  * killed between the two steps leaks the amount until the state file is replaced, but the
  * sweep can never give back more than was taken. */
@@ -428,6 +491,9 @@ CUresult fk_reserve(int gpu, uint64_t bytes)
     if (slot < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fk_gpu *d = &fk_sh->gpus[gpu];
+    uint64_t seen;
+    if (fk_device_used(gpu, &seen) != 0)
+        return CUDA_ERROR_ILLEGAL_STATE;
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
         while (bytes <= d->total && cur <= d->total - bytes) {
@@ -448,7 +514,8 @@ CUresult fk_reserve(int gpu, uint64_t bytes)
 }
 
 /* Lowers the process's counter first, by at most what it holds (a concurrent exit-time
- * reclaim may have taken it all), then the device's by the same amount. */
+ * reclaim may have taken it all), then the device's by the same amount, clamped at zero
+ * (device_sub). */
 void fk_release(int gpu, uint64_t bytes)
 {
     int slot = fk_my_slot();
@@ -460,7 +527,7 @@ void fk_release(int gpu, uint64_t bytes)
         take = cur < bytes ? cur : bytes;
     } while (!atomic_compare_exchange_weak(mine, &cur, cur - take));
     if (take != 0)
-        atomic_fetch_sub(&fk_sh->gpus[gpu].used, take);
+        device_sub(gpu, take);
 }
 
 void fk_state_after_fork(void)

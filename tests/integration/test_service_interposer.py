@@ -10,6 +10,8 @@ its quota; ``fgpu nodes`` says which enforcement is active and why.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +54,16 @@ def device_time(server: ServerProcess, pids: list[int]) -> dict[int, int]:
     state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
     uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
     return fake_device_time(state, uuid, pids)
+
+
+def test_the_fake_state_is_open_to_the_workloads_users_only_as_needed(
+    server: ServerProcess,
+) -> None:
+    """A root service runs workloads as their submitters, who must all write the fake
+    driver's state (0666, in the 0711 segment folder); a service of one user keeps 0600."""
+    state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
+    assert stat.S_IMODE(state.stat().st_mode) == (0o666 if os.geteuid() == 0 else 0o600)
+    assert stat.S_IMODE(state.parent.stat().st_mode) == 0o711
 
 
 def test_nodes_say_which_enforcement_is_active_and_why(server: ServerProcess) -> None:

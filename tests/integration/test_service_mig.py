@@ -193,7 +193,7 @@ def test_mig_instances_count_against_their_queue(tmp_path: Path) -> None:
             again = svc.submit(ME, sleeping(mig_profile="4g.40gb", queue="team"))
             await until(lambda: "limit" in svc.get_workload(again.id).reason)
             assert svc.get_workload(again.id).reason == (
-                "queue team would exceed its limit (GPU milli: 1071 > 1000)"
+                "queue team would exceed its limit (1.071 > 1.0 GPUs)"
             )
             await end_all(svc)
         finally:

@@ -100,8 +100,14 @@ def cluster(tmp_path: Path) -> Iterator[tuple[KubeApi, int, int]]:
 
 def test_scheduler_and_agent_export_their_series(cluster: tuple[KubeApi, int, int]) -> None:
     api, sched_port, agent_port = cluster
-    before = scrape(sched_port)
-    gpus = [ls for n, ls, _ in before if n == "fgpu_gpu_memory_total_bytes"]
+
+    def fleet() -> list[dict[str, str]]:
+        return [ls for n, ls, _ in scrape(sched_port) if n == "fgpu_gpu_memory_total_bytes"]
+
+    # the series are the last round's: the scheduler serves them (and its probes) from its
+    # start, before its first list and round
+    wait_until(lambda: len(fleet()) == 8, "the scheduler's first round to show 8 GPUs", 120)
+    gpus = fleet()
     assert len(gpus) == 8
     assert {ls["node"] for ls in gpus} == {NODE}
     for i in (1, 2):

@@ -559,16 +559,12 @@ def test_a_queue_limit_counts_mig_instances(cluster) -> None:
     create(cluster, pod("frac-2", "0.1", queue="team-a"))
     round_(scheduler)
     assert {p["metadata"]["name"] for p in bound(cluster)} == {"frac", "mig-1"}
-    assert condition(cluster, "mig-2") == (
-        "queue team-a would exceed its limit (GPU milli: 1356 > 1000)"
-    )
+    assert condition(cluster, "mig-2") == ("queue team-a would exceed its limit (1.356 > 1.0 GPUs)")
     assert "queue team-a would exceed its limit" in condition(cluster, "frac-2")
     cluster.api.delete_pod(cluster.namespace, "mig-1", grace_s=0)
     round_(scheduler)  # the core's round goes first: frac-2 takes 100 of the room
     assert {p["metadata"]["name"] for p in bound(cluster)} == {"frac", "frac-2"}
-    assert condition(cluster, "mig-2") == (
-        "queue team-a would exceed its limit (GPU milli: 1028 > 1000)"
-    )
+    assert condition(cluster, "mig-2") == ("queue team-a would exceed its limit (1.028 > 1.0 GPUs)")
     cluster.api.delete_pod(cluster.namespace, "frac-2", grace_s=0)
     round_(scheduler)
     assert {p["metadata"]["name"] for p in bound(cluster)} == {"frac", "mig-2"}

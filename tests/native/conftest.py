@@ -18,6 +18,12 @@ def native_dir() -> Path:
     return fgpu_native.ensure_built()
 
 
+@pytest.fixture(scope="session")
+def sanitized_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The native code built once with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    return fgpu_native.ensure_built(sanitize=True, out_dir=tmp_path_factory.mktemp("asan"))
+
+
 @pytest.fixture
 def fake_gpus(native_dir: Path, tmp_path: Path) -> FakeGpus:
     """Two fake GPUs (1 GiB A100-80GB, 2 GiB H100-80GB) in a fresh state file."""

@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 from tests.native.fakecuda_support import GPU_A, GPU_B, MIB, FakeGpus
 
-from fgpu import native as fgpu_native
-
 CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NO_DEVICE = 100
@@ -388,12 +386,6 @@ def test_pynvml_backend_works_on_the_fake(fake_gpus: FakeGpus) -> None:
 
 
 # ---------------------------------------------------------------- sanitizers
-
-
-@pytest.fixture(scope="session")
-def sanitized_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The native code built once with AddressSanitizer and UndefinedBehaviorSanitizer."""
-    return fgpu_native.ensure_built(sanitize=True, out_dir=tmp_path_factory.mktemp("asan"))
 
 
 def test_fake_driver_and_cudemo_are_clean_under_asan_and_ubsan(

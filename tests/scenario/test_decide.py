@@ -108,8 +108,8 @@ def test_non_preemptible_two_gpus_at_0_6_does_not_start_in_a_queue_with_quota_1(
     assert d.actions == [
         Wait(
             "np",
-            "non-preemptible work must stay within the quota of queue q (quota 1000 "
-            "milli-GPU, in use 0, needs 1200)",
+            "non-preemptible work must stay within the quota of queue q (quota 1.0 "
+            "GPUs, in use 0.0, needs 1.2)",
         )
     ]
     # the same shape as preemptible work starts
@@ -192,9 +192,7 @@ def test_queue_limit_is_a_reason() -> None:
     sh.submit("two", "capped", pod().gpu(1).build(), at=1.0)
     d = sh.round()
     assert d.actions[0] == Place("one", d.actions[0].allocation)  # type: ignore[union-attr]
-    assert d.actions[1] == Wait(
-        "two", "queue capped would exceed its limit (GPU milli: 2000 > 1000)"
-    )
+    assert d.actions[1] == Wait("two", "queue capped would exceed its limit (2.0 > 1.0 GPUs)")
 
 
 def stream(config: SchedulerConfig) -> tuple[Shell, float | None]:
@@ -277,9 +275,7 @@ def test_use_outside_the_cluster_counts_against_the_queue_limit() -> None:
     sh.submit("half", "capped", pod().gpu(0.5).build())
     assert actions(outside_round(sh, OutsideUse())) == [("place", "half", "n1", "(0,)")]
     d = outside_round(sh, OutsideUse(gpus(1), {"capped": gpus(0.6)}))
-    assert d.actions == [
-        Wait("half", "queue capped would exceed its limit (GPU milli: 1100 > 1000)")
-    ]
+    assert d.actions == [Wait("half", "queue capped would exceed its limit (1.1 > 1.0 GPUs)")]
     assert d.allocated["capped"] == gpus(0.6)
 
 
@@ -303,8 +299,8 @@ def test_non_preemptible_use_outside_counts_against_the_quota() -> None:
     assert d.actions == [
         Wait(
             "svc",
-            "non-preemptible work must stay within the quota of queue team (quota 1000 "
-            "milli-GPU, in use 700, needs 500)",
+            "non-preemptible work must stay within the quota of queue team (quota 1.0 "
+            "GPUs, in use 0.7, needs 0.5)",
         )
     ]
 

@@ -23,7 +23,8 @@ def test_a_queue_at_its_fair_share_is_told_so_not_only_the_node_fit() -> None:
     sh.submit("b2", "team-b", pod().gpu(1).build())
     why = reasons(sh)
     assert why["b2"].startswith(
-        "queue team-b is at its fair share, 1.0 of 1.0 GPUs; waits for capacity or reclaim"
+        "queue team-b is at its fair share, 1.0 of 1.0 GPUs; it may not reclaim, so it waits "
+        "for free capacity"
     )
     assert "insufficient GPU" in why["b2"]  # the node fit stays as the detail
 
@@ -80,3 +81,32 @@ def test_the_node_fit_alone_when_no_allowed_node_could_take_it() -> None:
     why = reasons(sh)
     assert why["pinned"].startswith("0/2 nodes fit: 2 excluded"), why
     assert why["wide"].startswith("0/2 nodes fit: 1 excluded"), why
+
+
+def test_the_fair_share_reason_says_above_or_how_much_more_would_pass_it() -> None:
+    """The numbers agree with the words: above the share, or below it by less than the
+    request (a trial saw "at its fair share, 0.5 of 0.3 GPUs" and "0.5 of 1.0" for 0.99)."""
+    queues = QueueTree([QueueSpec("team-a"), QueueSpec("team-b")])
+    sh = Shell(cluster(node("n1").gpus(2)), queues)
+    sh.run("a1", "team-a", pod().gpu(0.5).build(), 0, [0])
+    sh.run("a2", "team-a", pod().gpu(0.5).build(), 0, [0])
+    sh.run("a3", "team-a", pod().gpu(0.25).build(), 0, [1])
+    sh.run("b1", "team-b", pod().gpu(0.75).build(), 0, [1])
+    sh.submit("a4", "team-a", pod().gpu(0.5).build())
+    sh.submit("b2", "team-b", pod().gpu(0.5).build())
+    why = reasons(sh)
+    # team-a holds 1.25 of its 1.0 share (demand 1.75 each side, capacity 2: 1.0 each)
+    assert why["a4"].startswith("queue team-a is above its fair share, 1.25 of 1.0 GPUs; "), why
+    # team-b holds 0.75 of 1.0: 0.5 more would take it past
+    assert why["b2"].startswith(
+        "queue team-b holds 0.75 of its fair share of 1.0 GPUs and 0.5 more would take it past; "
+        "it may not reclaim"
+    ), why
+
+
+def test_limits_are_told_in_gpus() -> None:
+    queues = QueueTree([QueueSpec("capped", limit=Resources(gpu_milli=990))])
+    sh = Shell(cluster(node("n1").gpus(2)), queues)
+    sh.run("c1", "capped", pod().gpu(0.5).build(), 0, [0])
+    sh.submit("c2", "capped", pod().gpu(0.5).build())
+    assert reasons(sh)["c2"] == "queue capped would exceed its limit (1.0 > 0.99 GPUs)"

@@ -149,3 +149,38 @@ def test_an_exporter_serves_its_events_and_its_fleet_over_http() -> None:
         server.shutdown()
         server.server_close()
         thread.join(timeout=30)
+
+
+def test_probes_answer_200_when_they_pass_503_when_not_500_when_they_break() -> None:
+    import httpx
+
+    from fgpu.metrics.http import serve_metrics
+
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("a bug in the check")
+
+    probes = {
+        "/healthz": lambda: (True, "a pass began 1 s ago"),
+        "/readyz": lambda: (False, "the first list of the cluster has not succeeded yet"),
+        "/broken": broken,
+    }
+    server, thread = serve_metrics(lambda: b"", ("127.0.0.1", 0), probes)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        got = {p: httpx.get(url + p, timeout=30) for p in (*probes, "/metrics", "/other")}
+        assert (got["/healthz"].status_code, got["/healthz"].text) == (
+            200,
+            "ok: a pass began 1 s ago\n",
+        )
+        assert (got["/readyz"].status_code, got["/readyz"].text) == (
+            503,
+            "failing: the first list of the cluster has not succeeded yet\n",
+        )
+        assert got["/broken"].status_code == 500
+        assert got["/metrics"].status_code == 200
+        assert got["/other"].status_code == 404
+        assert got["/other"].text == "only /metrics, /broken, /healthz, /readyz here\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)

@@ -149,7 +149,7 @@ def test_a_queue_at_its_limit_waits_and_nothing_changes() -> None:
     result = migs.schedule(
         [want("4g.40gb", queue="capped")], {}, budget(capped=capped), Events(devices)
     )
-    assert result.waits == {"w1": "queue capped would exceed its limit (GPU milli: 571 > 500)"}
+    assert result.waits == {"w1": "queue capped would exceed its limit (0.571 > 0.5 GPUs)"}
     assert devices[0].log == []
 
 
@@ -160,7 +160,7 @@ def test_the_budget_counts_this_passes_placements() -> None:
     second = MigCandidate("second", "capped", 50, 1.0, True, StoredMigRequest(profile="3g.40gb"))
     result = migs.schedule([first, second], {}, budget(capped=capped), Events(devices))
     assert [p.workload for p in result.places] == ["first"]
-    assert result.waits == {"second": "queue capped would exceed its limit (GPU milli: 999 > 800)"}
+    assert result.waits == {"second": "queue capped would exceed its limit (0.999 > 0.8 GPUs)"}
     assert [(i.profile, i.start) for i in devices[0].instances()] == [("4g.40gb", 0)]
 
 

@@ -36,6 +36,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def state_file_mode() -> int:
+    """Permissions of the fake driver's state file under ``fgpu serve --fake-driver``.
+
+    The fake driver creates it 0600 (its creator's processes only). A service that is not
+    root runs every workload as its own user, so 0600 is enough and stays. A root service runs
+    each workload as its submitter, and every workload's process must write the file (it
+    reserves device memory there), with no group that all submitters share: the file is
+    widened to 0666 inside the 0711 segment folder (its name is not listed). Any local user
+    who guesses the name can then change the pretend GPUs' counters: a demo stand-in's limit
+    (the real driver has no such file); a corrupt counter is an error the fake reports
+    (``CUDA_ERROR_ILLEGAL_STATE``, ``NVML_ERROR_UNKNOWN``), never a wrapped figure.
+    """
+    return 0o666 if os.geteuid() == 0 else 0o600
+
+
 class FakeDriverBackend(SimulatedBackend):
     """See the module docstring. Build it with :meth:`wrap`."""
 
@@ -50,8 +65,8 @@ class FakeDriverBackend(SimulatedBackend):
         Args:
             simulated: the ``--simulate-gpus`` backend (no MIG).
             driver_dir: folder of the fake ``libnvidia-ml.so.1``.
-            state_file: the pretend GPUs' shared state (created on first use, mode 0666 so
-                that every user's workloads can use the pretend GPUs).
+            state_file: the pretend GPUs' shared state (created on first use, see
+                :func:`state_file_mode` for who may open it).
 
         Raises:
             ValueError: the fake NVML cannot be loaded or initialised.
@@ -70,7 +85,7 @@ class FakeDriverBackend(SimulatedBackend):
         except Exception as exc:
             raise ValueError(f"--fake-driver: cannot use the fake NVML {library}: {exc}") from exc
         with contextlib.suppress(OSError):
-            state_file.chmod(0o666)
+            state_file.chmod(state_file_mode())
         return backend
 
     def process_memory(self) -> list[GpuProcess]:
@@ -125,4 +140,4 @@ def device_time(state_file: Path, uuid: str, pids: Sequence[int]) -> dict[int, i
     return {int(pid): int(ns) for pid, ns in found.items() if ns is not None}
 
 
-__all__ = ["FakeDriverBackend", "device_time"]
+__all__ = ["FakeDriverBackend", "device_time", "state_file_mode"]

@@ -17,7 +17,9 @@ import typer
 from fgpu.k8s import wire
 
 if TYPE_CHECKING:
-    from fgpu.metrics import Exporter
+    from collections.abc import Callable, Mapping
+
+    from fgpu.metrics.http import Probe
 
 k8s_app = typer.Typer(
     rich_markup_mode=None,
@@ -39,7 +41,8 @@ ServerOption = Annotated[
 MetricsOption = Annotated[
     str | None,
     typer.Option(
-        help="Serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address).",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (:PORT: every address), "
+        "and the kubelet probes at /healthz (liveness) and /readyz (readiness).",
         show_default=False,
     ),
 ]
@@ -56,13 +59,17 @@ def _metrics_address(text: str | None) -> tuple[str, int] | None:
         raise _fail(f"--metrics-listen: {exc}") from None
 
 
-def _serve_metrics(exporter: Exporter, address: tuple[str, int] | None) -> None:
+def _serve_metrics(
+    render: Callable[[], bytes],
+    address: tuple[str, int] | None,
+    probes: Mapping[str, Probe] | None = None,
+) -> None:
     from fgpu.metrics.http import serve_metrics
 
     if address is None:
         return
     try:
-        serve_metrics(exporter.exposition, address)
+        serve_metrics(render, address, probes)
     except OSError as exc:
         raise _fail(
             f"--metrics-listen: cannot listen on {address[0]}:{address[1]}: {exc}"
@@ -81,10 +88,16 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
-def _wait_for_signal() -> None:
+def _on_signal() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (handlers installed now)."""
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
+    return done
+
+
+def _wait_for_signal(done: threading.Event | None = None) -> None:
+    done = done or _on_signal()
     while not done.wait(1.0):
         pass
 
@@ -147,11 +160,21 @@ def scheduler(
             env_without_isolation=env_without_isolation,
             workers=workers,
         )
-        sched.start()
     except (KubeError, UnknownPolicyError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    _serve_metrics(sched.metrics, metrics_address)
-    _wait_for_signal()
+    done = _on_signal()
+    # probes first: not ready (and still live) while the first list is retried
+    _serve_metrics(
+        sched.metrics.exposition,
+        metrics_address,
+        {"/healthz": sched.live, "/readyz": sched.ready},
+    )
+    if sched.sync_until_done(done):
+        try:
+            sched.start()
+        except KubeError as exc:
+            raise _fail(str(exc)) from None
+        _wait_for_signal(done)
     try:
         sched.stop()
     except Exception as exc:  # e.g. the API server went first: the lease just runs out
@@ -336,6 +359,13 @@ def node_agent(
             chosen = real_backend(simulate_gpus, node)
             if isinstance(chosen, str):
                 publish_nothing(api, slices, node, chosen)
+                # nothing to publish is this node's steady state: live and ready, saying why
+                said = (True, f"no GPUs published: {chosen}")
+                _serve_metrics(
+                    lambda: b"",
+                    metrics_address,
+                    {"/healthz": lambda: said, "/readyz": lambda: said},
+                )
                 _wait_for_signal()
                 return
             backend = chosen
@@ -387,6 +417,8 @@ def node_agent(
                 )
         else:
             log.info("not enforcing (--no-enforce): log only")
+    except typer.Exit:  # said already (a RuntimeError too: not to be said again below)
+        raise
     except (KubeError, ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from None
     from fgpu.k8s.metrics import AgentMetrics
@@ -401,7 +433,9 @@ def node_agent(
     metrics = AgentMetrics(agent, views, pids_of)
     if governing is not None:
         governing.events.subscribe(metrics.agent_event)
-    _serve_metrics(metrics, metrics_address)
+    _serve_metrics(
+        metrics.exposition, metrics_address, {"/healthz": agent.live, "/readyz": agent.ready}
+    )
     thread = threading.Thread(target=agent.run, args=(interval_s,), daemon=True)
     thread.start()
     _wait_for_signal()

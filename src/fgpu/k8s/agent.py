@@ -63,6 +63,9 @@ USAGE_MEMORY_STEP_MIB = 256
 written again."""
 USAGE_UTILIZATION_STEP = 10
 """A GPU's utilization must move this many percentage points to be written again."""
+STALL_S = 300.0
+"""A report loop that has not begun a pass for this long (or ten intervals, if longer) fails
+:meth:`NodeAgent.live` (seconds): a report stuck in the GPU driver or the API."""
 
 
 def usage_moved(last: Any, now: Any) -> bool:
@@ -213,6 +216,11 @@ class NodeAgent:
         """Writes of ``fgpu.io/usage`` by this agent."""
         self.reports = 0
         """Reports done (measurements, whether written or not)."""
+        self._started = threading.Event()  # published, and its Node and pods listed
+        self._start_error = ""
+        self._phase = "new"  # of run(): new, running, ended
+        self._interval_s = 10.0
+        self._beat = time.monotonic()  # when the report loop last began a pass
 
     def inventory(self) -> wire.Inventory:
         """What this agent publishes (indices renumbered 0.. over the owned GPUs; GPUs in
@@ -414,21 +422,57 @@ class NodeAgent:
             out.append(PlacedContainer(wire.pod_key(pod), uid, a, squeezed))
         return out
 
+    def live(self) -> tuple[bool, str]:
+        """The liveness probe: False only when :meth:`run` ended without :meth:`stop`, or
+        its report loop has not begun a pass for :data:`STALL_S` (or ten intervals). Live
+        while the first publication is still being retried."""
+        if self._stop.is_set():
+            return True, "stopping"
+        if self._phase == "ended":
+            return False, "the report loop ended"
+        if self._phase == "new":
+            return True, "starting"
+        limit = max(STALL_S, 10 * self._interval_s)
+        quiet = time.monotonic() - self._beat
+        if quiet > limit:
+            return False, f"no report began for {quiet:.0f} s (limit {limit:.0f})"
+        return True, f"a report began {quiet:.0f} s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        """The readiness probe: True once :meth:`run` published the inventory and listed
+        this node's Node and pods (its watches then keep them current)."""
+        if not self._started.is_set():
+            why = f": {self._start_error}" if self._start_error else ""
+            return False, f"the inventory of {self.node} is not published yet{why}"
+        return True, f"{len(self.devices)} GPU(s) published; {len(self.last_placed)} fgpu pod(s)"
+
     def run(self, interval_s: float = 10.0) -> None:
         """Publish, start watching this node and its pods, then report every
         ``interval_s``, and at once after a change of either, until :meth:`stop`."""
+        self._phase, self._interval_s = "running", interval_s
+        try:
+            self._run(interval_s)
+        finally:
+            self._phase = "ended"
+
+    def _run(self, interval_s: float) -> None:
         while not self._stop.is_set():
+            self._beat = time.monotonic()
             try:
                 self.publish()
                 self.view.start()
                 if self.mig:
                     self.reconcile_mig(self.view.node())
+                self._started.set()
                 break
             except KubeError as exc:
+                self._start_error = str(exc).splitlines()[0] if str(exc) else "failed"
                 log.warning("publishing the inventory of %s failed: %s", self.node, exc)
                 self._stop.wait(interval_s)
         while not self._stop.is_set():
+            self._beat = time.monotonic()
             self._wake.wait(interval_s)
+            self._beat = time.monotonic()
             self._wake.clear()
             if self._stop.is_set():
                 break

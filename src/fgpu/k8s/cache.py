@@ -63,6 +63,7 @@ class ClusterCache:
         self._versions: dict[str, str | None] = dict.fromkeys(RESOURCES)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._failing: dict[str, str] = {}  # resource -> why its last list or watch failed
         self.relists = 0
 
     def _list(self, resource: str) -> Listed:
@@ -91,8 +92,20 @@ class ClusterCache:
         with self._lock:
             self._objects[resource] = {_key(o): o for o in listed.items}
             self._versions[resource] = listed.resource_version
+            self._failing.pop(resource, None)
             self.relists += 1
         self.on_change()
+
+    def failing(self) -> dict[str, str]:
+        """Resources whose last list or watch failed (resource -> the error), until one
+        succeeds again: the cache may miss their changes meanwhile."""
+        with self._lock:
+            return dict(self._failing)
+
+    def _failed(self, resource: str, exc: Exception) -> None:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        with self._lock:
+            self._failing[resource] = text
 
     def sync(self) -> None:
         """List everything (what a start does).
@@ -170,10 +183,12 @@ class ClusterCache:
                     log.info("watch of %s expired; listing again", resource)
                 else:
                     log.warning("watch of %s failed (%s); listing again", resource, exc)
+                    self._failed(resource, exc)
                     self._stop.wait(1)
                 self._versions[resource] = None
             except Exception as exc:  # a broken connection: list again, never give up
                 log.warning("watch of %s broke (%s); listing again", resource, exc)
+                self._failed(resource, exc)
                 self._versions[resource] = None
                 self._stop.wait(1)
             else:

@@ -134,13 +134,14 @@ class KubeApi:
 
     def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
         kwargs.setdefault("_request_timeout", self.timeout_s)
         try:
             response = method(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
             raise _error(exc) from None
-        except OSError as exc:
+        except (OSError, HTTPError) as exc:  # urllib3 wraps a refused connection in its own
             raise KubeError(0, "Unreachable", str(exc)) from None
         data = response.data
         return json.loads(data) if data else None

@@ -87,6 +87,8 @@ class LeaseElector:
         self._lock = threading.Lock()  # one attempt at a time (run() and step())
         self.renewals = 0
         """Successful writes of the Lease by this replica (acquisitions and renewals)."""
+        self.last_error = ""
+        """Why the last attempt on the Lease failed ("" when the API server answered it)."""
 
     def is_leader(self) -> bool:
         """True while this replica renewed the Lease within ``renew_deadline_s``."""
@@ -103,9 +105,12 @@ class LeaseElector:
             now = self.clock()
             try:
                 self._try(now)
+                self.last_error = ""
             except KubeError as exc:
+                self.last_error = ""  # 409: a race lost, the API server answered
                 if exc.status != 409:
                     log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+                    self.last_error = str(exc).splitlines()[0]
             return self.is_leader()
 
     def run(self, stop: threading.Event, on_acquired: Callable[[], None] | None = None) -> None:
@@ -192,17 +197,19 @@ class LeaseElector:
         self.renewals += 1
 
     def release(self) -> None:
-        """Give the Lease up (on a clean stop) so that another replica need not wait."""
+        """Give the Lease up (on a clean stop) so that another replica need not wait.
+
+        Raises:
+            KubeError: the API server refused or could not be reached: the Lease then runs
+                out after ``lease_s`` (this replica has stopped acting either way).
+        """
         with self._lock:
             if self._renewed_at is None:
                 return
             self._renewed_at = None
-        try:
-            lease = self.api.get_lease(self.namespace, self.name)
-            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
-                return
-            lease["spec"]["holderIdentity"] = ""
-            lease["spec"]["leaseDurationSeconds"] = 1
-            self.api.replace_lease(self.namespace, self.name, lease)
-        except KubeError as exc:
-            log.warning("releasing lease %s/%s: %s", self.namespace, self.name, exc)
+        lease = self.api.get_lease(self.namespace, self.name)
+        if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+            return
+        lease["spec"]["holderIdentity"] = ""
+        lease["spec"]["leaseDurationSeconds"] = 1
+        self.api.replace_lease(self.namespace, self.name, lease)

@@ -49,7 +49,7 @@ from fgpu.k8s import parity, wire
 from fgpu.k8s.acting import RoundActions
 from fgpu.k8s.cache import RESOURCES, ClusterCache
 from fgpu.k8s.constraints import ConstraintCache, NodeFacts
-from fgpu.k8s.kube import KubeApi, pool_size
+from fgpu.k8s.kube import KubeApi, KubeError, pool_size
 from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigPass
@@ -68,6 +68,10 @@ log = logging.getLogger("fgpu.k8s.scheduler")
 
 SETTLE_EVERY_S = 60.0
 """How often the loop runs :meth:`K8sScheduler.settle_memory` (seconds)."""
+STALL_S = 300.0
+"""A scheduling loop that has not begun a pass for this long fails :meth:`K8sScheduler.live`
+(seconds; a pass begins at least every tick, 5 s, plus the round before it: a round at a
+thousand nodes takes about a second, bench/k8s.py)."""
 
 
 def connections_needed(workers: int) -> int:
@@ -168,6 +172,9 @@ class K8sScheduler(RoundActions):
         self.bound = 0
         self.metrics = SchedulerMetrics()
         self._settled = time.monotonic()
+        self._synced = threading.Event()
+        self._sync_error = ""
+        self._beat = time.monotonic()  # when the loop last began a pass
 
     def _make(self, target: Any) -> Scheduler:
         import numpy as np
@@ -181,7 +188,66 @@ class K8sScheduler(RoundActions):
     # ------------------------------------------------------------------- lifecycle
     def sync(self) -> None:
         """Rebuild the cache from the cluster (what a start does). Raises KubeError."""
-        self.cache.sync()
+        try:
+            self.cache.sync()
+        except KubeError as exc:
+            self._sync_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise
+        self._synced.set()
+
+    def sync_until_done(self, stop: threading.Event, retry_s: float = 5.0) -> bool:
+        """List the cluster (:meth:`sync`), again every ``retry_s`` while that fails (an API
+        server not reachable yet), as client-go's informers wait for their first sync; each
+        failure is logged. Not :meth:`ready` meanwhile.
+
+        Returns:
+            True once synced; False when ``stop`` was set first.
+        """
+        while not stop.is_set():
+            try:
+                self.sync()
+                return True
+            except KubeError as exc:
+                log.warning("listing the cluster failed (%s); again in %.0f s", exc, retry_s)
+                stop.wait(retry_s)
+        return False
+
+    def live(self) -> tuple[bool, str]:
+        """The liveness probe: False only when the scheduling loop died or has not begun a
+        pass for :data:`STALL_S` (a stuck round; a restart hands the Lease over), or the
+        Lease's renewal thread died. Live while the first list is still being retried."""
+        thread = self._thread
+        if thread is None:
+            return True, "starting: listing the cluster"
+        if not thread.is_alive():
+            return (True, "stopped") if self._stop.is_set() else (False, "the loop ended")
+        lease = self._lease_thread
+        if lease is not None and not lease.is_alive() and not self._stop.is_set():
+            return False, "the lease renewal thread ended"
+        quiet = time.monotonic() - self._beat
+        if quiet > STALL_S:
+            return False, f"no scheduling pass began for {quiet:.0f} s (limit {STALL_S:.0f})"
+        return True, f"a pass began {quiet:.0f} s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        """The readiness probe: True once the cache listed every resource, and while every
+        watch works (a failed one is listed again: not ready until that succeeds) and the
+        Lease can be read (tried every few seconds, it finds an API server gone sooner than
+        a watch, which waits for its read timeout).
+
+        A standby replica is ready too: its cache is as current as the leader's, so it can
+        take over within a Lease; no Service sends the scheduler traffic, and only the
+        leader's series show the fleet (:class:`~fgpu.k8s.metrics.SchedulerMetrics`)."""
+        if not self._synced.is_set():
+            why = f": {self._sync_error}" if self._sync_error else ""
+            return False, f"the first list of the cluster has not succeeded yet{why}"
+        problems = [f"watch of {r} failing: {e}" for r, e in sorted(self.cache.failing().items())]
+        if self.elector is not None and self.elector.last_error:  # found every retry_s
+            problems.append(f"the Lease cannot be read: {self.elector.last_error}")
+        if problems:
+            return False, "; ".join(problems)
+        role = "leader" if self.is_leader() else "standby"
+        return True, f"caches synced; {role}"
 
     def settle_memory(self) -> float:
         """Collect garbage, then move every object alive to the collector's permanent
@@ -202,8 +268,10 @@ class K8sScheduler(RoundActions):
         return time.perf_counter() - started
 
     def start(self, tick_s: float = 5.0, debounce_s: float = 0.05) -> None:
-        """List, then run watches, leader election and rounds in background threads."""
-        self.sync()
+        """List (unless :meth:`sync_until_done` did), then run watches, leader election
+        and rounds in background threads."""
+        if not self._synced.is_set():
+            self.sync()
         self.settle_memory()
         self.cache.start()
         self._stop.clear()
@@ -221,7 +289,11 @@ class K8sScheduler(RoundActions):
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop acting (and give the Lease up)."""
+        """Stop acting (and give the Lease up).
+
+        Raises:
+            KubeError: the Lease could not be given up (it runs out after its duration).
+        """
         self._stop.set()
         self._wake.set()
         self.cache.stop()
@@ -234,9 +306,11 @@ class K8sScheduler(RoundActions):
 
     def _loop(self, tick_s: float, debounce_s: float) -> None:
         while not self._stop.is_set():
+            self._beat = time.monotonic()
             self._wake.wait(timeout=tick_s)
             if self._stop.is_set():
                 break
+            self._beat = time.monotonic()
             self._stop.wait(debounce_s)  # a burst becomes one round
             self._wake.clear()
             try:

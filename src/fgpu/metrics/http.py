@@ -1,18 +1,22 @@
 """A plain HTTP endpoint for scrapers: ``/metrics`` of one :class:`~fgpu.metrics.Exporter`
 on HOST:PORT (the standard library's threaded HTTP server), for ``--metrics-listen`` of
-``fgpu serve``, ``fgpu k8s scheduler`` and ``fgpu k8s node-agent``."""
+``fgpu serve``, ``fgpu k8s scheduler`` and ``fgpu k8s node-agent``; the last two also answer
+their kubelet probes there (``/healthz``, ``/readyz``: :data:`Probe`)."""
 
 from __future__ import annotations
 
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from fgpu.metrics.collector import CONTENT_TYPE
 
 log = logging.getLogger("fgpu.metrics")
+
+Probe = Callable[[], tuple[bool, str]]
+"""A health check for a kubelet probe: (passes, what it found in a few words)."""
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -55,21 +59,37 @@ class _Server(ThreadingHTTPServer):
 
 
 def serve_metrics(
-    render: Callable[[], bytes], address: tuple[str, int]
+    render: Callable[[], bytes],
+    address: tuple[str, int],
+    probes: Mapping[str, Probe] | None = None,
 ) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """Answer ``GET /metrics`` at ``http://HOST:PORT`` with ``render()`` in a daemon thread
     until the returned server's ``shutdown()``; other paths (``/`` too) get 404, a failing
     ``render`` 500 (logged). There is no authentication: the series name workloads and
     queues, so a HOST that is not loopback is logged as a warning.
 
+    Args:
+        render: the exposition (Prometheus text format).
+        address: (host, port) as :func:`parse_address` gives it.
+        probes: path (e.g. ``/healthz``) -> check; ``GET`` of a path answers 200
+            ``ok: DETAIL`` when the check passes, else 503 ``failing: DETAIL`` (what
+            kubelet ``httpGet`` probes read: any 2xx or 3xx passes). A check that raises
+            fails (500, logged).
+
     Raises:
         OSError: the address cannot be bound or resolved.
     """
+    checks = dict(probes or {})
+    paths = ", ".join(["/metrics", *sorted(checks)])
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/metrics":
-                self._answer(404, b"only /metrics here\n", "text/plain; charset=utf-8")
+            path = self.path.split("?", 1)[0]
+            if path in checks:
+                self._probe(checks[path])
+                return
+            if path != "/metrics":
+                self._answer(404, f"only {paths} here\n".encode(), "text/plain; charset=utf-8")
                 return
             try:
                 body = render()
@@ -79,6 +99,16 @@ def serve_metrics(
                 return
             self._answer(200, body, CONTENT_TYPE)
 
+        def _probe(self, check: Probe) -> None:
+            try:
+                ok, detail = check()
+            except Exception:
+                log.exception("a health check failed")
+                self._answer(500, b"the check failed; see the log\n", "text/plain")
+                return
+            text = f"{'ok' if ok else 'failing'}: {detail}\n"
+            self._answer(200 if ok else 503, text.encode(), "text/plain; charset=utf-8")
+
         def _answer(self, status: int, body: bytes, kind: str) -> None:
             self.send_response(status)
             self.send_header("Content-Type", kind)
@@ -87,7 +117,7 @@ def serve_metrics(
             self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:
-            pass  # a scrape every few seconds is not news
+            pass  # a scrape or probe every few seconds is not news
 
     host, port = address
     if not _loopback(host):

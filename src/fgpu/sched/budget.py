@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
+from fgpu.sched.reasons import gpus, limit_text
 from fgpu.sched.workload import QueueTree
 
 
@@ -54,7 +55,8 @@ class QueueBudget:
             after = self._subtree[name] + milli
             if limit is not None and after > limit.gpu_milli:
                 return (
-                    f"queue {name} would exceed its limit (GPU milli: {after} > {limit.gpu_milli})"
+                    f"queue {name} would exceed its limit "
+                    f"({limit_text('gpu', after, limit.gpu_milli)})"
                 )
         if not preemptible:
             quota = self._tree[queue].quota.gpu_milli
@@ -62,7 +64,7 @@ class QueueBudget:
             if used + milli > quota:
                 return (
                     f"non-preemptible work must stay within the quota of queue {queue} "
-                    f"(quota {quota} milli-GPU, in use {used}, needs {milli})"
+                    f"(quota {gpus(quota)} GPUs, in use {gpus(used)}, needs {gpus(milli)})"
                 )
         return None
 

@@ -73,7 +73,8 @@ from fgpu.model.types import Allocation, Request
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
-from fgpu.sched.reasons import WaitReasons
+from fgpu.sched.reasons import WaitReasons, limit_text
+from fgpu.sched.reasons import gpus as gpu_text
 from fgpu.sched.squeeze import SqueezeBook, can_squeeze
 from fgpu.sched.state import ClusterState, GpuNeed, IntArray, withhold
 from fgpu.sched.workload import (
@@ -542,17 +543,17 @@ class Scheduler:
                     continue
                 after = _add(subtree_alloc[a], res)
                 for dim, x, lim in zip(
-                    ("GPU milli", "CPU milli", "memory MiB"), after, limit.as_tuple(), strict=True
+                    ("gpu", "cpu", "memory"), after, limit.as_tuple(), strict=True
                 ):
                     if x > lim:
-                        return f"queue {a} would exceed its limit ({dim}: {x} > {lim})"
+                        return f"queue {a} would exceed its limit ({limit_text(dim, x, lim)})"
             if not w.is_preemptible:
                 quota = queues[w.queue].quota.gpu_milli
                 if nonpreempt[w.queue] + res[0] > quota:
                     return (
                         f"non-preemptible work must stay within the quota of queue {w.queue} "
-                        f"(quota {quota} milli-GPU, in use {nonpreempt[w.queue]}, "
-                        f"needs {res[0]})"
+                        f"(quota {gpu_text(quota)} GPUs, in use {gpu_text(nonpreempt[w.queue])}, "
+                        f"needs {gpu_text(res[0])})"
                     )
             return None
 

@@ -10,8 +10,9 @@ GPU") hides which rule holds it. :func:`wait_reason` names it, in this order:
 1. a hold: the free capacity that would fit it is held for another workload (capacity
    freed by preemption, or a node reserved against starvation);
 2. its queue's fair share: other queues hold GPUs, but it cannot reclaim from them, since
-   placing it would take its queue past its fair share ("team-b is at its fair share, 2.0
-   of 2.0 GPUs; ...");
+   placing it would take its queue past its fair share ("queue team-b is at its fair share,
+   2.0 of 2.0 GPUs; ...", "is above its fair share", or "holds 0.5 of its fair share of 0.99
+   GPUs and 0.5 more would take it past");
 3. priority and reclaim together: the GPUs are in use, with no lower-priority preemptible
    work of its queue to preempt and (with other queues) no queue above its fair share to
    reclaim from;
@@ -31,8 +32,20 @@ Vec = list[int]
 
 
 def gpus(milli: int) -> str:
-    """``2.0`` for 2000 milli-GPU (one decimal, as ``fgpu queue ls`` shows GPUs)."""
-    return f"{milli / 1000:.1f}"
+    """GPUs with as many decimals as the milli-GPU need, at least one: ``2.0`` for 2000,
+    ``0.99`` for 990, ``0.125`` for 125 (so that two different amounts never print alike)."""
+    text = f"{milli / 1000:.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+def limit_text(dim: str, after: int, limit: int) -> str:
+    """``2.5 > 2.0 GPUs`` for a limit of one resource, in the units users type: ``dim`` is
+    ``gpu`` (milli-GPU), ``cpu`` (milli-cores) or ``memory`` (MiB)."""
+    if dim == "gpu":
+        return f"{gpus(after)} > {gpus(limit)} GPUs"
+    if dim == "cpu":
+        return f"{gpus(after)} > {gpus(limit)} CPU cores"
+    return f"{after} > {limit} MiB of memory"
 
 
 def wait_reason(
@@ -80,9 +93,18 @@ def wait_reason(
     over = use + need_milli > share if within_fair_share else use >= share
     others_hold = any(held[0] > 0 for vq, held in allocated.items() if vq != q)
     if need_milli > 0 and over and others_hold:  # reclaim is what it would need
+        if use > share:
+            state = f"is above its fair share, {gpus(use)} of {gpus(share)} GPUs"
+        elif use == share:
+            state = f"is at its fair share, {gpus(use)} of {gpus(share)} GPUs"
+        else:
+            state = (
+                f"holds {gpus(use)} of its fair share of {gpus(share)} GPUs and "
+                f"{gpus(need_milli)} more would take it past"
+            )
         return (
-            f"queue {q} is at its fair share, {gpus(use)} of {gpus(share)} GPUs; waits for "
-            f"capacity or reclaim (its fair share grows as other queues' demand falls) ({fit})"
+            f"queue {q} {state}; it may not reclaim, so it waits for free capacity (its fair "
+            f"share grows as other queues' demand falls) ({fit})"
         )
     if lowest.get(q, w.priority) < w.priority:
         return fit  # there is work to preempt, but stopping it would not make room
@@ -132,4 +154,4 @@ class WaitReasons:
         return known
 
 
-__all__ = ["WaitReasons", "gpus", "wait_reason"]
+__all__ = ["WaitReasons", "gpus", "limit_text", "wait_reason"]
