@@ -107,3 +107,34 @@ def test_ls_user_grows_to_the_longest_user_name_where_the_width_allows() -> None
     assert all(len(line.rstrip()) <= 80 for line in narrow), narrow
     assert "fgpu-test…" in words(narrow), narrow
     assert set(REASON.split()) <= words(narrow), narrow
+
+
+def test_ls_keeps_every_column_when_long_states_fill_80_columns() -> None:
+    """A re-trial saw AGE (or GPUS) vanish at 80 columns with three rows "waits for its share",
+    and an empty REASO column at 90: long states wrap at spaces, and REASON is there only
+    when it fits."""
+    views = [
+        view(id=f"{i}2ea5ef4", name=f"train-{i}", gpu_state="frozen-by-share") for i in range(3)
+    ] + [
+        view(id="32ea5ef4", name="svc", gpu_state="frozen-by-priority"),
+        view(id="11111111", name="fgpu-test-alice", phase="pending", gpus=[], reason=REASON),
+    ]
+    for width in (80, 90, 100):
+        lines = shown(render.workloads_table(views, now=90.0), width)
+        assert all(len(line.rstrip()) <= width for line in lines), lines
+        header = lines[0].split()
+        assert header[:9] == [
+            "ID",
+            "NAME",
+            "USER",
+            "PHASE",
+            "STATE",
+            "QUEUE",
+            "PRIORITY",
+            "GPUS",
+            "AGE",
+        ], (width, lines)
+        assert "REASO" not in lines[0] or "REASON" in header, (width, lines)
+        found = words(lines)
+        assert {"waits", "share", "higher-priority", "1m", "normal"} <= found, (width, lines)
+        assert set(REASON.split()) <= found, (width, lines)

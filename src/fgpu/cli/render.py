@@ -258,9 +258,17 @@ class _FittedTable:
         self.wide = list(self.widths)
         self.wide[user] = max(self.widths[user], min(widest_user, USER_WIDE))
 
-    def table(self, with_reason: bool, narrow: bool, widths: Sequence[int] | None = None) -> Table:
-        """The table; ``narrow``: GPUS wraps at spaces and an empty STATE is left out;
-        ``widths``: of the columns (default: the short ones)."""
+    def table(
+        self,
+        with_reason: bool,
+        narrow: bool,
+        widths: Sequence[int] | None = None,
+        max_width: int = 80,
+    ) -> Table:
+        """The table; ``narrow``: GPUS and STATE wrap at spaces, in what ``max_width``
+        leaves them, and an empty STATE is left out (so that every column keeps a place: Rich
+        shrinks or drops whole columns of a table wider than the console); ``widths``: of
+        the columns (default: the short ones)."""
         widths = self.widths if widths is None else widths
         table = Table(box=None, header_style="bold", pad_edge=False, collapse_padding=True)
         keep = [
@@ -268,11 +276,34 @@ class _FittedTable:
             for i, column in enumerate(self.columns)
             if not (narrow and column == "STATE" and not any(_width(r[i]) for r in self.rows))
         ]
+        wrapped = {"GPUS", "STATE"} if narrow else set()
+        folded: dict[int, int] = {}  # column -> width, for the wrapped ones
+        if wrapped:
+            fixed = sum(widths[i] for i in keep if self.columns[i] not in wrapped)
+            spare = max_width - fixed - (len(keep) - 1) - (REASON_WIDTH + 1 if with_reason else 0)
+            for i in keep:
+                if self.columns[i] in wrapped:
+                    cells = [_plain(r[i]) for r in self.rows]
+                    longest = max(
+                        [len(self.columns[i]), *(len(w) for c in cells for w in c.split())]
+                    )
+                    folded[i] = longest
+                    spare -= longest
+            # still short: long names and users end in an ellipsis sooner (not below 8)
+            widths = list(widths)
+            for column in ("NAME", "USER"):
+                i = self.columns.index(column)
+                take = max(0, min(-spare, widths[i] - 8))
+                widths[i] -= take
+                spare += take
+            for i in sorted(folded, key=lambda i: self.columns[i] != "GPUS"):  # GPUS first
+                give = max(0, min(spare, widths[i] - folded[i]))
+                folded[i] += give
+                spare -= give
         for i in keep:
             column, width = self.columns[i], widths[i]
-            if narrow and column == "GPUS":
-                words = [len(w) for r in self.rows for w in _plain(r[i]).split()]
-                table.add_column(column, overflow="fold", min_width=max([4, *words]))
+            if i in folded:
+                table.add_column(column, overflow="fold", width=folded[i])
                 continue
             table.add_column(column, no_wrap=True, overflow="ellipsis", min_width=width)
             table.columns[-1].max_width = width
@@ -291,7 +322,7 @@ class _FittedTable:
             yield self.table(with_reason=True, narrow=False, widths=self.wide)
             return
         narrow = needed - 1 > options.max_width
-        yield self.table(with_reason=fits or not reasons, narrow=narrow)
+        yield self.table(with_reason=fits, narrow=narrow, max_width=options.max_width)
         if not fits and reasons:
             for workload_id, reason in reasons:
                 yield Text(f"{workload_id}: {reason}", overflow="fold")
