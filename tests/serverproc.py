@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +279,24 @@ def kill_workload(handle: dict[str, Any]) -> None:
     if group_alive(h):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(h.pgid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def shared_server(prefix: str, gpus: str) -> Iterator[ServerProcess]:
+    """A started server (as the test's user, root for the multi-user tests) in a fresh
+    folder under /tmp that the local test users (:mod:`tests.localusers`) can reach."""
+    import shutil
+    import tempfile
+
+    from tests.localusers import ensure_users
+
+    ensure_users()
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    root.chmod(0o755)  # alice and bob reach the socket
+    proc = ServerProcess(root, gpus)
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.cleanup()
+        shutil.rmtree(root, ignore_errors=True)

@@ -18,23 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
-from tests.serverproc import CLI_TIMEOUT_S, FGPU, ServerProcess, wait_for
+from tests.serverproc import CLI_TIMEOUT_S, FGPU, ServerProcess, shared_server, wait_for
 
 SLEEP = ("--", "/bin/sleep", "300")
 
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    ensure_users()
-    root = Path(tempfile.mkdtemp(prefix="fgpu-names-", dir="/tmp"))
-    root.chmod(0o755)  # alice and bob reach the socket
-    proc = ServerProcess(root, "1xA100-40GB")
-    try:
-        proc.start()
+    with shared_server("fgpu-names-", "1xA100-40GB") as proc:
         yield proc
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def bare_cli(*args: str, user: Sequence[str] = (), **env: str) -> subprocess.CompletedProcess[str]:

@@ -7,17 +7,14 @@ quota of alice's work; the admin (root) grants more through ``fgpu queue set``.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
-from tests.serverproc import ServerProcess
+from tests.localusers import ALICE, BOB, as_user, uid_of
+from tests.serverproc import ServerProcess, shared_server
 
 GRACE = ("--grace", "1")
 SLEEP = ("/bin/sleep", "300")
@@ -27,16 +24,8 @@ them)."""
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    ensure_users()
-    root = Path(tempfile.mkdtemp(prefix="fgpu-users-", dir="/tmp"))
-    root.chmod(0o755)  # alice and bob reach the socket
-    proc = ServerProcess(root, "2xA100-40GB")
-    try:
-        proc.start()
+    with shared_server("fgpu-users-", "2xA100-40GB") as proc:
         yield proc
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def refused(server: ServerProcess, user: str, *args: str) -> str:
