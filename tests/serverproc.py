@@ -64,6 +64,8 @@ class ServerProcess:
         self.socket = root / "s.sock"
         self.state_dir = root / "state"
         self.log = root / "serve.log"
+        self.tcp_port = 0
+        """The TCP port it serves besides its socket (0: none; :func:`started_server`)."""
         self.process: subprocess.Popen[bytes] | None = None
         self.env = {**os.environ, "FGPU_SOCKET": str(self.socket)}
         self.env.pop("FGPU_URL", None)
@@ -282,21 +284,55 @@ def kill_workload(handle: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def shared_server(prefix: str, gpus: str) -> Iterator[ServerProcess]:
-    """A started server (as the test's user, root for the multi-user tests) in a fresh
-    folder under /tmp that the local test users (:mod:`tests.localusers`) can reach."""
+def started_server(
+    prefix: str,
+    gpus: str,
+    *,
+    for_local_users: bool = False,
+    token: str | None = None,
+    token_user: str | None = None,
+) -> Iterator[ServerProcess]:
+    """A started server in a fresh folder under /tmp, stopped and removed after.
+
+    Args:
+        prefix: the folder's name prefix.
+        gpus: ``--simulate-gpus``.
+        for_local_users: the folder is opened (0755) so that other local users (the test
+            users of :mod:`tests.localusers`) reach the socket.
+        token: also serve TCP on a free loopback port (``server.tcp_port``) with this
+            bearer token (a 0600 token file in the folder).
+        token_user: ``--token-user`` with ``token``.
+    """
     import shutil
     import tempfile
 
-    from tests.localusers import ensure_users
-
-    ensure_users()
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    root.chmod(0o755)  # alice and bob reach the socket
-    proc = ServerProcess(root, gpus)
+    if for_local_users:
+        root.chmod(0o755)  # alice and bob reach the socket
+    extra: list[str] = []
+    port = 0
+    if token is not None:
+        token_file = root / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        port = free_port()
+        extra = ["--listen", f"127.0.0.1:{port}", "--token-file", str(token_file)]
+        if token_user is not None:
+            extra += ["--token-user", token_user]
+    proc = ServerProcess(root, gpus, extra)
+    proc.tcp_port = port
     try:
         proc.start()
         yield proc
     finally:
         proc.cleanup()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A loopback TCP port free now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

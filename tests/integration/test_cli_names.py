@@ -18,14 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
-from tests.serverproc import CLI_TIMEOUT_S, FGPU, ServerProcess, shared_server, wait_for
+from tests.serverproc import CLI_TIMEOUT_S, FGPU, ServerProcess, started_server, wait_for
 
 SLEEP = ("--", "/bin/sleep", "300")
 
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    with shared_server("fgpu-names-", "1xA100-40GB") as proc:
+    ensure_users()
+    with started_server("fgpu-names-", "1xA100-40GB", for_local_users=True) as proc:
         yield proc
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from typer.testing import CliRunner
 
 from fgpu import cli
 from fgpu.cli.lazy import COMMANDS, SETTINGS, load
-from tests.serverproc import ServerProcess
+from tests.serverproc import ServerProcess, started_server
 
 FGPU = str(Path(sys.executable).parent / "fgpu")
 
@@ -94,14 +93,8 @@ def test_help_loads_no_command_module() -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    root = Path(tempfile.mkdtemp(prefix="fgpu-cli-start-", dir="/tmp"))
-    proc = ServerProcess(root, "1xA100-40GB")
-    try:
-        proc.start()
+    with started_server("fgpu-cli-start-", "1xA100-40GB") as proc:
         yield proc
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_ls_on_the_socket_loads_only_the_listing(server: ServerProcess) -> None:

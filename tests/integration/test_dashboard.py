@@ -11,17 +11,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.localusers import ALICE, ensure_users, uid_of
-from tests.serverproc import FGPU, ServerProcess, sleeper, wait_for
+from tests.serverproc import FGPU, ServerProcess, sleeper, started_server, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium")
@@ -34,31 +32,16 @@ WAIT_MS = 60_000
 ARTIFACTS = Path(os.environ.get("FGPU_TEST_ARTIFACTS", Path(__file__).parents[2] / "tmp/artifacts"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[ServerProcess, int]]:
-    root = Path(tempfile.mkdtemp(prefix="fgpu-ui-", dir="/tmp"))
-    root.chmod(0o755)
-    token = root / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    tcp = free_port()
-    extra = ["--listen", f"127.0.0.1:{tcp}", "--token-file", str(token)]
+    user = None
     if os.geteuid() == 0:
         ensure_users()
-        extra += ["--token-user", ALICE]
-    proc = ServerProcess(root, "1xA100-40GB,1xH100-80GB", extra)
-    proc.start()
-    try:
-        yield proc, tcp
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+        user = ALICE
+    with started_server(
+        "fgpu-ui-", "1xA100-40GB,1xH100-80GB", for_local_users=True, token=TOKEN, token_user=user
+    ) as proc:
+        yield proc, proc.tcp_port
 
 
 @pytest.fixture(scope="module")

@@ -10,16 +10,13 @@ input (an unknown profile, a demand that can never fit) is refused with nothing 
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.integration.test_e2e_service import alive
-from tests.serverproc import ServerProcess, wait_for
+from tests.serverproc import ServerProcess, started_server, wait_for
 
 SPEC = "1xA100-40GB,2xA100-80GB:mig"
 SHOW_GPU = [
@@ -33,14 +30,8 @@ SHOW_GPU = [
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    root = Path(tempfile.mkdtemp(prefix="fgpu-e2e-mig-", dir="/tmp"))
-    started = ServerProcess(root, SPEC)
-    try:
-        started.start()
-        yield started
-    finally:
-        started.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+    with started_server("fgpu-e2e-mig-", SPEC) as proc:
+        yield proc
 
 
 def printed(server: ServerProcess, workload_id: str) -> list[str]:

@@ -14,9 +14,7 @@ Two low-priority jobs at ``-g 0.5`` share the GPU and a critical ``-g 0.5`` arri
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from fgpu.agent.fakegpu import device_time as fake_device_time
 from fgpu.agent.interposer.preload import default_segment_root
 from fgpu.native import ensure_built, lib_dir
 from tests.integration.test_service_governor import stopped
-from tests.serverproc import ServerProcess, wait_for
+from tests.serverproc import ServerProcess, started_server, wait_for
 
 GRACE = ("--grace", "1")
 LONG_S = 60.0  # a busy shared machine: CLI calls take seconds each
@@ -35,14 +33,8 @@ LONG_S = 60.0  # a busy shared machine: CLI calls take seconds each
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    root = Path(tempfile.mkdtemp(prefix="fgpu-e2e-squeeze-", dir="/tmp"))
-    proc = ServerProcess(root, "1xA100-80GB")
-    try:
-        proc.start()
+    with started_server("fgpu-e2e-squeeze-", "1xA100-80GB") as proc:
         yield proc
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def counter(path: Path) -> list[str]:

@@ -13,8 +13,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.localusers import ALICE, BOB, as_user, uid_of
-from tests.serverproc import ServerProcess, shared_server
+from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
+from tests.serverproc import ServerProcess, started_server
 
 GRACE = ("--grace", "1")
 SLEEP = ("/bin/sleep", "300")
@@ -24,7 +24,8 @@ them)."""
 
 @pytest.fixture
 def server() -> Iterator[ServerProcess]:
-    with shared_server("fgpu-users-", "2xA100-40GB") as proc:
+    ensure_users()
+    with started_server("fgpu-users-", "2xA100-40GB", for_local_users=True) as proc:
         yield proc
 
 

@@ -12,14 +12,12 @@ import re
 import shutil
 import socket
 import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.localusers import ALICE, as_user, ensure_users
-from tests.serverproc import FGPU, ServerProcess, sleeper
+from tests.serverproc import FGPU, ServerProcess, sleeper, started_server
 
 TOKEN = "ui-security-token-0123456789abcdef"
 DEADLINE_S = 30.0
@@ -36,12 +34,6 @@ WALKS = [
     "/ui/../metrics",
     "/ui/%252e%252e/v1/workloads",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def raw_get(port: int, target: str, cookie: str | None = None) -> tuple[int, dict[str, str], str]:
@@ -66,21 +58,14 @@ def raw_get(port: int, target: str, cookie: str | None = None) -> tuple[int, dic
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[ServerProcess, int]]:
-    root = Path(tempfile.mkdtemp(prefix="fgpu-uisec-", dir="/tmp"))
-    root.chmod(0o755)
-    token = root / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    tcp = free_port()
-    extra = ["--listen", f"127.0.0.1:{tcp}", "--token-file", str(token)]
-    extra += ["--token-user", str(os.geteuid())]
-    proc = ServerProcess(root, "1xA100-40GB", extra)
-    proc.start()
-    try:
-        yield proc, tcp
-    finally:
-        proc.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+    with started_server(
+        "fgpu-uisec-",
+        "1xA100-40GB",
+        for_local_users=True,
+        token=TOKEN,
+        token_user=str(os.geteuid()),
+    ) as proc:
+        yield proc, proc.tcp_port
 
 
 class Ui:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
@@ -309,43 +309,41 @@ def create_app(
 
     app = FastAPI(title="fgpu admission webhook", openapi_url=None)
 
-    async def body_of(request: Request) -> Obj | None:
+    async def answer(request: Request, review: Callable[[Obj], Obj]) -> JSONResponse:
+        """``review`` of the request's AdmissionReview, off the event loop; 400 when the
+        body is not a JSON object."""
         try:
-            found = json.loads(await request.body())
+            body = json.loads(await request.body())
         except ValueError:
-            return None
-        return found if isinstance(found, dict) else None
+            body = None
+        if not isinstance(body, dict):
+            return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
+        return JSONResponse(await run_in_threadpool(review, body))
 
     @app.post("/mutate")
     async def mutate_route(request: Request) -> JSONResponse:
-        body = await body_of(request)
-        if body is None:
-            return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        answer = await run_in_threadpool(
-            lambda: mutate_review(
+        return await answer(
+            request,
+            lambda body: mutate_review(
                 body,
                 agent_socket_volume=agent_socket_volume,
                 env_without_isolation=env_without_isolation,
                 lookup=lookup,
-            )
+            ),
         )
-        return JSONResponse(answer)
 
     @app.post("/validate")
     async def validate_route(request: Request) -> JSONResponse:
-        body = await body_of(request)
-        if body is None:
-            return JSONResponse({"detail": "not an AdmissionReview"}, status_code=400)
-        answer = await run_in_threadpool(
-            lambda: validate(
+        return await answer(
+            request,
+            lambda body: validate(
                 body,
                 agent_socket_volume=agent_socket_volume,
                 scheduler_user=scheduler_user,
                 env_without_isolation=env_without_isolation,
                 lookup=lookup,
-            )
+            ),
         )
-        return JSONResponse(answer)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

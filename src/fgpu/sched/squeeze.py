@@ -113,8 +113,11 @@ def held_allocation(w: Workload, occupancy: int = 0) -> Allocation:
     instead of its own when it is squeezed."""
     a = w.allocation
     assert a is not None
-    if not w.squeezed:
-        return a
+    return _occupying(a, occupancy) if w.squeezed else a
+
+
+def _occupying(a: Allocation, occupancy: int) -> Allocation:
+    """``a`` with ``occupancy`` compute per GPU instead of its own (all else kept)."""
     return Allocation(
         a.node,
         a.node_name,
@@ -185,16 +188,7 @@ class SqueezeBook:
         assert a is not None
         if not self.is_squeezed(w):
             return a
-        occupancy = self.occupancy.get(w.id, 0)
-        return Allocation(
-            a.node,
-            a.node_name,
-            a.gpus,
-            (occupancy,) * len(a.gpus),
-            a.gpu_memory_mib,
-            a.cpu_milli,
-            a.memory_mib,
-        )
+        return _occupying(a, self.occupancy.get(w.id, 0))
 
     def is_squeezed(self, w: Workload) -> bool:
         """Squeezed now: before this round and not released in it, or squeezed in it."""
