@@ -67,6 +67,7 @@ FAKECUDA_SOURCES = (
     "fakecuda/launch.c",
     "fakecuda/graphs.c",
     "fakecuda/procaddress.c",
+    "fakecuda/versions.c",
 )
 
 INTERPOSER_SOURCES = (
