@@ -212,3 +212,27 @@ def test_every_runtime_request_for_a_hooked_symbol_gets_its_hook(
     assert {"cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2"} <= {
         r[3] for r in fixture["procaddr"]
     }
+
+
+def test_a_request_above_the_tables_version_is_hooked_when_the_driver_agrees(
+    native: Path, seg: Path, tmp_path: Path
+) -> None:
+    # a CUDA 14 program asks at 14000: the driver (here the fake) answers the same function
+    # as at 13000, so the name rule may hook it (a driver answering a newer _v3 would not be)
+    requests = [
+        ["cuMemAlloc", 14000, 0, "cuMemAlloc_v2"],
+        ["cuCtxSynchronize", 14000, 0, "cuCtxSynchronize_v2"],
+        ["cuMemAllocAsync", 14000, PER_THREAD, "cuMemAllocAsync_ptsz"],
+        ["cuMemAlloc", 2000, 0, "cuMemAlloc"],  # the 32-bit v1: not hooked, not the fake's
+    ]
+    path = tmp_path / "requests.json"
+    path.write_text(json.dumps({"procaddr": requests}))
+    env = fake_env(native, tmp_path / "fake", GPUS, seg=seg, FGPU_PROCADDR="names")
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), str(path), str(native / "libfgpu.so")],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    answers = [a[3:] for a in json.loads(proc.stdout)["answers"]]
+    assert answers == [[0, "cuMemAlloc_v2"], [0, "cuCtxSynchronize_v2"],
+                       [0, "cuMemAllocAsync_ptsz"], [500, None]]  # fmt: skip
