@@ -286,7 +286,7 @@ typedef enum CUlaunchAttributeID_enum {
 } CUlaunchAttributeID;
 
 typedef union CUlaunchAttributeValue_union {
-    char pad[64];
+    _Alignas(8) char pad[64]; /* the driver's union holds pointers and 64-bit members */
     int cooperative;
     int priority;
 } CUlaunchAttributeValue;

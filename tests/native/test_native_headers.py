@@ -151,3 +151,97 @@ def test_every_nvml_hook_and_fake_export_has_the_real_prototype(
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------ types and constants
+
+
+def _bodies(text: str, keyword: str) -> list[tuple[str, str]]:
+    """(body, typedef name) of every ``typedef <keyword> [tag] { body } name;``."""
+    out = []
+    for m in re.finditer(rf"typedef\s+{keyword}\s+\w*\s*\{{", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        name = re.match(r"\s*(\w+)\s*;", text[i:])
+        if name is not None:
+            out.append((text[m.end() : i - 1], name.group(1)))
+    return out
+
+
+def _members(body: str) -> list[str]:
+    """The names of a struct body's top-level members."""
+    flat, depth = "", 0
+    for ch in body:
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        flat += ch if depth == 0 or ch in "{}" else ""
+    names = []
+    for decl in flat.split(";"):
+        m = re.search(r"(\w+)\s*(\[[^\]]*\])?\s*$", decl.strip())
+        if m is not None:
+            names.append(m.group(1))
+    return names
+
+
+def layout_program(header: Path, real_header: str = "cuda.h", prefix: str = "CU") -> str:
+    """A C program that prints the size and alignment of every type ``header`` defines, the
+    offset of every top-level struct member and the value of every constant."""
+    text = re.sub(r"/\*.*?\*/", "", header.read_text(), flags=re.S)
+    text = re.sub(r"_Static_assert\([^;]*;", "", text, flags=re.S)
+    types = set(re.findall(r"typedef\s+[^;{}]*?(\w+)\s*;", text))
+    lines = []
+    for body, name in _bodies(text, "struct"):
+        types.add(name)
+        lines += [f'    P("offsetof {name}.{m}", offsetof({name}, {m}));' for m in _members(body)]
+    consts = set(re.findall(rf"^#define\s+({prefix}\w+)\s+\S", text, re.M))
+    for body, name in _bodies(text, "enum"):
+        types.add(name)
+        consts |= set(re.findall(r"(\w+)\s*(?:=[^,]*)?(?:,|$)", body.strip()))
+    for body, name in _bodies(text, "union"):
+        types.add(name)
+    types = {t for t in types if not t.lower().startswith("fgpu")}
+    consts = {c for c in consts if not c.startswith("FGPU")}
+    lines += [f'    P("sizeof {t}", sizeof({t}));' for t in sorted(types)]
+    lines += [f'    P("alignof {t}", _Alignof({t}));' for t in sorted(types)]
+    lines += [f'    P("value {c}", (uintptr_t)({c}));' for c in sorted(consts) if c]
+    return "\n".join([
+        "#include <stddef.h>", "#include <stdint.h>", "#include <stdio.h>",
+        "#ifdef FGPU_REAL", f"#include <{real_header}>", "#else", f'#include "{header.name}"',
+        "#endif",
+        '#define P(what, v) printf("%s %llu\\n", what, (unsigned long long)(v))',
+        "int main(void)", "{", *lines, "    return 0;", "}", "",
+    ])  # fmt: skip
+
+
+def run_layout(source: Path, include: Path, real: bool, tmp: Path) -> str:
+    cc = (os.environ.get("CC") or "cc").split()
+    prog = tmp / ("real" if real else "ours")
+    flags = ["-DFGPU_REAL"] if real else []
+    build = subprocess.run(
+        [*cc, "-std=c11", "-w", *flags, f"-I{include}", "-o", str(prog), str(source)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    return subprocess.run([str(prog)], capture_output=True, text=True, check=True).stdout
+
+
+def test_the_types_and_constants_of_cuda_api_h_are_the_real_abi(tmp_path: Path) -> None:
+    include = cuda_include()
+    source = tmp_path / "layout.c"
+    source.write_text(layout_program(INCLUDE / "cuda_api.h"))
+    ours = run_layout(source, INCLUDE, False, tmp_path).splitlines()
+    real = run_layout(source, include, True, tmp_path).splitlines()
+    assert sum(ln.startswith("offsetof") for ln in ours) > 40
+    assert sum(ln.startswith("value") for ln in ours) > 90
+    assert [a for a, b in zip(ours, real, strict=True) if a != b] == []
+
+
+def test_the_types_and_constants_of_nvml_api_h_are_the_real_abi(tmp_path: Path) -> None:
+    include = nvml_include()
+    source = tmp_path / "layout.c"
+    source.write_text(layout_program(INCLUDE / "nvml_api.h", "nvml.h", "NVML"))
+    ours = run_layout(source, INCLUDE, False, tmp_path).splitlines()
+    real = run_layout(source, include, True, tmp_path).splitlines()
+    assert sum(ln.startswith("offsetof") for ln in ours) > 10
+    assert [a for a, b in zip(ours, real, strict=True) if a != b] == []
