@@ -198,7 +198,7 @@ def layout_program(header: Path, real_header: str = "cuda.h", prefix: str = "CU"
     for body, name in _bodies(text, "enum"):
         types.add(name)
         consts |= set(re.findall(r"(\w+)\s*(?:=[^,]*)?(?:,|$)", body.strip()))
-    for body, name in _bodies(text, "union"):
+    for _body, name in _bodies(text, "union"):
         types.add(name)
     types = {t for t in types if not t.lower().startswith("fgpu")}
     consts = {c for c in consts if not c.startswith("FGPU")}
