@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from fgpu.agent.backend import SimulatedBackend
-from fgpu.k8s import wire
+from fgpu.k8s import claims, wire
+from fgpu.k8s.acting import TEMPLATE_RECHECK_S
 from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.dra.driver import DraDriver
 from fgpu.k8s.dra.node import publish_nothing
@@ -29,7 +30,7 @@ from fgpu.k8s.dra.share import DRIVER, GpuShare, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, resource_slice, slice_name
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.leader import LeaseElector
-from fgpu.k8s.refusals import CONDITION_REASON, REASON, SERIES_PATCH_S
+from fgpu.k8s.refusals import CONDITION_REASON, REASON, SERIES_PATCH_S, fix_for
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.k8s.webhook import mutate
@@ -194,6 +195,36 @@ def test_what_a_role_does_not_grant_is_forbidden_as_the_api_server_words_it(
     assert elsewhere.value.status == 403  # a Role grants in its namespace only
     # the tests' own client plays the administrator
     assert cluster.api.list_pods(namespace="default").items == []
+
+
+def test_each_admission_policy_matches_one_resource_type_and_reads_only_its_fields() -> None:
+    """The API server type-checks a ValidatingAdmissionPolicy's expressions against every
+    resource type it matches (a warning in the policy's status for a field one of them
+    lacks, such as ``object.spec`` on a ConfigMap): each fgpu policy matches one type, and
+    only the types with a ``spec`` read it."""
+    with_spec = {("", "nodes"), ("", "pods")}
+    policies = [
+        d
+        for d in yaml.safe_load_all((DEPLOY / "base" / "admission-policies.yaml").read_text())
+        if d and d["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert {p["metadata"]["name"] for p in policies} == {
+        "fgpu-node-agent.fgpu.io",
+        "fgpu-scheduler-nodes.fgpu.io",
+        "fgpu-scheduler-pods.fgpu.io",
+        "fgpu-scheduler-configmaps.fgpu.io",
+    }
+    for policy in policies:
+        types = {
+            (group, resource)
+            for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+        }
+        assert len(types) == 1, policy["metadata"]["name"]
+        text = yaml.safe_dump(policy["spec"]["validations"])
+        if types - with_spec:
+            assert "object.spec" not in text, policy["metadata"]["name"]
 
 
 # ------------------------------------------------------------- what each component calls
@@ -379,6 +410,43 @@ def test_the_webhook_calls_exactly_what_its_role_grants(make_cluster) -> None:
     assert used(cluster, "fgpu-webhook") == granted(objects, "fgpu-webhook")
 
 
+def test_the_env_overlay_adds_exactly_what_the_environment_path_calls(make_cluster) -> None:
+    """deploy/components/env-without-isolation adds ConfigMap rights to the scheduler's role:
+    each one is called on the environment path (a ConfigMap left by an earlier attempt at
+    the same pod is read and replaced), and nothing it calls is outside the overlay's
+    grants."""
+    base, overlay = rbac_objects(), rbac_objects("env-without-isolation")
+    cluster = secured(make_cluster, overlay)
+    add_node(cluster, "node-a", gpus=1)
+    body = pod("p", "0.5")
+    made = make(cluster, json_patch(body, mutate(body, env_without_isolation=True)))
+    name = made["metadata"]["annotations"][wire.ENV_CONFIGMAP]
+    cluster.api.create_config_map(  # left by an earlier attempt at this pod
+        cluster.namespace,
+        {
+            "metadata": {
+                "name": name,
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": made["metadata"]["uid"]}
+                ],
+            },
+            "data": {"NVIDIA_VISIBLE_DEVICES": "stale"},
+        },
+    )
+    scheduler = K8sScheduler(as_account(cluster, "fgpu-scheduler"), env_without_isolation=True)
+    scheduler.sync()
+    scheduler.run_once()
+    assert cluster.api.get_pod(cluster.namespace, "p")["spec"]["nodeName"] == "node-a"
+    assert cluster.api.get_config_map(cluster.namespace, name)["data"][
+        "NVIDIA_VISIBLE_DEVICES"
+    ] != ("stale")
+    added = granted(overlay, "fgpu-scheduler") - granted(base, "fgpu-scheduler")
+    assert added == {("", "configmaps", verb) for verb in ("create", "get", "delete")}
+    calls = used(cluster, "fgpu-scheduler")
+    assert added <= calls
+    assert calls <= granted(overlay, "fgpu-scheduler")
+
+
 # ---------------------------------------------------------------- refused writes on the pod
 
 
@@ -459,6 +527,28 @@ def test_a_refused_claim_write_shows_on_the_pod_once_with_a_count_and_the_fix(
     assert len(pod_events(cluster, "p", REASON)) == 1
 
 
+@pytest.mark.parametrize(
+    ("message", "fix"),
+    [
+        (
+            'pods "p" is forbidden: User "system:serviceaccount:fgpu-system:fgpu-scheduler" '
+            'cannot create resource "pods/binding" in API group "" in the namespace "default"',
+            "fgpu-scheduler may not create pods/binding: apply deploy/base/rbac.yaml of this "
+            "version",
+        ),
+        (
+            "status: Forbidden: changing status.allocation or status.reservedFor requires "
+            'resource="resourceclaims/binding", verb="update" permission: ...',
+            "fgpu-scheduler may not update resourceclaims/binding: apply deploy/base/rbac.yaml "
+            "of this version",
+        ),
+        ("pods \"p\" is forbidden: ValidatingAdmissionPolicy 'x' denied request: no", ""),
+    ],
+)
+def test_the_fix_is_named_only_for_a_permission_the_message_names(message: str, fix: str) -> None:
+    assert fix_for(message) == fix
+
+
 def test_under_1_34_semantics_the_claim_write_needs_no_binding_permission(make_cluster) -> None:
     cluster = make_cluster(
         rbac=Rbac(without_binding_rule(rbac_objects()), granular_claim_status=False)
@@ -486,3 +576,38 @@ def kubectl_describe(cluster: Cluster, name: str) -> str | None:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+# ------------------------------------------------------------------------ the claim template
+
+
+def test_the_namespace_template_is_read_then_made_once_while_pods_wait(make_cluster) -> None:
+    cluster = make_cluster(record=True)
+    if cluster.real:
+        pytest.skip("the stand-in's request record")
+    add_node(cluster, "node-a", gpus=1)
+    make(cluster, dra_pod("first"))
+    clock = Clock()
+    scheduler = K8sScheduler(as_account(cluster, "fgpu-scheduler"), clock=clock)
+    scheduler.sync()  # not again: the rounds below see the pod waiting for its claim
+
+    def calls() -> list[str]:
+        assert cluster.standin is not None
+        return [
+            a.verb
+            for a in cluster.standin.api.requests
+            if a.resource == "resourceclaimtemplates" and a.user == account("fgpu-scheduler")
+        ]
+
+    for _ in range(3):
+        scheduler.run_once()
+    assert calls() == ["get", "create"]  # read (404), made, then left alone
+    clock.now += TEMPLATE_RECHECK_S
+    scheduler.run_once()
+    assert calls() == ["get", "create", "get"]  # read again, there: no create, no 409
+    ResourceApi(cluster.api).resource.delete_namespaced_resource_claim_template(
+        claims.TEMPLATE, cluster.namespace
+    )
+    clock.now += TEMPLATE_RECHECK_S
+    scheduler.run_once()
+    assert calls() == ["get", "create", "get", "get", "create"]  # deleted: made again

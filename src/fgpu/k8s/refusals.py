@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +153,12 @@ class Refusals:
         self._post(pod, name, text)
         self._condition(pod, text)
         return text
+
+    def keep(self, keys: Iterable[str]) -> None:
+        """Forget the refusals of pods not among ``keys`` (gone)."""
+        alive = set(keys)
+        for told in [k for k in self._told if k[0] not in alive]:
+            del self._told[told]
 
     def settled(self, key: str) -> None:
         """The pod was bound or went: forget its refusals."""

@@ -409,6 +409,7 @@ class K8sScheduler(RoundActions):
     def _forget_settled(self) -> None:
         """Drop assumptions the cache now shows (bound, or the pod gone)."""
         snap = {wire.pod_key(p): p for p in self.cache.snapshot().pods}
+        self.refusals.keep(snap.keys())
         for key, (uid, _) in list(self._assumed.items()):
             pod = snap.get(key)
             if pod is None or pod["metadata"].get("uid") != uid or pod["spec"].get("nodeName"):
