@@ -12,7 +12,9 @@ import copy
 import itertools
 import shutil
 import subprocess
+import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from fgpu.agent.backend import SimulatedBackend
 from fgpu.k8s import claims, wire
 from fgpu.k8s.acting import TEMPLATE_RECHECK_S
 from fgpu.k8s.agent import NodeAgent
+from fgpu.k8s.dra import cdi
 from fgpu.k8s.dra.driver import DraDriver
 from fgpu.k8s.dra.node import publish_nothing
 from fgpu.k8s.dra.share import DRIVER, GpuShare, device_name
@@ -40,10 +43,11 @@ from fgpu_standin.kubelet import KubeletStandIn
 from fgpu_standin.patch import json_patch
 from fgpu_standin.rbac import Rbac
 from tests.k8s.conftest import DEPLOY, Cluster, Served, fgpu_admission
-from tests.k8s.kube import add_node, ensure_ceiling_class, pod, wait_until
+from tests.k8s.kube import add_node, ensure_ceiling_class, gpu_uuid, pod, wait_until
 from tests.k8s.test_agent import bare_node
 from tests.k8s.test_dra_driver import NODE, Node, claimed_pod
 from tests.k8s.test_dra_driver import inventory as driver_inventory
+from tests.k8s.test_dra_scheduler import claim_of, inventory_of
 from tests.k8s.test_slices import publish_where_sharing_is_dropped
 
 pytestmark = pytest.mark.k8s
@@ -611,3 +615,66 @@ def test_the_namespace_template_is_read_then_made_once_while_pods_wait(make_clus
     clock.now += TEMPLATE_RECHECK_S
     scheduler.run_once()
     assert calls() == ["get", "create", "get", "get", "create"]  # deleted: made again
+
+
+# ------------------------------------------------------- sixteen pods as the manifests' accounts
+
+
+def test_sixteen_half_gpu_pods_bind_two_per_gpu_as_the_manifests_service_accounts(
+    make_cluster,
+) -> None:
+    """The DRA path end to end with the manifests' RBAC enforced (1.36 rules): the
+    scheduler, the webhook's admission and the node's driver each as its own account."""
+    objects = rbac_objects()
+    lookup = KubeLookup(KubeApi(api_client(host="http://127.0.0.1:1")))
+    with Served(create_app(lookup=lookup)) as served:
+        cluster = secured(make_cluster, objects, admission=fgpu_admission(served.url))
+        lookup.api = as_account(cluster, "fgpu-webhook")
+        add_node(cluster, "node-a", gpus=8)
+        host = Path(tempfile.mkdtemp(prefix="fgpu-rb-"))  # short: Unix socket paths
+        layout = cdi.Layout(cdi_dir=host / "cdi", lib_dir=host / "lib", hint_dir=host / "hint")
+        agent = as_account(
+            cluster, "fgpu-node-agent", **{"authentication.kubernetes.io/node-name": "node-a"}
+        )
+        SlicePublisher(ResourceApi(agent), "node-a").publish(inventory_of("node-a"))
+        driver = DraDriver(
+            ResourceApi(agent),
+            "node-a",
+            lambda: inventory_of("node-a"),
+            layout,
+            registry_dir=host / "reg",
+            plugin_dir=host / "plug",
+            segment_dir=host / "seg",
+        )
+        driver.start()
+        try:
+            for i in range(16):
+                make(cluster, pod(f"half-{i:02d}", "0.5"))  # admitted by the webhook
+            scheduler_round(K8sScheduler(as_account(cluster, "fgpu-scheduler")))
+            placed = [p for p in cluster.api.list_pods().items if p["spec"].get("nodeName")]
+            assert len(placed) == 16
+            per_gpu = Counter(
+                claim_of(cluster, p)["status"]["allocation"]["devices"]["results"][0]["device"]
+                for p in placed
+            )
+            assert per_gpu == {device_name(gpu_uuid("node-a", i)): 2 for i in range(8)}
+            kubelet = KubeletStandIn(
+                cluster.api,
+                "node-a",
+                host / "reg",
+                [layout.cdi_dir],
+                {"NVIDIA_VISIBLE_DEVICES": "all"},
+            )
+            kubelet.sync()
+            assert kubelet.waiting == {}
+            assert len(kubelet.containers) == 16
+        finally:
+            driver.stop()
+            shutil.rmtree(host, ignore_errors=True)
+    assert cluster.standin is not None
+    refused = [
+        a
+        for a in cluster.standin.api.requests
+        if a.user and not cluster.standin.api.recorder.rbac.allows(a)  # type: ignore[union-attr]
+    ]
+    assert refused == []

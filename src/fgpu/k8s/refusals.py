@@ -147,7 +147,7 @@ class Refusals:
             return text
         meta = pod["metadata"]
         ns = meta.get("namespace", "default")
-        name = f"{meta['name']}.fgpu-refused-{cause.hexdigest()[:12]}"
+        name = f"{meta['name'][:200]}.fgpu-refused-{cause.hexdigest()[:12]}"  # <= 253
         self._told[(key, cause.hexdigest())] = _Told(name, ns, 1, now)
         log.warning("%s", text)
         self._post(pod, name, text)
