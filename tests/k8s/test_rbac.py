@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from fgpu.agent.backend import SimulatedBackend
+from fgpu.agent.memguard import MemoryPolicy
 from fgpu.k8s import claims, wire
 from fgpu.k8s.acting import TEMPLATE_RECHECK_S
 from fgpu.k8s.agent import NodeAgent
@@ -31,8 +32,10 @@ from fgpu.k8s.dra.driver import DraDriver
 from fgpu.k8s.dra.node import publish_nothing
 from fgpu.k8s.dra.share import DRIVER, GpuShare, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, resource_slice, slice_name
+from fgpu.k8s.enforce import GovernorEnforcer
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.leader import LeaseElector
+from fgpu.k8s.podcgroup import PodCgroupFreezer
 from fgpu.k8s.refusals import CONDITION_REASON, REASON, SERIES_PATCH_S, fix_for
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
@@ -44,6 +47,7 @@ from fgpu_standin.patch import json_patch
 from fgpu_standin.rbac import Rbac
 from tests.k8s.conftest import DEPLOY, Cluster, Served, fgpu_admission
 from tests.k8s.kube import add_node, ensure_ceiling_class, gpu_uuid, pod, wait_until
+from tests.k8s.podtree import GPU, Backend, Kubelet, placed
 from tests.k8s.test_agent import bare_node
 from tests.k8s.test_dra_driver import NODE, Node, claimed_pod
 from tests.k8s.test_dra_driver import inventory as driver_inventory
@@ -449,6 +453,37 @@ def test_the_env_overlay_adds_exactly_what_the_environment_path_calls(make_clust
     calls = used(cluster, "fgpu-scheduler")
     assert added <= calls
     assert calls <= granted(overlay, "fgpu-scheduler")
+
+
+def test_the_enforcing_overlay_adds_exactly_the_eviction_the_memory_guard_calls(
+    make_cluster, kubelet: Kubelet
+) -> None:
+    """deploy/components/enforcing adds ``create`` on ``pods/eviction`` to the agent's role:
+    the memory guard (policy kill) evicts a pod over its GPU memory quota through it."""
+    base, overlay = rbac_objects(), rbac_objects("enforcing")
+    cluster = secured(make_cluster, overlay)
+    made = make(
+        cluster,
+        {"metadata": {"name": "hog"}, "spec": {"containers": [{"name": "m", "image": "c"}]}},
+    )
+    uid = made["metadata"]["uid"]
+    kubelet.start(uid)
+    backend = Backend(memory={kubelet.procs[-1].pid: 4096})  # its quota: 1024 MiB
+    api = as_account(cluster, "fgpu-node-agent", **{"authentication.kubernetes.io/node-name": "n"})
+    guard = GovernorEnforcer(
+        backend, [GPU], PodCgroupFreezer(kubelet.root), api=api, memory_policy=MemoryPolicy.KILL
+    )
+    try:
+        guard.sync([placed("hog", uid)])
+        assert [v.workload_id for v in guard.guard.check()] == [f"{cluster.namespace}/hog"]
+    finally:
+        guard.close()
+    assert cluster.api.list_pods(namespace=cluster.namespace).items == []  # evicted
+    added = granted(overlay, "fgpu-node-agent") - granted(base, "fgpu-node-agent")
+    assert added == {("", "pods/eviction", "create")}
+    calls = used(cluster, "fgpu-node-agent")
+    assert added <= calls
+    assert calls <= granted(overlay, "fgpu-node-agent")
 
 
 # ---------------------------------------------------------------- refused writes on the pod
