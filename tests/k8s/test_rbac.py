@@ -138,12 +138,30 @@ def make(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
     return made
 
 
-def scheduler_round(scheduler: K8sScheduler) -> None:
-    for _ in range(2):  # the second sees the claims made from the first's template
+def claims_made(cluster: Cluster) -> None:
+    """Wait until every pod naming a claim template has its claim (the resource claim
+    controller's work, asynchronous on a real API server)."""
+
+    def made() -> bool:
+        return all(
+            len((p.get("status") or {}).get("resourceClaimStatuses") or [])
+            >= len(p["spec"].get("resourceClaims") or [])
+            for p in cluster.api.list_pods(namespace=cluster.namespace).items
+        )
+
+    wait_until(made, "the pods' claims made from their templates")
+
+
+def scheduler_round(cluster: Cluster, scheduler: K8sScheduler) -> None:
+    """Two rounds: the first makes the namespace's claim template, the second (once the
+    claims are made) places."""
+    for first in (True, False):
         if scheduler.elector is not None:
             scheduler.elector.step()
         scheduler.sync()
         scheduler.run_once()
+        if first:
+            claims_made(cluster)
 
 
 def condition(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -282,14 +300,14 @@ def test_the_scheduler_calls_exactly_what_its_role_grants(make_cluster) -> None:
     make(cluster, dra_pod("big", None, mig_profile="4g.40gb"))
     elector = LeaseElector(api, SYSTEM, "fgpu-scheduler", "replica-a")
     scheduler = K8sScheduler(api, elector=elector)
-    scheduler_round(scheduler)
+    scheduler_round(cluster, scheduler)
     placed = {
         p["metadata"]["name"] for p in cluster.api.list_pods().items if p["spec"].get("nodeName")
     }
     assert placed == {"low", "normal", "with-volume"}
     assert wire.MIG_REQUEST in wire.annotations_of(cluster.api.get_node("mig-a"))
     make(cluster, dra_pod("vip", "0.6", priority="90"))
-    scheduler_round(scheduler)
+    scheduler_round(cluster, scheduler)
     assert cluster.api.get_pod(cluster.namespace, "low")["metadata"].get("deletionTimestamp")
     assert wire.HOLD in cluster.api.get_pod(cluster.namespace, "vip")["metadata"]["annotations"]
     scheduler.cache.start()  # the watches
@@ -508,6 +526,7 @@ def refused_pod_scenario(cluster: Cluster, scheduler: K8sScheduler) -> dict[str,
     make(cluster, dra_pod("p", "0.5"))
     scheduler.sync()
     scheduler.run_once()  # makes the template; the pod waits for its claim
+    claims_made(cluster)
     waiting = condition(cluster, "p")
     assert (waiting["status"], waiting["reason"]) == ("False", "Unschedulable")
     for advance in (0.0, 1.0, SERIES_PATCH_S):
@@ -597,7 +616,7 @@ def test_under_1_34_semantics_the_claim_write_needs_no_binding_permission(make_c
     add_node(cluster, "node-a", gpus=1)
     make(cluster, dra_pod("p", "0.5"))
     scheduler = K8sScheduler(as_account(cluster, "fgpu-scheduler"))
-    scheduler_round(scheduler)
+    scheduler_round(cluster, scheduler)
     assert cluster.api.get_pod(cluster.namespace, "p")["spec"]["nodeName"] == "node-a"
     assert pod_events(cluster, "p", REASON) == []
 
@@ -685,7 +704,7 @@ def test_sixteen_half_gpu_pods_bind_two_per_gpu_as_the_manifests_service_account
         try:
             for i in range(16):
                 make(cluster, pod(f"half-{i:02d}", "0.5"))  # admitted by the webhook
-            scheduler_round(K8sScheduler(as_account(cluster, "fgpu-scheduler")))
+            scheduler_round(cluster, K8sScheduler(as_account(cluster, "fgpu-scheduler")))
             placed = [p for p in cluster.api.list_pods().items if p["spec"].get("nodeName")]
             assert len(placed) == 16
             per_gpu = Counter(
