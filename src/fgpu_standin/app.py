@@ -25,7 +25,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fgpu_standin import admission, claims, discovery, fields, resource, tables
+from fgpu_standin.gates import drop_disabled
 from fgpu_standin.patch import PatchError, json_patch, merge_patch
+from fgpu_standin.rbac import Attributes, Rbac, Recorder, request_attributes
 from fgpu_standin.selectors import (
     SelectorError,
     field_selector,
@@ -67,6 +69,14 @@ class Options:
             writes go through etcd (a few to tens of milliseconds each) rather than this
             stand-in's memory. Requests still run concurrently: it delays, it does not
             serialise.
+        rbac: authorize every request by these roles and bindings, 403 otherwise, and
+            Kubernetes 1.36's ``resourceclaims/binding`` check of claim status writes
+            (:class:`~fgpu_standin.rbac.Rbac`); None: everything is allowed.
+        record: keep every request's authorization attributes in
+            :attr:`StandInApi.requests` (:mod:`~fgpu_standin.rbac`).
+        consumable_capacity: the ``DRAConsumableCapacity`` feature gate (on from
+            Kubernetes 1.36); off, ResourceSlices are stored without
+            ``allowMultipleAllocations``, as 1.34 and 1.35 do (:mod:`~fgpu_standin.gates`).
 
     The requester's identity (``userInfo`` in the AdmissionReview) comes from the
     ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
@@ -81,6 +91,9 @@ class Options:
     history: int = 200_000
     bookmark_s: float = 60.0
     latency_s: float = 0.0
+    rbac: Rbac | None = None
+    record: bool = False
+    consumable_capacity: bool = True
 
 
 ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
@@ -275,14 +288,17 @@ class StandInApi:
         self.calls = 0
         self.webhook_calls: list[tuple[str, Obj]] = []
         """``(webhook name, AdmissionReview request)`` of every webhook call, in order."""
+        self.recorder = Recorder(self.options.rbac, self.options.record)
+        self.requests = self.recorder.requests
+        """Every request's :class:`~fgpu_standin.rbac.Attributes` (:attr:`Options.record`)."""
 
     # ----------------------------------------------------------------- helpers
     def _collect_garbage(self, plural: str, gone: Obj) -> None:
         """Delete the objects that ``gone`` owned (garbage collector, foreground-free)."""
         uid = gone["metadata"]["uid"]
         for kind in KINDS:
-            if not kind.namespaced:
-                continue
+            if not kind.namespaced and gone["metadata"].get("namespace"):
+                continue  # a namespaced owner owns no cluster-scoped object
             owned = [
                 o
                 for o in self.store.items(kind.plural, gone["metadata"].get("namespace"))
@@ -293,7 +309,7 @@ class StandInApi:
                 if kind.plural == "resourceclaims":  # finalizers
                     self.claims.delete(kind, meta["namespace"], meta["name"], {})
                 else:
-                    self.store.delete(kind, meta["namespace"], meta["name"], {})
+                    self.store.delete(kind, meta.get("namespace", ""), meta["name"], {})
 
     def _pod_gone(self, plural: str, gone: Obj) -> None:
         """The claim controller's part when a pod goes (:mod:`~fgpu_standin.resource`)."""
@@ -552,6 +568,7 @@ class StandInApi:
             route = _route(path)
             query = dict(request.query_params)
             method = request.method
+            self.recorder.request(self._attributes(route, method, query, request.headers))
             body: Any = None
             if method in ("POST", "PUT", "PATCH", "DELETE"):
                 raw = await request.body()
@@ -574,6 +591,15 @@ class StandInApi:
             return _status_response(exc)
         except json.JSONDecodeError as exc:
             return _status_response(ApiStatusError(400, "BadRequest", f"bad JSON: {exc}"))
+
+    def _attributes(
+        self, route: _Route, method: str, query: dict[str, str], headers: Any
+    ) -> Attributes:
+        user = user_info(headers) if headers.get("impersonate-user") else None
+        kind = route.kind
+        return request_attributes(
+            method, kind.group, kind.plural, route.sub, route.namespace, route.name, query, user
+        )
 
     async def _create(
         self, route: _Route, body: Obj, query: dict[str, str], headers: Any
@@ -598,7 +624,9 @@ class StandInApi:
             _gated_condition(body)
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
-        body = resource.admit(kind, body)
+        body = resource.admit(
+            kind, drop_disabled(kind.plural, body, self.options.consumable_capacity)
+        )
         if kind.plural == "priorityclasses":
             _check_priority_class(body)
         made = self.store.create(kind, ns, body)
@@ -687,6 +715,10 @@ class StandInApi:
         new = await self._admit(kind, new, ns, user_info(headers), copy.deepcopy(old), sub or "")
         if kind.plural == "pods" and sub is None:
             _check_pod_spec_update(name, old.get("spec") or {}, new.get("spec") or {})
+        if kind.plural == "resourceclaims" and sub == "status":
+            attrs = self._attributes(route, method, query, headers)
+            self.recorder.claim_status(attrs, old, new)
+        new = drop_disabled(kind.plural, new, self.options.consumable_capacity)
         new = resource.admit(kind, new, old, status=sub == "status")
         written = self.store.replace(kind, ns, name, new, check_rv=check_rv)
         if kind.plural == "resourceclaims":
