@@ -96,6 +96,14 @@ class Cluster:
             return self.api
         return self.session.identities.agent(node)
 
+    def kubelet_api(self, node: str) -> KubeApi:
+        """The client of the kubelet of ``node`` (its Node's identity,
+        ``system:node:<node>``, by a client certificate from the cluster's kubelet signer:
+        the Node authorizer and NodeRestriction apply); ``api`` on the stand-in."""
+        if self.session is None:
+            return self.api
+        return self.session.identities.kubelet(node)
+
     def made_node(self, name: str) -> None:
         """Note a Node the test made (deleted afterwards); on a real cluster, keep it Ready
         as its kubelet would and wait until it is (no not-ready taint)."""

@@ -20,14 +20,23 @@ it. Here:
   the TokenRequest API (the node agent's bound to a pod on its node, so the token names
   the node as the DaemonSet's would), never as the kubeconfig's user: RBAC,
   ValidatingAdmissionPolicies and NodeRestriction apply to them as in a real install.
+- The kubelet stand-in (:mod:`fgpu_standin.kubelet`) runs as its Node,
+  ``system:node:<name>`` in ``system:nodes``, with a client certificate the cluster's
+  kubelet client signer issued (:func:`node_certificate`): the Node authorizer and
+  NodeRestriction apply to it as to a kubelet.
 - The fgpu webhook is whatever the cluster has: :func:`webhook_mode` reads it from a
   dry-run pod (``dra``, ``env`` for ``--env-without-isolation``, or ``none``).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import secrets
+import shutil
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -65,6 +74,7 @@ SWEPT = (
     # (path of the list, what it is), in deletion order: what uses a Node before the Node
     ("/apis/resource.k8s.io/v1/resourceslices", "ResourceSlice"),
     ("/api/v1/nodes", "Node"),
+    ("/apis/certificates.k8s.io/v1/certificatesigningrequests", "CertificateSigningRequest"),
     ("/apis/fgpu.io/v1alpha1/queues", "Queue"),
     ("/api/v1/persistentvolumes", "PersistentVolume"),
     ("/apis/scheduling.k8s.io/v1/priorityclasses", "PriorityClass"),
@@ -213,6 +223,16 @@ def token_api(admin: KubeApi, token: str) -> KubeApi:
     credential of the kubeconfig (the server would take a certificate first)."""
     from kubernetes import client
 
+    made = _same_server(admin)
+    made.api_key = {"BearerToken": f"Bearer {token}"}
+    return KubeApi(client.ApiClient(made))
+
+
+def _same_server(admin: KubeApi) -> Any:
+    """A client ``Configuration`` for ``admin``'s server (address, CA, TLS checks, proxy)
+    with no credential."""
+    from kubernetes import client
+
     source = admin.client.configuration
     made = client.Configuration()
     made.host = source.host
@@ -221,9 +241,8 @@ def token_api(admin: KubeApi, token: str) -> KubeApi:
     made.assert_hostname = source.assert_hostname
     made.tls_server_name = getattr(source, "tls_server_name", None)
     made.proxy = source.proxy
-    made.api_key = {"BearerToken": f"Bearer {token}"}
     made.connection_pool_maxsize = max(16, source.connection_pool_maxsize or 0)
-    return KubeApi(client.ApiClient(made))
+    return made
 
 
 def request_token(
@@ -275,6 +294,76 @@ def agent_pod(node: str) -> Obj:
     }
 
 
+CSR_PATH = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
+KUBELET_SIGNER = "kubernetes.io/kube-apiserver-client-kubelet"
+
+
+def node_certificate(admin: KubeApi, node: str, folder: Path) -> tuple[Path, Path]:
+    """A client certificate and key for Node ``node`` (``CN=system:node:<node>``,
+    ``O=system:nodes``), as a kubelet gets them at bootstrap: a key made here (``openssl``),
+    a CertificateSigningRequest for the kubelet client signer approved by ``admin``, the
+    certificate the controller-manager's signer writes into its status. Returns the
+    certificate's and the key's files in ``folder``.
+
+    Raises:
+        KubeError: the server refused the request or the approval.
+        AssertionError: no certificate within a minute (no signer running: the
+            controller-manager needs ``--cluster-signing-cert-file`` and
+            ``--cluster-signing-key-file``).
+    """
+    key, request, cert = (folder / f"{node}.{ext}" for ext in ("key", "csr", "crt"))
+    subprocess.run(
+        [
+            *("openssl", "req", "-new", "-nodes", "-newkey", "ec"),
+            *("-pkeyopt", "ec_paramgen_curve:prime256v1", "-keyout", str(key)),
+            *("-out", str(request), "-subj", f"/O=system:nodes/CN=system:node:{node}"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    name = f"fgpu-test-{node}-{secrets.token_hex(3)}"[-63:].lstrip("-")
+    body = {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {"name": name},
+        "spec": {
+            "request": base64.b64encode(request.read_bytes()).decode(),
+            "signerName": KUBELET_SIGNER,
+            "usages": ["digital signature", "client auth"],
+            "expirationSeconds": 3600,
+        },
+    }
+    made = rest(admin, "POST", CSR_PATH, body)
+    made["status"] = {
+        "conditions": [
+            {
+                "type": "Approved",
+                "status": "True",
+                "reason": "FgpuTests",
+                "message": "a fake Node of the fgpu tests",
+            }
+        ]
+    }
+    rest(admin, "PUT", f"{CSR_PATH}/{name}/approval", made)
+    issued = wait_for(
+        lambda: (rest(admin, "GET", f"{CSR_PATH}/{name}").get("status") or {}).get("certificate"),
+        f"a certificate for Node {node} (CertificateSigningRequest {name})",
+    )
+    cert.write_bytes(base64.b64decode(issued))
+    return cert, key
+
+
+def certificate_api(admin: KubeApi, cert: Path, key: Path) -> KubeApi:
+    """A :class:`KubeApi` for ``admin``'s server that authenticates with the client
+    certificate ``cert`` (and ``key``) alone."""
+    from kubernetes import client
+
+    made = _same_server(admin)
+    made.cert_file = str(cert)
+    made.key_file = str(key)
+    return KubeApi(client.ApiClient(made))
+
+
 class Identities:
     """Each fgpu component's own client: the scheduler and the webhook as their service
     accounts, a node agent as ``fgpu-node-agent`` with a token bound to a pod on its node."""
@@ -283,6 +372,7 @@ class Identities:
         self.admin = admin
         self.expiry_s = expiry_s
         self._made: dict[str, tuple[float, KubeApi]] = {}
+        self.folder = Path(tempfile.mkdtemp(prefix="fgpu-test-identities-"))
 
     def account(self, name: str) -> KubeApi:
         """The client of ``fgpu-system/<name>``, with a fresh token once half of the last
@@ -311,6 +401,13 @@ class Identities:
                 raise
         token = request_token(self.admin, "fgpu-node-agent", made, self.expiry_s)
         return token_api(self.admin, token)
+
+    def kubelet(self, node: str) -> KubeApi:
+        """The client of Node ``node`` (:func:`node_certificate`, a fresh one each time)."""
+        return certificate_api(self.admin, *node_certificate(self.admin, node, self.folder))
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------- webhook
@@ -511,10 +608,15 @@ class Sweep:
         seen = self.before.get(path, set())
         return [o for o in self._list(path) if o["metadata"]["uid"] not in seen]
 
-    def clean(self, namespaces: Iterable[str] = ()) -> list[str]:
+    def clean(self, namespaces: Iterable[str] = (), limit_s: float = 120.0) -> list[str]:
         """Delete what the test added, and in ``namespaces`` (going away with the test)
-        lift claims' finalizers. Returns ``Kind/name`` of each object deleted; what could
-        not be deleted is in :attr:`problems`."""
+        lift claims' finalizers; then wait until each cluster-scoped object deleted is
+        gone (a Namespace or a PersistentVolume stays Terminating until a controller
+        finishes it, and a later test may make one of the same name), except the
+        ``namespaces`` (named once). Returns ``Kind/name`` of each object deleted; what
+        could not be deleted, or was still there after ``limit_s``, is in
+        :attr:`problems`."""
+        namespaces = list(namespaces)
         gone: list[str] = []
         added = {path: self.added(path) for path, _ in SWEPT}
         new_nodes = [o["metadata"]["name"] for o in added["/api/v1/nodes"]]
@@ -535,9 +637,26 @@ class Sweep:
             )
         for namespace in [*namespaces, *new_namespaces]:
             self._release(namespace, gone)
+        waited: list[str] = []
         for path, kind in SWEPT:
             for obj in added[path]:
-                self._delete(f"{path}/{obj['metadata']['name']}", gone, kind)
+                name = obj["metadata"]["name"]
+                self._delete(f"{path}/{name}", gone, kind)
+                if not (kind == "Namespace" and name in namespaces):
+                    waited.append(f"{path}/{name}")
+        deadline = time.monotonic() + limit_s
+        for item in waited:
+            while True:
+                try:
+                    rest(self.admin, "GET", item)
+                except KubeError as exc:
+                    if exc.status == 404:
+                        break
+                    raise
+                if time.monotonic() > deadline:
+                    self.problems.append(f"{item}: still there {limit_s:.0f} s after its deletion")
+                    break
+                time.sleep(0.2)
         return gone
 
     def _release(self, namespace: str, gone: list[str]) -> None:
@@ -616,3 +735,4 @@ class RealCluster:
 
     def close(self) -> None:
         self.keeper.stop()
+        self.identities.close()

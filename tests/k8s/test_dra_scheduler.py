@@ -98,7 +98,11 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
     )
     driver.start()
     kubelet = KubeletStandIn(
-        cluster.api, "node-a", host / "reg", [layout.cdi_dir], {"NVIDIA_VISIBLE_DEVICES": "all"}
+        cluster.kubelet_api("node-a"),
+        "node-a",
+        host / "reg",
+        [layout.cdi_dir],
+        {"NVIDIA_VISIBLE_DEVICES": "all"},
     )
     try:
         with ThreadPoolExecutor(16) as pool:
@@ -164,7 +168,9 @@ def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> Non
         assert restricted_violations(admitted) == []
         make(cluster, admitted)
         round_(K8sScheduler(cluster.scheduler_api))
-        kubelet = KubeletStandIn(cluster.api, "node-a", host / "reg", [layout.cdi_dir])
+        kubelet = KubeletStandIn(
+            cluster.kubelet_api("node-a"), "node-a", host / "reg", [layout.cdi_dir]
+        )
         kubelet.sync()
         got = cluster.api.get_pod(cluster.namespace, "locked")
         assert got["status"]["phase"] == "Running"
