@@ -40,6 +40,10 @@ def claim_pod(name: str, gpu: str = "0.5", **annotations: str) -> dict[str, Any]
 
 
 def make(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod admitted on the DRA path (a real cluster's own webhook, where it has
+    one, admits it again: the DRA path's patch is idempotent, the environment path's is
+    not, so a cluster whose webhook takes that path skips)."""
+    cluster.require_webhook("dra", "none")
     out: dict[str, Any] = cluster.api._call(
         cluster.api.core.create_namespaced_pod, cluster.namespace, body
     )
