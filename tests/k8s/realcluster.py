@@ -169,36 +169,89 @@ def _path(obj: Obj, namespace: str | None = None) -> str:
     return f"{base}/{plural}"
 
 
+def apply(admin: KubeApi, objects: Iterable[Obj]) -> list[str]:
+    """Create each object, or replace it where it exists (as ``kubectl apply`` would leave
+    it; a ServiceAccount that exists is kept, its tokens being the server's). Returns
+    ``Kind/name`` of each.
+
+    Raises:
+        KubeError: the server refused an object.
+    """
+    written = []
+    for obj in objects:
+        namespace = obj["metadata"].get("namespace")
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding") and not namespace:
+            namespace = SYSTEM_NAMESPACE
+            obj["metadata"]["namespace"] = namespace
+        collection = _path(obj, namespace)
+        try:
+            rest(admin, "POST", collection, obj)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            item = f"{collection}/{obj['metadata']['name']}"
+            if obj["kind"] != "ServiceAccount":
+                current = rest(admin, "GET", item)
+                obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                rest(admin, "PUT", item, obj)
+        written.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return written
+
+
+ENV_COMPONENT = "env-without-isolation"
+ENV_PATH_ROLE = "fgpu-scheduler-env-without-isolation"
+
+
+def env_path_grant(component: Path) -> list[Obj]:
+    """The rules ``component`` (``deploy/components/env-without-isolation``) adds to the
+    scheduler's ClusterRole, as a ClusterRole of their own bound to the scheduler: the
+    tests run the environment path and the DRA path against one cluster, so its
+    scheduler holds both grants (the DRA path's tests do not need these)."""
+    kustomization = yaml.safe_load((component / "kustomization.yaml").read_text())
+    rules = []
+    for patch in kustomization.get("patches") or []:
+        target = patch.get("target") or {}
+        if (target.get("kind"), target.get("name")) != ("ClusterRole", "fgpu-scheduler"):
+            continue
+        for op in yaml.safe_load(patch["patch"]):
+            if op.get("op") == "add" and op.get("path") == "/rules/-":
+                rules.append(op["value"])
+    assert rules, f"{component}: no rules added to the ClusterRole fgpu-scheduler"
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRole",
+            "metadata": {"name": ENV_PATH_ROLE},
+            "rules": rules,
+        },
+        {
+            "apiVersion": rbac,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": ENV_PATH_ROLE},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": ENV_PATH_ROLE,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "fgpu-scheduler", "namespace": SYSTEM_NAMESPACE}
+            ],
+        },
+    ]
+
+
 def install(admin: KubeApi, base: Path, files: Iterable[str] = INSTALLED) -> list[str]:
-    """Create or replace the objects of ``files`` in ``base`` (as ``kubectl apply`` would
-    leave them) and wait until the Queue CRD is established. Returns ``Kind/name`` of
-    each object written.
+    """Create or replace the objects of ``files`` in ``base`` (:func:`apply`) and wait
+    until the Queue CRD is established. Returns ``Kind/name`` of each object written.
 
     Raises:
         KubeError: the server refused an object (a cluster without ``resource.k8s.io/v1``
             refuses the DeviceClass: fgpu's DRA path needs Kubernetes 1.34 or later).
     """
-    written = []
-    for name in files:
-        for obj in yaml.safe_load_all((base / name).read_text()):
-            if not obj:
-                continue
-            namespace = obj["metadata"].get("namespace")
-            if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding") and not namespace:
-                namespace = SYSTEM_NAMESPACE
-                obj["metadata"]["namespace"] = namespace
-            collection = _path(obj, namespace)
-            try:
-                rest(admin, "POST", collection, obj)
-            except KubeError as exc:
-                if exc.status != 409:
-                    raise
-                item = f"{collection}/{obj['metadata']['name']}"
-                if obj["kind"] != "ServiceAccount":  # its token secrets are the server's
-                    current = rest(admin, "GET", item)
-                    obj["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    rest(admin, "PUT", item, obj)
-            written.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    files = list(files)
+    objects = [o for name in files for o in yaml.safe_load_all((base / name).read_text()) if o]
+    written = apply(admin, objects)
 
     def established() -> bool:
         crd = rest(
@@ -715,6 +768,7 @@ class RealCluster:
     @classmethod
     def connect(cls, admin: KubeApi, base: Path) -> RealCluster:
         installed = install(admin, base)
+        installed += apply(admin, env_path_grant(base.parent / "components" / ENV_COMPONENT))
         return cls(admin, Identities(admin), NodeKeeper(admin).start(), installed)
 
     def webhook_mode(self, namespace: str) -> str:

@@ -16,6 +16,7 @@ from tests.k8s.realcluster import (
     NODE_LEASES,
     NodeKeeper,
     Sweep,
+    env_path_grant,
     install,
     is_ready,
     rest,
@@ -167,3 +168,14 @@ def test_the_webhook_mode_is_read_from_a_dry_run_pod(app, expected) -> None:
     ):
         api = KubeApi(api_client(host=standin.url))
         assert webhook_mode(api, "default") == expected
+
+
+def test_the_environment_path_grant_is_read_from_its_component() -> None:
+    role, binding = env_path_grant(DEPLOY / "components" / "env-without-isolation")
+    assert role["kind"] == "ClusterRole"
+    assert [r["resources"] for r in role["rules"]] == [["configmaps"]]
+    assert sorted(role["rules"][0]["verbs"]) == ["create", "delete", "get"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "fgpu-scheduler", "namespace": "fgpu-system"}
+    ]
