@@ -208,6 +208,9 @@ def make_cluster(real_cluster: RealCluster | None) -> Iterator[Callable[..., Clu
         if cluster.standin is not None:
             cluster.standin.stop()
     for sweep, cluster in zip(sweeps, [c for c in made if c.standin is None], strict=True):
+        if real_cluster is not None:
+            for node in cluster.nodes:
+                real_cluster.keeper.forget(node)
         sweep.clean([cluster.namespace])
         problems.extend(sweep.problems)
     if real_cluster is not None:
