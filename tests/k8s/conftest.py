@@ -7,11 +7,11 @@ Without ``KUBECONFIG`` the cluster is the in-repo API server stand-in
 runs real work: the tests install fgpu's CRD, RBAC, policies and classes from this checkout,
 create fake Nodes, namespaces, pods, Queues and volumes there, and delete what they made
 afterwards), the same tests run against that cluster in a fresh namespace each
-(:mod:`tests.k8s.realcluster`: each component as its own service account, fake Nodes kept
-Ready, cleanup, the cluster's webhook mode); ``KUBECONFIG`` alone keeps the stand-in and
-warns. Tests that need behaviour only the stand-in can pretend (a kubelet, slow pod
-termination) skip there, saying why. docs/kubernetes.md ("Testing against a real cluster")
-says what the cluster needs.
+(:mod:`tests.k8s.realcluster`: each component as its own identity, the cluster's webhook
+mode; :mod:`tests.k8s.realupkeep`: fake Nodes kept Ready, the cleanup); ``KUBECONFIG``
+alone keeps the stand-in and warns. Tests that need behaviour only the stand-in can
+pretend (a kubelet, slow pod termination) skip there, saying why. docs/kubernetes.md
+("Testing against a real cluster") says what the cluster needs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu_standin import Options, StandIn
 from fgpu_standin.admission import load, point_services
 from tests.k8s.podtree import Kubelet
-from tests.k8s.realcluster import RealCluster, Sweep, rest, wait_for
+from tests.k8s.realcluster import RealCluster
+from tests.k8s.realupkeep import Sweep, rest, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -179,7 +180,7 @@ def make_cluster(real_cluster: RealCluster | None) -> Iterator[Callable[..., Clu
     """``make_cluster(**options)``: a cluster; options are the stand-in's
     (:class:`fgpu_standin.Options`) and are ignored on a real cluster, where each cluster
     is a fresh namespace and whatever the test added to the cluster is deleted afterwards
-    (:class:`tests.k8s.realcluster.Sweep`)."""
+    (:class:`tests.k8s.realupkeep.Sweep`)."""
     made: list[Cluster] = []
     sweeps: list[Sweep] = []
 

@@ -1,5 +1,6 @@
-"""The real-cluster mode's own parts (:mod:`tests.k8s.realcluster`), checked over HTTP
-against the stand-in: the calls are the ones they make to a kube-apiserver."""
+"""The real-cluster mode's own parts (:mod:`tests.k8s.realcluster`,
+:mod:`tests.k8s.realupkeep`), checked over HTTP against the stand-in: the calls are the
+ones they make to a kube-apiserver."""
 
 from __future__ import annotations
 
@@ -12,17 +13,8 @@ from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu.k8s.webhook_app import create_app
 from fgpu_standin import Options, StandIn
 from tests.k8s.conftest import DEPLOY, Served, fgpu_admission
-from tests.k8s.realcluster import (
-    NODE_LEASES,
-    NodeKeeper,
-    Sweep,
-    env_path_grant,
-    install,
-    is_ready,
-    rest,
-    token_api,
-    webhook_mode,
-)
+from tests.k8s.realcluster import env_path_grant, install, token_api, webhook_mode
+from tests.k8s.realupkeep import NODE_LEASES, NodeKeeper, Sweep, is_ready, rest
 
 pytestmark = pytest.mark.k8s
 
