@@ -105,12 +105,16 @@ def create(cluster: Cluster, body: dict[str, Any], admit: bool = True) -> dict[s
     """Create a pod; ``admit`` applies the webhook's patch first (the environment path, what
     the API server does with the webhook configured; tests of admission itself go through
     HTTP). On a real cluster ``admit`` leaves that to the cluster's own fgpu webhook where it
-    has one, and skips the test where that webhook is on the DRA path."""
+    has one, and skips the test where that webhook is on the DRA path; a pod to be created
+    unadmitted (``admit=False``) skips the test where the cluster has an fgpu webhook."""
     if (body.get("spec") or {}).get("priorityClassName") == CEILING_CLASS:
         ensure_ceiling_class(cluster)
-    if admit and cluster.real:
-        cluster.require_webhook("env", "none")
-        admit = cluster.webhook_mode == "none"
+    if cluster.real:
+        if admit:
+            cluster.require_webhook("env", "none")
+            admit = cluster.webhook_mode == "none"
+        else:
+            cluster.require_webhook("none")
     if admit:
         body = json_patch(body, mutate(body, env_without_isolation=True))
     result: dict[str, Any] = cluster.api._call(
