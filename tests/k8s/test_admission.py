@@ -463,7 +463,7 @@ def test_the_scheduler_never_allocates_a_claim_the_user_wrote(make_cluster: Any)
     body = pod("sneaky-pod", "0.5")
     body["spec"]["resourceClaims"] = [{"name": "g", "resourceClaimName": "sneaky"}]
     _create_in(cluster, ns, body)
-    s = K8sScheduler(cluster.api)
+    s = K8sScheduler(cluster.scheduler_api)
     for _ in range(2):
         s.sync()
         s.run_once()
@@ -494,7 +494,7 @@ def test_the_scheduler_does_not_place_a_pod_in_a_queue_its_namespace_may_not_use
     add_node(cluster, "node-a", gpus=1)
     _queue(cluster, "team-a", namespaces=["team-a"])
     _create_in(cluster, "team-b", pod("p", "0.5", queue="team-a"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     s.sync()
     s.run_once()
     assert not cluster.api.get_pod("team-b", "p")["spec"].get("nodeName")
@@ -526,7 +526,7 @@ def test_a_gated_pod_is_not_placed_until_its_gates_are_removed(make_cluster: Any
         cluster.api.bind(cluster.namespace, "gated", made["metadata"]["uid"], "node-a", {})
     assert err.value.status == 409
     assert "pod gated has non-empty .spec.schedulingGates" in err.value.message
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     s.sync()
     s.run_once()
     now = cluster.api.get_pod(cluster.namespace, "gated")

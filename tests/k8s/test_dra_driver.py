@@ -78,7 +78,7 @@ class Node:
 
     def kubelet(self, cluster: Any) -> KubeletStandIn:
         return KubeletStandIn(
-            cluster.api,
+            cluster.kubelet_api(NODE),
             NODE,
             self.registry,
             [self.layout.cdi_dir],
