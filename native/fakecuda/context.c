@@ -307,6 +307,11 @@ CUresult fk_current(struct fk_ctx **out)
 
 static _Atomic uint64_t ctx_serial;
 
+/* cuCtxGetLimit before any cuCtxSetLimit (the real driver's defaults on current GPUs):
+ * stack 1 KiB, printf FIFO 1 MiB, malloc heap 8 MiB, sync depth 2, pending launches 2048,
+ * L2 fetch granularity 32, persisting L2 0. */
+static const size_t limit_defaults[7] = {1024, 1u << 20, 8u << 20, 2, 2048, 32, 0};
+
 static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
 {
     struct fk_ctx *c = calloc(1, sizeof *c);
@@ -319,6 +324,7 @@ static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
     c->primary = primary;
     c->refs = 1;
     c->serial = atomic_fetch_add(&ctx_serial, 1) + 1;
+    memcpy(c->limits, limit_defaults, sizeof c->limits);
     c->null_stream = fk_stream_new(c, CU_STREAM_DEFAULT);
     if (c->null_stream == NULL) {
         free(c);
@@ -330,10 +336,15 @@ static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
     return c;
 }
 
+/* Destroying a context frees what it owns: its cuMemAlloc / Pitch / Managed memory and its
+ * malloc heap (arrays and module images are not followed here: they stay taken). */
 static void ctx_free(struct fk_ctx *c)
 {
     fk_ctx_sync(c);
     fk_ctx_streams_free(c);
+    fk_alloc_release_ctx(c->serial);
+    if (c->heap_reserved != 0)
+        fk_release(c->gpu, c->heap_reserved);
     int slot = fk_my_slot();
     if (slot >= 0)
         atomic_fetch_sub(&fk_sh->procs[slot].contexts[c->gpu], 1);
@@ -382,6 +393,59 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     pthread_mutex_unlock(&fk_g.lock);
     if (last)
         ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+/* Destroys the primary context whatever its count (the cudaDeviceReset path); the next
+ * retain makes a new one. It leaves the calling thread's context stack. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    int gpu;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_ctx *c = fk_g.primary[dev];
+    fk_g.primary[dev] = NULL;
+    if (c != NULL)
+        c->refs = 0;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (c == NULL)
+        return CUDA_SUCCESS;
+    for (int i = 0; i < ctx_depth; i++) {
+        if (ctx_stack[i] == c) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1],
+                    sizeof ctx_stack[0] * (size_t)(ctx_depth - i - 1));
+            ctx_depth--;
+            i--;
+        }
+    }
+    ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    int gpu;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    *active = fk_g.primary[dev] != NULL;
+    pthread_mutex_unlock(&fk_g.lock);
+    *flags = CU_CTX_SCHED_AUTO;
     return CUDA_SUCCESS;
 }
 
@@ -511,4 +575,46 @@ CUresult cuCtxSynchronize(void)
     if (rc == CUDA_SUCCESS)
         fk_ctx_sync(c);
     return rc;
+}
+
+/* Limits of the current context. CU_LIMIT_MALLOC_HEAP_SIZE takes device memory: setting it
+ * takes the new size (or gives back the difference) at once; the default heap is not taken
+ * (the real driver takes it unasked, at the first launch that needs it). */
+CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    struct fk_ctx *c;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)limit >= sizeof c->limits / sizeof c->limits[0] || limit == 5)
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    if (limit != CU_LIMIT_MALLOC_HEAP_SIZE) {
+        c->limits[limit] = value;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&fk_g.lock);
+    if (value > c->heap_reserved)
+        rc = fk_reserve(c->gpu, value - c->heap_reserved);
+    else
+        fk_release(c->gpu, c->heap_reserved - value);
+    if (rc == CUDA_SUCCESS) {
+        c->heap_reserved = value;
+        c->limits[limit] = value;
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    return rc;
+}
+
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit)
+{
+    struct fk_ctx *c;
+    if (pvalue == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if ((unsigned)limit >= sizeof c->limits / sizeof c->limits[0])
+        return CUDA_ERROR_UNSUPPORTED_LIMIT;
+    *pvalue = c->limits[limit];
+    return CUDA_SUCCESS;
 }

@@ -16,6 +16,8 @@
  *   streams.c     streams and their worker threads, events.
  *   launch.c      launches, copies, memsets.
  *   graphs.c      graphs: kernel and memory nodes, instantiate, launch, graph memory trim.
+ *   graph_nodes.c cuGraphAddNode / _v2, the other instantiate entry points, upload, queries.
+ *   capture.c     stream capture (graph.h: the graph objects these three share).
  *   procaddress.c cuGetProcAddress and _v2.
  *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1, with state.c and devlock.c).
  */
@@ -166,6 +168,8 @@ struct fk_ctx {
     int refs;
     uint64_t serial; /* unique in the process, never reused */
     struct fk_stream *null_stream;
+    size_t limits[7];      /* cuCtxSetLimit values, by CUlimit */
+    uint64_t heap_reserved; /* device memory taken for CU_LIMIT_MALLOC_HEAP_SIZE */
 };
 
 struct fk_func {
@@ -223,6 +227,7 @@ struct fk_alloc {
     struct fk_pool *pool;
     int export_idx; /* -1 when not exported */
     int opens;      /* IPC imports: open count */
+    uint64_t ctx_serial; /* cuMemAlloc / Pitch / Managed: the owning context (0: none) */
 };
 struct fk_alloc *fk_alloc_take(uint64_t dptr); /* remove from the table (caller: fk_g.lock) */
 struct fk_alloc *fk_alloc_find(uint64_t dptr); /* caller: fk_g.lock */
@@ -230,6 +235,7 @@ void fk_alloc_put(struct fk_alloc *a);         /* caller: fk_g.lock */
 struct fk_alloc *fk_alloc_new(uint64_t dptr, uint64_t bytes, int gpu, int kind); /* NULL: no memory */
 void fk_alloc_release(struct fk_alloc *a);     /* give the memory back; frees a */
 void fk_alloc_forget_all(void);                /* after fork: drop without giving back */
+void fk_alloc_release_ctx(uint64_t ctx_serial); /* what a destroyed context owned */
 CUresult fk_pool_alloc(struct fk_pool *p, uint64_t bytes, CUdeviceptr *dptr);
 
 /* streams.c */
