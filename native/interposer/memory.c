@@ -14,9 +14,12 @@
  *   cuMemAllocFromPoolAsync (bytes asked, from the call to cuMemFreeAsync: a pool's cached
  *   growth after a free is not counted), cuMemCreate (device location; until cuMemRelease),
  *   cuArrayCreate_v2 / cuArray3DCreate_v2 / cuMipmappedArrayCreate (width x height x depth x
- *   channels x bytes per channel, summed over mip levels), graph memory nodes (the sum of a
- *   graph's alloc nodes, reserved at cuGraphInstantiateWithFlags, given back at
- *   cuGraphExecDestroy), and everything a context held when it is destroyed.
+ *   channels x bytes per channel, summed over mip levels), a context's malloc heap
+ *   (cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)), graph memory nodes (the sum of a graph's alloc
+ *   nodes, however they got there, reserved at every instantiate entry point: memory_graphs.c).
+ *   What a context owns (linear and managed memory, arrays, its heap) is given back when the
+ *   driver destroys the context (cuCtxDestroy, primary release to 0, primary reset); VMM
+ *   handles, pool and graph memory outlive contexts, as the driver says.
  *   IPC imports (cuIpcOpenMemHandle_v2) are not counted: the memory is charged to the
  *   workload whose process allocated it, so an import from the same workload is not counted
  *   twice and an import from another workload stays on that workload's quota.
