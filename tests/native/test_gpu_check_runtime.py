@@ -24,7 +24,8 @@ CAP = 4 << 30
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module
     spec.loader.exec_module(module)
@@ -53,7 +54,7 @@ def test_runtime_program_builds_with_nvcc(gpu_check: ModuleType, tmp_path: Path)
 def test_a_failing_nvcc_is_an_error_naming_the_source(
     gpu_check: ModuleType, tmp_path: Path
 ) -> None:
-    with pytest.raises(RuntimeError, match="runtime_paths.cu"):
+    with pytest.raises(RuntimeError, match=r"runtime_paths\.cu"):
         gpu_check.build_runtime_program(tmp_path, "false")
 
 

@@ -208,7 +208,8 @@ def test_sanitized_graph_capture_heap_and_context_roads(
             assert fits["free_launched"] == CAP - 300 * MIB, (path, road, fits)
             assert fits["free_after"] == CAP, (path, road, fits)
         heap = cupaths(*path, "heap", str(300 * MIB), str(MIB))
-        assert heap["free_set"] == CAP - 300 * MIB and heap["free_reset"] == CAP, heap
+        assert heap["free_set"] == CAP - 300 * MIB, heap
+        assert heap["free_reset"] == CAP, heap
         for mode in ("reset", "release", "destroy"):
             ended = cupaths(*path, "ctx", mode, str(700 * MIB))
             assert ended["again_error"] == "CUDA_SUCCESS", (path, mode, ended)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.native.interposer_support import WORKER, MIB, AgentLib, fake_env
+from tests.native.interposer_support import MIB, WORKER, AgentLib, fake_env
 
 from fgpu import native as fgpu_native
 
