@@ -8,7 +8,7 @@
 
 #include "fake.h"
 
-enum { FK_N_KERNEL = 1, FK_N_ALLOC, FK_N_FREE, FK_N_EMPTY };
+enum { FK_N_KERNEL = 1, FK_N_ALLOC, FK_N_FREE, FK_N_EMPTY, FK_N_CHILD };
 
 struct fk_node {
     uint32_t magic;
@@ -18,6 +18,7 @@ struct fk_node {
     int dev;     /* alloc: the visible ordinal asked for */
     uint64_t bytes;
     uint64_t dptr; /* alloc and free */
+    struct fk_graph *child; /* a child graph moved into its parent (owned by this node) */
 };
 
 struct fk_graph {

@@ -2,13 +2,13 @@
  * graph_nodes.c - fake driver (a STAND-IN for tests, see fake.h): the graph entry points
  * beside graphs.c that the CUDA 12/13 runtime uses: cuGraphAddNode (the 12.2 symbol) and
  * cuGraphAddNode_v2 (12.3, with edge data) for kernel, empty, memory-allocation and
- * memory-free nodes (other node types: CUDA_ERROR_NOT_SUPPORTED, which the real driver never
- * answers for them); the instantiate variants (cuGraphInstantiate and _v2, the pre-12.0
+ * memory-free nodes and child graphs moved into their parent (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE:
+ * the parent owns the child from then on); other node types and cloned child graphs:
+ * CUDA_ERROR_NOT_SUPPORTED, which the real driver never answers for them); the instantiate variants (cuGraphInstantiate and _v2, the pre-12.0
  * symbols; cuGraphInstantiateWithParams and _ptsz, with the upload flag); cuGraphUpload and
  * _ptsz (grows the graph memory pool to what the graph's alloc nodes need, as a launch
  * would, without allocating); and the node queries (cuGraphGetNodes, cuGraphNodeGetType,
- * cuGraphMemAllocNodeGetParams, cuGraphMemFreeNodeGetParams, cuGraphChildGraphNodeGetGraph:
- * there are no child graph nodes here, so always CUDA_ERROR_INVALID_VALUE).
+ * cuGraphMemAllocNodeGetParams, cuGraphMemFreeNodeGetParams, cuGraphChildGraphNodeGetGraph).
  */
 #include <string.h>
 
@@ -37,6 +37,18 @@ static CUresult add_node(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, s
         if (rc != CUDA_SUCCESS)
             return rc;
         const struct fk_node proto = {.kind = FK_N_EMPTY};
+        return fk_graph_add(out, g, deps, ndeps, &proto);
+    }
+    case CU_GRAPH_NODE_TYPE_GRAPH: {
+        struct fk_graph *child = (struct fk_graph *)p->graph.graph;
+        CUresult rc = fk_check_init();
+        if (rc != CUDA_SUCCESS)
+            return rc;
+        if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE)
+            return CUDA_ERROR_NOT_SUPPORTED;
+        if (child == NULL || child->magic != FK_GRAPH_MAGIC || child == (struct fk_graph *)g)
+            return CUDA_ERROR_INVALID_VALUE;
+        const struct fk_node proto = {.kind = FK_N_CHILD, .child = child};
         return fk_graph_add(out, g, deps, ndeps, &proto);
     }
     default:
@@ -179,6 +191,7 @@ CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
     case FK_N_KERNEL: *type = CU_GRAPH_NODE_TYPE_KERNEL; break;
     case FK_N_ALLOC: *type = CU_GRAPH_NODE_TYPE_MEM_ALLOC; break;
     case FK_N_FREE: *type = CU_GRAPH_NODE_TYPE_MEM_FREE; break;
+    case FK_N_CHILD: *type = CU_GRAPH_NODE_TYPE_GRAPH; break;
     default: *type = CU_GRAPH_NODE_TYPE_EMPTY; break;
     }
     return CUDA_SUCCESS;
@@ -209,7 +222,9 @@ CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
 
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
 {
-    (void)hNode;
-    (void)phGraph;
-    return CUDA_ERROR_INVALID_VALUE; /* no child graph nodes in this stand-in */
+    const struct fk_node *n = node_of(hNode);
+    if (n == NULL || n->kind != FK_N_CHILD || phGraph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *phGraph = (CUgraph)n->child;
+    return CUDA_SUCCESS;
 }

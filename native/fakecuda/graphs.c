@@ -6,7 +6,8 @@
  * taken at cuGraphLaunch from the device's graph pool (which grows from device memory in
  * 2 MiB chunks: a launch returns CUDA_ERROR_OUT_OF_MEMORY when it cannot); a free node (or
  * cuMemFree / cuMemFreeAsync of the address) returns it to the graph pool, and
- * cuDeviceGraphMemTrim gives the unused part of the pool back to the device.
+ * cuDeviceGraphMemTrim gives the unused part of the pool back to the device. A child graph
+ * moved into its parent (graph_nodes.c) runs in place of its node and dies with the parent.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +138,26 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     return fk_graph_add(phGraphNode, hGraph, dependencies, numDependencies, &proto);
 }
 
+/* The nodes an executable graph runs: a child graph's nodes in place of its node
+ * (caller: fk_g.lock). */
+static size_t flat_count(const struct fk_graph *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < g->n; i++)
+        n += g->nodes[i]->kind == FK_N_CHILD ? flat_count(g->nodes[i]->child) : 1;
+    return n;
+}
+
+static void flat_copy(const struct fk_graph *g, struct fk_exec *x)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->nodes[i]->kind == FK_N_CHILD)
+            flat_copy(g->nodes[i]->child, x);
+        else
+            x->nodes[x->n++] = *g->nodes[i];
+    }
+}
+
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                      unsigned long long flags)
 {
@@ -153,12 +174,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
     if (x == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&fk_g.lock);
-    x->nodes = calloc(g->n ? g->n : 1, sizeof *x->nodes);
-    if (x->nodes != NULL) {
-        for (size_t i = 0; i < g->n; i++)
-            x->nodes[i] = *g->nodes[i];
-        x->n = g->n;
-    }
+    size_t n = flat_count(g);
+    x->nodes = calloc(n ? n : 1, sizeof *x->nodes);
+    if (x->nodes != NULL)
+        flat_copy(g, x);
     pthread_mutex_unlock(&fk_g.lock);
     if (x->nodes == NULL) {
         free(x);
@@ -319,6 +338,19 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     return CUDA_SUCCESS;
 }
 
+static void graph_free(struct fk_graph *g) /* with the child graphs its nodes own */
+{
+    g->magic = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->nodes[i]->kind == FK_N_CHILD)
+            graph_free(g->nodes[i]->child);
+        g->nodes[i]->magic = 0;
+        free(g->nodes[i]);
+    }
+    free(g->nodes);
+    free(g);
+}
+
 CUresult cuGraphDestroy(CUgraph hGraph)
 {
     struct fk_graph *g = (struct fk_graph *)hGraph;
@@ -327,13 +359,7 @@ CUresult cuGraphDestroy(CUgraph hGraph)
         return rc;
     if (g == NULL || g->magic != FK_GRAPH_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
-    g->magic = 0;
-    for (size_t i = 0; i < g->n; i++) {
-        g->nodes[i]->magic = 0;
-        free(g->nodes[i]);
-    }
-    free(g->nodes);
-    free(g);
+    graph_free(g);
     return CUDA_SUCCESS;
 }
 

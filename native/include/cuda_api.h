@@ -336,6 +336,16 @@ typedef struct CUDA_MEM_FREE_NODE_PARAMS_st {
     CUdeviceptr dptr;
 } CUDA_MEM_FREE_NODE_PARAMS;
 
+typedef enum CUgraphChildGraphNodeOwnership_enum {
+    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0,
+    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1 /* the only way a child may hold memory nodes */
+} CUgraphChildGraphNodeOwnership;
+
+typedef struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    CUgraph graph;
+    CUgraphChildGraphNodeOwnership ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+
 /* cuGraphAddNode / _v2: a tagged union (the members fgpu reads; the rest is padding) */
 typedef struct CUgraphNodeParams_st {
     CUgraphNodeType type;
@@ -345,6 +355,7 @@ typedef struct CUgraphNodeParams_st {
         CUDA_KERNEL_NODE_PARAMS_v2 kernel; /* cuda.h: CUDA_KERNEL_NODE_PARAMS_v3, same layout */
         CUDA_MEM_ALLOC_NODE_PARAMS alloc;  /* cuda.h: CUDA_MEM_ALLOC_NODE_PARAMS_v2, same layout */
         CUDA_MEM_FREE_NODE_PARAMS free;
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
     };
     long long reserved2;
 } CUgraphNodeParams;

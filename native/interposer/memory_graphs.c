@@ -7,7 +7,8 @@
  * address. Nodes reach a graph by many roads: cuGraphAddMemAllocNode, cuGraphAddNode / _v2
  * with CU_GRAPH_NODE_TYPE_MEM_ALLOC, stream capture of cuMemAllocAsync (the allocation on a
  * capturing stream is a node, not memory: memory_pools.c lets it through uncounted),
- * cuGraphClone, child graphs. So the interposer does not follow the roads: at instantiation it
+ * a child graph moved into its parent (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE, CUDA 13). So the
+ * interposer does not follow the roads: at instantiation it
  * asks the driver for the graph's nodes (cuGraphGetNodes, cuGraphNodeGetType,
  * cuGraphMemAllocNodeGetParams / MemFreeNodeGetParams, child graphs through
  * cuGraphChildGraphNodeGetGraph, 8 levels deep at most) and reserves the sum of the alloc

@@ -1,7 +1,8 @@
 /*
  * cupaths.c - fgpu-cupaths: a test program that reaches device memory by the driver API
  * roads beside the allocation calls, the way the CUDA runtime does: graph memory nodes
- * (cuGraphAddMemAllocNode, cuGraphAddNode / _v2, stream capture of cuMemAllocAsync) under
+ * (cuGraphAddMemAllocNode, cuGraphAddNode / _v2, stream capture of cuMemAllocAsync, a child
+ * graph holding them moved into its parent) under
  * every instantiate entry point (cuGraphInstantiateWithFlags, cuGraphInstantiateWithParams
  * with and without upload, cuGraphUpload, the pre-12.0 cuGraphInstantiate / _v2), the malloc
  * heap limit, primary-context release and reset (cudaDeviceReset), context destroy, and
@@ -16,7 +17,7 @@
  *
  * usage: fgpu-cupaths [--dlopen] totalmem
  *        fgpu-cupaths [--dlopen] graph ROAD INST BYTES free|keep
- *            ROAD: allocnode addnode addnode-v1 capture
+ *            ROAD: allocnode addnode addnode-v1 capture child
  *            INST: flags params params-upload upload legacy legacy-v1
  *        fgpu-cupaths [--dlopen] heap BYTES LOWER
  *        fgpu-cupaths [--dlopen] ctx reset|release|release-held|destroy BYTES
@@ -182,6 +183,21 @@ static CUresult build(const char *road, size_t bytes, int keep, CUstream s, CUgr
         *dptr = p.dptr;
         if (r == CUDA_SUCCESS && !keep)
             r = p_cuGraphAddMemFreeNode(&f, *g, &a, 1, *dptr);
+        return r;
+    }
+    if (strcmp(road, "child") == 0) { /* the nodes in a child graph moved into g (CUDA 13) */
+        CUgraph child = NULL;
+        CUgraphNode c;
+        if ((r = build("addnode", bytes, keep, s, &child, dptr)) != CUDA_SUCCESS)
+            return r;
+        CUgraphNodeParams np;
+        memset(&np, 0, sizeof np);
+        np.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        np.graph.graph = child;
+        np.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        r = p_cuGraphAddNode(&c, *g, NULL, NULL, 0, &np);
+        if (r != CUDA_SUCCESS)
+            p_cuGraphDestroy(child);
         return r;
     }
     addnode_v1_fn v1 = NULL;

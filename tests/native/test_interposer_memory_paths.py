@@ -1,7 +1,8 @@
 """libfgpu caps device memory on the roads beside the allocation calls (fgpu-cupaths).
 
 Graph memory nodes however they reach a graph (``cuGraphAddMemAllocNode``,
-``cuGraphAddNode`` / ``_v2``, stream capture of ``cuMemAllocAsync``) under every instantiate
+``cuGraphAddNode`` / ``_v2``, stream capture of ``cuMemAllocAsync``, a child graph moved
+into its parent) under every instantiate
 entry point (``WithFlags``, ``WithParams`` with and without upload, ``cuGraphUpload``, the
 pre-12.0 ``cuGraphInstantiate`` / ``_v2``); the malloc heap limit; primary-context release and
 reset (the ``cudaDeviceReset`` path) and context destroy give back what the context held;
@@ -31,7 +32,7 @@ FAKE_TOTAL = 81920 * MIB
 CAP = 1024 * MIB
 OVER = CAP + 64 * MIB
 FITS = 600 * MIB
-ROADS = ["allocnode", "addnode", "addnode-v1", "capture"]
+ROADS = ["allocnode", "addnode", "addnode-v1", "capture", "child"]
 INSTS = ["flags", "params", "params-upload", "upload", "legacy", "legacy-v1"]
 PATHS = [pytest.param([], id="linked"), pytest.param(["--dlopen"], id="dlopen")]
 SOURCE = Path(__file__).resolve().parents[2] / "native" / "tests" / "cupaths.c"
@@ -317,7 +318,7 @@ def test_nvcc_build_links_the_versioned_symbols_cuda_h_names(nvcc_program: Path)
     "args",
     [
         ["graph", road, inst, str(OVER), "free"]
-        for road in ("addnode", "capture", "allocnode")
+        for road in ("addnode", "capture", "allocnode", "child")
         for inst in ("params", "upload", "legacy")
     ]
     + [["heap", str(OVER), "0"]],

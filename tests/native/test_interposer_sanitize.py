@@ -201,7 +201,12 @@ def test_sanitized_graph_capture_heap_and_context_roads(
         return out
 
     for path in ([], ["--dlopen"]):
-        for road, inst in (("addnode", "params"), ("capture", "upload"), ("allocnode", "legacy")):
+        for road, inst in (
+            ("addnode", "params"),
+            ("capture", "upload"),
+            ("allocnode", "legacy"),
+            ("child", "flags"),
+        ):
             over = cupaths(*path, "graph", road, inst, str(CAP + MIB), "free")
             assert over["inst_error"] == "CUDA_ERROR_OUT_OF_MEMORY", (path, road, over)
             fits = cupaths(*path, "graph", road, inst, str(300 * MIB), "keep")
