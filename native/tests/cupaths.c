@@ -20,7 +20,9 @@
  *            ROAD: allocnode addnode addnode-v1 capture child
  *            INST: flags params params-upload upload legacy legacy-v1
  *        fgpu-cupaths [--dlopen] heap BYTES LOWER
- *        fgpu-cupaths [--dlopen] ctx reset|release|release-held|destroy BYTES
+ *        fgpu-cupaths [--dlopen] ctx reset|release|release-held|destroy|destroy-async BYTES
+ *            (destroy-async: the first allocation is cuMemAllocAsync, which outlives its
+ *            context)
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -305,7 +307,8 @@ static int ctx(const char *mode, size_t bytes)
     CUdeviceptr d1 = 0, d2 = 0;
     CUcontext c = NULL;
     CUresult r, rm;
-    if (strcmp(mode, "destroy") == 0) {
+    int destroy = strncmp(mode, "destroy", 7) == 0;
+    if (destroy) {
         ctx_create_v2_fn create = (ctx_create_v2_fn)dlsym(lib, "cuCtxCreate_v2");
         r = create != NULL ? create(&c, 0, 0) : CUDA_ERROR_NOT_FOUND;
     } else {
@@ -315,11 +318,18 @@ static int ctx(const char *mode, size_t bytes)
         if (r == CUDA_SUCCESS)
             r = p_cuCtxSetCurrent(c);
     }
-    CUresult r1 = r == CUDA_SUCCESS ? p_cuMemAlloc(&d1, bytes) : r;
+    CUresult r1 = r;
+    if (r == CUDA_SUCCESS && strcmp(mode, "destroy-async") == 0) {
+        r1 = p_cuMemAllocAsync(&d1, bytes, NULL);
+        if (r1 == CUDA_SUCCESS)
+            r1 = p_cuStreamSynchronize(NULL);
+    } else if (r == CUDA_SUCCESS) {
+        r1 = p_cuMemAlloc(&d1, bytes);
+    }
     unsigned long long f1 = free_now();
     if (strcmp(mode, "reset") == 0)
         rm = p_cuDevicePrimaryCtxReset(0);
-    else if (strcmp(mode, "destroy") == 0)
+    else if (destroy)
         rm = p_cuCtxDestroy(c);
     else
         rm = p_cuDevicePrimaryCtxRelease(0);

@@ -201,6 +201,16 @@ def test_memory_of_an_ended_context_is_given_back(
     assert seg[0].snapshot().gpus[0].oom_count == 0
 
 
+def test_pool_memory_outlives_its_context_and_stays_counted(
+    native: Path, env: dict[str, str], seg: tuple[AgentLib, Path]
+) -> None:
+    # cuda.h (cuCtxDestroy): cuMemAllocAsync / cuMemCreate memory is not freed with a context
+    out = cupaths(program(native), env, "ctx", "destroy-async", str(ALLOC))
+    assert out["alloc_error"] == out["destroy-async_error"] == "CUDA_SUCCESS", out
+    assert out["again_error"] == "CUDA_ERROR_OUT_OF_MEMORY", "still held by the driver"
+    assert out["free_again"] == CAP - ALLOC
+
+
 def test_releasing_a_primary_context_still_held_keeps_its_memory_counted(
     native: Path, env: dict[str, str], seg: tuple[AgentLib, Path]
 ) -> None:
@@ -224,6 +234,8 @@ def test_fake_driver_frees_a_contexts_memory_when_it_ends(
     assert out["free_again"] == FAKE_TOTAL - ALLOC, "the first allocation went with its context"
     held = cupaths(program(native), env, "ctx", "release-held", str(ALLOC))
     assert held["free_again"] == FAKE_TOTAL - 2 * ALLOC
+    pool = cupaths(program(native), env, "ctx", "destroy-async", str(ALLOC))
+    assert pool["free_again"] == FAKE_TOTAL - 2 * ALLOC, "pool memory outlives its context"
 
 
 def test_fake_driver_takes_the_heap_and_graph_memory_at_the_right_time(
