@@ -18,7 +18,7 @@
  * included). cuGraphUpload and cuGraphLaunch need no reservation of their own: every
  * executable graph was made by one of these, and cuGraphExecUpdate cannot add memory nodes.
  * Nodes the graph also frees are held for the executable graph and given back at
- * cuGraphExecDestroy; nodes it does not free are held for their address and given back at
+ * cuGraphExecDestroy or when its context is destroyed or reset; nodes it does not free are held for their address and given back at
  * cuMemFree / cuMemFreeAsync of it (an executable graph destroyed without a launch keeps
  * those counted: stricter, never looser). An upper bound: the driver may reuse freed graph
  * memory inside one launch. A captured cuMemFreeAsync of memory allocated outside the graph
@@ -142,8 +142,8 @@ static void graph_settle(struct walk *w, CUresult r, const CUgraphExec *exec)
         const struct fgpu_gnode *n = &w->nodes[i];
         if (r != CUDA_SUCCESS)
             fgpu_mem_give(n->gpu, n->bytes);
-        else if (n->freed)
-            fgpu_mem_track_unbound(K_GEXEC, (uint64_t)(uintptr_t)*exec, n->gpu, n->bytes);
+        else if (n->freed) /* an executable graph belongs to its context, and ends with it */
+            fgpu_mem_track(K_GEXEC, (uint64_t)(uintptr_t)*exec, n->gpu, n->bytes);
         else
             fgpu_mem_track_unbound(K_PTR, n->dptr, n->gpu, n->bytes);
     }

@@ -16,7 +16,9 @@
  * (the road of programs that load the driver themselves).
  *
  * usage: fgpu-cupaths [--dlopen] totalmem
- *        fgpu-cupaths [--dlopen] graph ROAD INST BYTES free|keep
+ *        fgpu-cupaths [--dlopen] graph ROAD INST BYTES free|keep|reset
+ *            (keep: no free node, cuMemFree after the launch; reset: a free node, and the
+ *            executable graph is left to cuDevicePrimaryCtxReset instead of destroyed)
  *            ROAD: allocnode addnode addnode-v1 capture child
  *            INST: flags params params-upload upload legacy legacy-v1
  *        fgpu-cupaths [--dlopen] heap BYTES LOWER
@@ -254,8 +256,9 @@ static CUresult instantiate(const char *inst, CUgraphExec *x, CUgraph g, CUstrea
     return f(x, g, &err, log, sizeof log);
 }
 
-static int graph(const char *road, const char *inst, size_t bytes, int keep)
+static int graph(const char *road, const char *inst, size_t bytes, const char *how)
 {
+    int keep = strcmp(how, "keep") == 0, reset = strcmp(how, "reset") == 0;
     CUstream s = NULL;
     CUgraph g = NULL;
     CUgraphExec x = NULL;
@@ -271,10 +274,16 @@ static int graph(const char *road, const char *inst, size_t bytes, int keep)
         if (rl == CUDA_SUCCESS)
             rl = p_cuStreamSynchronize(s);
         launched = free_now();
-        p_cuGraphExecDestroy(x);
+        if (!reset)
+            p_cuGraphExecDestroy(x);
     }
     if (keep && rl == CUDA_SUCCESS)
         p_cuMemFree(d);
+    if (reset) { /* the executable graph and the stream end with the context */
+        if (p_cuDevicePrimaryCtxReset(0) != CUDA_SUCCESS || primary() == NULL)
+            rl = CUDA_ERROR_INVALID_CONTEXT;
+        s = NULL;
+    }
     unsigned long long after = free_now();
     if (g != NULL)
         p_cuGraphDestroy(g);
@@ -354,7 +363,7 @@ int main(int argc, char **argv)
     }
     if (a >= argc) {
         fprintf(stderr, "usage: fgpu-cupaths [--dlopen] totalmem | graph ROAD INST BYTES "
-                        "free|keep | heap BYTES LOWER | ctx MODE BYTES\n");
+                        "free|keep|reset | heap BYTES LOWER | ctx MODE BYTES\n");
         return 2;
     }
     if (resolve(use_dlopen) != 0)
@@ -375,8 +384,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (strcmp(cmd, "graph") == 0 && left == 4)
-        return graph(argv[a], argv[a + 1], strtoull(argv[a + 2], NULL, 10),
-                     strcmp(argv[a + 3], "keep") == 0);
+        return graph(argv[a], argv[a + 1], strtoull(argv[a + 2], NULL, 10), argv[a + 3]);
     if (strcmp(cmd, "heap") == 0 && left == 2)
         return heap(strtoull(argv[a], NULL, 10), strtoull(argv[a + 1], NULL, 10));
     fprintf(stderr, "fgpu-cupaths: unknown command or wrong arguments: %s\n", cmd);

@@ -141,6 +141,17 @@ def test_graph_memory_the_graph_does_not_free_lives_until_cumemfree(
     assert reserved(seg[0]) == 0
 
 
+@pytest.mark.parametrize("road", ["allocnode", "capture"])
+def test_an_executable_graph_left_to_a_device_reset_is_given_back(
+    native: Path, env: dict[str, str], seg: tuple[AgentLib, Path], road: str
+) -> None:
+    out = cupaths(program(native), env, "graph", road, "flags", str(FITS), "reset")
+    assert out["inst_error"] == out["launch_error"] == "CUDA_SUCCESS", out
+    assert out["free_launched"] == CAP - FITS
+    assert out["free_after"] == CAP, "the reset ended the executable graph"
+    assert reserved(seg[0]) == 0
+
+
 def test_two_graphs_that_together_pass_the_cap_cannot_both_be_instantiated(
     native: Path, env: dict[str, str], seg: tuple[AgentLib, Path]
 ) -> None:
