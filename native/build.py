@@ -69,6 +69,7 @@ FAKECUDA_SOURCES = (
     "fakecuda/graph_nodes.c",
     "fakecuda/capture.c",
     "fakecuda/procaddress.c",
+    "fakecuda/versions.c",
 )
 
 INTERPOSER_SOURCES = (
@@ -173,6 +174,17 @@ TARGETS: list[Target] = [
     ),
     # --- end of interposer targets --------------------------------------------------------
     # --- test programs ----------------------------------------------------------------------
+    # The TRACING stand-in of libcuda.so.1 (tests only): the fake driver that also records
+    # every cuGetProcAddress(_v2) and cuGetExportTable request to $FGPU_TRACE_OUT; the tests
+    # run NVIDIA's CUDA runtime against it (tests/native/test_cudart_requests.py).
+    Target(
+        name="trace/libcuda.so.1",
+        kind="shared",
+        sources=(*FAKECUDA_SOURCES, "tests/cutrace.c"),
+        soname="libcuda.so.1",
+        libs=("-Wl,-Bsymbolic", "-lpthread", "-lm"),
+        cflags=("-DFK_TRACE", f"-I{NATIVE / 'fakecuda'}"),
+    ),
     # Linked against the fake without an rpath: LD_LIBRARY_PATH / LD_PRELOAD choose at run
     # time which libcuda.so.1 (fake, interposer, real) the program gets.
     Target(

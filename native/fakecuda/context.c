@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "fake.h"
+#include "fgpu_procaddr_table.h"
 
 struct fk_local fk_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .gen = 1};
 
@@ -151,7 +152,7 @@ CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (driverVersion == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = FGPU_CUDA_API_VERSION;
+    *driverVersion = FGPU_PROCADDR_CUDA_VERSION; /* CUDA_VERSION of the generated table */
     return CUDA_SUCCESS;
 }
 

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define FGPU_CUDA_API_VERSION 12040 /* the cuda.h version these declarations follow */
+#define FGPU_CUDA_API_VERSION 13000 /* the cuda.h version these declarations follow */
 
 /* ---------------------------------------------------------------- result codes */
 typedef int CUresult;
@@ -380,7 +380,7 @@ typedef enum CUlaunchAttributeID_enum {
 } CUlaunchAttributeID;
 
 typedef union CUlaunchAttributeValue_union {
-    char pad[64];
+    _Alignas(8) char pad[64]; /* the driver's union holds pointers and 64-bit members */
     int cooperative;
     int priority;
 } CUlaunchAttributeValue;
@@ -630,6 +630,53 @@ CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t n,
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
+
+/* ---------------------------------------------------------------- CUDA 12.5 / 13.0 forms
+ * (cudaTypedefs.h: PFN_cuCtxCreate_v11040/_v12050, PFN_cuCtxSynchronize_v13000, ...): what
+ * cuGetProcAddress answers at those versions. */
+typedef enum CUexecAffinityType_enum {
+    CU_EXEC_AFFINITY_TYPE_SM_COUNT = 0,
+    CU_EXEC_AFFINITY_TYPE_MAX
+} CUexecAffinityType;
+typedef struct CUexecAffinitySmCount_st {
+    unsigned int val;
+} CUexecAffinitySmCount;
+typedef struct CUexecAffinityParam_st {
+    CUexecAffinityType type;
+    union {
+        CUexecAffinitySmCount smCount;
+    } param;
+} CUexecAffinityParam;
+typedef enum CUcigDataType_enum {
+    CIG_DATA_TYPE_D3D12_COMMAND_QUEUE = 0x1,
+    CIG_DATA_TYPE_NV_BLOB = 0x2
+} CUcigDataType;
+typedef struct CUctxCigParam_st {
+    CUcigDataType sharedDataType;
+    void *sharedData;
+} CUctxCigParam;
+typedef struct CUctxCreateParams_st {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    CUctxCigParam *cigParams;
+} CUctxCreateParams;
+#if defined(__LP64__)
+_Static_assert(sizeof(CUexecAffinityParam) == 8, "CUexecAffinityParam layout");
+_Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams layout");
+#endif
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev);
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
+/* synchronous copies and memsets on the per-thread default stream (_ptds) */
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t byteCount);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t byteCount);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t n);
 
 #ifdef __cplusplus
 }

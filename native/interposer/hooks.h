@@ -88,6 +88,7 @@ FGPU_HOOK(cuMemsetD32Async_ptsz)
 FGPU_HOOK(cuStreamSynchronize)
 FGPU_HOOK(cuStreamSynchronize_ptsz)
 FGPU_HOOK(cuCtxSynchronize)
+FGPU_HOOK(cuCtxSynchronize_v2)
 
 /* NVML memory queries (nvml.c) */
 FGPU_NVML_HOOK(nvmlDeviceGetMemoryInfo)

@@ -182,6 +182,14 @@ def test_sanitized_sweep_leaves_another_pid_namespace_alone(
         holder.wait()
 
 
+@pytest.mark.parametrize("rule", ["names", "pointers"])
+def test_sanitized_procaddr_rules(asan_dir: Path, env: dict[str, str], rule: str) -> None:
+    # the driver's rule over the generated table, in the interposer and in the fake driver
+    out = cudemo(asan_dir, {**env, "FGPU_PROCADDR": rule}, "procaddr")
+    assert out["mismatches"] == []
+    assert out["ok"] == out["checked"]
+
+
 def test_sanitized_graph_capture_heap_and_context_roads(
     asan_dir: Path, env: dict[str, str], seg: tuple[AgentLib, Path]
 ) -> None:
