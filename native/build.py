@@ -59,6 +59,7 @@ FAKECUDA_SOURCES = (
     "fakecuda/state.c",
     "fakecuda/devlock.c",
     "fakecuda/context.c",
+    "fakecuda/limits.c",
     "fakecuda/modules.c",
     "fakecuda/memory.c",
     "fakecuda/objects.c",

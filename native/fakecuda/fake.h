@@ -9,6 +9,7 @@
  *                 clocks, debug log.
  *   devlock.c     the cross-process device lock, busy-time counters and samples.
  *   context.c     cuInit, devices, contexts, fork and exit.
+ *   limits.c      context limits (cuCtxSetLimit: the malloc heap takes device memory).
  *   modules.c     modules and the spin kernel, error strings, fgpuFakeDeviceTime.
  *   memory.c      the per-process allocation table, cuMemAlloc*, cuMemGetInfo, pools.
  *   objects.c     CUDA arrays, mipmapped arrays, IPC handles.
@@ -215,6 +216,7 @@ CUresult fk_check_init(void);
 CUresult fk_current(struct fk_ctx **out); /* the calling thread's context */
 int fk_ctx_valid(const struct fk_ctx *c);
 CUresult fk_dev_gpu(CUdevice dev, int *gpu); /* visible ordinal -> global index */
+void fk_ctx_limits_init(struct fk_ctx *c);   /* limits.c: the defaults of a new context */
 
 /* memory.c: the per-process allocation table */
 enum { FK_A_MEM = 1, FK_A_PITCH, FK_A_MANAGED, FK_A_ASYNC, FK_A_POOL, FK_A_GRAPH, FK_A_IPC };
