@@ -59,6 +59,7 @@ FAKECUDA_SOURCES = (
     "fakecuda/state.c",
     "fakecuda/devlock.c",
     "fakecuda/context.c",
+    "fakecuda/limits.c",
     "fakecuda/modules.c",
     "fakecuda/memory.c",
     "fakecuda/objects.c",
@@ -66,6 +67,8 @@ FAKECUDA_SOURCES = (
     "fakecuda/streams.c",
     "fakecuda/launch.c",
     "fakecuda/graphs.c",
+    "fakecuda/graph_nodes.c",
+    "fakecuda/capture.c",
     "fakecuda/procaddress.c",
     "fakecuda/versions.c",
 )
@@ -77,6 +80,7 @@ INTERPOSER_SOURCES = (
     "interposer/memory.c",
     "interposer/memory_pools.c",
     "interposer/memory_objects.c",
+    "interposer/memory_graphs.c",
     "interposer/launch.c",
     "interposer/launch_hooks.c",
     "interposer/nvml.c",
@@ -103,6 +107,15 @@ TARGETS: list[Target] = [
         sources=("fakecuda/state.c", "fakecuda/devlock.c", "fakecuda/nvml.c"),
         soname="libnvidia-ml.so.1",
         libs=("-Wl,-Bsymbolic", "-lpthread"),
+    ),
+    # A test stand-in: the fake driver plus a constructor that dlopens the driver's own path
+    # and "libcuda.so.1" while it loads (the dlopen route must not deadlock on that).
+    Target(
+        name="selfload/libcuda.so.1",
+        kind="shared",
+        sources=(*FAKECUDA_SOURCES, "tests/selfload.c"),
+        soname="libcuda.so.1",
+        libs=("-Wl,-Bsymbolic", "-lpthread", "-lm", "-ldl"),
     ),
     # --- the interposer (native/interposer; libfgpu*.so): its engineer adds targets here --
     # libfgpu.so: LD_PRELOADed into workloads; exports only the hooks of hooks.h, dlopen and
@@ -180,6 +193,15 @@ TARGETS: list[Target] = [
         kind="program",
         sources=("tests/cudemo.c", "tests/cudemo_main.c", "tests/cudemo_bench.c"),
         libs=("-L{out}/fakecuda", "-l:libcuda.so.1", "-ldl", "-lpthread"),
+        deps=("fakecuda/libcuda.so.1",),
+    ),
+    # the driver-API roads to device memory beside the allocation calls (graphs, capture,
+    # heap limit, context reset); the tests also build it with nvcc against cuda.h
+    Target(
+        name="bin/fgpu-cupaths",
+        kind="program",
+        sources=("tests/cupaths.c",),
+        libs=("-L{out}/fakecuda", "-l:libcuda.so.1", "-ldl"),
         deps=("fakecuda/libcuda.so.1",),
     ),
 ]

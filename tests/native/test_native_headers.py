@@ -73,7 +73,9 @@ def cuda_unit(names: set[str], ours: dict[str, tuple[str, str]]) -> str:
     for r in rows:
         suffix = r.symbol[-5:] if r.per_thread else ""
         pfn[r.symbol] = f"PFN_{r.base}_v{r.version}{suffix}"
-    lines = ["#include <cudaTypedefs.h>"]
+    # __CUDA_API_VERSION_INTERNAL: cudaTypedefs.h then also types the older symbols the driver
+    # still exports (cuGraphInstantiate_v2, cuStreamBeginCapture, cuDevicePrimaryCtxReset ...)
+    lines = ["#define __CUDA_API_VERSION_INTERNAL 1", "#include <cudaTypedefs.h>"]
     lines += [f"{ours[n][0]} fgpu_ours_{n}({ours[n][1]});" for n in sorted(names)]
     lines.append("void fgpu_check(void);\nvoid fgpu_check(void)\n{")
     lines += [f"    {pfn[n]} p_{n} = &fgpu_ours_{n};\n    (void)p_{n};" for n in sorted(names)]
