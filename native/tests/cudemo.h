@@ -101,6 +101,7 @@ int cmd_bench_launch(long count);
 int cmd_bench_alloc(long count, size_t bytes);
 int cmd_bench_batch(long count, long size);
 int cmd_bursts(uint64_t ns, long count, long bursts, long idle_us);
+int cmd_ctx_bursts(uint64_t ns, long count, long rounds, long idle_us);
 
 #define CHECK(call)                                                                      \
     do {                                                                                 \

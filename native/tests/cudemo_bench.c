@@ -14,6 +14,11 @@
  *                              waited for through an event of the program's own
  *                              (cuEventSynchronize, which the interposer does not see), then
  *                              IDLE_US of the CPU alone; a cuCtxSynchronize at the end
+ *   ctx-bursts NS COUNT ROUNDS IDLE_US
+ *                              ROUNDS times, on the primary context of device 0, then of
+ *                              device 1: COUNT NS-long kernels on its default stream, waited
+ *                              for through an event of the program's own, then IDLE_US of
+ *                              the CPU alone; a cuCtxSynchronize in each context at the end
  *
  * One JSON line each. The figures are what the program sees per call, with or without the
  * interposer preloaded (the benchmark runs both).
@@ -172,5 +177,51 @@ int cmd_bursts(uint64_t ns, long count, long bursts, long idle_us)
            (int)getpid());
     CHECK(api.cuEventDestroy_v2(done));
     CHECK(api.cuModuleUnload(m));
+    return 0;
+}
+
+int cmd_ctx_bursts(uint64_t ns, long count, long rounds, long idle_us)
+{
+    static const char image[] = "FGPUFAKE spin module";
+    CUcontext ctx[2];
+    CUfunction f[2];
+    CUmodule m[2];
+    CUevent done[2];
+    void *params[] = {&ns};
+    if (count <= 0 || rounds <= 0 || idle_us < 0) {
+        fprintf(stderr, "fgpu-cudemo: ctx-bursts: COUNT and ROUNDS must be positive\n");
+        return 64;
+    }
+    for (int d = 0; d < 2; d++) {
+        CUdevice dev;
+        CHECK(api.cuDeviceGet(&dev, d));
+        CHECK(api.cuDevicePrimaryCtxRetain(&ctx[d], dev));
+        CHECK(api.cuCtxSetCurrent(ctx[d]));
+        CHECK(api.cuModuleLoadData(&m[d], image));
+        CHECK(api.cuModuleGetFunction(&f[d], m[d], "spin"));
+        CHECK(api.cuEventCreate(&done[d], CU_EVENT_DISABLE_TIMING));
+    }
+    for (long r = 0; r < rounds; r++) {
+        for (int d = 0; d < 2; d++) {
+            CHECK(api.cuCtxSetCurrent(ctx[d]));
+            for (long k = 0; k < count; k++) {
+                CUresult rc = api.cuLaunchKernel(f[d], 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL);
+                if (rc != CUDA_SUCCESS)
+                    fail("cuLaunchKernel", rc);
+            }
+            CHECK(api.cuEventRecord(done[d], NULL));
+            CHECK(api.cuEventSynchronize(done[d]));
+            struct timespec idle = {(time_t)(idle_us / 1000000), (long)(idle_us % 1000000) * 1000};
+            while (nanosleep(&idle, &idle) != 0) {
+            }
+        }
+    }
+    for (int d = 0; d < 2; d++) {
+        CHECK(api.cuCtxSetCurrent(ctx[d]));
+        CHECK(api.cuCtxSynchronize());
+        CHECK(api.cuEventDestroy_v2(done[d]));
+        CHECK(api.cuModuleUnload(m[d]));
+    }
+    printf("{\"launches\":%ld,\"pid\":%d}\n", count * rounds * 2, (int)getpid());
     return 0;
 }

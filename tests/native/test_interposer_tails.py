@@ -156,3 +156,36 @@ def test_a_closed_gate_drains_the_open_tails(
     assert out["launches"] == bursts * count
     snap = agent.snapshot()
     assert (snap.launches, snap.inflight, snap.waiting) == (bursts * count, 0, 0)
+
+
+def test_a_closed_gate_drains_the_tails_of_another_context(native: Path, tmp_path: Path) -> None:
+    other = "GPU-99999999-8888-7777-6666-555555555555"
+    agent = AgentLib(native)
+    path = tmp_path / "seg2"
+    agent.create(path, [UUID, other], [1024 * MIB, 1024 * MIB])
+    env = fake_env(native, tmp_path / "fakegpu2", f"{GPUS},{other}=A100-80GB:81920", seg=path)
+    rounds, count = 3, 40
+    # device 0's context, then device 1's, each burst ending on an event of the program's
+    # own: when the program is held at the gate in one context, the other context's last
+    # tail is still open and only the interposer can end it (with that context made current)
+    proc = start(native, env, "ctx-bursts", str(200_000), str(count), str(rounds), "300000")
+    try:
+        wait_for(lambda: agent.snapshot().launches > 2 * count, "the second round")
+        agent.set_gate(GATE_CLOSED)
+
+        def held_and_drained() -> bool:
+            agent.beat()
+            snap = agent.snapshot()
+            return bool(snap.waiting == 1 and snap.inflight == 0)
+
+        wait_for(held_and_drained, "the program held at the gate with nothing in flight")
+        agent.set_gate(GATE_OPEN)
+        out = finish(proc)
+        snap = agent.snapshot()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        agent.close()
+    assert out["launches"] == 2 * rounds * count
+    assert (snap.launches, snap.inflight, snap.waiting) == (2 * rounds * count, 0, 0)
