@@ -9,6 +9,19 @@ and without libfgpu preloaded, side by side in one run:
   without the interposer, with it (gate open, nothing bounding the launches in flight), and
   with it bounding launches in flight to 2 (as while a GPU is shared). ``added`` is the
   difference of the medians (target: under 1 microsecond per launch);
+- ``batch_ns``: the same launches in batches of 100 (``fgpu-cudemo bench-batch``: each
+  batch of calls timed as a whole, then a ``cuCtxSynchronize`` timed on its own), per launch,
+  without and with the interposer (unshared GPU: gate open, ``max_inflight`` 0); ``ratio``
+  is with / without (target: at most 1.3);
+- ``shared_throughput``: kernels of 10 us and 1 ms on the default stream (``fgpu-cudemo
+  spin``; the fake driver sleeps for a kernel, so on a loaded machine a "10 us" kernel takes
+  the scheduler's wake-up, often 50-150 us; zero-length kernels, ``0us``, are the shortest it
+  runs), without the interposer and with it bounding launches in flight to 2 (a shared
+  GPU, gate open): kernels per second and the mean time in a launch call (while the device
+  is the bottleneck a bounded launcher waits about a kernel per call on average, however
+  it waits); ``ratio`` is throughput with / without: an event wait per launch shows as a
+  ratio well under 1 once kernels are shorter than a thread's wake-up (target: at least
+  0.9);
 - ``alloc_ns``: one ``cuMemAlloc_v2`` + ``cuMemFree_v2`` pair, with and without;
 - ``shares``: strict 700/300 through the real governor holding both at launch, achieved
   share of each in device time (the fake driver's per-process count) over a window, and the
@@ -18,8 +31,14 @@ and without libfgpu preloaded, side by side in one run:
 - ``startup_64``: 64 processes started at once, each initialising CUDA and allocating 1 MiB,
   wall time until all exited, with and without the interposer (each with its own segment).
 
+With ``--baseline-lib DIR`` (a folder holding another build's ``libfgpu.so``, e.g. the
+commit before a change, built with ``python native/build.py DIR``; ``--baseline-label``
+says which) the launch, batch and shared-throughput figures also get a ``baseline`` column
+from that library, run alternately with the others on the same fake driver.
+
 Prints one JSON object and writes it to ``--out`` (default
-``bench/results/interposer-cpu.json``). Usage: ``python bench/interposer.py [--quick]``.
+``bench/results/interposer-cpu.json``). Usage:
+``python bench/interposer.py [--quick] [--baseline-lib DIR] [--out PATH]``.
 """
 
 from __future__ import annotations
@@ -50,18 +69,19 @@ GPU = FakeGpu(UUID, "A100-80GB", 81920)
 
 
 class Bench:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, baseline_lib: Path | None = None) -> None:
         self.root = root
+        self.baseline_lib = baseline_lib
         self.state = root / "fake-gpus.state"
         self.segments = SegmentDir(root / "segs")
         self.cudemo = str(lib_dir() / "bin" / "fgpu-cudemo")
         self._n = 0
 
-    def env(self, segment: Segment | None) -> dict[str, str]:
+    def env(self, segment: Segment | None, lib: Path | None = None) -> dict[str, str]:
         env = dict(os.environ)
         env.update(fake_driver_env(fake_driver_dir(), self.state, [GPU], env))
         if segment is not None:
-            env.update(preload_env(lib_dir(), segment.path, env))
+            env.update(preload_env(lib or lib_dir(), segment.path, env))
         return env
 
     def segment(self, max_inflight: int = 0, memory_mib: int = 81920) -> Segment:
@@ -70,9 +90,15 @@ class Bench:
             f"b{self._n}", [UUID], [memory_mib], max_inflight=max_inflight, uid=None, gid=None
         )
 
-    def run(self, args: list[str], segment: Segment | None) -> dict[str, Any]:
+    def run(
+        self, args: list[str], segment: Segment | None, lib: Path | None = None
+    ) -> dict[str, Any]:
         done = subprocess.run(
-            [self.cudemo, *args], env=self.env(segment), capture_output=True, text=True, check=True
+            [self.cudemo, *args],
+            env=self.env(segment, lib),
+            capture_output=True,
+            text=True,
+            check=True,
         )
         return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
@@ -92,10 +118,16 @@ def summary(samples: list[float]) -> dict[str, float]:
 def launch_cost(b: Bench, count: int, reps: int) -> dict[str, Any]:
     """Alternate the three variants ``reps`` times; medians of the per-run medians."""
     runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": [], "with_bounded_2": []}
+    if b.baseline_lib is not None:
+        runs["baseline"] = []
     for _ in range(reps):
         runs["without"].append(b.run(["bench-launch", str(count)], None))
         runs["with"].append(b.run(["bench-launch", str(count)], b.segment(0)))
         runs["with_bounded_2"].append(b.run(["bench-launch", str(count)], b.segment(2)))
+        if b.baseline_lib is not None:
+            runs["baseline"].append(
+                b.run(["bench-launch", str(count)], b.segment(0), b.baseline_lib)
+            )
     out: dict[str, Any] = {
         k: {
             "median_ns": statistics.median(r["median_ns"] for r in v),
@@ -106,6 +138,76 @@ def launch_cost(b: Bench, count: int, reps: int) -> dict[str, Any]:
     out["added_ns"] = out["with"]["median_ns"] - out["without"]["median_ns"]
     out["added_bounded_ns"] = out["with_bounded_2"]["median_ns"] - out["without"]["median_ns"]
     out["target_added_ns"] = 1000
+    out["target_held"] = out["added_ns"] <= 1000
+    return out
+
+
+BATCH_TARGET_RATIO = 1.3
+# shared (bounded to 2 in flight): the bound must not cost an event wait per launch, which
+# shows as throughput well under that of no interposer once kernels are shorter than a
+# thread's wake-up; at least 0.9 of it is taken as "no wait per launch"
+SHARED_TARGET_RATIO = 0.9
+
+
+def batch_cost(b: Bench, batches: int, size: int, reps: int) -> dict[str, Any]:
+    """Launches in batches of ``size`` (unshared GPU: gate open, ``max_inflight`` 0),
+    alternating the variants ``reps`` times; medians of the per-run medians, ns per launch."""
+    args = ["bench-batch", str(batches), str(size)]
+    runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+    if b.baseline_lib is not None:
+        runs["baseline"] = []
+    for _ in range(reps):
+        runs["without"].append(b.run(args, None))
+        runs["with"].append(b.run(args, b.segment(0)))
+        if b.baseline_lib is not None:
+            runs["baseline"].append(b.run(args, b.segment(0), b.baseline_lib))
+    out: dict[str, Any] = {
+        k: {
+            "median_ns": statistics.median(r["median_ns"] for r in v),
+            "p99_ns": statistics.median(r["p99_ns"] for r in v),
+            "sync_median_ns": statistics.median(r["sync_median_ns"] for r in v),
+        }
+        for k, v in runs.items()
+    }
+    out["batch"] = size
+    out["batches"] = batches
+    base = max(1, out["without"]["median_ns"])
+    out["ratio"] = round(out["with"]["median_ns"] / base, 3)
+    if b.baseline_lib is not None:
+        out["ratio_baseline"] = round(out["baseline"]["median_ns"] / base, 3)
+    out["target_ratio"] = BATCH_TARGET_RATIO
+    out["target_held"] = out["ratio"] <= BATCH_TARGET_RATIO
+    return out
+
+
+def shared_throughput(b: Bench, kernel_ns: int, count: int, reps: int) -> dict[str, Any]:
+    """``count`` kernels of ``kernel_ns`` on the default stream, without the interposer and
+    with it bounding launches in flight to 2 (a shared GPU, gate open); medians over
+    ``reps`` alternating runs."""
+    args = ["spin", str(kernel_ns), str(count)]
+    runs: dict[str, list[dict[str, Any]]] = {"without": [], "with_bounded_2": []}
+    if b.baseline_lib is not None:
+        runs["baseline_bounded_2"] = []
+    for _ in range(reps):
+        runs["without"].append(b.run(args, None))
+        runs["with_bounded_2"].append(b.run(args, b.segment(2)))
+        if b.baseline_lib is not None:
+            runs["baseline_bounded_2"].append(b.run(args, b.segment(2), b.baseline_lib))
+    out: dict[str, Any] = {
+        k: {
+            "kernels_per_s": round(statistics.median(count / (r["wall_ns"] / 1e9) for r in v), 1),
+            "launch_call_ns": round(statistics.median(r["launch_ns_total"] / count for r in v)),
+        }
+        for k, v in runs.items()
+    }
+    base = out["without"]["kernels_per_s"]
+    out["kernel_ns"] = kernel_ns
+    out["kernels"] = count
+    out["ratio"] = round(out["with_bounded_2"]["kernels_per_s"] / base, 3)
+    out["target_ratio_at_least"] = SHARED_TARGET_RATIO
+    out["target_held"] = out["ratio"] >= SHARED_TARGET_RATIO
+    if b.baseline_lib is not None:
+        out["ratio_baseline"] = round(out["baseline_bounded_2"]["kernels_per_s"] / base, 3)
     return out
 
 
@@ -243,17 +345,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer and shorter runs")
     parser.add_argument("--out", type=Path, default=Path("bench/results/interposer-cpu.json"))
+    parser.add_argument(
+        "--baseline-lib",
+        type=Path,
+        default=None,
+        help="a folder with another build's libfgpu.so, measured side by side",
+    )
+    parser.add_argument(
+        "--baseline-label",
+        default="",
+        help="what the --baseline-lib build is (e.g. a commit), stored with the result",
+    )
     args = parser.parse_args()
+    if args.baseline_lib is not None and not (args.baseline_lib / "libfgpu.so").is_file():
+        parser.error(f"--baseline-lib: {args.baseline_lib} holds no libfgpu.so")
     ensure_built()
     quick = args.quick
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="fgpu-bench-") as tmp:
-        b = Bench(Path(tmp))
+        b = Bench(Path(tmp), args.baseline_lib)
         result: dict[str, Any] = {
             "bench": "interposer-cpu",
             "driver": "fake (native/fakecuda): no GPU on this machine",
             "quick": quick,
+            "baseline": None
+            if args.baseline_lib is None
+            else {"lib": str(args.baseline_lib), "label": args.baseline_label},
             "launch_ns": launch_cost(b, 20_000 if quick else 100_000, 3 if quick else 5),
+            "batch_ns": batch_cost(b, 300 if quick else 1000, 100, 3 if quick else 5),
+            "shared_throughput": {
+                "0us": shared_throughput(b, 0, 3000 if quick else 10_000, 3 if quick else 5),
+                "10us": shared_throughput(b, 10_000, 1000 if quick else 3000, 3 if quick else 5),
+                "1ms": shared_throughput(b, 1_000_000, 100 if quick else 300, 3 if quick else 5),
+            },
             "alloc_ns": alloc_cost(b, 2_000 if quick else 10_000, 3 if quick else 5),
             "shares": shares(b, 4.0 if quick else 10.0),
             "pause_ms": pause_latency(b, 50 if quick else 200),

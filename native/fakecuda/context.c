@@ -129,12 +129,15 @@ CUresult cuInit(unsigned int flags)
     return rc;
 }
 
+/* Every entry point asks this, so it takes no lock (a real driver's check is a load, not a
+ * process-wide mutex): cuInit writes init_result before it sets initialised, and initialised
+ * is never cleared in a running process (only in a forked child, before any thread). The
+ * acquire load pairs with that store, so a thread that sees 1 sees init_result. */
 CUresult fk_check_init(void)
 {
-    pthread_mutex_lock(&fk_g.lock);
-    CUresult rc = fk_g.initialised ? fk_g.init_result : CUDA_ERROR_NOT_INITIALIZED;
-    pthread_mutex_unlock(&fk_g.lock);
-    return rc;
+    if (atomic_load_explicit(&fk_g.initialised, memory_order_acquire))
+        return fk_g.init_result;
+    return CUDA_ERROR_NOT_INITIALIZED;
 }
 
 CUresult fk_dev_gpu(CUdevice dev, int *gpu)

@@ -200,7 +200,7 @@ struct fk_pool {
 struct fk_local {
     pthread_mutex_t lock; /* guards everything below and the allocation table */
     uint32_t gen;
-    int initialised;
+    _Atomic int initialised; /* set (seq_cst) after init_result, under lock; read lock-free */
     CUresult init_result;
     int nvis;
     int vis[FK_MAX_GPUS]; /* visible ordinal -> global gpu index */

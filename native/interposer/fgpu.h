@@ -132,11 +132,19 @@ FGPU_HIDDEN uint64_t fgpu_add_sat(uint64_t a, uint64_t b);
 
 /* ------------------------------------------------------------------ launch.c */
 /* What fgpu_launch_before hands to fgpu_launch_after for one gated call. */
+#define FGPU_TOK_JOINED 4
 struct fgpu_tok {
-    int go;
+    int go; /* 0: not tracked, 1: own entry (start event taken), 2: joined a lane's tail
+             * under the lock, 3: the same as its last call (closes it after the driver call),
+             * FGPU_TOK_JOINED: joined lock-free (after a successful call, fgpu_launch_after
+             * only when *tail_word no longer equals word_seen: the tail ended meanwhile) */
     int ptsz;
     CUstream stream;
     struct fgpu_pool *pool;
+    struct fgpu_lane *lane; /* the (context, stream) it was counted on; NULL for none */
+    CUcontext ctx;
+    _Atomic uint64_t *tail_word; /* FGPU_TOK_JOINED: the lane's tail word, as it was seen */
+    uint64_t word_seen;
     CUevent start;
     uint64_t pred_seq; /* 0: start is our own event */
 };

@@ -97,6 +97,7 @@ FGPU_NVML_HELPER(nvmlDeviceGetUUID)
 
 /* what the interposer calls itself */
 FGPU_HELPER(cuCtxGetCurrent)
+FGPU_HELPER(cuCtxSetCurrent)
 FGPU_HELPER(cuCtxGetDevice)
 FGPU_HELPER(cuDeviceGetUuid)
 FGPU_HELPER(cuDeviceGetUuid_v2)

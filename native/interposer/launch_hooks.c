@@ -2,20 +2,46 @@
  * launch_hooks.c - the gated entry points of hooks.h: cuLaunchKernel, cuLaunchKernelEx,
  * cuLaunchCooperativeKernel, cuGraphLaunch, cuMemcpy{HtoD,DtoH,DtoD}Async_v2,
  * cuMemsetD8Async, cuMemsetD32Async and their _ptsz variants. Each one is the same three
- * steps: fgpu_launch_before (gate, in-flight bound, start event; launch.c), the driver call,
- * fgpu_launch_after (end event). A _ptsz variant passes ptsz = 1 so a NULL stream means the
+ * steps: fgpu_launch_before (gate, in-flight bound, start event or a place in a lane's tail;
+ * launch.c), the driver call, fgpu_launch_after (end event; not called after a successful call
+ * that joined a tail lock-free, which has nothing to do after). A _ptsz variant passes ptsz = 1 so a NULL stream means the
  * calling thread's per-thread default stream when the end event is recorded.
  */
+#include <stdatomic.h>
+
 #include "fgpu.h"
 
 /* --------------------------------------------------------------- the gated hooks */
 
+/* 1 once fgpu_resolve_cuda() succeeded: the hooks below then skip its pthread_once. Set with
+ * release after pthread_once returned; read with acquire, so the driver pointers it filled are
+ * visible to every thread that sees 1 (the same guarantee pthread_once gives). */
+static atomic_int resolved;
+
+/* A lock-free join whose tail's generation moved by the end of the driver call (another
+ * thread closed the tail meanwhile): fgpu_launch_after makes sure an end event follows the
+ * call. Relaxed is enough: a close whose end event the driver queued before this call
+ * happened before the call (the driver orders one stream's work under its own lock), so this
+ * load sees its generation; one queued after the call covers the call anyway. */
+static inline int fgpu_tail_moved(const struct fgpu_tok *t)
+{
+    uint64_t now = atomic_load_explicit(t->tail_word, memory_order_relaxed);
+    return (now >> 32) != (t->word_seen >> 32);
+}
+
 #define GATED(name, ptsz, stream, ...)                                                       \
-    FGPU_REAL_OR(name, CUDA_ERROR_NOT_INITIALIZED);                                          \
+    if (!atomic_load_explicit(&resolved, memory_order_acquire)) {                            \
+        if (fgpu_resolve_cuda() != 0)                                                        \
+            return CUDA_ERROR_NOT_INITIALIZED;                                               \
+        atomic_store_explicit(&resolved, 1, memory_order_release);                           \
+    }                                                                                        \
+    if (fgpu_real.name == NULL)                                                              \
+        return CUDA_ERROR_NOT_INITIALIZED;                                                   \
     struct fgpu_tok t;                                                                       \
     fgpu_launch_before(&t, (stream), (ptsz));                                                \
     CUresult r = fgpu_real.name(__VA_ARGS__);                                                \
-    fgpu_launch_after(&t, r);                                                                \
+    if (t.go != FGPU_TOK_JOINED || r != CUDA_SUCCESS || fgpu_tail_moved(&t))                 \
+        fgpu_launch_after(&t, r);                                                            \
     return r
 
 #define KERNEL_ARGS                                                                          \

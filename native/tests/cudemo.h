@@ -103,6 +103,9 @@ int cmd_hold(size_t bytes, const char *kind);
 int cmd_threads(int n, const char *kind, size_t bytes);
 int cmd_bench_launch(long count);
 int cmd_bench_alloc(long count, size_t bytes);
+int cmd_bench_batch(long count, long size);
+int cmd_bursts(uint64_t ns, long count, long bursts, long idle_us);
+int cmd_ctx_bursts(uint64_t ns, long count, long rounds, long idle_us);
 
 #define CHECK(call)                                                                      \
     do {                                                                                 \

@@ -252,6 +252,8 @@ static int usage(void)
             "  alloc API BYTES | alloc-until-oom API CHUNK | hold BYTES [API]\n"
             "  threads N API BYTES | spin NS COUNT [--graph|--ex|--coop] [--stream]\n"
             "  events NS | ipc-open HEX | bench-launch COUNT | bench-alloc COUNT BYTES\n"
+            "  bench-batch COUNT SIZE | bursts NS COUNT BURSTS IDLE_US\n"
+            "  ctx-bursts NS COUNT ROUNDS IDLE_US\n"
             "API: mem pitch managed vmm async pool array array3d mipmap graph ipc module\n");
     return 64;
 }
@@ -307,6 +309,14 @@ int main(int argc, char **argv)
         return cmd_bench_launch((long)number("COUNT", a[0]));
     if (strcmp(cmd, "bench-alloc") == 0 && left == 2)
         return cmd_bench_alloc((long)number("COUNT", a[0]), number("BYTES", a[1]));
+    if (strcmp(cmd, "bench-batch") == 0 && left == 2)
+        return cmd_bench_batch((long)number("COUNT", a[0]), (long)number("SIZE", a[1]));
+    if (strcmp(cmd, "bursts") == 0 && left == 4)
+        return cmd_bursts(number("NS", a[0]), (long)number("COUNT", a[1]),
+                          (long)number("BURSTS", a[2]), (long)number("IDLE_US", a[3]));
+    if (strcmp(cmd, "ctx-bursts") == 0 && left == 4)
+        return cmd_ctx_bursts(number("NS", a[0]), (long)number("COUNT", a[1]),
+                              (long)number("ROUNDS", a[2]), (long)number("IDLE_US", a[3]));
     if (strcmp(cmd, "events") == 0 && left == 1)
         return cmd_events(number("NS", a[0]));
     if (strcmp(cmd, "ipc-open") == 0 && left == 1)

@@ -169,9 +169,12 @@ class SegmentStats:
 
     Attributes:
         gate_closed: whether launches are held now.
-        max_inflight: launches a process may have in flight (0: unbounded).
-        last_launch_ns: ``CLOCK_MONOTONIC`` of its latest gated call, 0 before any.
-        launches: gated calls that went to the driver.
+        max_inflight: operations (an entry of events or an open tail of launches, see
+            native/interposer/README.md) a process may have in flight (0: unbounded).
+        last_launch_ns: ``CLOCK_MONOTONIC`` of its latest gated call, at most one clock
+            tick (1-4 ms) behind; 0 before any.
+        launches: gated calls that went to the driver (a thread's calls that joined a tail
+            without the lock are added at its next call that takes it, within a tick).
         gate_waits: gated calls that had to wait at the gate.
         processes: processes that ever used the driver through the interposer.
         live_processes: processes holding an entry now.
