@@ -215,10 +215,12 @@ class BuildError(RuntimeError):
 def _compiler(cc: str | None) -> list[str]:
     words = shlex.split(cc or os.environ.get("CC") or "cc")
     if not words or shutil.which(words[0]) is None:
-        raise BuildError(
+        message = (
             f"C compiler {words[0] if words else cc!r} not found (set CC, or install gcc or "
             "clang): fgpu's native libraries cannot be built"
         )
+        print(f"native build failed: {message}", file=sys.stderr)
+        raise BuildError(message)
     return words
 
 

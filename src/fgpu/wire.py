@@ -228,6 +228,11 @@ class QueueView(BaseModel):
         description="after a change: what is odd about the queue configuration as a whole "
         "(quotas above capacity, children's quotas above their parent's)",
     )
+    hints: list[str] = Field(
+        default_factory=list,
+        description="after a change: what to do next (the default queue still holding every "
+        "GPU for everyone beside the new queue)",
+    )
 
 
 class GpuHolder(BaseModel):

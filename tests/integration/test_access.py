@@ -125,8 +125,10 @@ def test_a_queue_grants_its_members_more_priority_and_non_preemptible_work(
     alice, bob = users
     svc.create_queue(
         ROOT,
-        QueueBody(name="serving", members=[BOB], max_priority="critical", nonpreemptible=True),
-    )
+        QueueBody(
+            name="serving", members=[BOB], max_priority="critical", nonpreemptible=True, quota=1
+        ),
+    )  # a quota: non-preemptible work starts only within it (never-fitting work is refused)
     view = svc.submit(bob, job(queue="serving", priority="critical"))
     assert (view.priority, view.preemptible) == (125, False)
     # the grant is the queue's: on the default queue bob is still held to normal

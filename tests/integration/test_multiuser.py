@@ -105,6 +105,8 @@ def test_an_admin_grants_a_queue_priority_and_edits_its_members(server: ServerPr
         "--max-priority",
         "critical",
         "--nonpreemptible",
+        "--quota",  # non-preemptible work starts only within the queue's quota
+        "1",
     )
     server.cli("queue", "set", "serving", "--add-member", BOB)
     (serving,) = [q for q in server.json("queue", "ls") if q["name"] == "serving"]

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def trace() -> Trace:
     folder = find_trace_dir()
     if folder is None or not (folder / DEFAULT_NODES).is_file():
-        pytest.skip(f"Alibaba trace not found (looked at {folder}); set FGPU_TRACE_DIR")
+        pytest.skip(f"Alibaba trace not found (looked at {folder}; set FGPU_TRACE_DIR)")
     return Trace.load(folder / DEFAULT_NODES, folder / DEFAULT_PODS)
 
 

@@ -11,6 +11,7 @@ from fgpu.model.catalog import (
     UnknownGpuModelError,
     canonical_name,
     gpu_model,
+    models_named,
 )
 
 KNOWN = (
@@ -110,3 +111,24 @@ def test_unknown_name_lists_known_models(name: str) -> None:
 def test_unknown_model_is_a_key_error_for_gpu_model() -> None:
     with pytest.raises(KeyError):
         gpu_model("X100")
+
+
+@pytest.mark.parametrize(
+    ("name", "models"),
+    [
+        ("A100", ("A100-40GB", "A100-80GB")),
+        ("a100", ("A100-40GB", "A100-80GB")),
+        (" V100 ", ("V100-16GB", "V100-32GB")),
+        ("H100", ("H100-80GB",)),
+        ("A100-80GB", ("A100-80GB",)),
+        ("V100M32", ("V100-32GB",)),
+        ("T4", ("T4",)),
+    ],
+)
+def test_a_requested_family_means_each_of_its_models(name: str, models: tuple[str, ...]) -> None:
+    assert models_named(name) == models
+
+
+def test_an_unknown_requested_model_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(UnknownGpuModelError, match="unknown GPU model 'A1000'; known models"):
+        models_named("A1000")

@@ -3,7 +3,9 @@ warnings about unusable traces, and the process pool."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -219,13 +221,30 @@ def test_env_trace_dir_without_the_csvs_names_the_variable(
     )
 
 
-def test_env_trace_dir_with_the_csvs_is_used(
+def test_env_trace_dir_with_the_published_csvs_is_used(
+    trace_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FGPU_TRACE_DIR", str(trace_dir))
+    for name in ("openb_pod_list_default.csv", "openb_node_list_gpu_node.csv"):
+        assert default_trace_file(name, "--pods") == trace_dir / name
+
+
+def test_a_default_trace_file_that_is_not_the_published_one_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "openb_pod_list_default.csv").write_text(PODS)
+    path = tmp_path / "openb_pod_list_default.csv"
+    path.write_text(PODS)
+    found = hashlib.sha256(PODS.encode()).hexdigest()
     monkeypatch.setenv("FGPU_TRACE_DIR", str(tmp_path))
-    assert default_trace_file("openb_pod_list_default.csv", "--pods") == (
-        tmp_path / "openb_pod_list_default.csv"
+    with pytest.raises(ExperimentError) as caught:
+        default_trace_file("openb_pod_list_default.csv", "--pods")
+    assert str(caught.value) == (
+        f"--pods: {path}: SHA-256 {found} is not that of the published "
+        "openb_pod_list_default.csv "
+        "(1ee7ed79c27a3b0861cda8ddba86a004c6aba904caafa329a76ae93ca63834a8, "
+        "https://github.com/alibaba/clusterdata folder cluster-trace-gpu-v2023/csv at commit "
+        "7a6c496e4f4b6ce6150be8f881cb051bf2abff42); fetch that file again, or pass your "
+        "file explicitly to use it anyway (with --pods FILE)"
     )
 
 
@@ -326,3 +345,41 @@ def test_trace_requests_canonicalize_models(tmp_path: Path) -> None:
     trace = Trace.load(*write_trace(tmp_path))
     assert trace.requests[-1] == Request(3000, 4096, 1, 470, None, frozenset({"G2", "T4"}))
     assert trace.nodes[0] == Node("n-a", 32000, 131072, 4, "G2", 32 * 1024)
+
+
+def test_a_run_without_the_trace_says_so_once_in_its_summary(tmp_path: Path) -> None:
+    """The conftest's summary line: how many tests were skipped for want of the trace, why,
+    and where the trace comes from (real pytest run in a subprocess)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    missing = tmp_path / "no-trace"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/unit/test_trace.py",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "FGPU_TRACE_DIR": str(missing)},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if "Alibaba" in line]
+    assert len(lines) == 1, result.stdout
+    (line,) = lines
+    assert re.match(r"^SKIPPED \d+ test\(s\) that need the Alibaba GPU trace", line), line
+    assert str(missing) in line  # why: the folder it looked at
+    assert "cluster-trace-gpu-v2023/csv of https://github.com/alibaba/clusterdata" in line
+    assert "7a6c496e4f4b6ce6150be8f881cb051bf2abff42" in line
+    assert "FGPU_TRACE_DIR" in line
+    skipped = int(re.search(r"(\d+) skipped", result.stdout).group(1))  # type: ignore[union-attr]
+    assert line.startswith(f"SKIPPED {skipped} test(s)")  # all of them, in one line

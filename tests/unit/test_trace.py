@@ -544,7 +544,7 @@ def test_directory_is_not_a_file(tmp_path: Path, loader: Callable[[Path], object
 
 needs_trace = pytest.mark.skipif(
     not TRACE_DIR.is_dir(),
-    reason=f"Alibaba openb trace not found at {TRACE_DIR} (shared/traces is not checked out)",
+    reason=f"Alibaba trace not found: {TRACE_DIR} is not a folder",
 )
 
 

@@ -213,8 +213,8 @@ def test_load_workloads_reads_every_kind_of_request(tmp_path: Path) -> None:
         ("x,1,2,q,50,-1,,1,1GiB", "column 'gpu': a GPU request must be positive (got '-1')"),
         (
             "x,1,2,q,50,0.5,5XB,1,1GiB",
-            "column 'gpu_memory': unknown unit 'XB'; use MiB, GiB or TiB (M, G and T mean "
-            "the same; a bare number is MiB) (got '5XB')",
+            "column 'gpu_memory': unknown unit 'XB'; use MiB, GiB or TiB (M/MB, G/GB and "
+            "T/TB mean the same: binary; a bare number is MiB) (got '5XB')",
         ),
         (
             "x,1,2,q,50,2,5GiB,1,1GiB",

@@ -85,6 +85,8 @@ def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
         out.print(render.queues_table([view]))
     for warning in view.warnings:
         err.print(f"[bold yellow]warning:[/] {escape(warning)}", markup=True)
+    for hint in view.hints:
+        err.print(f"[bold]hint:[/] {escape(hint)}", markup=True)
 
 
 @queue_app.command("create")

@@ -17,9 +17,8 @@ def ui(
     port: Annotated[int, typer.Option(help="Port (0: any free one).", min=0, max=65535)] = 0,
 ) -> None:
     """Serve the server's read-only dashboard to this user's browser; prints the URL."""
-    from fgpu.addresses import default_socket_path
     from fgpu.cli.ui_proxy import serve_ui
-    from fgpu.client.client import Client, ClientError
+    from fgpu.client.client import Client, ClientError, resolve_socket
     from fgpu.server.main import is_loopback
 
     if not is_loopback(host):
@@ -27,7 +26,9 @@ def ui(
             f"--host: {host!r} is not a loopback address; fgpu ui shows the dashboard as you "
             "see it, to this machine only (use fgpu serve --listen with a token for others)"
         )
-    path = (socket or default_socket_path()).absolute()
+    # as every other command: --socket/$FGPU_SOCKET, else this user's own server, else the
+    # machine's shared one (fgpu.client.resolve_socket)
+    path = resolve_socket(socket).absolute()
     try:
         with Client(path, timeout=10) as client:
             client.health()

@@ -55,11 +55,18 @@ def submit(
         str | None, typer.Option(help="With -g N: this share on each of N GPUs (0.3).")
     ] = None,
     gpu_memory: Annotated[
-        str | None, typer.Option(help="GPU memory per GPU: 5GiB, 5120MiB, 5G.")
+        str | None,
+        typer.Option(
+            help="GPU memory per GPU: 5GiB, 5120MiB, 5G. Binary units: G and GB mean GiB, "
+            "M and MB mean MiB; a bare number is MiB."
+        ),
     ] = None,
     gpu_model: Annotated[
         list[str] | None,
-        typer.Option(help="Only on these GPU models (A100-80GB); repeatable or comma-separated."),
+        typer.Option(
+            help="Only on these GPU models (A100-80GB); a family name means each of its "
+            "models (A100: A100-40GB and A100-80GB); repeatable or comma-separated."
+        ),
     ] = None,
     mig_profile: Annotated[
         str | None, typer.Option(help="A MIG instance of this profile (3g.40gb).")
@@ -73,7 +80,9 @@ def submit(
         ),
     ] = None,
     cpu: Annotated[str | None, typer.Option(help="CPU cores: 2 or 500m.")] = None,
-    memory: Annotated[str | None, typer.Option(help="Host memory: 8GiB.")] = None,
+    memory: Annotated[
+        str | None, typer.Option(help="Host memory: 8GiB (8G and 8GB mean the same).")
+    ] = None,
     priority: Annotated[
         str,
         typer.Option("-p", "--priority", help="very-low, low, normal, high, critical or a number."),

@@ -107,6 +107,23 @@ def canonical_name(name: str) -> str:
     raise UnknownGpuModelError(name)
 
 
+def models_named(name: str) -> tuple[str, ...]:
+    """The catalog models a requested model name means (``--gpu-model``, a pod's annotation).
+
+    A family, the part of canonical names before their ``-`` (``A100``, ``V100``, ``H100``;
+    case-insensitive), means every model of it: ``A100`` -> ``("A100-40GB", "A100-80GB")``.
+    Any other name means the one model :func:`canonical_name` gives (``A100-80GB``,
+    ``V100M32``). (A trace's ``A100`` is one model, :data:`ALIASES`; a request naming a
+    family asks for any of its models.)
+
+    Raises:
+        UnknownGpuModelError: neither a family nor a model of the catalog.
+    """
+    prefix = name.strip().lower() + "-"
+    family = tuple(m for m in GPU_CATALOG if m.lower().startswith(prefix))
+    return family if family else (canonical_name(name),)
+
+
 def gpu_model(name: str) -> GpuModel:
     """Look a model up by canonical name or alias.
 

@@ -25,6 +25,11 @@ _MEMORY_FACTORS_MIB: dict[str, Decimal] = {
     "tib": Decimal(1024 * 1024),
     "t": Decimal(1024 * 1024),
     "ti": Decimal(1024 * 1024),
+    # MB, GB and TB as people type them: binary here too, like M, G and T (DESIGN.md
+    # section 3), never powers of ten (nvidia-smi and CUDA report MiB as "MB" as well)
+    "mb": Decimal(1),
+    "gb": Decimal(1024),
+    "tb": Decimal(1024 * 1024),
 }
 _NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
@@ -113,7 +118,8 @@ def parse_gpu_request(text: str | float, field: str = "gpu") -> tuple[int, int]:
 def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
     """Parse a memory size into MiB: ``"5GiB"``, ``"5G"`` (= GiB), ``"5120MiB"``, ``"5120"``.
 
-    Units are binary (``G`` means GiB, as in DESIGN.md section 3). A bare number is MiB.
+    Units are binary (``G`` and ``GB`` mean GiB, ``M`` and ``MB`` MiB, ``T`` and ``TB`` TiB,
+    as in DESIGN.md section 3), case-insensitive. A bare number is MiB.
     Fractional results are rounded up to the next MiB so a request is never shrunk.
 
     Raises:
@@ -137,8 +143,8 @@ def parse_memory_mib(text: str | int, field: str = "gpu_memory") -> int:
         raise UnitError(
             field,
             text,
-            f"unknown unit {unit!r}; use MiB, GiB or TiB (M, G and T mean the same; "
-            "a bare number is MiB)",
+            f"unknown unit {unit!r}; use MiB, GiB or TiB (M/MB, G/GB and T/TB mean the "
+            "same: binary; a bare number is MiB)",
         )
     mib = Decimal(number) * factor
     if mib <= 0:

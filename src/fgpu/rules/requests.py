@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fgpu.model.catalog import UnknownGpuModelError, canonical_name
+from fgpu.model.catalog import UnknownGpuModelError, models_named
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.model.units import (
     UnitError,
@@ -270,7 +270,7 @@ def parse_resources(ask: ResourceAsk) -> tuple[Request, int]:
             if not part.strip():
                 continue
             try:
-                models.add(canonical_name(part))
+                models.update(models_named(part))
             except UnknownGpuModelError as exc:
                 raise BadRequest("gpu_model", str(exc).removeprefix("gpu_model: ")) from None
     if models and count == 0:

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fgpu.model.types import Allocation, Request
+from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
@@ -368,9 +369,8 @@ class Scheduler:
                         pending_demand[w.queue], request_resources(w.request, largest_mem)
                     )
                     continue
-                gpu = sum(running.gpu_milli)
-                if w.squeezed:  # its compute is lent: neither allocation nor demand
-                    gpu = 0
+                # a squeezed one's compute is lent: neither allocation nor demand
+                gpu = counted_gpu_milli(running.gpu_milli, w.squeezed)
                 acc = allocated[w.queue]  # in place: this loop sees every running workload
                 acc[0] += gpu
                 acc[1] += running.cpu_milli
@@ -492,7 +492,7 @@ class Scheduler:
 
         def counted(v: Workload) -> Vec:
             held = book.held(v)
-            return [sum(held.gpu_milli) if not book.is_squeezed(v) else 0, *held_rest(held)]
+            return [counted_gpu_milli(held.gpu_milli, book.is_squeezed(v)), *held_rest(held)]
 
         # victims at all: preemptible, not terminating, past min_runtime_s, per queue;
         # gathered at the first victim search (most rounds need none)

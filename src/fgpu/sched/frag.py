@@ -1,7 +1,7 @@
 """GPU fragmentation measure of FGD (Weng et al., "Beware of Fragmentation: Scheduling
 GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC '23).
 
-Definitions (``../shared/fgd-protocol.md``, section "Target workload and fragmentation"):
+Definitions (``docs/design.md``, "The fill experiment's protocol"):
 
 - A *target workload* M is a list of task types m with a popularity p_m (sum 1).
 - The fragment of node n for task type m, f(n, m), in milli-GPU, with idle(n) the node's

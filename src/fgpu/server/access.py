@@ -25,7 +25,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from fgpu.rules.errors import Forbidden
+from fgpu.rules.errors import BadRequest, Forbidden
+from fgpu.sched.reasons import gpus
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
 from fgpu.store.records import EVERYONE, QueueConfig
 
@@ -162,12 +163,25 @@ def check_submission(
             if pinned
             else ""
         )
+        # --preemptible alone would not do: the priority is still above max_priority. What
+        # works without an admin is the queue's highest priority (preemptible where the
+        # queue grants no non-preemptible work).
+        top = next(
+            (n for n, v in PRIORITY_CLASSES.items() if v == queue.max_priority),
+            str(queue.max_priority),
+        )
+        lower_pinned = not queue.nonpreemptible and (
+            preemptible is False
+            or (preemptible is None and queue.max_priority >= NON_PREEMPTIBLE_FROM)
+        )
+        lower = f"-p {top}" + (" --preemptible" if lower_pinned else "")
         raise Forbidden(
             "priority",
             f"priority {priority_name(priority)} is above what queue {name} allows its "
             f"members ({priority_name(queue.max_priority)}); rule: users who are not admins "
             f"submit up to the queue's max_priority{also}; an admin grants it with "
-            f"'fgpu queue set {name} {fixes}'" + ("; or submit it --preemptible" if pinned else ""),
+            f"'fgpu queue set {name} {fixes}'; or submit it with {lower}"
+            + (" (--preemptible alone keeps the priority too high)" if pinned else ""),
         )
     if pinned:
         why = (
@@ -184,9 +198,54 @@ def check_submission(
         )
 
 
+def check_within_quota(
+    queue: QueueConfig,
+    *,
+    gpu_milli: int,
+    priority: int,
+    preemptible: bool | None,
+) -> None:
+    """Refuse non-preemptible work that its queue's GPU quota could never hold.
+
+    The decision core starts non-preemptible work only within its queue's GPU quota
+    (``fgpu.sched.decide``, rule 3), whoever submits it (admins too): a request above the
+    quota would wait forever.
+
+    Args:
+        queue: the (leaf) queue submitted to.
+        gpu_milli: the GPU compute the request counts against quotas (milli-GPU,
+            :func:`fgpu.sched.decide.request_resources`).
+        priority: the workload's numeric priority.
+        preemptible: the submission's flag; None takes the default of its priority.
+
+    Raises:
+        BadRequest: field ``preemptible``, naming the queue's quota and the request.
+    """
+    nonpreemptible = (
+        not preemptible if preemptible is not None else priority >= NON_PREEMPTIBLE_FROM
+    )
+    quota = queue.quota.gpu_milli
+    if not nonpreemptible or gpu_milli <= quota:
+        return
+    why = (
+        "preemptible is false"
+        if preemptible is False
+        else f"priority {priority_name(priority)} is non-preemptible by default"
+    )
+    raise BadRequest(
+        "preemptible",
+        f"non-preemptible work ({why}) asking for {gpus(gpu_milli)} GPUs can never start "
+        f"in queue {queue.name}: its GPU quota is {gpus(quota)}; rule: non-preemptible work "
+        "runs only within its queue's GPU quota, since it is never stopped for others; "
+        f"submit it --preemptible, or an admin raises the quota with "
+        f"'fgpu queue set {queue.name} --quota {gpus(max(gpu_milli, quota))}'",
+    )
+
+
 __all__ = [
     "Identity",
     "check_submission",
+    "check_within_quota",
     "identity_of",
     "is_member",
     "priority_name",

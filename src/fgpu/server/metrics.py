@@ -28,6 +28,7 @@ from fgpu.metrics import (
     fleet_fragmentation,
     pending_reason,
 )
+from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.rounds import state_with, target_for, target_key
 from fgpu.server import views
 from fgpu.server.live import LiveFigures, read_live
@@ -134,8 +135,8 @@ class ServiceMetrics(Exporter):
                 if g >= len(devices):
                     continue
                 key = (a.node_name, g)
-                if r.squeezed_by is None:  # a squeezed share is lent to who squeezed it
-                    milli[key] = milli.get(key, 0) + m
+                # a squeezed share is lent to who squeezed it
+                milli[key] = milli.get(key, 0) + counted_gpu_milli((m,), r.squeezed_by is not None)
                 memory[key] = memory.get(key, 0) + mm
                 shares.append(_share(r, user, a.node_name, devices[g], m, mm, view, live))
         gpus = [
@@ -212,7 +213,8 @@ class ServiceMetrics(Exporter):
                 label = pending_reason(reasons.get(r.id) or r.reason)
                 counts[label] = counts.get(label, 0) + 1
             elif r.holds_allocation and r.allocation is not None:
-                allocated[r.queue] = allocated.get(r.queue, 0) + sum(r.allocation.gpu_milli)
+                milli = counted_gpu_milli(r.allocation.gpu_milli, r.squeezed_by is not None)
+                allocated[r.queue] = allocated.get(r.queue, 0) + milli
         last = svc._last
         fair = last.fair_share if last is not None else {}
         return [

@@ -40,16 +40,24 @@ from pathlib import Path
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.rules.errors import BadRequest, Conflict, Forbidden, NotFoundError
 from fgpu.rules.requests import parse_submission, queue_config
+from fgpu.sched.decide import request_resources
 from fgpu.sched.fairshare import config_warnings
+from fgpu.sched.reasons import gpus
 from fgpu.sched.workload import Resources
 from fgpu.server import views
-from fgpu.server.access import check_submission, unknown_members
+from fgpu.server.access import check_submission, check_within_quota, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import base_name, check_name_free, unique_name
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.records import ACTIVE_PHASES, QueueConfig, QueueRecord, WorkloadRecord
+from fgpu.store.records import (
+    ACTIVE_PHASES,
+    EVERYONE,
+    QueueConfig,
+    QueueRecord,
+    WorkloadRecord,
+)
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
 from fgpu.wire import (
@@ -90,6 +98,8 @@ class Service(SchedulingLoop):
         Raises:
             BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
                 never fit this machine (with the per-node reason).
+            BadRequest: ``preemptible``: non-preemptible work above its queue's GPU quota,
+                which could never start (:func:`fgpu.server.access.check_within_quota`).
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
                 (:func:`fgpu.server.access.check_submission`).
@@ -118,6 +128,13 @@ class Service(SchedulingLoop):
         )
         if sub.mig_request is None:
             self._check_could_fit(request)
+        largest = max((n.gpu_memory_mib for n in self.machine.nodes), default=0)
+        check_within_quota(
+            queue,
+            gpu_milli=request_resources(request, largest)[0],
+            priority=sub.priority,
+            preemptible=body.preemptible,
+        )
         with self._names_lock:  # names are unique among the owner's active workloads
             own = self.store.list_workloads(ACTIVE_PHASES, owner_uid=caller.uid)
             if body.name:
@@ -289,7 +306,38 @@ class Service(SchedulingLoop):
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""
         config = queue_config(body)
         self._queue_change(caller, lambda: self.store.create_queue(config), config)
-        return self._queue_named(config.name).model_copy(update={"warnings": self._warnings()})
+        return self._queue_named(config.name).model_copy(
+            update={"warnings": self._warnings(), "hints": self._default_hints(config.name)}
+        )
+
+    def _default_hints(self, created: str) -> list[str]:
+        """After creating ``created``: how to narrow ``default`` while it still guarantees
+        every GPU of the machine (its quota at creation) to everyone, which leaves the new
+        queue's quota scaled down whenever both want GPUs."""
+        tree = self._queue_tree()
+        capacity = self._capacity_milli()
+        if created == DEFAULT_QUEUE or DEFAULT_QUEUE not in tree.specs or capacity <= 0:
+            return []
+        try:
+            default = self.store.get_queue(DEFAULT_QUEUE).config
+        except NotFound:
+            return []
+        if default.quota.gpu_milli < capacity:
+            return []
+        others = sum(
+            tree.specs[q].quota.gpu_milli
+            for q in tree.children.get(default.parent, [])
+            if q != DEFAULT_QUEUE
+        )
+        rest = max(0, capacity - others)
+        who = "everyone (member *)" if EVERYONE in default.members else "its members"
+        return [
+            f"queue {DEFAULT_QUEUE} still has every GPU of this machine as its quota "
+            f"({gpus(default.quota.gpu_milli)} of {gpus(capacity)}) for {who}; narrow it to "
+            f"what the other queues leave, e.g. 'fgpu queue set {DEFAULT_QUEUE} --quota "
+            f"{gpus(rest)}', and/or to fewer users with 'fgpu queue set {DEFAULT_QUEUE} "
+            "--member NAME' (repeat)"
+        ]
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""

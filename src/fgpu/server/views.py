@@ -9,6 +9,7 @@ from fgpu.agent.backend import GpuDevice
 from fgpu.agent.governor.runtime import WorkloadView as GovernorView
 from fgpu.mig.catalog import instance_milli
 from fgpu.model.types import Node
+from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM
 from fgpu.server.live import LiveFigures
 from fgpu.server.mig_pool import MigPool
@@ -122,7 +123,9 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
     """A queue with its use (from its active workloads) and last fair share."""
     c = record.config
     allocated = sum(
-        sum(w.allocation.gpu_milli) for w in active if w.allocation and w.holds_allocation
+        counted_gpu_milli(w.allocation.gpu_milli, w.squeezed_by is not None)
+        for w in active
+        if w.allocation and w.holds_allocation
     )
     return QueueView(
         name=c.name,
@@ -155,7 +158,9 @@ def _gpu_view(
         uuid=device.uuid,
         model=device.model,
         memory_mib=device.memory_mib,
-        allocated_milli=sum(h.compute_milli for h in holders if h.squeezed_by is None),
+        allocated_milli=sum(
+            counted_gpu_milli((h.compute_milli,), h.squeezed_by is not None) for h in holders
+        ),
         allocated_memory_mib=sum(h.memory_mib for h in holders),
         holders=holders,
         used_memory_mib=used_mib.get(device.uuid),

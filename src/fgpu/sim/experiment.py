@@ -27,6 +27,7 @@ from fgpu.sched.state import ClusterState
 from fgpu.sim.fill import DEFAULT_TUNE, run_fill
 from fgpu.sim.report import PUBLISHED_NODES_FILE, PUBLISHED_PODS_FILE, RunCurve
 from fgpu.sim.trace import load_nodes, load_pods
+from fgpu.sim.trace_source import TraceChecksumError, check_published
 
 TRACE_SUBDIR = Path("traces") / "alibaba-gpu-v2023" / "csv"
 TRACE_ENV = "FGPU_TRACE_DIR"
@@ -89,11 +90,14 @@ def find_trace_dir(start: Path | None = None) -> Path | None:
 
 
 def default_trace_file(name: str, option: str) -> Path:
-    """The trace file ``name`` for an option given no file (``--nodes``, ``--pods``).
+    """The trace file ``name`` for an option given no file (``--nodes``, ``--pods``); the
+    paper's files are checked against their published SHA-256
+    (:func:`fgpu.sim.trace_source.check_published`).
 
     Raises:
-        ExperimentError: the trace was not found, or ``$FGPU_TRACE_DIR`` is set but does not
-            hold ``name`` (the message names the variable and what it should point to).
+        ExperimentError: the trace was not found, ``$FGPU_TRACE_DIR`` is set but does not
+            hold ``name`` (the message names the variable and what it should point to), or
+            the file found differs from the published one.
     """
     folder = find_trace_dir()
     if folder is None:
@@ -110,6 +114,11 @@ def default_trace_file(name: str, option: str) -> Path:
             f"point to the trace's csv folder (.../{TRACE_SUBDIR.as_posix()}, the folder "
             f"holding {DEFAULT_NODES} and {DEFAULT_PODS})"
         )
+    if path.is_file():
+        try:
+            check_published(path)
+        except TraceChecksumError as exc:
+            raise ExperimentError(f"{option}: {exc} (with {option} FILE)") from None
     return path
 
 

@@ -1,8 +1,8 @@
 """Reports for the FGD fill experiment: buckets, medians over seeds, CSV, plots, comparison.
 
 A fill run (one policy, one seed) places pods one at a time and records one point per pod
-(``../shared/fgd-protocol.md``, "One run", steps 6-7). This module turns those points into
-what the protocol publishes:
+(``docs/design.md``, "The fill experiment's protocol": One run, Report). This module turns
+those points into what the protocol publishes:
 
 1. :func:`bucketize`: per run, the mean of each metric per *arrived %* bucket 0..130.
 2. :func:`summarize`: per policy, the median over seeds per bucket (the JSON summary).

@@ -1,6 +1,7 @@
 """Loaders for the Alibaba cluster-trace-gpu-v2023 ("openb") CSV files.
 
-Two layouts are read (columns described in ``shared/traces/alibaba-gpu-v2023/README.md``):
+Two layouts are read (the files of ``alibaba/clusterdata``, ``cluster-trace-gpu-v2023/csv``;
+see :mod:`fgpu.sim.trace_source`):
 
 * **node list** (``openb_node_list_*.csv``): ``sn, cpu_milli, memory_mib, gpu, model``;
 * **pod list** (``openb_pod_list_*.csv``): ``name, cpu_milli, memory_mib, num_gpu,
