@@ -82,6 +82,8 @@ INTERPOSER_SOURCES = (
     "interposer/memory_objects.c",
     "interposer/memory_graphs.c",
     "interposer/launch.c",
+    "interposer/launch_ring.c",
+    "interposer/launch_sync.c",
     "interposer/launch_hooks.c",
     "interposer/nvml.c",
     "interposer/seg.c",

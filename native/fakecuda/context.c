@@ -494,6 +494,13 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+/* The current context is the top of the calling thread's stack (thread-local, as a real
+ * driver keeps it), so cuCtxGetCurrent and cuCtxPopCurrent take no lock: fk_check_init is an
+ * acquire load and the stack is only the calling thread's. The interposer asks for the
+ * current context on every gated call, so a process-wide mutex here would serialise the
+ * threads of a workload as no real driver does. cuCtxSetCurrent and cuCtxPushCurrent still
+ * take fk_g.lock for one check of the handle they are given (fk_ctx_valid reads refs, which
+ * destroy and release write under that lock); setting NULL checks nothing and locks nothing. */
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
     if (pctx == NULL)

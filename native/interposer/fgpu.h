@@ -12,7 +12,10 @@
  *   memory_objects.c  arrays, mipmapped arrays; contexts (destroy, primary release and
  *               reset, the malloc heap limit), cuDeviceTotalMem
  *   memory_graphs.c   graph memory nodes, reserved at every instantiate entry point
- *   launch.c    launch gating, bounded in-flight work, GPU time from events
+ *   launch.c    launch gating: the gate, the launch path before and after a gated call
+ *   launch_ring.c   bounded in-flight work, GPU time from events: the ring of entries,
+ *               event pools, lanes and their tails (shared with launch*.c in launch_int.h)
+ *   launch_sync.c   the synchronize hooks (close tails before, retire after)
  *   launch_hooks.c  the gated entry points (kernels, graphs, async copies and memsets)
  *   nvml.c      NVML memory queries
  *   seg.c       the segment shared with the agent (also in libfgpu-agent.so)
@@ -130,7 +133,7 @@ FGPU_HIDDEN uint64_t fgpu_mem_replace(int kind, uint64_t key, CUcontext ctx, int
 FGPU_HIDDEN uint64_t fgpu_mul_sat(uint64_t a, uint64_t b);
 FGPU_HIDDEN uint64_t fgpu_add_sat(uint64_t a, uint64_t b);
 
-/* ------------------------------------------------------------------ launch.c */
+/* ------------------------------------------------------------------ launch.c, launch_ring.c */
 /* What fgpu_launch_before hands to fgpu_launch_after for one gated call. */
 #define FGPU_TOK_JOINED 4
 struct fgpu_tok {

@@ -65,7 +65,7 @@ FGPU_HOOK(cuGraphInstantiateWithParams)
 FGPU_HOOK(cuGraphInstantiateWithParams_ptsz)
 FGPU_HOOK(cuGraphExecDestroy)
 
-/* launch gating (launch.c) */
+/* launch gating (launch_hooks.c, launch.c) */
 FGPU_HOOK(cuLaunchKernel)
 FGPU_HOOK(cuLaunchKernel_ptsz)
 FGPU_HOOK(cuLaunchKernelEx)
@@ -84,7 +84,7 @@ FGPU_HOOK(cuMemsetD8Async)
 FGPU_HOOK(cuMemsetD8Async_ptsz)
 FGPU_HOOK(cuMemsetD32Async)
 FGPU_HOOK(cuMemsetD32Async_ptsz)
-/* retire points: completed work is accounted right after a synchronize (not gated) */
+/* retire points (launch_sync.c): completed work is accounted right after a synchronize */
 FGPU_HOOK(cuStreamSynchronize)
 FGPU_HOOK(cuStreamSynchronize_ptsz)
 FGPU_HOOK(cuCtxSynchronize)

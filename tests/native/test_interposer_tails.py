@@ -1,4 +1,4 @@
-"""libfgpu's tails (native/interposer/launch.c): launches that join an open tail of their
+"""libfgpu's tails (native/interposer/launch_ring.c): launches that join an open tail of their
 stream get no event of their own, and what the agent reads stays right.
 
 Against the fake driver (a stand-in for ``libcuda.so.1`` written for the tests) with
