@@ -46,10 +46,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fgpu.cli.workloads",
         "Show a workload: request, placement, events, and why it waits while pending.",
     ),
+    "run": (
+        "fgpu.cli.output",
+        "Submit a command, wait for it, stream its output, and exit with its exit code.",
+    ),
     "logs": (
-        "fgpu.cli.workloads",
-        "Print a workload's output (stdout, or stderr with --stderr). With -f, the exit code "
-        "is the workload's once it ends, as a shell gives it (128+N when killed by signal N).",
+        "fgpu.cli.output",
+        "Print a workload's output: stdout and stderr in the order written (--stdout or "
+        "--stderr for one). With -f, the exit code is the workload's once it ends, as a shell "
+        "gives it (128+N when killed by signal N); Ctrl-C exits 130.",
     ),
     "cancel": (
         "fgpu.cli.workloads",
