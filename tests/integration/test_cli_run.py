@@ -185,6 +185,46 @@ def test_ctrl_c_cancels_the_job_and_exits_130(server: ServerProcess, tmp_path: P
     assert not cli.has("late", "out")
 
 
+def test_a_second_ctrl_c_detaches_and_the_job_goes_on_cancelling(
+    server: ServerProcess,
+) -> None:
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready'); "
+        "time.sleep(600)"
+    )
+    cli = Cli(server, "run", "-g", "0.5", "--grace", "600", "--", sys.executable, "-c", stubborn)
+    wait_for(lambda: cli.has("ready", "out"), "the job's first line through run")
+    workload_id = cli.err.decode().split("submitted ")[1].split()[0]
+    cli.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: cli.has(f"cancelling {workload_id}"), "run to say it cancels")
+    wait_for(lambda: server.describe(workload_id)["stopping"], "the job to be stopping")
+    cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait() == 130
+    assert cli.has(f"detached; {workload_id} goes on being cancelled")
+    detail = server.describe(workload_id)
+    assert detail["phase"] == "running"
+    assert detail["stopping"]
+    os.killpg(server.handle(workload_id)["pgid"], signal.SIGKILL)  # (its grace is long)
+    assert server.wait_phase(workload_id, "cancelled")["phase"] == "cancelled"
+
+
+def test_run_of_a_preempted_job_shows_it_waiting_again_and_follows_its_restart(
+    server: ServerProcess,
+) -> None:
+    job = "import os; print('up', os.environ['FGPU_WORKLOAD_ID']); import time; time.sleep(600)"
+    cli = Cli(
+        server, "run", "-g", "1", "-p", "low", "--grace", "0", "--", sys.executable, "-c", job
+    )
+    wait_for(lambda: cli.has("up", "out"), "the low-priority job to run")
+    urgent = server.submit("-g", "1", "-p", "critical", "--grace", "0", command=_sleep(600))
+    wait_for(lambda: cli.has(" is pending (restart 1): "), "run to show the job waiting again")
+    server.wait_phase(urgent, "running")
+    server.cli("cancel", urgent)
+    wait_for(lambda: _job_lines(cli.out).count(_job_lines(cli.out)[0]) == 2, "the second start")
+    cli.proc.send_signal(signal.SIGINT)
+    assert cli.wait() == 130
+
+
 def test_a_python_print_shows_in_the_log_before_the_job_ends(
     server: ServerProcess, tmp_path: Path
 ) -> None:

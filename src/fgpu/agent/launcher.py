@@ -198,6 +198,9 @@ class Launcher:
         try:
             work_dir.mkdir(parents=True, exist_ok=True)
             exit_path.unlink(missing_ok=True)
+            # before the plain logs: a reader that finds those finds this one (the service
+            # tells a workload of an older fgpu, which has none, by that)
+            os.close(_open_log(work_dir / OUTPUT_LOG))
             out_fd = _open_log(stdout_path)
         except OSError as exc:
             raise LaunchError(f"cannot prepare logs in {work_dir}: {exc}") from exc

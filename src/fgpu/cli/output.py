@@ -259,6 +259,7 @@ def run(**options: Any) -> None:
 def _follow_run(
     client: Client, workload_id: str, interrupts: _Interrupts, grace_s: float
 ) -> NoReturn:
+    from fgpu.client.client import ClientError, ServerUnavailable
     from fgpu.wire import TERMINAL_PHASES
 
     follower = _Follower(client, workload_id)
@@ -274,18 +275,23 @@ def _follow_run(
                 sink.write(chunk.data)
                 sink.flush()
             except BrokenPipeError:  # `fgpu run ... | head`: the job goes on, unread
-                sinks[chunk.stream] = open(os.devnull, "wb")  # noqa: SIM115
-                os.dup2(sinks[chunk.stream].fileno(), sink.fileno())
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sink.fileno())
         return bool(chunks)
 
     while True:
         if interrupts.count and not cancelled:
             cancelled = True
-            client.cancel(workload_id)
-            _say(
-                f"cancelling {workload_id} (SIGTERM, then SIGKILL after {grace_s:g} s); "
-                "Ctrl-C again to detach"
-            )
+            try:
+                client.cancel(workload_id)
+            except ServerUnavailable:
+                raise
+            except ClientError as exc:  # it ended meanwhile: the loop shows how
+                _say(f"cannot cancel {workload_id}: {exc}")
+            else:
+                _say(
+                    f"cancelling {workload_id} (SIGTERM, then SIGKILL after {grace_s:g} s); "
+                    "Ctrl-C again to detach"
+                )
         if copy():
             continue
         detail = client.get_workload(workload_id)
