@@ -284,3 +284,22 @@ def test_logs_follow_interrupted_exits_130(server: ServerProcess, tmp_path: Path
 
 def _sleep(seconds: float) -> list[str]:
     return [sys.executable, "-c", f"import time; time.sleep({seconds})"]
+
+
+def test_a_workload_of_an_older_fgpu_shows_one_stream_and_says_why_not_both(
+    server: ServerProcess,
+) -> None:
+    job = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
+    workload_id = server.submit("-g", "0.5", command=job)
+    server.wait_phase(workload_id, "succeeded")
+    # what an fgpu before the ordered log left: the two plain logs only
+    (server.state_dir / "logs" / workload_id / "output.log").unlink()
+    assert server.cli("logs", "--stdout", workload_id).stdout == "out\n"
+    assert server.cli("logs", "--stderr", "--tail", "1", workload_id).stdout == "err\n"
+    refused = server.cli("logs", workload_id, check=False)
+    assert refused.returncode == 2
+    assert "kept no ordered log of both streams; ask for stdout or stderr" in refused.stderr
+    refused = server.cli("logs", "--stdout", "--since", "1h", workload_id, check=False)
+    assert refused.returncode == 2
+    assert "--since: " in refused.stderr
+    assert "kept no times" in refused.stderr

@@ -84,21 +84,43 @@ def parse_since(value: str, now_s: float) -> int:
 
 
 class _Follower:
-    """Reads a workload's ordered log from where it left off."""
+    """Reads a workload's ordered log from where it left off.
 
-    def __init__(self, client: Client, workload_id: str) -> None:
+    A workload started by an fgpu before the ordered log has only the two plain logs: when
+    one stream is asked for (``only``), that plain log is read instead, as records without a
+    time (``time_ns`` -1; :attr:`plain` is then true)."""
+
+    def __init__(self, client: Client, workload_id: str, only: str | None = None) -> None:
         from fgpu.wire_logs import FrameReader
 
         self.client = client
         self.workload_id = workload_id
+        self.only = only
+        self.plain = False
         self.offset = 0
         self.reader = FrameReader()
 
     def read(self) -> list[Chunk]:
         """Every record written since the last call (none while it has written nothing)."""
+        from fgpu.client.client import ClientError
+        from fgpu.wire_logs import Chunk
+
         chunks: list[Chunk] = []
         while True:
-            data, self.offset = self.client.logs(self.workload_id, "all", self.offset)
+            if self.plain:
+                assert self.only is not None
+                data, self.offset = self.client.logs(self.workload_id, self.only, self.offset)
+                if not data:
+                    return chunks
+                chunks.append(Chunk(self.only, -1, data))
+                continue
+            try:
+                data, self.offset = self.client.logs(self.workload_id, "all", self.offset)
+            except ClientError as exc:
+                if exc.field != "stream" or self.only is None or self.offset:
+                    raise
+                self.plain = True
+                continue
             if not data:
                 return chunks
             chunks.extend(self.reader.feed(data))
@@ -164,9 +186,11 @@ def logs(
     with connect(socket, url, _about(workload_id)) as client:
         # a name or prefix is resolved once: a later namesake is not followed
         detail = client.get_workload(workload_id)
-        follower = _Follower(client, detail.id)
+        follower = _Follower(client, detail.id, next(iter(streams)) if len(streams) == 1 else None)
         try:
             first = shown(follower.read())
+            if follower.plain and cutoff is not None:
+                fail(f"--since: {detail.id} was started by an older fgpu, which kept no times")
             if tail is not None:
                 first = _last_lines(first, tail)
             write(first)
