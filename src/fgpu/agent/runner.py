@@ -251,9 +251,7 @@ class _Relay:
 
 
 class _Wrapper:
-    def __init__(
-        self, exit_file: Path, ready_fd: int | None, relay: _Relay | None = None
-    ) -> None:
+    def __init__(self, exit_file: Path, ready_fd: int | None, relay: _Relay | None = None) -> None:
         self.exit_file = exit_file
         self.ready_fd = ready_fd
         self.relay = relay

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from fgpu.client.plain import PlainWorkloadView
     from fgpu.wire import WorkloadView
 
+
 def submit(
     command: Annotated[
         list[str] | None,
