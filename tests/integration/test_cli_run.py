@@ -303,3 +303,22 @@ def test_a_workload_of_an_older_fgpu_shows_one_stream_and_says_why_not_both(
     assert refused.returncode == 2
     assert "--since: " in refused.stderr
     assert "kept no times" in refused.stderr
+
+
+def test_run_of_a_job_cancelled_by_someone_else_or_not_found_says_so(
+    server: ServerProcess,
+) -> None:
+    blocker = server.submit("-g", "1", "--grace", "0", command=_sleep(600))
+    server.wait_phase(blocker, "running")
+    cli = Cli(server, "run", "-g", "1", "--name", "never-runs", "--", *_sleep(1))
+    wait_for(lambda: cli.has(" is pending: "), "run to show the pending reason")
+    server.cli("cancel", "never-runs")
+    assert cli.wait() == 143
+    assert "cancelled: cancelled by" in cli.err.decode()
+    server.cli("cancel", blocker)
+
+    missing = Cli(server, "run", "-g", "0.5", "--", "no-such-command-fgpu")
+    assert missing.wait() == 127
+    assert "failed: exit code 127 (command not found: 'no-such-command-fgpu')" in (
+        missing.err.decode()
+    )
