@@ -264,7 +264,7 @@ def run(**options: Any) -> None:
     interrupts = _Interrupts()
     with connect(socket, url) as client:
         try:
-            view = submit_with(client, **fields)
+            view = submit_with(client, **fields, verb="run")
         except KeyboardInterrupt:
             _say("interrupted while submitting; `fgpu ls` shows whether it was submitted")
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -153,16 +153,18 @@ def submit_with(
     preemptible: bool | None,
     grace: float | None,
     shell: bool,
+    verb: str = "submit",
 ) -> WorkloadView:
     """Submit what ``submit``'s options (:data:`SUBMIT_FIELDS`) ask for, in this directory
-    and environment; a refusal ends the command naming the flag as typed."""
+    and environment; a refusal ends the command naming the flag as typed (``verb``: the
+    command that asks, for the examples in messages)."""
     from fgpu.cli.flags import flag_message, request_field
     from fgpu.client.client import ClientError, ServerUnavailable
     from fgpu.wire import SubmitRequest
 
     argv = list(command or [])
     if not argv:
-        fail("give the command to run after --, e.g. fgpu submit -g 0.5 -- python train.py")
+        fail(f"give the command to run after --, e.g. fgpu {verb} -g 0.5 -- python train.py")
     for position, part in enumerate(argv):
         if not _is_text(part):
             fail(f"command: argument {position} is not valid UTF-8 text")
