@@ -35,7 +35,7 @@ def server() -> Iterator[ServerProcess]:
 
 
 def printed(server: ServerProcess, workload_id: str) -> list[str]:
-    return server.cli("logs", workload_id).stdout.split()
+    return server.cli("logs", "--stdout", workload_id).stdout.split()
 
 
 def test_mig_requests_run_on_their_instances_and_survive_a_restart(

@@ -156,7 +156,7 @@ def test_critical_inference_preempts_low_batch_which_runs_again_after_it(serve: 
     assert done["restarts"] == 0
     assert [e["kind"] for e in again["events"]].count("started") == 2
     wait_for(
-        lambda: server.cli("logs", batch).stdout == "batch up\nbatch up\n",
+        lambda: server.cli("logs", "--stdout", batch).stdout == "batch up\nbatch up\n",
         "the batch command's second start in its log",
     )
     second_run = server.handle(batch)

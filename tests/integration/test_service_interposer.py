@@ -108,7 +108,7 @@ def test_a_cuda_program_over_its_cap_gets_an_ordinary_out_of_memory(
     assert any("1 allocation(s) refused" in line for line in detail["enforcement"])
     done.touch()
     server.wait_phase(wid, "succeeded", timeout_s=DEADLINE_S)
-    out = json.loads(server.cli("logs", wid).stdout.strip().splitlines()[0])
+    out = json.loads(server.cli("logs", "--stdout", wid).stdout.strip().splitlines()[0])
     assert out["bytes"] == 20 * GIB
     assert out["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
 

@@ -152,3 +152,58 @@ def test_the_working_directory_is_entered_as_the_user_not_as_root(
         record.reason
         == f"working directory {str(private)!r} is not accessible to uid {uid_of(BOB)}"
     )
+
+
+def test_the_output_log_keeps_both_streams_in_order_and_each_plain_log(tmp_path: Path) -> None:
+    from fgpu.wire_logs import FrameReader
+
+    log = tmp_path / "output.log"
+    # each write waits until the wrapper has recorded the one before: the order is the writes'
+    job = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "log = Path(sys.argv[1])\n"
+        "for stream, text in ((sys.stdout, 'a\\n'), (sys.stderr, 'b\\n'), (sys.stdout, 'c\\n')):\n"
+        "    stream.write(text); stream.flush()\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while text.encode() not in log.read_bytes():\n"
+        "        assert time.monotonic() < deadline\n"
+        "        time.sleep(0.01)\n"
+    )
+    wrapper = [sys.executable, "-m", "fgpu.agent.runner", "--exit-file", str(tmp_path / "x")]
+    started = time.time_ns()
+    done = subprocess.run(
+        [*wrapper, "--output-log", str(log), "--", sys.executable, "-c", job, str(log)],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"a\nc\n"
+    assert done.stderr == b"b\n"
+    chunks = FrameReader().feed(log.read_bytes())
+    assert [(c.stream, c.data) for c in chunks] == [
+        ("stdout", b"a\n"),
+        ("stderr", b"b\n"),
+        ("stdout", b"c\n"),
+    ]
+    times = [c.time_ns for c in chunks]
+    assert started <= times[0] <= times[1] <= times[2] <= time.time_ns()
+
+
+def test_a_command_that_cannot_start_says_why_in_the_output_log_too(tmp_path: Path) -> None:
+    from fgpu.wire_logs import FrameReader
+
+    log = tmp_path / "output.log"
+    wrapper = [sys.executable, "-m", "fgpu.agent.runner", "--exit-file", str(tmp_path / "x")]
+    done = subprocess.run(
+        [*wrapper, "--output-log", str(log), "--", "no-such-command-fgpu"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 127
+    chunks = FrameReader().feed(log.read_bytes())
+    assert [(c.stream, c.data) for c in chunks] == [
+        ("stderr", b"fgpu: command not found: 'no-such-command-fgpu'\n")
+    ]

@@ -23,8 +23,10 @@ Failures, by whose they are:
 - the agent cannot start the wrapper (log directory not writable, invalid spec, user switch
   refused because the agent is not root, wrapper did not report): :class:`LaunchError`.
 
-Files, per workload, under ``<log_dir>/<workload_id>/``: ``stdout.log`` and ``stderr.log``
-(appended to, so a workload restarted after preemption keeps one log), ``exit.json`` (the
+Files, per workload, under ``<log_dir>/<workload_id>/``: ``stdout.log`` and ``stderr.log``,
+and ``output.log``, both streams as records in the order the wrapper read them
+(:mod:`fgpu.wire_logs`), all appended to, so a workload restarted after preemption keeps one
+log; ``exit.json`` (the
 outcome; removed at each launch, so launch a workload id again only after its previous run
 has ended).
 
@@ -73,6 +75,9 @@ from fgpu.sdk import PYTHONPATH_DIR
 RECORD_WAIT_S = 5.0
 """After the workload's group is gone, how long :meth:`Launcher.terminate` waits for the
 wrapper to write the exit record."""
+
+OUTPUT_LOG = "output.log"
+"""A workload's two output streams in one file, in order (:mod:`fgpu.wire_logs`)."""
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -193,6 +198,9 @@ class Launcher:
         try:
             work_dir.mkdir(parents=True, exist_ok=True)
             exit_path.unlink(missing_ok=True)
+            # before the plain logs: a reader that finds those finds this one (the service
+            # tells a workload of an older fgpu, which has none, by that)
+            os.close(_open_log(work_dir / OUTPUT_LOG))
             out_fd = _open_log(stdout_path)
         except OSError as exc:
             raise LaunchError(f"cannot prepare logs in {work_dir}: {exc}") from exc
@@ -212,6 +220,8 @@ class Launcher:
             "--ready-fd",
             str(ready_w),
             "--spec-stdin",
+            "--output-log",
+            str(work_dir / OUTPUT_LOG),
             "--",
             *command,
         ]
@@ -294,6 +304,9 @@ class Launcher:
     @staticmethod
     def _settings(spec: LaunchSpec) -> dict[str, Any]:
         env = dict(spec.env)
+        # Python's print reaches the log as it is written, not at exit, unless the user
+        # chose otherwise (any value of theirs, even empty, is kept)
+        env.setdefault("PYTHONUNBUFFERED", "1")
         # `import fgpu.sdk` in the workload's own Python (fgpu.sdk.PYTHONPATH_DIR)
         env["PYTHONPATH"] = os.pathsep.join(
             [PYTHONPATH_DIR, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]

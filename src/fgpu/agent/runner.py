@@ -2,7 +2,8 @@
 
 Usage (the launcher builds this line; it also works by hand)::
 
-    python -m fgpu.agent.runner --exit-file F [--ready-fd N] [--spec-stdin] -- CMD ARGS...
+    python -m fgpu.agent.runner --exit-file F [--ready-fd N] [--spec-stdin] \
+        [--output-log L] -- CMD ARGS...
 
 Why it exists: the agent may be restarted (even with ``kill -9``) while workloads run. A
 restarted agent is not the parent of the workloads any more and cannot learn their exit
@@ -39,8 +40,21 @@ Options:
   may hold secrets) is neither visible in ``ps`` nor able to break the wrapper's own Python
   (``PYTHONPATH``, ``PYTHONHOME``).
 
+- ``--output-log L``: the command's stdout and stderr come to the wrapper through two pipes;
+  it copies each to its own stdout and stderr (the workload's ``stdout.log`` and
+  ``stderr.log``) and appends it to ``L`` as one record per read, in the order read:
+  :func:`fgpu.wire_logs.frame` (stream, wall-clock time, bytes). Within a stream the
+  order is exact; between the streams it is the order in which the writes reached the
+  wrapper, which wakes at each write: writes to the two streams closer together than that
+  wake-up (tens of microseconds) may be recorded in either order. When the command ends the
+  wrapper reads on until both pipes close (its group is killed, so they do) or for
+  :data:`DRAIN_S`, then records the exit: once the exit record exists, the logs are whole. A
+  process that left the group and still writes after that gets a broken pipe. Without this
+  option the command writes to the wrapper's stdout and stderr directly.
+
 The wrapper's own exit status mirrors the command's (``128 + N`` for signal ``N``).
-This module imports only the standard library, so that it starts fast.
+This module imports only the standard library (and :mod:`fgpu.wire_logs`, which imports
+nothing else), so that it starts fast.
 """
 
 from __future__ import annotations
@@ -53,14 +67,25 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fgpu.wire_logs import frame
+
 EXIT_WRAPPER_FAILED = 125
 EXIT_CANNOT_RUN = 126
 EXIT_NOT_FOUND = 127
+
+DRAIN_S = 5.0
+"""After the command's group is gone, how long the wrapper waits for its output pipes to
+close (``--output-log``) before it records the exit anyway."""
+
+READ_SIZE = 65536
+"""Most bytes the wrapper reads from an output pipe at a time."""
 
 FORWARDED_SIGNALS = (
     signal.SIGTERM,
@@ -171,10 +196,65 @@ def _start_failure(exc: OSError, program: str, cwd: str | None, uid: int | None)
     return EXIT_CANNOT_RUN, f"cannot run {program!r}: {detail}"
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class _Relay:
+    """Copies the command's two output pipes to the wrapper's stdout/stderr and to the
+    framed output log, in the order read (see ``--output-log`` in the module docstring)."""
+
+    def __init__(self, log_fd: int) -> None:
+        self.log_fd = log_fd
+        self.pipes: dict[int, tuple[str, int]] = {}
+        self.thread: threading.Thread | None = None
+
+    def record(self, stream: str, data: bytes) -> None:
+        with contextlib.suppress(OSError):  # a full disk loses log lines, not the workload
+            _write_all(self.log_fd, frame(stream, time.time_ns(), data))
+
+    def open(self) -> tuple[int, int]:
+        """Two pipes; returns their write ends (the command's stdout and stderr)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.pipes = {out_r: ("stdout", 1), err_r: ("stderr", 2)}
+        return out_w, err_w
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._copy, name="fgpu-relay", daemon=True)
+        self.thread.start()
+
+    def _copy(self) -> None:
+        import select
+
+        poller = select.poll()
+        for fd in self.pipes:
+            poller.register(fd, select.POLLIN)
+        open_fds = set(self.pipes)
+        while open_fds:
+            for fd, _ in poller.poll():
+                data = os.read(fd, READ_SIZE)
+                stream, target = self.pipes[fd]
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                with contextlib.suppress(OSError):
+                    _write_all(target, data)
+                self.record(stream, data)
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join(DRAIN_S)
+
+
 class _Wrapper:
-    def __init__(self, exit_file: Path, ready_fd: int | None) -> None:
+    def __init__(self, exit_file: Path, ready_fd: int | None, relay: _Relay | None = None) -> None:
         self.exit_file = exit_file
         self.ready_fd = ready_fd
+        self.relay = relay
         self.child: subprocess.Popen[bytes] | None = None
         self.pending: list[int] = []
         self.finished = False
@@ -199,6 +279,8 @@ class _Wrapper:
 
     def fail(self, code: int, reason: str) -> int:
         print(f"fgpu: {reason}", file=sys.stderr, flush=True)
+        if self.relay is not None:
+            self.relay.record("stderr", f"fgpu: {reason}\n".encode())
         write_exit_record(self.exit_file, ExitRecord(code, reason))
         self.ready("fail")
         return code
@@ -228,12 +310,15 @@ class _Wrapper:
         # check above and the chdir could take the command where its user may not go.
         as_user = uid is not None and os.geteuid() == 0 and cwd is not None
         target = str(cwd)
+        out_w, err_w = self.relay.open() if self.relay is not None else (None, None)
         try:
             self.child = subprocess.Popen(
                 command,
                 cwd=None if as_user else cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
                 process_group=0,
                 user=uid,
                 group=gid,
@@ -250,6 +335,12 @@ class _Wrapper:
             return self.fail(EXIT_WRAPPER_FAILED, f"cannot start {command[0]!r}: {exc}")
         except ValueError as exc:
             return self.fail(EXIT_WRAPPER_FAILED, f"cannot start {command[0]!r}: {exc}")
+        finally:
+            for fd in (out_w, err_w):
+                if fd is not None:
+                    os.close(fd)
+        if self.relay is not None:
+            self.relay.start()
         self.ready(f"ok {self.child.pid}")
         for signum in self.pending:
             self.forward(signum, None)
@@ -263,6 +354,8 @@ class _Wrapper:
             os.killpg(self.child.pid, signal.SIGKILL)
         code = self.child.wait()
         self.finished = True
+        if self.relay is not None:
+            self.relay.finish()
         write_exit_record(self.exit_file, ExitRecord(code, _signal_reason(code), self.child.pid))
         return code if code >= 0 else 128 - code
 
@@ -275,6 +368,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-file", required=True, type=Path)
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument("--spec-stdin", action="store_true")
+    parser.add_argument("--output-log", type=Path, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -293,7 +387,13 @@ def _reset_realtime_policy() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the wrapper's exit status."""
     args = _parse(sys.argv[1:] if argv is None else argv)
-    wrapper = _Wrapper(args.exit_file, args.ready_fd)
+    wrapper = _Wrapper(args.exit_file, args.ready_fd, None)
+    if args.output_log is not None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            wrapper.relay = _Relay(os.open(args.output_log, flags, 0o644))
+        except OSError as exc:
+            return wrapper.fail(EXIT_WRAPPER_FAILED, f"cannot open the output log: {exc}")
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, wrapper.forward)
     _reset_realtime_policy()

@@ -1,7 +1,8 @@
 """The ``fgpu`` command line (Typer): one module per command group.
 
-- :mod:`fgpu.cli.workloads`: ``submit``, ``ls``, ``describe``, ``logs``, ``cancel``, ``top``,
-  ``nodes`` (clients of the service's API through :class:`fgpu.client.Client`);
+- :mod:`fgpu.cli.workloads`: ``submit``, ``ls``, ``describe``, ``cancel``, ``top``, ``nodes``
+  (clients of the service's API through :class:`fgpu.client.Client`);
+- :mod:`fgpu.cli.output`: ``run`` (submit, stream, exit with the job's code) and ``logs``;
 - :mod:`fgpu.cli.queues`: ``queue create|ls|set|rm``;
 - :mod:`fgpu.cli.sim`: ``sim fill|replay`` (the trace simulators);
 - :mod:`fgpu.cli.mig`: ``mig profiles|layouts|plan|apply``;

@@ -46,11 +46,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fgpu.cli.workloads",
         "Show a workload: request, placement, events, and why it waits while pending.",
     ),
-    "logs": (
-        "fgpu.cli.workloads",
-        "Print a workload's output (stdout, or stderr with --stderr). With -f, the exit code "
-        "is the workload's once it ends, as a shell gives it (128+N when killed by signal N).",
-    ),
     "cancel": (
         "fgpu.cli.workloads",
         "Cancel workloads (yours; admins any). A running one gets SIGTERM, then SIGKILL after "
@@ -62,6 +57,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Each GPU with the shares it holds, by workload, and live use where known.",
     ),
     "nodes": ("fgpu.cli.workloads", "The machine's nodes: CPUs, memory and GPUs."),
+    "run": (
+        "fgpu.cli.output",
+        "Submit a command, wait for it, stream its output, and exit with its exit code.",
+    ),
+    "logs": (
+        "fgpu.cli.output",
+        "Print a workload's output: stdout and stderr in the order written (--stdout or "
+        "--stderr for one). With -f, the exit code is the workload's once it ends, as a shell "
+        "gives it (128+N when killed by signal N); Ctrl-C exits 130.",
+    ),
     "ui": (
         "fgpu.cli.ui",
         "Serve the server's read-only dashboard to this user's browser; prints the URL.",

@@ -1,12 +1,11 @@
-"""Workload and machine commands: ``submit``, ``ls``, ``describe``, ``logs``, ``cancel``,
-``top``, ``nodes``. Each parses its options, calls the API once or a few times and renders;
-the server decides everything (DESIGN.md section 2: the CLI has no business logic)."""
+"""Workload and machine commands: ``submit``, ``ls``, ``describe``, ``cancel``, ``top``,
+``nodes`` (``run`` and ``logs`` are in :mod:`fgpu.cli.output`). Each parses its options,
+calls the API once or a few times and renders; the server decides everything (DESIGN.md
+section 2: the CLI has no business logic)."""
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
     from fgpu.client.client import Client, ClientError
     from fgpu.client.plain import PlainWorkloadView
     from fgpu.wire import WorkloadView
-
-FOLLOW_INTERVAL_S = 0.5
 
 
 def submit(
@@ -115,13 +112,68 @@ def submit(
     Example: fgpu submit -g 0.5 -- python train.py --epochs 3
     """
     from fgpu.cli import render
+
+    with connect(socket, url) as client:
+        view = submit_with(client, **{k: v for k, v in locals().items() if k in SUBMIT_FIELDS})
+    if json_out:
+        print(render.to_json(view))
+        return
+    print(view.id)
+    line = f"submitted {view.id} ({view.name}) to queue {view.queue}: {view.phase}"
+    if view.phase == "pending" and view.reason and view.reason != "submitted":
+        line += f" ({view.reason})"
+    err.print(escape(line))
+
+
+SUBMIT_FIELDS = (
+    "command",
+    "gpu",
+    "gpu_fraction",
+    "gpu_memory",
+    "gpu_model",
+    "mig_profile",
+    "isolation",
+    "cpu",
+    "memory",
+    "priority",
+    "queue",
+    "name",
+    "preemptible",
+    "grace",
+    "shell",
+)
+"""The options of ``submit`` that make the request (``run`` takes them too)."""
+
+
+def submit_with(
+    client: Client,
+    command: list[str] | None,
+    gpu: str | None,
+    gpu_fraction: str | None,
+    gpu_memory: str | None,
+    gpu_model: list[str] | None,
+    mig_profile: str | None,
+    isolation: str | None,
+    cpu: str | None,
+    memory: str | None,
+    priority: str,
+    queue: str,
+    name: str | None,
+    preemptible: bool | None,
+    grace: float | None,
+    shell: bool,
+    verb: str = "submit",
+) -> WorkloadView:
+    """Submit what ``submit``'s options (:data:`SUBMIT_FIELDS`) ask for, in this directory
+    and environment; a refusal ends the command naming the flag as typed (``verb``: the
+    command that asks, for the examples in messages)."""
     from fgpu.cli.flags import flag_message, request_field
     from fgpu.client.client import ClientError, ServerUnavailable
     from fgpu.wire import SubmitRequest
 
     argv = list(command or [])
     if not argv:
-        fail("give the command to run after --, e.g. fgpu submit -g 0.5 -- python train.py")
+        fail(f"give the command to run after --, e.g. fgpu {verb} -g 0.5 -- python train.py")
     for position, part in enumerate(argv):
         if not _is_text(part):
             fail(f"command: argument {position} is not valid UTF-8 text")
@@ -180,22 +232,13 @@ def submit(
         "grace_s": grace,
     }
     body = SubmitRequest.model_validate(fields)
-    with connect(socket, url) as client:
-        try:
-            view = client.submit(body)
-        except ServerUnavailable:
-            raise
-        except ClientError as exc:  # name the flag as typed, with the value given
-            field = request_field(exc.reason, typed_values) if exc.field == "request" else exc.field
-            fail(flag_message(field, exc.reason, typed_values), exit_code(exc))
-    if json_out:
-        print(render.to_json(view))
-        return
-    print(view.id)
-    line = f"submitted {view.id} ({view.name}) to queue {view.queue}: {view.phase}"
-    if view.phase == "pending" and view.reason and view.reason != "submitted":
-        line += f" ({view.reason})"
-    err.print(escape(line))
+    try:
+        return client.submit(body)
+    except ServerUnavailable:
+        raise
+    except ClientError as exc:  # name the flag as typed, with the value given
+        field = request_field(exc.reason, typed_values) if exc.field == "request" else exc.field
+        fail(flag_message(field, exc.reason, typed_values), exit_code(exc))
 
 
 PHASES = ("pending", "running", "paused", "succeeded", "failed", "cancelled")
@@ -298,52 +341,6 @@ def describe(
     with connect(socket, url, _about(workload_id)) as client:
         detail = client.get_workload(workload_id)
     show(detail, render.detail_view(detail), json_out)
-
-
-def logs(
-    workload_id: Annotated[
-        str, typer.Argument(metavar="ID", help="Workload id, unique id prefix, or name.")
-    ],
-    follow: Annotated[
-        bool, typer.Option("-f", "--follow", help="Keep printing until the workload ends.")
-    ] = False,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Its stderr instead of stdout.")] = False,
-    socket: SocketOption = None,
-    url: UrlOption = None,
-) -> None:
-    """Print a workload's output (stdout, or stderr with --stderr). With -f, the exit code
-    is the workload's once it ends, as a shell gives it (128+N when killed by signal N)."""
-    from fgpu.wire import TERMINAL_PHASES
-
-    stream = "stderr" if stderr else "stdout"
-    sink = sys.stdout.buffer
-    offset = 0
-    with connect(socket, url, _about(workload_id)) as client:
-        if follow:  # a name or prefix is resolved once: a later namesake is not followed
-            workload_id = client.get_workload(workload_id).id
-        try:
-            while True:
-                data, offset = client.logs(workload_id, stream, offset)
-                if data:
-                    sink.write(data)
-                    sink.flush()
-                    continue
-                if not follow:
-                    return
-                ended = client.get_workload(workload_id)
-                if ended.phase in TERMINAL_PHASES:
-                    data, offset = client.logs(workload_id, stream, offset)
-                    sink.write(data)
-                    sink.flush()
-                    if not data:
-                        raise typer.Exit(_shell_status(ended.exit_code))
-                    continue
-                time.sleep(FOLLOW_INTERVAL_S)
-        except KeyboardInterrupt:
-            return
-        except BrokenPipeError:  # `fgpu logs ID | head`
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return
 
 
 def cancel(
@@ -458,19 +455,10 @@ def register(app: typer.Typer) -> None:
     app.command("ls")(ls)
     app.command("list", help="Same as ls.")(ls)
     app.command("describe")(describe)
-    app.command("logs")(logs)
     app.command("cancel")(cancel)
     app.command("delete", help="Same as cancel.")(cancel)
     app.command("top")(top)
     app.command("nodes")(nodes)
-
-
-def _shell_status(exit_code: int | None) -> int:
-    """A workload's exit code as a shell's ``$?``: 0..255, 128+N for a signal N (negative),
-    0 when it has none (it never ran)."""
-    if exit_code is None:
-        return 0
-    return 128 - exit_code if exit_code < 0 else exit_code & 0xFF
 
 
 def _about(workload_id: str) -> Callable[[ClientError], str]:

@@ -397,12 +397,14 @@ def create_app(
     def logs(
         workload_id: WorkloadId,
         caller: CallerDep,
-        stream: Literal["stdout", "stderr"] = "stdout",
+        stream: Literal["stdout", "stderr", "all"] = "stdout",
         offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         limit: Annotated[int, Query(ge=1, le=LOG_CHUNK_MAX)] = LOG_CHUNK_MAX,
     ) -> Response:
         """Log bytes from ``offset`` (at most ``limit``); the header ``X-Fgpu-Log-Offset``
-        is the offset to ask for next. Empty while the workload has not written anything."""
+        is the offset to ask for next. Empty while the workload has not written anything.
+        ``stream=all``: both streams in the order written, as records (stream, time, bytes;
+        the format is in ``fgpu.wire_logs``); a chunk may end inside a record."""
         path = service.log_path(caller, workload_id, stream)
         data, next_offset = read_from(path, offset, limit)
         return Response(

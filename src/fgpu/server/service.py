@@ -257,14 +257,16 @@ class Service(SchedulingLoop):
         return views.workload(record, None)
 
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> Path:
-        """The workload's stdout or stderr log file (its owner's and admins' to read).
+        """The workload's stdout or stderr log file, or (``all``) both streams in order as
+        records of :mod:`fgpu.wire_logs` (its owner's and admins' to read).
 
         Raises:
-            NotFoundError: unknown id; BadRequest: stream not stdout/stderr; Forbidden:
-                another user's workload.
+            NotFoundError: unknown id; BadRequest: stream not stdout/stderr/all, or ``all``
+                for a workload started before fgpu kept that log; Forbidden: another user's
+                workload.
         """
-        if stream not in ("stdout", "stderr"):
-            raise BadRequest("stream", "must be stdout or stderr")
+        if stream not in ("stdout", "stderr", "all"):
+            raise BadRequest("stream", "must be stdout, stderr or all")
         record = self._get(workload_id, caller.uid)
         if record.owner_uid != caller.uid and not self._is_admin(caller):
             raise Forbidden(
@@ -272,7 +274,17 @@ class Service(SchedulingLoop):
                 f"workload {record.id} belongs to {user_text(record.owner_uid)}; its logs are "
                 "its owner's",
             )
-        return self.log_dir / record.id / f"{stream}.log"
+        folder = self.log_dir / record.id
+        if stream == "all":
+            merged = folder / "output.log"
+            if not merged.exists() and (folder / "stdout.log").exists():
+                raise BadRequest(
+                    "stream",
+                    f"workload {record.id} was started by an fgpu that kept no ordered log of "
+                    "both streams; ask for stdout or stderr",
+                )
+            return merged
+        return folder / f"{stream}.log"
 
     # -------------------------------------------------------------------- queues
     def _queue_change(
