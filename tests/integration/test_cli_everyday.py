@@ -171,9 +171,14 @@ def test_ls_filters_cancel_all_exit_codes_and_the_last_placement(
     table = fgpu("ls").stdout
     [row] = [line for line in table.splitlines() if line.startswith(str(running["id"]))]
     assert row.split()[3] == "running"
-    listed = json.loads(fgpu("ls", "--json").stdout)
-    assert listed[0]["phase"] == "running"
-    assert listed[0]["gpu_state"] is not None
+
+    # the governor's state comes with its first plan after the start: wait for it
+    def governed() -> bool:
+        listed = json.loads(fgpu("ls", "--json").stdout)
+        assert listed[0]["phase"] == "running"
+        return listed[0]["gpu_state"] is not None
+
+    wait_for(governed, "the running workload's governor state in ls --json")
     # cancel --all: every active workload of the caller
     assert fgpu("cancel", "--all", "--user", "nobody", "x").exit_code == 2
     cancelled = fgpu("cancel", "--all")
