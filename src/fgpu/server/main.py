@@ -28,6 +28,7 @@ from typing import Annotated
 import typer
 
 from fgpu.addresses import SOCKET_ENV, default_socket_path
+from fgpu.server.connlimit import ConnectionLimits, LimitError
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -248,6 +249,46 @@ def serve(
             rich_help_panel="On the GPU",
         ),
     ] = False,
+    max_connections_per_user: Annotated[
+        int,
+        typer.Option(
+            help="Open API connections per uid (Unix socket) or per address (TCP); one more "
+            "gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = 64,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Open API connections in all; one more gets HTTP 503 (default: the file "
+            "limit, ulimit -n, less --connection-reserve).",
+            rich_help_panel="Limits",
+            show_default=False,
+        ),
+    ] = None,
+    connection_reserve: Annotated[
+        int,
+        typer.Option(
+            help="File descriptors kept from API connections for the store, the governor "
+            "and the workloads' logs.",
+            rich_help_panel="Limits",
+        ),
+    ] = 256,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a request may take to arrive from its first byte (a connection's "
+            "first request: from the connection); later ones get HTTP 408 and are closed.",
+            rich_help_panel="Limits",
+        ),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds an idle keep-alive API connection stays open.",
+            rich_help_panel="Limits",
+        ),
+    ] = 5.0,
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -269,6 +310,13 @@ def serve(
             fake_driver=fake_driver,
             metrics_listen=metrics_listen,
             squeeze=squeeze,
+            connection_limits=ConnectionLimits(
+                per_peer=max_connections_per_user,
+                total=max_connections,
+                reserve=connection_reserve,
+                request_timeout_s=request_timeout,
+                idle_timeout_s=idle_timeout,
+            ),
         )
     )
 
@@ -296,6 +344,7 @@ def run_serve(
     tokens_in_clear: bool = False,
     metrics_listen: str | None = None,
     squeeze: bool = True,
+    connection_limits: ConnectionLimits | None = None,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -385,6 +434,11 @@ def run_serve(
             )
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
+        connection_limits = connection_limits or ConnectionLimits()
+        try:
+            connection_limits.check()
+        except LimitError as exc:
+            raise ServeOptionError(str(exc)) from None
     except ServeOptionError as exc:
         _error(str(exc))
         return 2
@@ -406,6 +460,7 @@ def run_serve(
         tls,
         metrics_address,
         squeeze,
+        connection_limits,
     )
 
 
@@ -477,6 +532,7 @@ def _start(
     tls: ssl.SSLContext | None = None,
     metrics_address: tuple[str, int] | None = None,
     squeeze: bool = True,
+    connection_limits: ConnectionLimits | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -489,7 +545,7 @@ def _start(
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
 
-    server = ApiServer(path, address, log_level=level, tls=tls)
+    server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
     try:
         server.bind()
     except SocketInUse as exc:
