@@ -29,6 +29,7 @@ import typer
 
 from fgpu.addresses import SOCKET_ENV, default_socket_path
 from fgpu.server.connlimit import ConnectionLimits, LimitError
+from fgpu.server.quotas import SubmissionLimits
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -289,6 +290,20 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = 5.0,
+    max_active_per_user: Annotated[
+        int,
+        typer.Option(
+            help="Active (pending, running, paused) workloads per user; one more gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = 10_000,
+    max_submission_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Bytes of command and environment one submission may store; more gets HTTP 422.",
+            rich_help_panel="Limits",
+        ),
+    ] = 256 * 1024,
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -316,6 +331,9 @@ def serve(
                 reserve=connection_reserve,
                 request_timeout_s=request_timeout,
                 idle_timeout_s=idle_timeout,
+            ),
+            submission_limits=SubmissionLimits(
+                max_active=max_active_per_user, max_submission_bytes=max_submission_bytes
             ),
         )
     )
@@ -345,6 +363,7 @@ def run_serve(
     metrics_listen: str | None = None,
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
+    submission_limits: SubmissionLimits | None = None,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -439,6 +458,11 @@ def run_serve(
             connection_limits.check()
         except LimitError as exc:
             raise ServeOptionError(str(exc)) from None
+        submission_limits = submission_limits or SubmissionLimits()
+        try:
+            submission_limits.check()
+        except ValueError as exc:
+            raise ServeOptionError(str(exc)) from None
     except ServeOptionError as exc:
         _error(str(exc))
         return 2
@@ -461,6 +485,7 @@ def run_serve(
         metrics_address,
         squeeze,
         connection_limits,
+        submission_limits,
     )
 
 
@@ -533,6 +558,7 @@ def _start(
     metrics_address: tuple[str, int] | None = None,
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
+    submission_limits: SubmissionLimits | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -586,6 +612,8 @@ def _start(
     except BaseException:
         server.release()
         raise
+    if submission_limits is not None:
+        service.submission_limits = submission_limits
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

@@ -47,9 +47,10 @@ from fgpu.server.access import check_submission, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
-from fgpu.server.naming import base_name, check_name_free, unique_name
+from fgpu.server.naming import NamePicker, base_name, check_name_free
+from fgpu.server.quotas import SubmissionLimits
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.records import ACTIVE_PHASES, QueueConfig, QueueRecord, WorkloadRecord
+from fgpu.store.records import QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
 from fgpu.wire import (
@@ -82,14 +83,22 @@ class Service(SchedulingLoop):
         clock: time source (seconds).
         mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
         enforcement: governor and memory guard settings (default: fair, pause, kill).
+
+    :attr:`submission_limits` are the per-user limits (``fgpu serve`` sets them).
     """
+
+    submission_limits: SubmissionLimits = SubmissionLimits()
+    _name_picker: NamePicker | None = None
 
     def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView:
         """Validate and store a submission, then wake the loop.
 
         Raises:
-            BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
-                never fit this machine (with the per-node reason).
+            BadRequest: invalid input, an unknown or non-leaf queue, a request that can
+                never fit this machine (with the per-node reason), or a command and env over
+                ``--max-submission-bytes``.
+            LimitReached: the caller has ``--max-active-per-user`` active workloads.
+            Conflict: the caller has an active workload of the name asked for.
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
                 (:func:`fgpu.server.access.check_submission`).
@@ -118,14 +127,22 @@ class Service(SchedulingLoop):
         )
         if sub.mig_request is None:
             self._check_could_fit(request)
+        limits = self.submission_limits
+        limits.check_size(sub.argv, body.env)
+        store = self.store
         with self._names_lock:  # names are unique among the owner's active workloads
-            own = self.store.list_workloads(ACTIVE_PHASES, owner_uid=caller.uid)
+            limits.check_active(store.count_active(caller.uid))
             if body.name:
                 name = sub.name
-                check_name_free(name, own)
+                check_name_free(name, store.active_named(caller.uid, name))
             else:
-                name = unique_name(
-                    base_name(sub.argv, body.shell), (r.name for r in own), NAME_LENGTH
+                if self._name_picker is None:
+                    self._name_picker = NamePicker(NAME_LENGTH)
+                name = self._name_picker.pick(
+                    caller.uid,
+                    base_name(sub.argv, body.shell),
+                    lambda n: store.active_named(caller.uid, n) is not None,
+                    lambda prefix: store.active_names(caller.uid, prefix),
                 )
             try:
                 record = self._tracked.submit(

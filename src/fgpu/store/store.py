@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, bindparam, delete, insert, or_, select
+from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
@@ -556,6 +556,46 @@ class Store(QueueStore, InventoryStore):
             query = query.where(WorkloadRow.owner_uid == owner_uid)
         with self._read() as session:
             return [convert.workload_record(r) for r in session.scalars(query)]
+
+    def active_named(self, owner_uid: int, name: str) -> WorkloadRecord | None:
+        """The active workload of ``owner_uid`` named ``name``, or None: one lookup in the
+        ``(owner_uid, phase, name)`` index, whatever the owner's backlog."""
+        query = (
+            select(WorkloadRow)
+            .where(WorkloadRow.owner_uid == owner_uid)
+            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+            .where(WorkloadRow.name == name)
+            .order_by(WorkloadRow.submitted_at, WorkloadRow.id)
+            .limit(1)
+        )
+        with self._read() as session:
+            row = session.scalars(query).first()
+            return None if row is None else convert.workload_record(row)
+
+    def active_names(self, owner_uid: int, prefix: str) -> set[str]:
+        """Names of ``owner_uid``'s active workloads that start with ``prefix`` (names only,
+        a range of the ``(owner_uid, phase, name)`` index)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = (
+            select(WorkloadRow.name)
+            .where(WorkloadRow.owner_uid == owner_uid)
+            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+            .where(WorkloadRow.name.like(f"{escaped}%", escape="\\"))
+        )
+        with self._read() as session:
+            return set(session.scalars(query))
+
+    def count_active(self, owner_uid: int) -> int:
+        """How many active (pending, running, paused) workloads ``owner_uid`` has (counted
+        in the ``(owner_uid, phase, name)`` index)."""
+        query = (
+            select(func.count())
+            .select_from(WorkloadRow)
+            .where(WorkloadRow.owner_uid == owner_uid)
+            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+        )
+        with self._read() as session:
+            return int(session.scalar(query) or 0)
 
     def running_records(self) -> builtins.list[WorkloadRecord]:
         """Workloads that hold an allocation (running or paused): after a restart, re-adopt
