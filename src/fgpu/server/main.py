@@ -401,6 +401,11 @@ def run_serve(
                 )
             if token_user is not None:
                 token_uid = resolve_user("--token-user", token_user)
+                if token_uid == 0:
+                    raise ServeOptionError(
+                        f"--token-user: {token_user!r} is root (uid 0): whoever holds the "
+                        "token would run commands as root; name an unprivileged user"
+                    )
             elif os.geteuid() == 0:
                 raise ServeOptionError(
                     "--listen as root needs --token-user: token callers would otherwise run "
