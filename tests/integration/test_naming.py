@@ -193,7 +193,8 @@ def test_a_submissions_name_check_reads_the_index_not_the_owners_backlog(
     """Issue 27: each submission read every active workload of its owner to check the name
     (766 ms at 9,900 queued). Now each query of a submission on ``workloads`` is a search of
     an index (the ``(owner_uid, phase, name)`` one for the owner's workloads) returning at
-    most one row, whatever the backlog."""
+    most a row per name asked about (the name, or a default name and its next suffix),
+    whatever the backlog."""
     from sqlalchemy import event
 
     for _ in range(300):
@@ -228,4 +229,4 @@ def test_a_submissions_name_check_reads_the_index_not_the_owners_backlog(
             if "owner_uid" in statement:
                 assert "ix_workloads_owner_phase_name" in plan, (statement, plan)
             rows = connection.exec_driver_sql(statement, parameters).fetchall()  # type: ignore[arg-type]
-            assert len(rows) <= 1, (statement, len(rows))
+            assert len(rows) <= 2, (statement, len(rows))  # the names asked about, at most

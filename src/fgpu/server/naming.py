@@ -17,7 +17,7 @@ owner, phase, and whether it matched by name or by id prefix), never guessed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
 from fgpu.store.records import WorkloadRecord
@@ -74,18 +74,19 @@ def unique_name(base: str, taken: Iterable[str], limit: int) -> str:
         n += 1
 
 
-def check_name_free(name: str, holder: WorkloadRecord | None) -> None:
-    """Refuse a name when ``holder`` (the owner's active workload of that name, from
-    :meth:`fgpu.store.store.Store.active_named`) exists.
+def check_name_free(name: str, holder: tuple[str, str] | None) -> None:
+    """Refuse a name when ``holder`` (``(id, phase)`` of the owner's active workload of that
+    name, from :meth:`fgpu.store.store.Store.active_holders`) exists.
 
     Raises:
         Conflict: field ``name``, naming the workload that has it.
     """
     if holder is not None:
+        wid, phase = holder
         raise Conflict(
             "name",
-            f"you already have an active workload named {name!r} ({holder.id}, "
-            f"{holder.phase}); choose another --name, or cancel that one first",
+            f"you already have an active workload named {name!r} ({wid}, {phase}); "
+            "choose another --name, or cancel that one first",
         )
 
 
@@ -117,22 +118,24 @@ class NamePicker:
         self,
         owner_uid: int,
         base: str,
-        taken: Callable[[str], bool],
+        taken: Callable[[list[str]], Collection[str]],
         names_like: Callable[[str], set[str]],
     ) -> str:
         """A name for a new workload of ``owner_uid`` from ``base``.
 
         Args:
-            taken: whether the owner has an active workload of that name.
+            taken: which of the given names the owner's active workloads have (one lookup
+                for ``base`` and the next suffix together).
             names_like: the owner's active names that start with a given prefix.
         """
         first = base[: self.limit]
-        if not taken(first):
-            return first
         key = (owner_uid, base)
         n = self._next.get(key, 2)
         candidate = _suffixed(base, n, self.limit)
-        if taken(candidate):
+        used = taken([first, candidate])
+        if first not in used:
+            return first
+        if candidate in used:
             used = names_like(base[: max(1, self.limit - 8)])
             n = 2
             while (candidate := _suffixed(base, n, self.limit)) in used:

@@ -134,14 +134,14 @@ class Service(SchedulingLoop):
             limits.check_active(store.count_active(caller.uid))
             if body.name:
                 name = sub.name
-                check_name_free(name, store.active_named(caller.uid, name))
+                check_name_free(name, store.active_holders(caller.uid, [name]).get(name))
             else:
                 if self._name_picker is None:
                     self._name_picker = NamePicker(NAME_LENGTH)
                 name = self._name_picker.pick(
                     caller.uid,
                     base_name(sub.argv, body.shell),
-                    lambda n: store.active_named(caller.uid, n) is not None,
+                    lambda names: store.active_holders(caller.uid, names),
                     lambda prefix: store.active_names(caller.uid, prefix),
                 )
             try:

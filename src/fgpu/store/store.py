@@ -557,20 +557,19 @@ class Store(QueueStore, InventoryStore):
         with self._read() as session:
             return [convert.workload_record(r) for r in session.scalars(query)]
 
-    def active_named(self, owner_uid: int, name: str) -> WorkloadRecord | None:
-        """The active workload of ``owner_uid`` named ``name``, or None: one lookup in the
+    def active_holders(self, owner_uid: int, names: Collection[str]) -> dict[str, tuple[str, str]]:
+        """Which of ``names`` ``owner_uid``'s active workloads have: name -> (id, phase) (the
+        earliest submitted where several have one). Point lookups in the
         ``(owner_uid, phase, name)`` index, whatever the owner's backlog."""
         query = (
-            select(WorkloadRow)
+            select(WorkloadRow.name, WorkloadRow.id, WorkloadRow.phase)
             .where(WorkloadRow.owner_uid == owner_uid)
             .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
-            .where(WorkloadRow.name == name)
-            .order_by(WorkloadRow.submitted_at, WorkloadRow.id)
-            .limit(1)
+            .where(WorkloadRow.name.in_(builtins.list(names)))
+            .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())
         )
         with self._read() as session:
-            row = session.scalars(query).first()
-            return None if row is None else convert.workload_record(row)
+            return {name: (wid, phase) for name, wid, phase in session.execute(query)}
 
     def active_names(self, owner_uid: int, prefix: str) -> set[str]:
         """Names of ``owner_uid``'s active workloads that start with ``prefix`` (names only,
