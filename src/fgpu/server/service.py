@@ -130,18 +130,25 @@ class Service(SchedulingLoop):
         limits = self.submission_limits
         limits.check_size(sub.argv, body.env)
         store = self.store
+
+        def holders(names: list[str]) -> dict[str, tuple[str, str]]:
+            """The caller's active workloads of ``names``; refuses one over the caller's
+            active limit (one read for both)."""
+            active, found = store.active_holders(caller.uid, names)
+            limits.check_active(active)
+            return found
+
         with self._names_lock:  # names are unique among the owner's active workloads
-            limits.check_active(store.count_active(caller.uid))
             if body.name:
                 name = sub.name
-                check_name_free(name, store.active_holders(caller.uid, [name]).get(name))
+                check_name_free(name, holders([name]).get(name))
             else:
                 if self._name_picker is None:
                     self._name_picker = NamePicker(NAME_LENGTH)
                 name = self._name_picker.pick(
                     caller.uid,
                     base_name(sub.argv, body.shell),
-                    lambda names: store.active_holders(caller.uid, names),
+                    holders,
                     lambda prefix: store.active_names(caller.uid, prefix),
                 )
             try:

@@ -557,19 +557,25 @@ class Store(QueueStore, InventoryStore):
         with self._read() as session:
             return [convert.workload_record(r) for r in session.scalars(query)]
 
-    def active_holders(self, owner_uid: int, names: Collection[str]) -> dict[str, tuple[str, str]]:
-        """Which of ``names`` ``owner_uid``'s active workloads have: name -> (id, phase) (the
-        earliest submitted where several have one). Point lookups in the
-        ``(owner_uid, phase, name)`` index, whatever the owner's backlog."""
-        query = (
+    def active_holders(
+        self, owner_uid: int, names: Collection[str]
+    ) -> tuple[int, dict[str, tuple[str, str]]]:
+        """How many active workloads ``owner_uid`` has, and which of ``names`` they have:
+        name -> (id, phase) (the earliest submitted where several have one). Both from the
+        ``(owner_uid, phase, name)`` index in one read (point lookups for the names; the
+        count of the owner's index range), without reading any workload row's data."""
+        owner = (WorkloadRow.owner_uid == owner_uid, WorkloadRow.phase.in_(ACTIVE_PHASES))
+        holders = (
             select(WorkloadRow.name, WorkloadRow.id, WorkloadRow.phase)
-            .where(WorkloadRow.owner_uid == owner_uid)
-            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+            .where(*owner)
             .where(WorkloadRow.name.in_(builtins.list(names)))
             .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())
         )
+        count = select(func.count()).select_from(WorkloadRow).where(*owner)
         with self._read() as session:
-            return {name: (wid, phase) for name, wid, phase in session.execute(query)}
+            active = int(session.scalar(count) or 0)
+            found = {name: (wid, phase) for name, wid, phase in session.execute(holders)}
+        return active, found
 
     def active_names(self, owner_uid: int, prefix: str) -> set[str]:
         """Names of ``owner_uid``'s active workloads that start with ``prefix`` (names only,
