@@ -9,9 +9,9 @@ made the database 55 MB).
   at most :attr:`SubmissionLimits.max_submission_bytes`; more gets 422 (field ``command``),
   naming the limit and echoing the size (``--max-submission-bytes``).
 
-The counts come from the store's ``(owner_uid, phase, name)`` index
-(:meth:`fgpu.store.store.Store.count_active`), so checking costs the same whatever the
-user's backlog.
+The count comes from the store's ``(owner_uid, phase, name)`` index
+(:meth:`fgpu.store.store.Store.active_holders`, in the same read as the name check): a scan
+of the owner's index entries, no workload row is read.
 """
 
 from __future__ import annotations

@@ -590,18 +590,6 @@ class Store(QueueStore, InventoryStore):
         with self._read() as session:
             return set(session.scalars(query))
 
-    def count_active(self, owner_uid: int) -> int:
-        """How many active (pending, running, paused) workloads ``owner_uid`` has (counted
-        in the ``(owner_uid, phase, name)`` index)."""
-        query = (
-            select(func.count())
-            .select_from(WorkloadRow)
-            .where(WorkloadRow.owner_uid == owner_uid)
-            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
-        )
-        with self._read() as session:
-            return int(session.scalar(query) or 0)
-
     def running_records(self) -> builtins.list[WorkloadRecord]:
         """Workloads that hold an allocation (running or paused): after a restart, re-adopt
         each whose process lives (pid and create_time match), :meth:`mark_lost` the rest."""
