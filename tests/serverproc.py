@@ -291,6 +291,7 @@ def started_server(
     for_local_users: bool = False,
     token: str | None = None,
     token_user: str | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[ServerProcess]:
     """A started server in a fresh folder under /tmp, stopped and removed after.
 
@@ -302,6 +303,7 @@ def started_server(
         token: also serve TCP on a free loopback port (``server.tcp_port``) with this
             bearer token (a 0600 token file in the folder).
         token_user: ``--token-user`` with ``token``.
+        extra: more ``fgpu serve`` options.
     """
     import shutil
     import tempfile
@@ -309,17 +311,17 @@ def started_server(
     root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     if for_local_users:
         root.chmod(0o755)  # alice and bob reach the socket
-    extra: list[str] = []
+    options: list[str] = list(extra)
     port = 0
     if token is not None:
         token_file = root / "token"
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
         port = free_port()
-        extra = ["--listen", f"127.0.0.1:{port}", "--token-file", str(token_file)]
+        options += ["--listen", f"127.0.0.1:{port}", "--token-file", str(token_file)]
         if token_user is not None:
-            extra += ["--token-user", token_user]
-    proc = ServerProcess(root, gpus, extra)
+            options += ["--token-user", token_user]
+    proc = ServerProcess(root, gpus, options)
     proc.tcp_port = port
     try:
         proc.start()

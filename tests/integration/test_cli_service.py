@@ -446,8 +446,10 @@ def test_serve_refuses_bad_options(
         ("short-token", ["--token-user", "65534"], "the token has 11 characters; use at least 16"),
         ("a-long-enough-token-123", [], "--listen as root needs --token-user"),
         ("a-long-enough-token-123", ["--token-user", "no-such-user-here"], "--token-user: no user"),
+        ("a-long-enough-token-1234", ["--token-user", "root"], "--token-user: 'root' is root"),
+        ("a-long-enough-token-12345", ["--token-user", "0"], "--token-user: '0' is root (uid 0)"),
     ],
-    ids=["short", "root-without-token-user", "unknown-token-user"],
+    ids=["short", "root-without-token-user", "unknown-token-user", "root-by-name", "root-by-uid"],
 )
 def test_serve_refuses_weak_token_settings(
     root: Path, token: str, extra: list[str], message: str

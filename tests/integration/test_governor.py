@@ -461,3 +461,51 @@ def test_the_achieved_shares_of_one_gpu_add_up_to_at_most_one(
         assert achieved["a"] >= achieved["b"], achieved  # the larger share gets more
     finally:
         gov.close()
+
+
+@contextlib.contextmanager
+def no_free_descriptors() -> Iterator[None]:
+    """Every file descriptor of this process taken (the soft ``RLIMIT_NOFILE`` lowered to
+    just above the highest open one, the rest filled), as when a flood of connections took
+    them; restored after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(name) for name in os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 8, hard))
+    taken: list[int] = []
+    try:
+        while True:
+            try:
+                taken.append(os.open("/dev/null", os.O_RDONLY))
+            except OSError:
+                break
+        with pytest.raises(OSError, match="Too many open files"):
+            os.open("/dev/null", os.O_RDONLY)  # really none left
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_cgroup_freezer_freezes_and_thaws_with_no_descriptor_left(
+    freezer: Freezer, launched: Callable[..., ProcessHandle]
+) -> None:
+    """Issue 27: a flood of connections took every descriptor and the governor failed its
+    freezes (it opened ``cgroup.freeze`` per freeze). Its files stay open from adoption."""
+    if not isinstance(freezer, CgroupFreezer):
+        pytest.skip("the signal freezer has no control files (it reads /proc per look)")
+    handle = launched("starved")
+    freezer.adopt(handle)
+    wait_for(lambda: bool(freezer.pids(handle)), "the workload in its cgroup")
+    try:
+        with no_free_descriptors():
+            freezer.freeze(handle)
+            assert freezer.wait_frozen(handle, TIMEOUT_S)
+            assert freezer.is_frozen(handle)
+            freezer.thaw(handle)
+            frozen_after_thaw = freezer.is_frozen(handle)
+        assert not frozen_after_thaw
+    finally:
+        freezer.release(handle)

@@ -49,7 +49,9 @@ def server(tmp_path: Path) -> Iterator[tuple[ServerProcess, int, int]]:
     token.chmod(0o600)
     tcp, plain = free_port(), free_port()
     extra = ["--listen", f"127.0.0.1:{tcp}", "--token-file", str(token)]
-    extra += ["--token-user", str(os.geteuid()), "--metrics-listen", f"127.0.0.1:{plain}"]
+    # a token caller may not be root (issue 27): nobody, when the tests run as root
+    token_user = "65534" if os.geteuid() == 0 else str(os.geteuid())
+    extra += ["--token-user", token_user, "--metrics-listen", f"127.0.0.1:{plain}"]
     proc = ServerProcess(tmp_path, "1xA100-40GB", extra)
     proc.start()
     try:

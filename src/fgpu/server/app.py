@@ -41,7 +41,7 @@ from starlette.routing import Match
 from fgpu import __version__
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
-from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_value
+from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
 from fgpu.server.service import Caller
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 from fgpu.wire import (
@@ -201,8 +201,8 @@ def current_caller(request: Request) -> Caller:
         and request.method == "GET"
         and request.url.path.startswith("/ui")
         and "authorization" not in request.headers
-        and hmac.compare_digest(session.encode(), session_value(settings.token).encode())
-    ):  # the dashboard's cookie: read-only pages only
+        and session_valid(session, settings.token)
+    ):  # the dashboard's cookie (unexpired): read-only pages only
         return Caller(uid=settings.token_uid, admin=settings.is_admin(settings.token_uid))
     if settings.token is None:
         closed = {"field": "authorization", "reason": "this server answers only on its Unix socket"}

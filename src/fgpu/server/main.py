@@ -28,6 +28,8 @@ from typing import Annotated
 import typer
 
 from fgpu.addresses import SOCKET_ENV, default_socket_path
+from fgpu.server.connlimit import ConnectionLimits, LimitError
+from fgpu.server.quotas import SubmissionLimits
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -248,6 +250,60 @@ def serve(
             rich_help_panel="On the GPU",
         ),
     ] = False,
+    max_connections_per_user: Annotated[
+        int,
+        typer.Option(
+            help="Open API connections per uid (Unix socket) or per address (TCP); one more "
+            "gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = 64,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help="Open API connections in all; one more gets HTTP 503 (default: the file "
+            "limit, ulimit -n, less --connection-reserve).",
+            rich_help_panel="Limits",
+            show_default=False,
+        ),
+    ] = None,
+    connection_reserve: Annotated[
+        int,
+        typer.Option(
+            help="File descriptors kept from API connections for the store, the governor "
+            "and the workloads' logs.",
+            rich_help_panel="Limits",
+        ),
+    ] = 256,
+    request_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a request may take to arrive from its first byte (a connection's "
+            "first request: from the connection); later ones get HTTP 408 and are closed.",
+            rich_help_panel="Limits",
+        ),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds an idle keep-alive API connection stays open.",
+            rich_help_panel="Limits",
+        ),
+    ] = 5.0,
+    max_active_per_user: Annotated[
+        int,
+        typer.Option(
+            help="Active (pending, running, paused) workloads per user; one more gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = 10_000,
+    max_submission_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Bytes of command and environment one submission may store; more gets HTTP 422.",
+            rich_help_panel="Limits",
+        ),
+    ] = 256 * 1024,
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -269,6 +325,16 @@ def serve(
             fake_driver=fake_driver,
             metrics_listen=metrics_listen,
             squeeze=squeeze,
+            connection_limits=ConnectionLimits(
+                per_peer=max_connections_per_user,
+                total=max_connections,
+                reserve=connection_reserve,
+                request_timeout_s=request_timeout,
+                idle_timeout_s=idle_timeout,
+            ),
+            submission_limits=SubmissionLimits(
+                max_active=max_active_per_user, max_submission_bytes=max_submission_bytes
+            ),
         )
     )
 
@@ -296,6 +362,8 @@ def run_serve(
     tokens_in_clear: bool = False,
     metrics_listen: str | None = None,
     squeeze: bool = True,
+    connection_limits: ConnectionLimits | None = None,
+    submission_limits: SubmissionLimits | None = None,
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -333,6 +401,11 @@ def run_serve(
                 )
             if token_user is not None:
                 token_uid = resolve_user("--token-user", token_user)
+                if token_uid == 0:
+                    raise ServeOptionError(
+                        f"--token-user: {token_user!r} is root (uid 0): whoever holds the "
+                        "token would run commands as root; name an unprivileged user"
+                    )
             elif os.geteuid() == 0:
                 raise ServeOptionError(
                     "--listen as root needs --token-user: token callers would otherwise run "
@@ -385,6 +458,16 @@ def run_serve(
             )
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
+        connection_limits = connection_limits or ConnectionLimits()
+        try:
+            connection_limits.check()
+        except LimitError as exc:
+            raise ServeOptionError(str(exc)) from None
+        submission_limits = submission_limits or SubmissionLimits()
+        try:
+            submission_limits.check()
+        except ValueError as exc:
+            raise ServeOptionError(str(exc)) from None
     except ServeOptionError as exc:
         _error(str(exc))
         return 2
@@ -406,6 +489,8 @@ def run_serve(
         tls,
         metrics_address,
         squeeze,
+        connection_limits,
+        submission_limits,
     )
 
 
@@ -477,6 +562,8 @@ def _start(
     tls: ssl.SSLContext | None = None,
     metrics_address: tuple[str, int] | None = None,
     squeeze: bool = True,
+    connection_limits: ConnectionLimits | None = None,
+    submission_limits: SubmissionLimits | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -489,7 +576,7 @@ def _start(
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
 
-    server = ApiServer(path, address, log_level=level, tls=tls)
+    server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
     try:
         server.bind()
     except SocketInUse as exc:
@@ -530,6 +617,8 @@ def _start(
     except BaseException:
         server.release()
         raise
+    if submission_limits is not None:
+        service.submission_limits = submission_limits
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

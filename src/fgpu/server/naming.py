@@ -17,7 +17,7 @@ owner, phase, and whether it matched by name or by id prefix), never guessed.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
 from fgpu.store.records import WorkloadRecord
@@ -74,19 +74,76 @@ def unique_name(base: str, taken: Iterable[str], limit: int) -> str:
         n += 1
 
 
-def check_name_free(name: str, active_of_owner: Iterable[WorkloadRecord]) -> None:
-    """Refuse a name one of the owner's active workloads already has.
+def check_name_free(name: str, holder: tuple[str, str] | None) -> None:
+    """Refuse a name when ``holder`` (``(id, phase)`` of the owner's active workload of that
+    name, from :meth:`fgpu.store.store.Store.active_holders`) exists.
 
     Raises:
         Conflict: field ``name``, naming the workload that has it.
     """
-    for record in active_of_owner:
-        if record.name == name:
-            raise Conflict(
-                "name",
-                f"you already have an active workload named {name!r} ({record.id}, "
-                f"{record.phase}); choose another --name, or cancel that one first",
-            )
+    if holder is not None:
+        wid, phase = holder
+        raise Conflict(
+            "name",
+            f"you already have an active workload named {name!r} ({wid}, {phase}); "
+            "choose another --name, or cancel that one first",
+        )
+
+
+def _suffixed(base: str, n: int, limit: int) -> str:
+    suffix = f"-{n}"
+    return base[: limit - len(suffix)] + suffix
+
+
+class NamePicker:
+    """Default names without reading a user's whole backlog: ``base`` when free, else
+    ``base-N`` for the N after the last one given for that user and base (one indexed
+    lookup each); when that one is taken (a restart, or names given by hand), the first
+    free among the user's active names with that base (one query for the names only).
+
+    Freed names below the last given are not reused until then: a name is unique, not
+    the smallest. Call under the service's names lock.
+
+    Args:
+        limit: longest name.
+        capacity: how many (user, base) hints to keep before starting afresh.
+    """
+
+    def __init__(self, limit: int, capacity: int = 10_000) -> None:
+        self.limit = limit
+        self.capacity = capacity
+        self._next: dict[tuple[int, str], int] = {}
+
+    def pick(
+        self,
+        owner_uid: int,
+        base: str,
+        taken: Callable[[list[str]], Collection[str]],
+        names_like: Callable[[str], set[str]],
+    ) -> str:
+        """A name for a new workload of ``owner_uid`` from ``base``.
+
+        Args:
+            taken: which of the given names the owner's active workloads have (one lookup
+                for ``base`` and the next suffix together).
+            names_like: the owner's active names that start with a given prefix.
+        """
+        first = base[: self.limit]
+        key = (owner_uid, base)
+        n = self._next.get(key, 2)
+        candidate = _suffixed(base, n, self.limit)
+        used = taken([first, candidate])
+        if first not in used:
+            return first
+        if candidate in used:
+            used = names_like(base[: max(1, self.limit - 8)])
+            n = 2
+            while (candidate := _suffixed(base, n, self.limit)) in used:
+                n += 1
+        if len(self._next) >= self.capacity:
+            self._next.clear()
+        self._next[key] = n + 1
+        return candidate
 
 
 def resolve(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> WorkloadRecord:
@@ -142,4 +199,4 @@ def _ambiguous(ref: str, candidates: Sequence[WorkloadRecord], by_name: set[str]
     )
 
 
-__all__ = ["base_name", "check_name_free", "resolve", "unique_name"]
+__all__ = ["NamePicker", "base_name", "check_name_free", "resolve", "unique_name"]

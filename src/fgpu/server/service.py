@@ -49,15 +49,10 @@ from fgpu.server.access import check_submission, check_within_quota, unknown_mem
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
-from fgpu.server.naming import base_name, check_name_free, unique_name
+from fgpu.server.naming import NamePicker, base_name, check_name_free
+from fgpu.server.quotas import SubmissionLimits
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.records import (
-    ACTIVE_PHASES,
-    EVERYONE,
-    QueueConfig,
-    QueueRecord,
-    WorkloadRecord,
-)
+from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
 from fgpu.wire import (
@@ -90,16 +85,24 @@ class Service(SchedulingLoop):
         clock: time source (seconds).
         mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
         enforcement: governor and memory guard settings (default: fair, pause, kill).
+
+    :attr:`submission_limits` are the per-user limits (``fgpu serve`` sets them).
     """
+
+    submission_limits: SubmissionLimits = SubmissionLimits()
+    _name_picker: NamePicker | None = None
 
     def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView:
         """Validate and store a submission, then wake the loop.
 
         Raises:
-            BadRequest: invalid input, an unknown or non-leaf queue, or a request that can
-                never fit this machine (with the per-node reason).
+            BadRequest: invalid input, an unknown or non-leaf queue, a request that can
+                never fit this machine (with the per-node reason), or a command and env over
+                ``--max-submission-bytes``.
             BadRequest: ``preemptible``: non-preemptible work above its queue's GPU quota,
                 which could never start (:func:`fgpu.server.access.check_within_quota`).
+            LimitReached: the caller has ``--max-active-per-user`` active workloads.
+            Conflict: the caller has an active workload of the name asked for.
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
                 (:func:`fgpu.server.access.check_submission`).
@@ -135,14 +138,29 @@ class Service(SchedulingLoop):
             priority=sub.priority,
             preemptible=body.preemptible,
         )
+        limits = self.submission_limits
+        limits.check_size(sub.argv, body.env)
+        store = self.store
+
+        def holders(names: list[str]) -> dict[str, tuple[str, str]]:
+            """The caller's active workloads of ``names``; refuses one over the caller's
+            active limit (one read for both)."""
+            active, found = store.active_holders(caller.uid, names)
+            limits.check_active(active)
+            return found
+
         with self._names_lock:  # names are unique among the owner's active workloads
-            own = self.store.list_workloads(ACTIVE_PHASES, owner_uid=caller.uid)
             if body.name:
                 name = sub.name
-                check_name_free(name, own)
+                check_name_free(name, holders([name]).get(name))
             else:
-                name = unique_name(
-                    base_name(sub.argv, body.shell), (r.name for r in own), NAME_LENGTH
+                if self._name_picker is None:
+                    self._name_picker = NamePicker(NAME_LENGTH)
+                name = self._name_picker.pick(
+                    caller.uid,
+                    base_name(sub.argv, body.shell),
+                    holders,
+                    lambda prefix: store.active_names(caller.uid, prefix),
                 )
             try:
                 record = self._tracked.submit(

@@ -37,6 +37,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fgpu.server.app import PEER_UID
+from fgpu.server.connlimit import (
+    ConnectionGuard,
+    ConnectionLimits,
+    Peer,
+    closing_response,
+    peer_of,
+)
 
 log = logging.getLogger("fgpu.server")
 
@@ -84,13 +91,86 @@ except ImportError:  # pragma: no cover - httptools is a dependency; h11 is the 
 
 
 class PeerCredProtocol(_HttpBase):
-    """uvicorn's HTTP protocol, tagging the connection's requests with the peer's uid."""
+    """uvicorn's HTTP protocol, tagging the connection's requests with the peer's uid.
+
+    With a :attr:`guard` (:class:`~fgpu.server.connlimit.ConnectionGuard`) it also applies
+    the connection limits: a connection over a cap is answered (429 or 503) and closed before
+    uvicorn sees it, and a request that has not fully arrived within the guard's
+    ``request_timeout_s`` of its first byte (of the connection, for the first request) is
+    answered 408 and closed.
+    """
+
+    guard: ConnectionGuard | None = None
+    _peer: Peer | None = None
+    _refused = False
+    _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         uid = peer_uid(transport.get_extra_info("socket"))
+        guard = self.guard
+        if guard is not None:
+            peer = peer_of(uid, transport.get_extra_info("peername"))
+            refusal = guard.admit(peer)
+            if refusal is not None:
+                self._refused = True
+                transport.write(closing_response(refusal[0], "connection", refusal[1]))
+                transport.close()
+                return
+            self._peer = peer
+        super().connection_made(transport)
         if uid is not None:
             self.app = with_peer_uid(self.app, uid)
+        self._arm_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm_deadline()
+        if self._peer is not None and self.guard is not None:
+            self.guard.release(self._peer)
+            self._peer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None:
+            self._arm_deadline()
+        super().data_received(data)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm_deadline()
+
+    def _arm_deadline(self) -> None:
+        if self.guard is None or self._deadline is not None:
+            return
+        self._deadline = self.loop.call_later(
+            self.guard.limits.request_timeout_s, self._request_timed_out
+        )
+
+    def _disarm_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _request_timed_out(self) -> None:
+        self._deadline = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.guard is not None and self._peer is not None:
+            self.guard.note_timeout(self._peer)
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:  # nothing answered on this request yet
+            seconds = self.guard.limits.request_timeout_s if self.guard else 0
+            transport.write(
+                closing_response(
+                    408,
+                    "request",
+                    f"no complete request within {seconds:g} s of its first byte "
+                    "(--request-timeout)",
+                )
+            )
+        transport.close()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -136,6 +216,10 @@ class _Uvicorn(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    handshake_timeout_s: float = 10.0
+    """Seconds a TLS handshake may take (a connection counts against the limits only once
+    its handshake is done)."""
+
     tls: ssl.SSLContext | None = None
     """TLS for the TCP listeners (uvicorn would put its one ``ssl`` on every socket, the Unix
     socket too; this server serves the Unix socket in clear and TCP with this)."""
@@ -159,7 +243,11 @@ class _Uvicorn(uvicorn.Server):
 
             for sock in secured:
                 server = await loop.create_server(
-                    protocol, sock=sock, ssl=self.tls, backlog=config.backlog
+                    protocol,
+                    sock=sock,
+                    ssl=self.tls,
+                    backlog=config.backlog,
+                    ssl_handshake_timeout=self.handshake_timeout_s,
                 )
                 self.servers.append(server)
         if self.started and self.on_started is not None:
@@ -174,6 +262,7 @@ class ApiServer:
         listen: optional (host, port) for TCP; port 0 picks a free port.
         log_level: uvicorn's log level name.
         tls: TLS for the TCP listener (the Unix socket is always plain); None: plain HTTP.
+        limits: the connection limits (:mod:`fgpu.server.connlimit`); None: the defaults.
 
     Use :meth:`bind` (raises :class:`SocketInUse` or ``OSError``) before building anything
     expensive, then :meth:`run` with the app (blocks until SIGINT/SIGTERM or :meth:`stop`);
@@ -186,8 +275,12 @@ class ApiServer:
         listen: tuple[str, int] | None = None,
         log_level: str = "info",
         tls: ssl.SSLContext | None = None,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         self.socket_path = socket_path
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.guard: ConnectionGuard | None = None
+        """The connection counts, once :meth:`run` has started."""
         self.listen = listen
         self.log_level = log_level
         self.tls = tls
@@ -248,9 +341,25 @@ class ApiServer:
         The app's lifespan startup runs before the first request is taken; when it fails,
         the server logs why and exits with status 3 (uvicorn's ``SystemExit``).
         """
+        guard = ConnectionGuard(self.limits)
+        self.guard = guard
+
+        class GuardedProtocol(PeerCredProtocol):
+            pass
+
+        GuardedProtocol.guard = guard
+        log.info(
+            "connection limits: %d per user or address, %d in all; a request must arrive "
+            "within %g s, idle connections close after %g s",
+            self.limits.per_peer,
+            guard.total,
+            self.limits.request_timeout_s,
+            self.limits.idle_timeout_s,
+        )
         config = uvicorn.Config(
             app,
-            http=PeerCredProtocol,
+            http=GuardedProtocol,
+            timeout_keep_alive=self.limits.idle_timeout_s,  # type: ignore[arg-type]  # a float works
             ws="none",
             lifespan="on",
             log_config=None,
@@ -262,6 +371,7 @@ class ApiServer:
         )
         server = _Uvicorn(config)
         server.tls = self.tls
+        server.handshake_timeout_s = self.limits.request_timeout_s
         server.on_started = self._announce
         server.should_exit = self._stop_requested
         self._server = server

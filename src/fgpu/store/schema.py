@@ -97,6 +97,8 @@ class WorkloadRow(Base):
         ),
         Index("ix_workloads_phase", "phase"),
         Index("ix_workloads_queue", "queue"),
+        # a submission's name check and its owner's active count (issue 27)
+        Index("ix_workloads_owner_phase_name", "owner_uid", "phase", "name"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

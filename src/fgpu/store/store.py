@@ -24,7 +24,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from sqlalchemy import Connection, bindparam, delete, insert, or_, select
+from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
@@ -556,6 +556,39 @@ class Store(QueueStore, InventoryStore):
             query = query.where(WorkloadRow.owner_uid == owner_uid)
         with self._read() as session:
             return [convert.workload_record(r) for r in session.scalars(query)]
+
+    def active_holders(
+        self, owner_uid: int, names: Collection[str]
+    ) -> tuple[int, dict[str, tuple[str, str]]]:
+        """How many active workloads ``owner_uid`` has, and which of ``names`` they have:
+        name -> (id, phase) (the earliest submitted where several have one). Both from the
+        ``(owner_uid, phase, name)`` index in one read (point lookups for the names; the
+        count of the owner's index range), without reading any workload row's data."""
+        owner = (WorkloadRow.owner_uid == owner_uid, WorkloadRow.phase.in_(ACTIVE_PHASES))
+        holders = (
+            select(WorkloadRow.name, WorkloadRow.id, WorkloadRow.phase)
+            .where(*owner)
+            .where(WorkloadRow.name.in_(builtins.list(names)))
+            .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())
+        )
+        count = select(func.count()).select_from(WorkloadRow).where(*owner)
+        with self._read() as session:
+            active = int(session.scalar(count) or 0)
+            found = {name: (wid, phase) for name, wid, phase in session.execute(holders)}
+        return active, found
+
+    def active_names(self, owner_uid: int, prefix: str) -> set[str]:
+        """Names of ``owner_uid``'s active workloads that start with ``prefix`` (names only,
+        a range of the ``(owner_uid, phase, name)`` index)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = (
+            select(WorkloadRow.name)
+            .where(WorkloadRow.owner_uid == owner_uid)
+            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+            .where(WorkloadRow.name.like(f"{escaped}%", escape="\\"))
+        )
+        with self._read() as session:
+            return set(session.scalars(query))
 
     def running_records(self) -> builtins.list[WorkloadRecord]:
         """Workloads that hold an allocation (running or paused): after a restart, re-adopt

@@ -288,8 +288,56 @@ def cgroup2_mount(mounts: str = "/proc/self/mounts") -> Path | None:
     return None
 
 
+class _GroupFiles:
+    """A workload cgroup's control files, opened once at :meth:`CgroupFreezer.adopt` and
+    kept open until :meth:`CgroupFreezer.release`: a freeze, a thaw or a look then opens no
+    file, so they keep working when the process has run out of file descriptors."""
+
+    __slots__ = ("events", "freeze", "procs")
+
+    def __init__(self, group: Path) -> None:
+        flags = os.O_CLOEXEC
+        self.freeze = os.open(group / "cgroup.freeze", os.O_WRONLY | flags)
+        try:
+            self.events = os.open(group / "cgroup.events", os.O_RDONLY | flags)
+            try:
+                self.procs = os.open(group / "cgroup.procs", os.O_RDONLY | flags)
+            except BaseException:
+                os.close(self.events)
+                raise
+        except BaseException:
+            os.close(self.freeze)
+            raise
+
+    def close(self) -> None:
+        for fd in (self.freeze, self.events, self.procs):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_GONE = (errno.ENODEV, errno.ENOENT)
+"""Errors of a kept-open control file whose cgroup was removed."""
+
+
+def _read_all(fd: int) -> bytes:
+    """The whole content of a kept-open control file (read from its start)."""
+    chunks: list[bytes] = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 65536, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
 class CgroupFreezer:
     """One cgroup v2 per workload under ``root``, frozen with ``cgroup.freeze``.
+
+    The control files of each governed workload's cgroup stay open from :meth:`adopt` to
+    :meth:`release` (three descriptors a workload), so freezing, thawing and checking open
+    no file.
 
     Args:
         root: the parent cgroup directory fgpu may create children in (created when
@@ -314,6 +362,7 @@ class CgroupFreezer:
             with contextlib.suppress(OSError):
                 probe.rmdir()
         self._left: set[Path] = set()
+        self._files: dict[Path, _GroupFiles] = {}
 
     @property
     def kind(self) -> str:
@@ -329,6 +378,20 @@ class CgroupFreezer:
         with open(path, "w", encoding="ascii") as handle:
             handle.write(text)
 
+    def _set_freeze(self, handle: ProcessHandle, data: bytes) -> None:
+        """Write ``data`` to the workload's ``cgroup.freeze`` (kept open once adopted);
+        nothing when its cgroup is gone."""
+        files = self._files.get(self.path(handle))
+        if files is None:
+            with contextlib.suppress(FileNotFoundError):
+                self._write(self.path(handle) / "cgroup.freeze", data.decode())
+            return
+        try:
+            os.pwrite(files.freeze, data, 0)
+        except OSError as exc:
+            if exc.errno not in _GONE:
+                raise
+
     def adopt(self, handle: ProcessHandle) -> None:
         self._sweep()  # cgroups of ended workloads whose last members were still exiting
         group = self.path(handle)
@@ -337,7 +400,9 @@ class CgroupFreezer:
         except FileNotFoundError:  # another agent's start removed this empty subtree
             self.root.mkdir(exist_ok=True)
             group.mkdir(exist_ok=True)
-        self._write(group / "cgroup.freeze", "0")
+        if group not in self._files:
+            self._files[group] = _GroupFiles(group)
+        self._set_freeze(handle, b"0")
         moved: set[int] = set()
         for _ in range(10):  # members may fork while they are being moved
             found = [p for p in group_pids(handle) if p not in moved]
@@ -354,14 +419,21 @@ class CgroupFreezer:
                 moved.add(pid)
 
     def freeze(self, handle: ProcessHandle) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._write(self.path(handle) / "cgroup.freeze", "1")
+        self._set_freeze(handle, b"1")
 
     def _frozen_now(self, handle: ProcessHandle) -> bool:
+        files = self._files.get(self.path(handle))
         try:
-            text = (self.path(handle) / "cgroup.events").read_text(encoding="ascii")
+            if files is not None:
+                text = os.pread(files.events, 4096, 0).decode("ascii")
+            else:
+                text = (self.path(handle) / "cgroup.events").read_text(encoding="ascii")
         except FileNotFoundError:
             return True  # gone: nothing runs
+        except OSError as exc:
+            if exc.errno in _GONE:
+                return True
+            raise
         return "frozen 1" in text
 
     def wait_frozen(self, handle: ProcessHandle, timeout_s: float) -> bool:
@@ -380,14 +452,22 @@ class CgroupFreezer:
                 hastener.restore()
 
     def thaw(self, handle: ProcessHandle) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._write(self.path(handle) / "cgroup.freeze", "0")
+        self._set_freeze(handle, b"0")
 
     def is_frozen(self, handle: ProcessHandle) -> bool:
         return bool(self.pids(handle)) and self._frozen_now(handle)
 
     def pids(self, handle: ProcessHandle) -> list[int]:
-        return self.pids_in(self.path(handle))
+        files = self._files.get(self.path(handle))
+        if files is None:
+            return self.pids_in(self.path(handle))
+        try:
+            text = _read_all(files.procs)
+        except OSError as exc:
+            if exc.errno in _GONE:
+                return []
+            raise
+        return sorted(int(line) for line in text.split())
 
     @staticmethod
     def pids_in(group: Path) -> list[int]:
@@ -416,6 +496,9 @@ class CgroupFreezer:
     def release(self, handle: ProcessHandle) -> None:
         self.thaw(handle)
         group = self.path(handle)
+        files = self._files.pop(group, None)
+        if files is not None:
+            files.close()
         try:
             group.rmdir()
         except FileNotFoundError:
@@ -480,7 +563,11 @@ class CgroupFreezer:
         return removed
 
     def close(self) -> None:
-        """Remove the empty cgroups of ended workloads, and ``root`` itself when empty."""
+        """Close the kept control files; remove the empty cgroups of ended workloads, and
+        ``root`` itself when empty."""
+        for files in self._files.values():
+            files.close()
+        self._files.clear()
         self._sweep()
         with contextlib.suppress(OSError):
             self.root.rmdir()

@@ -41,6 +41,12 @@ from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
 from fgpu.rules.errors import NotFoundError, ServiceError
+from fgpu.server.dashboard.sessions import (
+    SESSION_LIFETIME_S,
+    LoginThrottle,
+    new_session,
+    session_valid,
+)
 from fgpu.wire import EventView, GpuHolder, NodeView
 
 if TYPE_CHECKING:
@@ -61,12 +67,6 @@ a longer one gets 414 at once."""
 EVENTS_SHOWN = 20
 
 _templates = Jinja2Templates(directory=HERE / "templates")
-
-
-def session_value(token: bytes) -> str:
-    """The session cookie's value for ``token``: an HMAC of a fixed label under the token,
-    so the cookie proves the token was typed without being usable as the bearer token."""
-    return hmac.new(token, b"fgpu dashboard session", hashlib.sha256).hexdigest()
 
 
 def user_name(uid: int) -> str:
@@ -314,20 +314,42 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         """Where a browser on the TCP listener types the token once."""
         return page(request, "login.html", {"error": None})
 
+    throttle = LoginThrottle()
+
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
-        """Check the typed token; set the session cookie (HttpOnly, SameSite=Strict)."""
+        """Check the typed token; set the session cookie (HttpOnly, SameSite=Strict, for
+        :data:`~fgpu.server.dashboard.sessions.SESSION_LIFETIME_S`). An address with
+        :data:`~fgpu.server.dashboard.sessions.LOGIN_FAILURES` failures in the window gets
+        429 with ``Retry-After`` without its token being looked at."""
         settings = request.app.state.fgpu
+        address = request.client.host if request.client is not None else "?"
+        wait_s = throttle.wait_s(address)
+        if wait_s:
+            reason = (
+                f"{throttle.failures} wrong tokens from {address} within "
+                f"{throttle.window_s:g} s; try again in {wait_s} s"
+            )
+            return _templates.TemplateResponse(
+                request,
+                "login.html",
+                {"error": reason},
+                status_code=429,
+                headers={"Retry-After": str(wait_s)},
+            )
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         given = (form.get("token") or [""])[0].strip().encode()
         if settings.token is None or not hmac.compare_digest(given, settings.token):
+            throttle.failed(address)
             return _templates.TemplateResponse(
                 request, "login.html", {"error": "wrong token"}, status_code=401
             )
+        throttle.succeeded(address)
         response = RedirectResponse("/ui", status_code=303)
         response.set_cookie(
             SESSION_COOKIE,
-            session_value(settings.token),
+            new_session(settings.token),
+            max_age=SESSION_LIFETIME_S,
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -336,4 +358,4 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         return response
 
 
-__all__ = ["SESSION_COOKIE", "holder_marks", "mount_dashboard", "session_value"]
+__all__ = ["SESSION_COOKIE", "holder_marks", "mount_dashboard", "session_valid"]

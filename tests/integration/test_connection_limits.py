@@ -1,0 +1,188 @@
+"""One user cannot take the API from others (issue 27, point 1), with real local users on a
+real ``fgpu serve``: bob holds half-open connections up to his cap and one more is refused
+with 429 at once (one log line however many), while alice's commands succeed and the
+governor goes on time-slicing her workload; a silent connection and a slowloris (a request
+head sent one line at a time) are cut off with 408 after ``--request-timeout``.
+
+bob's connections are made by a small Python program run as bob (``setpriv``), so the
+server sees his uid in the socket's peer credentials. No assertion is about timing; waits
+have generous deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.test_service_governor import stopped
+from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
+from tests.serverproc import ServerProcess, started_server, wait_for
+
+LONG_S = 60.0
+
+HOLDER = r"""
+import json, socket, sys
+path, count, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+held = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(b"GET /v1/healthz HTTP/1.1\r\nhost: fgpu\r\n")  # a head never finished
+    held.append(s)
+answers = []
+for _ in range(extra):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(path)
+    answer = b""
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except OSError as exc:
+        answers.append(f"<no answer within 30 s: {exc}>")
+        break  # not refused: the server holds it like the others
+    s.close()
+    answers.append(answer.decode(errors="replace"))
+print(json.dumps(answers), flush=True)
+sys.stdin.read()  # hold the connections until the test closes our stdin
+"""
+
+SLOW = r"""
+import json, select, socket, sys, time
+path = sys.argv[1]
+silent = socket.socket(socket.AF_UNIX)
+silent.connect(path)
+slow = socket.socket(socket.AF_UNIX)
+slow.connect(path)
+slow.sendall(b"GET /v1/healthz HTTP/1.1\r\n")
+answers = {"silent": b"", "slow": b""}
+open_ = {"silent": silent, "slow": slow}
+lines = 0
+deadline = time.monotonic() + 40
+while open_ and time.monotonic() < deadline:
+    ready, _, _ = select.select(list(open_.values()), [], [], 0.5)
+    for name, s in list(open_.items()):
+        if s in ready:
+            chunk = s.recv(65536)
+            answers[name] += chunk
+            if not chunk:
+                del open_[name]
+    if "slow" in open_ and not ready:
+        try:
+            slow.sendall(b"x-line-%d: 1\r\n" % lines)  # one more header line, never the end
+            lines += 1
+        except OSError:
+            pass
+print(json.dumps({
+    "silent": answers["silent"].decode(errors="replace"),
+    "slow": answers["slow"].decode(errors="replace"),
+    "still_open": sorted(open_),
+    "lines": lines,
+}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def users() -> None:
+    ensure_users()
+
+
+@pytest.fixture
+def capped(users: None) -> Iterator[ServerProcess]:
+    extra = ["--max-connections-per-user", "4", "--request-timeout", "600"]
+    extra += ["--compute-mode", "strict"]
+    with started_server("fgpu-conn-", "1xA100-40GB", for_local_users=True, extra=extra) as s:
+        yield s
+
+
+def test_bob_at_his_connection_cap_leaves_alice_and_the_governor_working(
+    capped: ServerProcess,
+) -> None:
+    server = capped
+    # alice's workload, time-sliced (strict: 30% of the GPU's time even alone); /bin/sleep:
+    # the test's interpreter may lie where alice's workloads cannot run it
+    result = server.cli(
+        "submit", "--gpu", "0.3", "--json", "--", "sleep", "600", user=as_user(ALICE)
+    )
+    wid = str(json.loads(result.stdout)["id"])
+    server.wait_phase(wid, "running", timeout_s=LONG_S)
+    wait_for(lambda: (server.state_dir / "logs" / wid / "handle.json").is_file(), "its handle")
+    pgid = int(server.handle(wid)["pgid"])
+
+    holder = subprocess.Popen(
+        [*as_user(BOB), sys.executable, "-c", HOLDER, str(server.socket), "4", "20"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        assert line, f"bob's holder ended: {holder.communicate(timeout=LONG_S)}"
+        answers = json.loads(line)
+        # every connection past his 4 is answered at once with 429 naming the limit
+        assert len(answers) == 20
+        for answer in answers:
+            assert answer.startswith("HTTP/1.1 429 "), answer
+            assert f"uid {uid_of(BOB)}" in answer, answer
+            assert "limit 4" in answer, answer
+            assert "--max-connections-per-user" in answer, answer
+
+        # while bob holds his 4 half-open connections: alice's commands work ...
+        listed = server.cli("ls", "--json", user=as_user(ALICE))
+        assert wid in {w["id"] for w in json.loads(listed.stdout)}
+        assert server.cli("describe", wid, "--json", user=as_user(ALICE)).returncode == 0
+        # ... and the governor goes on freezing and thawing her workload
+        seen: set[bool] = set()
+
+        def both() -> bool:
+            seen.add(stopped(pgid))
+            return seen == {True, False}
+
+        wait_for(both, "alice's workload frozen and thawed by the governor", LONG_S)
+        # 20 refusals, one log line (the next would come a minute later at the earliest)
+        refusals = [ln for ln in server.server_log().splitlines() if "refused connections" in ln]
+        assert len(refusals) == 1, refusals
+    finally:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        holder.wait(LONG_S)
+    assert holder.returncode == 0, holder.stderr.read() if holder.stderr else ""
+    # his connections closed, bob may connect again
+    assert server.cli("ls", user=as_user(BOB)).returncode == 0
+
+
+@pytest.fixture
+def hurried(users: None) -> Iterator[ServerProcess]:
+    extra = ["--request-timeout", "2"]
+    with started_server("fgpu-slow-", "1xA100-40GB", for_local_users=True, extra=extra) as s:
+        yield s
+
+
+def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
+    hurried: ServerProcess,
+) -> None:
+    server = hurried
+    run = subprocess.run(
+        [*as_user(BOB), sys.executable, "-c", SLOW, str(server.socket)],
+        capture_output=True,
+        text=True,
+        timeout=LONG_S + 30,
+        cwd="/",
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    assert seen["still_open"] == [], seen  # both closed by the server within the 40 s
+    for name in ("silent", "slow"):
+        assert seen[name].startswith("HTTP/1.1 408 "), seen
+        assert "--request-timeout" in seen[name], seen
+    # the slowloris kept sending (a line each half second) and was cut all the same
+    assert seen["lines"] >= 1, seen
+    # and the server still answers
+    assert server.cli("ls", user=as_user(BOB)).returncode == 0
