@@ -203,6 +203,15 @@ def main() -> None:
                     range(args.pods),
                 )
             )
+        if not env:  # the claim controller makes the claims a moment after the pods
+            deadline = time.monotonic() + 120
+            while True:
+                listed = api.list_pods(namespace="default").items
+                if all((p.get("status") or {}).get("resourceClaimStatuses") for p in listed):
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("the stand-in's claim controller did not make the claims")
+                time.sleep(0.2)
         setup_s = time.perf_counter() - started
 
         scheduler = K8sScheduler(api, env_without_isolation=env)
