@@ -30,6 +30,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -106,6 +107,7 @@ def launch_cost(b: Bench, count: int, reps: int) -> dict[str, Any]:
     out["added_ns"] = out["with"]["median_ns"] - out["without"]["median_ns"]
     out["added_bounded_ns"] = out["with_bounded_2"]["median_ns"] - out["without"]["median_ns"]
     out["target_added_ns"] = 1000
+    out["met"] = out["added_ns"] < out["target_added_ns"]
     return out
 
 
@@ -269,6 +271,8 @@ def main() -> None:
     }
     text = json.dumps(result, indent=2)
     print(text)
+    met = result["launch_ns"]["met"]
+    print(f"target launch_added_under_1us: {'met' if met else 'NOT met'}", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
 

@@ -14,7 +14,7 @@ written over; default ``bench/results/k8s-compare-<UTC time>.json``):
 - ``runs``: every run's ``bench/k8s.py`` object, with its tree's label;
 - ``summary``: per tree the median over its runs of bind pods/s and decision p50/p99/max,
   and ``p99_ratio``: its decision p99 over the first tree's;
-- ``targets``: per tree whether each ``bench/k8s.py`` target held (on the median).
+- ``targets``: per tree whether each ``bench/k8s.py`` target was met (on the median).
 
 Usage: ``python bench/k8s_compare.py --tree old=3f7ab17 --tree main=main --tree new=worktree
 [--repeat 2] [--out FILE|-] [-- k8s.py arguments, e.g. --nodes 1000]``.
@@ -148,7 +148,7 @@ def main() -> None:
     print(text)
     for label, held in targets.items():
         for name, ok in held.items():
-            print(f"{label}: target {name}: {'held' if ok else 'NOT held'}", file=sys.stderr)
+            print(f"{label}: target {name}: {'met' if ok else 'NOT met'}", file=sys.stderr)
     if out is not None:
         with out.open("x") as f:
             f.write(text + "\n")
