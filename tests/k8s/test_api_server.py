@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from fgpu.k8s.dra.slices import COMPUTE, mib_quantity
 from fgpu.k8s.kube import KubeError
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu_standin.quantity import QuantityError, canonical
@@ -254,3 +255,11 @@ def test_a_deleted_running_pod_is_terminating_until_its_kubelet_finishes_it(make
         lambda: gone(lambda: cluster.api.get_pod(cluster.namespace, "p")),
         "the kubelet to finish the deleted pod",
     )
+
+
+@pytest.mark.parametrize("mib", [0, 1, 1000, 1024, 20480, 40960, 81920, 1536, 1024 * 1024])
+def test_the_driver_writes_memory_as_the_api_server_stores_it(mib) -> None:
+    """The DRA driver's slice reads back unchanged (else every pass would bump the pool's
+    generation against a real API server)."""
+    assert mib_quantity(mib) == canonical(f"{mib}Mi")
+    assert canonical("1000") == COMPUTE
