@@ -28,7 +28,7 @@ from fgpu.k8s.webhook import mutate
 from fgpu_standin.kubelet import KubeletStandIn
 from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Cluster
-from tests.k8s.kube import MODEL_MEMORY, add_node, bound, gpu_uuid, pod
+from tests.k8s.kube import MODEL_MEMORY, add_node, bound, claims_made, gpu_uuid, pod, wait_until
 
 pytestmark = pytest.mark.k8s
 
@@ -53,8 +53,9 @@ def claim_of(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
 
 def round_(scheduler: K8sScheduler) -> None:
     scheduler.sync()
-    scheduler.run_once()
-    scheduler.sync()  # the claims made from the template the first round created
+    scheduler.run_once()  # creates the namespace's ResourceClaimTemplate
+    wait_until(lambda: claims_made(scheduler.api), "the claim controller to make the claims")
+    scheduler.sync()
     scheduler.run_once()
 
 
@@ -197,6 +198,7 @@ def test_the_scheduler_makes_the_namespace_template_when_pods_name_it(cluster) -
     made = ResourceApi(cluster.api).get_claim_template(cluster.namespace, claims.TEMPLATE)
     request = made["spec"]["spec"]["devices"]["requests"][0]
     assert request["exactly"]["deviceClassName"] == DRIVER
+    wait_until(lambda: claims_made(cluster.api), "the claim controller to make the claim")
     scheduler.sync()
     scheduler.run_once()
     assert [p["metadata"]["name"] for p in bound(cluster)] == ["first"]
@@ -238,9 +240,13 @@ def test_deleted_pods_free_their_shares_also_while_the_scheduler_was_down(cluste
     del first  # the scheduler is down; a pod is deleted meanwhile
     cluster.api.delete_pod(cluster.namespace, "whole-0", grace_s=0)
     resources = ResourceApi(cluster.api)
-    assert gone["metadata"]["name"] not in {
-        c["metadata"]["name"] for c in resources.list_claims(cluster.namespace).items
-    }
+    wait_until(  # deallocated by the claim controller, then collected with its pod
+        lambda: (
+            gone["metadata"]["name"]
+            not in {c["metadata"]["name"] for c in resources.list_claims(cluster.namespace).items}
+        ),
+        "the pod's claim to go",
+    )
     second = K8sScheduler(cluster.api)
     round_(second)
     late = cluster.api.get_pod(cluster.namespace, "late")
