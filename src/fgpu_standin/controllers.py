@@ -10,8 +10,9 @@ a moment after it, and a deleted running pod stays ``Terminating`` until its kub
 finishes it. Tests wait for these (on watches or by polling with a deadline); they never
 rely on them having happened when a request returns.
 
-- :meth:`Controllers.later` runs a piece of work after :attr:`Controllers.delay_s`, in
-  order, and logs (never raises) what fails, as a controller retries its queue;
+- :meth:`Controllers.later` runs a piece of work after :attr:`Controllers.delay_s` (pieces
+  due at the same time in no set order: each is complete on its own) and logs (never
+  raises) what fails;
 - :meth:`Controllers.collect_garbage` is the garbage collector (background propagation):
   every object with an ``ownerReferences`` entry naming the deleted object's uid is deleted
   once none of its owners exists any more, or loses that entry while another owner
@@ -54,16 +55,12 @@ class Controllers:
         self.store = store
         self.delay_s = delay_s
         self._delete = delete
-        self.pending = 0
-        """Pieces of work scheduled and not yet run."""
 
     def later(self, work: Callable[..., Any], *args: Any) -> None:
         """Run ``work(*args)`` after :attr:`delay_s` in the running event loop (called from
         request handlers, which run there)."""
-        self.pending += 1
 
         def run() -> None:
-            self.pending -= 1
             try:
                 work(*args)
             except ApiStatusError as exc:  # the object changed meanwhile: as a retry finds
@@ -101,12 +98,15 @@ class Controllers:
                 meta = dep["metadata"]
                 ns = meta.get("namespace", "")
                 others = [r for r in meta.get("ownerReferences") or [] if r.get("uid") != uid]
-                if any(self._exists(r, ns) for r in others):
-                    released = {**dep, "metadata": {**meta, "ownerReferences": others}}
-                    released["metadata"].pop("resourceVersion", None)
-                    self.store.replace(kind, ns, meta["name"], released, check_rv=False)
-                    continue
-                self._delete(kind, ns, meta["name"], meta["uid"])
+                try:
+                    if any(self._exists(r, ns) for r in others):
+                        released = {**dep, "metadata": {**meta, "ownerReferences": others}}
+                        released["metadata"].pop("resourceVersion", None)
+                        self.store.replace(kind, ns, meta["name"], released, check_rv=False)
+                    else:
+                        self._delete(kind, ns, meta["name"], meta["uid"])
+                except ApiStatusError as exc:  # gone or replaced meanwhile: the next one
+                    log.info("garbage collection of %s/%s: %s", ns, meta["name"], exc)
 
 
 __all__ = ["Controllers"]
