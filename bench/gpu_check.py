@@ -19,6 +19,12 @@ It finishes in about 6 minutes and writes one JSON object with:
   neighbour of lower priority under ``pause``, 20 s each;
 - ``launch_overhead``: time per small PyTorch kernel launch (``torch.add`` on a small tensor,
   synchronised every 1000) with and without the interposer;
+- ``runtime_paths``: a CUDA runtime program (``native/tests/runtime_paths.cu``, built here with
+  the toolkit's ``nvcc``) under a 4 GiB cap: ``totalGlobalMem`` and ``cudaMemGetInfo``,
+  ``cudaMalloc`` until refused, a graph with a memory-allocation node past the cap and one of
+  half the cap, a captured ``cudaMallocAsync`` past the cap, the malloc heap limit past the
+  cap, ``cudaDeviceReset`` then allocate again; ``expected`` says for each whether it went as
+  the interposer's README says;
 - the driver version, GPU name, torch version.
 
 Nothing here is a pass/fail test; it reports what it measured.
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,6 +129,77 @@ LAUNCH = textwrap.dedent(
     print(json.dumps({"us_per_launch": (time.perf_counter() - t0) / n * 1e6}))
     """
 )
+
+
+RUNTIME_SOURCE = ROOT / "native" / "tests" / "runtime_paths.cu"
+RUNTIME_CAP = 4 * GIB
+RUNTIME_CHUNK = 256 << 20  # runtime_paths.cu's cudaMalloc step
+
+
+def find_nvcc() -> str:
+    """``$CUDA_HOME/bin/nvcc``, else ``nvcc`` on PATH.
+
+    Raises:
+        FileNotFoundError: neither exists.
+    """
+    home = os.environ.get("CUDA_HOME")
+    if home:
+        nvcc = Path(home) / "bin" / "nvcc"
+        if nvcc.exists():
+            return str(nvcc)
+        raise FileNotFoundError(f"CUDA_HOME={home} has no bin/nvcc")
+    found = shutil.which("nvcc")
+    if found is None:
+        raise FileNotFoundError("nvcc is not on PATH and CUDA_HOME is not set")
+    return found
+
+
+def build_runtime_program(out_dir: Path, nvcc: str | None = None) -> Path:
+    """Compile ``native/tests/runtime_paths.cu`` with nvcc (the CUDA runtime linked
+    statically, as nvcc does by default) into ``out_dir/runtime_paths``; returns its path.
+
+    Raises:
+        FileNotFoundError: no nvcc (see :func:`find_nvcc`).
+        RuntimeError: nvcc failed (its standard error in the message).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    exe = out_dir / "runtime_paths"
+    done = subprocess.run(
+        [nvcc or find_nvcc(), "-O2", "-o", str(exe), str(RUNTIME_SOURCE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"nvcc failed on {RUNTIME_SOURCE} (exit {done.returncode}): {done.stderr}"
+        )
+    return exe
+
+
+def runtime_expectations(out: dict[str, Any], cap: int) -> dict[str, bool]:
+    """Whether each step of runtime_paths.cu's output went as the interposer's README says
+    under a cap of ``cap`` bytes (True: it did). A missing step counts as not."""
+
+    def get(step: str, key: str) -> Any:
+        part = out.get(step)
+        return part.get(key) if isinstance(part, dict) else None
+
+    count = get("malloc", "count")
+    return {
+        "total_global_mem_is_the_cap": get("props", "total_global_mem") == cap,
+        "mem_get_info_total_is_the_cap": get("props", "meminfo_total") == cap,
+        "malloc_stops_at_the_cap": isinstance(count, int)
+        and 0 < count * RUNTIME_CHUNK <= cap
+        and get("malloc", "error") == "cudaErrorMemoryAllocation",
+        "graph_past_the_cap_refused": get("graph", "over_error") == "cudaErrorMemoryAllocation",
+        "graph_within_the_cap_runs": get("graph", "half_error") == "cudaSuccess",
+        "captured_malloc_async_past_the_cap_refused": get("capture", "alloc_error") == "cudaSuccess"
+        and get("capture", "instantiate_error") == "cudaErrorMemoryAllocation",
+        "heap_limit_past_the_cap_refused": get("heap", "over_error") not in (None, "cudaSuccess"),
+        "allocate_again_after_device_reset": get("reset", "first_error") == "cudaSuccess"
+        and get("reset", "again_error") == "cudaSuccess",
+    }
 
 
 class Check:
@@ -278,6 +356,27 @@ def inference_pause(c: Check, seconds: float) -> dict[str, Any]:
     return {"alone": alone, "beside_training_under_pause": beside, "training": training}
 
 
+def runtime_paths(c: Check) -> dict[str, Any]:
+    exe = build_runtime_program(c.root / "runtime")
+    seg = c.segment(RUNTIME_CAP >> 20)
+    done = subprocess.run(
+        [str(exe), str(RUNTIME_CAP)],
+        env=c.env(seg),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"exit": done.returncode, "stderr": done.stderr[-2000:]}
+    out: dict[str, Any] = json.loads(lines[-1])
+    st = seg.stats()
+    out["segment_oom_count"] = st.gpus[0].oom_count
+    out["segment_peak_bytes"] = st.gpus[0].memory_peak
+    out["expected"] = runtime_expectations(out, RUNTIME_CAP)
+    return out
+
+
 def launch_overhead(c: Check) -> dict[str, Any]:
     return {
         "without": c.python(LAUNCH, [], c.env(None)),
@@ -317,6 +416,7 @@ def main() -> None:
         for key, step in (
             ("launch_overhead", lambda: launch_overhead(c)),
             ("memory_cap", lambda: memory_cap(c)),
+            ("runtime_paths", lambda: runtime_paths(c)),
             ("strict_30_70", lambda: strict_30_70(c, args.seconds)),
             ("inference_pause", lambda: inference_pause(c, 20.0)),
         ):

@@ -59,6 +59,7 @@ FAKECUDA_SOURCES = (
     "fakecuda/state.c",
     "fakecuda/devlock.c",
     "fakecuda/context.c",
+    "fakecuda/limits.c",
     "fakecuda/modules.c",
     "fakecuda/memory.c",
     "fakecuda/objects.c",
@@ -66,7 +67,10 @@ FAKECUDA_SOURCES = (
     "fakecuda/streams.c",
     "fakecuda/launch.c",
     "fakecuda/graphs.c",
+    "fakecuda/graph_nodes.c",
+    "fakecuda/capture.c",
     "fakecuda/procaddress.c",
+    "fakecuda/versions.c",
 )
 
 INTERPOSER_SOURCES = (
@@ -76,6 +80,7 @@ INTERPOSER_SOURCES = (
     "interposer/memory.c",
     "interposer/memory_pools.c",
     "interposer/memory_objects.c",
+    "interposer/memory_graphs.c",
     "interposer/launch.c",
     "interposer/launch_hooks.c",
     "interposer/nvml.c",
@@ -102,6 +107,15 @@ TARGETS: list[Target] = [
         sources=("fakecuda/state.c", "fakecuda/devlock.c", "fakecuda/nvml.c"),
         soname="libnvidia-ml.so.1",
         libs=("-Wl,-Bsymbolic", "-lpthread"),
+    ),
+    # A test stand-in: the fake driver plus a constructor that dlopens the driver's own path
+    # and "libcuda.so.1" while it loads (the dlopen route must not deadlock on that).
+    Target(
+        name="selfload/libcuda.so.1",
+        kind="shared",
+        sources=(*FAKECUDA_SOURCES, "tests/selfload.c"),
+        soname="libcuda.so.1",
+        libs=("-Wl,-Bsymbolic", "-lpthread", "-lm", "-ldl"),
     ),
     # --- the interposer (native/interposer; libfgpu*.so): its engineer adds targets here --
     # libfgpu.so: LD_PRELOADed into workloads; exports only the hooks of hooks.h, dlopen and
@@ -161,6 +175,17 @@ TARGETS: list[Target] = [
     ),
     # --- end of interposer targets --------------------------------------------------------
     # --- test programs ----------------------------------------------------------------------
+    # The TRACING stand-in of libcuda.so.1 (tests only): the fake driver that also records
+    # every cuGetProcAddress(_v2) and cuGetExportTable request to $FGPU_TRACE_OUT; the tests
+    # run NVIDIA's CUDA runtime against it (tests/native/test_cudart_requests.py).
+    Target(
+        name="trace/libcuda.so.1",
+        kind="shared",
+        sources=(*FAKECUDA_SOURCES, "tests/cutrace.c"),
+        soname="libcuda.so.1",
+        libs=("-Wl,-Bsymbolic", "-lpthread", "-lm"),
+        cflags=("-DFK_TRACE", f"-I{NATIVE / 'fakecuda'}"),
+    ),
     # Linked against the fake without an rpath: LD_LIBRARY_PATH / LD_PRELOAD choose at run
     # time which libcuda.so.1 (fake, interposer, real) the program gets.
     Target(
@@ -168,6 +193,15 @@ TARGETS: list[Target] = [
         kind="program",
         sources=("tests/cudemo.c", "tests/cudemo_main.c", "tests/cudemo_bench.c"),
         libs=("-L{out}/fakecuda", "-l:libcuda.so.1", "-ldl", "-lpthread"),
+        deps=("fakecuda/libcuda.so.1",),
+    ),
+    # the driver-API roads to device memory beside the allocation calls (graphs, capture,
+    # heap limit, context reset); the tests also build it with nvcc against cuda.h
+    Target(
+        name="bin/fgpu-cupaths",
+        kind="program",
+        sources=("tests/cupaths.c",),
+        libs=("-L{out}/fakecuda", "-l:libcuda.so.1", "-ldl"),
         deps=("fakecuda/libcuda.so.1",),
     ),
 ]

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "fake.h"
+#include "fgpu_procaddr_table.h"
 
 struct fk_local fk_g = {.lock = PTHREAD_MUTEX_INITIALIZER, .gen = 1};
 
@@ -151,7 +152,7 @@ CUresult cuDriverGetVersion(int *driverVersion)
 {
     if (driverVersion == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = FGPU_CUDA_API_VERSION;
+    *driverVersion = FGPU_PROCADDR_CUDA_VERSION; /* CUDA_VERSION of the generated table */
     return CUDA_SUCCESS;
 }
 
@@ -307,6 +308,7 @@ CUresult fk_current(struct fk_ctx **out)
 
 static _Atomic uint64_t ctx_serial;
 
+
 static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
 {
     struct fk_ctx *c = calloc(1, sizeof *c);
@@ -319,6 +321,7 @@ static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
     c->primary = primary;
     c->refs = 1;
     c->serial = atomic_fetch_add(&ctx_serial, 1) + 1;
+    fk_ctx_limits_init(c);
     c->null_stream = fk_stream_new(c, CU_STREAM_DEFAULT);
     if (c->null_stream == NULL) {
         free(c);
@@ -330,10 +333,15 @@ static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
     return c;
 }
 
+/* Destroying a context frees what it owns: its cuMemAlloc / Pitch / Managed memory and its
+ * malloc heap (arrays and module images are not followed here: they stay taken). */
 static void ctx_free(struct fk_ctx *c)
 {
     fk_ctx_sync(c);
     fk_ctx_streams_free(c);
+    fk_alloc_release_ctx(c->serial);
+    if (c->heap_reserved != 0)
+        fk_release(c->gpu, c->heap_reserved);
     int slot = fk_my_slot();
     if (slot >= 0)
         atomic_fetch_sub(&fk_sh->procs[slot].contexts[c->gpu], 1);
@@ -382,6 +390,59 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
     pthread_mutex_unlock(&fk_g.lock);
     if (last)
         ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+/* Destroys the primary context whatever its count (the cudaDeviceReset path); the next
+ * retain makes a new one. It leaves the calling thread's context stack. */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    int gpu;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    struct fk_ctx *c = fk_g.primary[dev];
+    fk_g.primary[dev] = NULL;
+    if (c != NULL)
+        c->refs = 0;
+    pthread_mutex_unlock(&fk_g.lock);
+    if (c == NULL)
+        return CUDA_SUCCESS;
+    for (int i = 0; i < ctx_depth; i++) {
+        if (ctx_stack[i] == c) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1],
+                    sizeof ctx_stack[0] * (size_t)(ctx_depth - i - 1));
+            ctx_depth--;
+            i--;
+        }
+    }
+    ctx_free(c);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return cuDevicePrimaryCtxReset_v2(dev);
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+    int gpu;
+    if (flags == NULL || active == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = fk_dev_gpu(dev, &gpu);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&fk_g.lock);
+    *active = fk_g.primary[dev] != NULL;
+    pthread_mutex_unlock(&fk_g.lock);
+    *flags = CU_CTX_SCHED_AUTO;
     return CUDA_SUCCESS;
 }
 

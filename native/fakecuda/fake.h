@@ -9,6 +9,7 @@
  *                 clocks, debug log.
  *   devlock.c     the cross-process device lock, busy-time counters and samples.
  *   context.c     cuInit, devices, contexts, fork and exit.
+ *   limits.c      context limits (cuCtxSetLimit: the malloc heap takes device memory).
  *   modules.c     modules and the spin kernel, error strings, fgpuFakeDeviceTime.
  *   memory.c      the per-process allocation table, cuMemAlloc*, cuMemGetInfo, pools.
  *   objects.c     CUDA arrays, mipmapped arrays, IPC handles.
@@ -16,6 +17,8 @@
  *   streams.c     streams and their worker threads, events.
  *   launch.c      launches, copies, memsets.
  *   graphs.c      graphs: kernel and memory nodes, instantiate, launch, graph memory trim.
+ *   graph_nodes.c cuGraphAddNode / _v2, the other instantiate entry points, upload, queries.
+ *   capture.c     stream capture (graph.h: the graph objects these three share).
  *   procaddress.c cuGetProcAddress and _v2.
  *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1, with state.c and devlock.c).
  */
@@ -166,6 +169,8 @@ struct fk_ctx {
     int refs;
     uint64_t serial; /* unique in the process, never reused */
     struct fk_stream *null_stream;
+    size_t limits[7];      /* cuCtxSetLimit values, by CUlimit */
+    uint64_t heap_reserved; /* device memory taken for CU_LIMIT_MALLOC_HEAP_SIZE */
 };
 
 struct fk_func {
@@ -211,6 +216,7 @@ CUresult fk_check_init(void);
 CUresult fk_current(struct fk_ctx **out); /* the calling thread's context */
 int fk_ctx_valid(const struct fk_ctx *c);
 CUresult fk_dev_gpu(CUdevice dev, int *gpu); /* visible ordinal -> global index */
+void fk_ctx_limits_init(struct fk_ctx *c);   /* limits.c: the defaults of a new context */
 
 /* memory.c: the per-process allocation table */
 enum { FK_A_MEM = 1, FK_A_PITCH, FK_A_MANAGED, FK_A_ASYNC, FK_A_POOL, FK_A_GRAPH, FK_A_IPC };
@@ -223,6 +229,7 @@ struct fk_alloc {
     struct fk_pool *pool;
     int export_idx; /* -1 when not exported */
     int opens;      /* IPC imports: open count */
+    uint64_t ctx_serial; /* cuMemAlloc / Pitch / Managed: the owning context (0: none) */
 };
 struct fk_alloc *fk_alloc_take(uint64_t dptr); /* remove from the table (caller: fk_g.lock) */
 struct fk_alloc *fk_alloc_find(uint64_t dptr); /* caller: fk_g.lock */
@@ -230,6 +237,7 @@ void fk_alloc_put(struct fk_alloc *a);         /* caller: fk_g.lock */
 struct fk_alloc *fk_alloc_new(uint64_t dptr, uint64_t bytes, int gpu, int kind); /* NULL: no memory */
 void fk_alloc_release(struct fk_alloc *a);     /* give the memory back; frees a */
 void fk_alloc_forget_all(void);                /* after fork: drop without giving back */
+void fk_alloc_release_ctx(uint64_t ctx_serial); /* what a destroyed context owned */
 CUresult fk_pool_alloc(struct fk_pool *p, uint64_t bytes, CUdeviceptr *dptr);
 
 /* streams.c */

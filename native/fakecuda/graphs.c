@@ -6,35 +6,13 @@
  * taken at cuGraphLaunch from the device's graph pool (which grows from device memory in
  * 2 MiB chunks: a launch returns CUDA_ERROR_OUT_OF_MEMORY when it cannot); a free node (or
  * cuMemFree / cuMemFreeAsync of the address) returns it to the graph pool, and
- * cuDeviceGraphMemTrim gives the unused part of the pool back to the device.
+ * cuDeviceGraphMemTrim gives the unused part of the pool back to the device. A child graph
+ * moved into its parent (graph_nodes.c) runs in place of its node and dies with the parent.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "fake.h"
-
-enum { FK_N_KERNEL = 1, FK_N_ALLOC, FK_N_FREE };
-
-struct fk_node {
-    uint32_t magic;
-    int kind;
-    uint64_t ns; /* kernel: duration, read from kernelParams when added */
-    int gpu;     /* alloc */
-    uint64_t bytes;
-    uint64_t dptr; /* alloc and free */
-};
-
-struct fk_graph {
-    uint32_t magic;
-    size_t n, cap;
-    struct fk_node **nodes;
-};
-
-struct fk_exec {
-    uint32_t magic;
-    size_t n;
-    struct fk_node *nodes; /* copies taken at instantiation */
-};
+#include "graph.h"
 
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
 {
@@ -51,8 +29,8 @@ CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
-static CUresult add_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps, size_t ndeps,
-                         const struct fk_node *proto)
+CUresult fk_graph_add(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps, size_t ndeps,
+                      const struct fk_node *proto)
 {
     struct fk_graph *g = (struct fk_graph *)hg;
     if (out == NULL || (ndeps > 0 && deps == NULL))
@@ -100,7 +78,7 @@ static CUresult kernel_node(CUgraphNode *out, CUgraph g, const CUgraphNode *deps
     proto.ns = fk_kernel_ns((struct fk_func *)func, params, &rc);
     if (rc == CUDA_ERROR_INVALID_HANDLE)
         rc = CUDA_ERROR_INVALID_VALUE;
-    return rc != CUDA_SUCCESS ? rc : add_node(out, g, deps, ndeps, &proto);
+    return rc != CUDA_SUCCESS ? rc : fk_graph_add(out, g, deps, ndeps, &proto);
 }
 
 CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph,
@@ -138,9 +116,10 @@ CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     CUresult rc = fk_dev_gpu(p->poolProps.location.id, &gpu);
     if (rc != CUDA_SUCCESS)
         return rc == CUDA_ERROR_INVALID_DEVICE ? CUDA_ERROR_INVALID_VALUE : rc;
-    struct fk_node proto = {.kind = FK_N_ALLOC, .gpu = gpu, .bytes = p->bytesize};
+    struct fk_node proto = {.kind = FK_N_ALLOC, .gpu = gpu, .dev = p->poolProps.location.id,
+                            .bytes = p->bytesize};
     proto.dptr = fk_new_va(p->bytesize);
-    rc = add_node(phGraphNode, hGraph, dependencies, numDependencies, &proto);
+    rc = fk_graph_add(phGraphNode, hGraph, dependencies, numDependencies, &proto);
     if (rc == CUDA_SUCCESS)
         p->dptr = proto.dptr;
     return rc;
@@ -156,7 +135,27 @@ CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
     if (rc != CUDA_SUCCESS)
         return rc;
     struct fk_node proto = {.kind = FK_N_FREE, .dptr = dptr};
-    return add_node(phGraphNode, hGraph, dependencies, numDependencies, &proto);
+    return fk_graph_add(phGraphNode, hGraph, dependencies, numDependencies, &proto);
+}
+
+/* The nodes an executable graph runs: a child graph's nodes in place of its node
+ * (caller: fk_g.lock). */
+static size_t flat_count(const struct fk_graph *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < g->n; i++)
+        n += g->nodes[i]->kind == FK_N_CHILD ? flat_count(g->nodes[i]->child) : 1;
+    return n;
+}
+
+static void flat_copy(const struct fk_graph *g, struct fk_exec *x)
+{
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->nodes[i]->kind == FK_N_CHILD)
+            flat_copy(g->nodes[i]->child, x);
+        else
+            x->nodes[x->n++] = *g->nodes[i];
+    }
 }
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
@@ -175,12 +174,10 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
     if (x == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&fk_g.lock);
-    x->nodes = calloc(g->n ? g->n : 1, sizeof *x->nodes);
-    if (x->nodes != NULL) {
-        for (size_t i = 0; i < g->n; i++)
-            x->nodes[i] = *g->nodes[i];
-        x->n = g->n;
-    }
+    size_t n = flat_count(g);
+    x->nodes = calloc(n ? n : 1, sizeof *x->nodes);
+    if (x->nodes != NULL)
+        flat_copy(g, x);
     pthread_mutex_unlock(&fk_g.lock);
     if (x->nodes == NULL) {
         free(x);
@@ -199,23 +196,10 @@ static int allocated_here(const struct fk_exec *x, size_t before, uint64_t dptr)
     return 0;
 }
 
-/* caller: fk_g.lock. Takes graph memory for every alloc node, all or nothing. */
-static CUresult take_graph_memory(const struct fk_exec *x)
+/* caller: fk_g.lock. Grows the graph pool of each GPU to hold need[g] more bytes. */
+static CUresult grow_pool(const uint64_t need[FK_MAX_GPUS])
 {
-    uint64_t need[FK_MAX_GPUS] = {0}, grown[FK_MAX_GPUS] = {0};
-    for (size_t i = 0; i < x->n; i++) {
-        const struct fk_node *n = &x->nodes[i];
-        if (n->kind == FK_N_ALLOC) {
-            if (fk_alloc_find(n->dptr) != NULL)
-                return CUDA_ERROR_INVALID_VALUE; /* still allocated from an earlier launch */
-            need[n->gpu] += n->bytes;
-        } else if (n->kind == FK_N_FREE && !allocated_here(x, i, n->dptr)) {
-            const struct fk_alloc *a = fk_alloc_find(n->dptr);
-            if (a == NULL || (a->kind != FK_A_GRAPH && a->kind != FK_A_ASYNC &&
-                              a->kind != FK_A_POOL))
-                return CUDA_ERROR_INVALID_VALUE;
-        }
-    }
+    uint64_t grown[FK_MAX_GPUS] = {0};
     for (int g = 0; g < FK_MAX_GPUS; g++) {
         uint64_t want = fk_g.graph_used[g] + need[g];
         if (need[g] == 0 || want <= fk_g.graph_reserved[g])
@@ -231,6 +215,49 @@ static CUresult take_graph_memory(const struct fk_exec *x)
         grown[g] = grow;
         fk_g.graph_reserved[g] += grow;
     }
+    return CUDA_SUCCESS;
+}
+
+/* caller: fk_g.lock. What the exec's alloc nodes need, per GPU; an error when a node's
+ * address is still allocated from an earlier launch or a free node frees nothing it may. */
+static CUresult graph_need(const struct fk_exec *x, uint64_t need[FK_MAX_GPUS])
+{
+    for (size_t i = 0; i < x->n; i++) {
+        const struct fk_node *n = &x->nodes[i];
+        if (n->kind == FK_N_ALLOC) {
+            if (fk_alloc_find(n->dptr) != NULL)
+                return CUDA_ERROR_INVALID_VALUE; /* still allocated from an earlier launch */
+            need[n->gpu] += n->bytes;
+        } else if (n->kind == FK_N_FREE && !allocated_here(x, i, n->dptr)) {
+            const struct fk_alloc *a = fk_alloc_find(n->dptr);
+            if (a == NULL || (a->kind != FK_A_GRAPH && a->kind != FK_A_ASYNC &&
+                              a->kind != FK_A_POOL))
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult fk_graph_upload(struct fk_exec *x)
+{
+    uint64_t need[FK_MAX_GPUS] = {0};
+    pthread_mutex_lock(&fk_g.lock);
+    CUresult rc = graph_need(x, need);
+    if (rc == CUDA_SUCCESS)
+        rc = grow_pool(need);
+    pthread_mutex_unlock(&fk_g.lock);
+    return rc;
+}
+
+/* caller: fk_g.lock. Takes graph memory for every alloc node, all or nothing. */
+static CUresult take_graph_memory(const struct fk_exec *x)
+{
+    uint64_t need[FK_MAX_GPUS] = {0};
+    CUresult rc = graph_need(x, need);
+    if (rc == CUDA_SUCCESS)
+        rc = grow_pool(need);
+    if (rc != CUDA_SUCCESS)
+        return rc;
     for (size_t i = 0; i < x->n; i++) {
         const struct fk_node *n = &x->nodes[i];
         if (n->kind != FK_N_ALLOC)
@@ -257,7 +284,8 @@ static CUresult graph_launch(CUgraphExec hx, CUstream h, int ptsz)
     if (ops == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     for (size_t i = 0; i < x->n; i++) {
-        if (x->nodes[i].kind != FK_N_ALLOC && (ops[i] = calloc(1, sizeof *ops[i])) == NULL)
+        if (x->nodes[i].kind != FK_N_ALLOC && x->nodes[i].kind != FK_N_EMPTY &&
+            (ops[i] = calloc(1, sizeof *ops[i])) == NULL)
             rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_mutex_lock(&fk_g.lock);
@@ -310,6 +338,19 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     return CUDA_SUCCESS;
 }
 
+static void graph_free(struct fk_graph *g) /* with the child graphs its nodes own */
+{
+    g->magic = 0;
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->nodes[i]->kind == FK_N_CHILD)
+            graph_free(g->nodes[i]->child);
+        g->nodes[i]->magic = 0;
+        free(g->nodes[i]);
+    }
+    free(g->nodes);
+    free(g);
+}
+
 CUresult cuGraphDestroy(CUgraph hGraph)
 {
     struct fk_graph *g = (struct fk_graph *)hGraph;
@@ -318,13 +359,7 @@ CUresult cuGraphDestroy(CUgraph hGraph)
         return rc;
     if (g == NULL || g->magic != FK_GRAPH_MAGIC)
         return CUDA_ERROR_INVALID_VALUE;
-    g->magic = 0;
-    for (size_t i = 0; i < g->n; i++) {
-        g->nodes[i]->magic = 0;
-        free(g->nodes[i]);
-    }
-    free(g->nodes);
-    free(g);
+    graph_free(g);
     return CUDA_SUCCESS;
 }
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fake.h"
+#include "graph.h"
 
 #define FK_BUCKETS 4096
 static struct fk_alloc *table[FK_BUCKETS];
@@ -55,6 +55,32 @@ void fk_alloc_forget_all(void)
             table[b] = a->next;
             free(a);
         }
+    }
+}
+
+/* Gives back every cuMemAlloc / Pitch / Managed allocation of a context being destroyed (the
+ * driver frees them with it; pool, VMM and graph memory outlive contexts). */
+void fk_alloc_release_ctx(uint64_t ctx_serial)
+{
+    struct fk_alloc *doomed = NULL;
+    pthread_mutex_lock(&fk_g.lock);
+    for (unsigned b = 0; b < FK_BUCKETS; b++) {
+        for (struct fk_alloc **pp = &table[b]; *pp != NULL;) {
+            struct fk_alloc *a = *pp;
+            if (a->ctx_serial == ctx_serial && a->kind != FK_A_IPC) {
+                *pp = a->next;
+                a->next = doomed;
+                doomed = a;
+            } else {
+                pp = &a->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&fk_g.lock);
+    while (doomed != NULL) {
+        struct fk_alloc *next = doomed->next;
+        fk_alloc_release(doomed);
+        doomed = next;
     }
 }
 
@@ -142,6 +168,7 @@ static CUresult alloc_plain(CUdeviceptr *dptr, uint64_t bytes, int kind)
         fk_release(c->gpu, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    a->ctx_serial = c->serial;
     pthread_mutex_lock(&fk_g.lock);
     fk_alloc_put(a);
     pthread_mutex_unlock(&fk_g.lock);
@@ -289,6 +316,22 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     if (rc != CUDA_SUCCESS)
         return rc;
     struct fk_pool *p = (struct fk_pool *)pool;
+    struct fk_graph *g = fk_stream_capture(s);
+    if (g != NULL) { /* captured: an alloc node of the graph, memory only at its launch */
+        struct fk_ctx *c = fk_stream_ctx(s);
+        if (p != NULL && (p->magic != FK_POOL_MAGIC || p->destroyed))
+            return CUDA_ERROR_INVALID_VALUE;
+        CUDA_MEM_ALLOC_NODE_PARAMS np = {0};
+        np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        np.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        np.poolProps.location.id = c->dev;
+        np.bytesize = bytes;
+        CUgraphNode node;
+        rc = cuGraphAddMemAllocNode(&node, (CUgraph)g, NULL, 0, &np);
+        if (rc == CUDA_SUCCESS)
+            *dptr = np.dptr;
+        return rc;
+    }
     if (p == NULL) {
         struct fk_ctx *c = fk_stream_ctx(s);
         p = default_pool(c->dev, c->gpu);
@@ -331,6 +374,11 @@ static CUresult free_async(CUdeviceptr dptr, CUstream h, int ptsz)
     CUresult rc = fk_resolve_stream(h, ptsz, &s);
     if (rc != CUDA_SUCCESS)
         return rc;
+    struct fk_graph *g = fk_stream_capture(s);
+    if (g != NULL) { /* captured: a free node of the graph */
+        CUgraphNode node;
+        return cuGraphAddMemFreeNode(&node, (CUgraph)g, NULL, 0, dptr);
+    }
     pthread_mutex_lock(&fk_g.lock);
     struct fk_alloc *a = fk_alloc_find(dptr);
     if (a != NULL && (a->kind == FK_A_ASYNC || a->kind == FK_A_POOL || a->kind == FK_A_GRAPH))

@@ -240,8 +240,8 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned int *count, nvmlProces
         if (infos != NULL && n < *count) {
             infos[n].pid = (unsigned int)atomic_load(&p->pid);
             infos[n].usedGpuMemory = used;
-            infos[n].gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
-            infos[n].computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+            infos[n].gpuInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
+            infos[n].computeInstanceId = (unsigned int)NVML_VALUE_NOT_AVAILABLE;
         }
         n++;
     }

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "fake.h"
+#include "graph.h"
 
 #define FK_SLICE_NS 5000000ull /* busy time is published in slices of at most 5 ms */
 
@@ -32,6 +32,7 @@ struct fk_stream {
     int started, stop;
     pthread_t thread;
     struct fk_stream *list_next; /* every stream of the process */
+    struct fk_graph *capture;    /* being captured into this graph (capture.c); NULL: not */
 };
 
 struct fk_event {
@@ -143,9 +144,53 @@ static void *worker(void *arg)
     return NULL;
 }
 
+struct fk_graph *fk_stream_capture(struct fk_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    struct fk_graph *g = s->capture;
+    pthread_mutex_unlock(&s->mu);
+    return g;
+}
+
+void fk_stream_set_capture(struct fk_stream *s, struct fk_graph *g)
+{
+    pthread_mutex_lock(&s->mu);
+    s->capture = g;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* On a stream being captured, work becomes a node of the graph: kernels and copies a node of
+ * their duration. An event recorded during the capture completes at once (the real driver
+ * makes it part of the capture; nothing here waits on it). */
+static CUresult capture_op(struct fk_graph *g, struct fk_op *op)
+{
+    CUresult rc = CUDA_SUCCESS;
+    if (op->kind == FK_OP_KERNEL || op->kind == FK_OP_COPY) {
+        struct fk_node proto = {.kind = FK_N_KERNEL, .ns = op->ns};
+        CUgraphNode node;
+        rc = fk_graph_add(&node, (CUgraph)g, NULL, 0, &proto);
+    } else if (op->kind == FK_OP_EVENT) { /* complete at once: nothing waits on it */
+        pthread_mutex_lock(&ev_mu);
+        if (op->event->gen_done < op->event_gen) {
+            op->event->gen_done = op->event_gen;
+            op->event->t_ns = fk_now_ns();
+        }
+        event_release_locked(op->event);
+        pthread_cond_broadcast(&ev_cv);
+        pthread_mutex_unlock(&ev_mu);
+    } else if (op->kind == FK_OP_FREE) {
+        fk_alloc_release(op->free_alloc);
+    }
+    free(op);
+    return rc;
+}
+
 CUresult fk_enqueue(struct fk_stream *s, struct fk_op *op)
 {
     op->next = NULL;
+    struct fk_graph *g = fk_stream_capture(s);
+    if (g != NULL)
+        return capture_op(g, op);
     pthread_mutex_lock(&s->mu);
     if (!s->started) {
         sigset_t all, old;

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define FGPU_CUDA_API_VERSION 12040 /* the cuda.h version these declarations follow */
+#define FGPU_CUDA_API_VERSION 13000 /* the cuda.h version these declarations follow */
 
 /* ---------------------------------------------------------------- result codes */
 typedef int CUresult;
@@ -42,6 +42,7 @@ typedef int CUresult;
 #define CUDA_ERROR_UNMAP_FAILED 206
 #define CUDA_ERROR_ALREADY_MAPPED 208
 #define CUDA_ERROR_NOT_MAPPED 211
+#define CUDA_ERROR_UNSUPPORTED_LIMIT 215
 #define CUDA_ERROR_INVALID_SOURCE 300
 #define CUDA_ERROR_FILE_NOT_FOUND 301
 #define CUDA_ERROR_INVALID_HANDLE 400
@@ -278,6 +279,99 @@ typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st {
     CUdeviceptr dptr; /* out: the address the graph will allocate at */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* ---------------------------------------------------------------- graph nodes, capture, limits
+ * (what the interposer needs to see every path to device memory: cuda.h 13.0 layouts) */
+typedef enum CUlimit_enum {
+    CU_LIMIT_STACK_SIZE = 0x00,
+    CU_LIMIT_PRINTF_FIFO_SIZE = 0x01,
+    CU_LIMIT_MALLOC_HEAP_SIZE = 0x02 /* device memory for in-kernel malloc, per context */
+} CUlimit;
+
+typedef enum CUgraphNodeType_enum {
+    CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
+    CU_GRAPH_NODE_TYPE_HOST = 3,
+    CU_GRAPH_NODE_TYPE_GRAPH = 4, /* a child graph */
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+    CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL = 8,
+    CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT = 9,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+    CU_GRAPH_NODE_TYPE_BATCH_MEM_OP = 12,
+    CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+} CUgraphNodeType;
+
+typedef struct CUgraphEdgeData_st {
+    unsigned char from_port;
+    unsigned char to_port;
+    unsigned char type;
+    unsigned char reserved[5];
+} CUgraphEdgeData;
+
+typedef enum CUgraphInstantiateResult_enum {
+    CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+    CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+    CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+    CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+    CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4,
+    CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED = 5
+} CUgraphInstantiateResult;
+
+#define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1ull
+#define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2ull
+#define CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH 4ull
+#define CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY 8ull
+
+typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
+    cuuint64_t flags;
+    CUstream hUploadStream;               /* with FLAG_UPLOAD */
+    CUgraphNode hErrNode_out;
+    CUgraphInstantiateResult result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
+
+typedef struct CUDA_MEM_FREE_NODE_PARAMS_st {
+    CUdeviceptr dptr;
+} CUDA_MEM_FREE_NODE_PARAMS;
+
+typedef enum CUgraphChildGraphNodeOwnership_enum {
+    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0,
+    CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1 /* the only way a child may hold memory nodes */
+} CUgraphChildGraphNodeOwnership;
+
+typedef struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    CUgraph graph;
+    CUgraphChildGraphNodeOwnership ownership;
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+
+/* cuGraphAddNode / _v2: a tagged union (the members fgpu reads; the rest is padding) */
+typedef struct CUgraphNodeParams_st {
+    CUgraphNodeType type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_KERNEL_NODE_PARAMS_v2 kernel; /* cuda.h: CUDA_KERNEL_NODE_PARAMS_v3, same layout */
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc;  /* cuda.h: CUDA_MEM_ALLOC_NODE_PARAMS_v2, same layout */
+        CUDA_MEM_FREE_NODE_PARAMS free;
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
 /* ---------------------------------------------------------------- cuLaunchKernelEx */
 typedef enum CUlaunchAttributeID_enum {
     CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
@@ -286,7 +380,7 @@ typedef enum CUlaunchAttributeID_enum {
 } CUlaunchAttributeID;
 
 typedef union CUlaunchAttributeValue_union {
-    char pad[64];
+    _Alignas(8) char pad[64]; /* the driver's union holds pointers and 64-bit members */
     int cooperative;
     int priority;
 } CUlaunchAttributeValue;
@@ -321,6 +415,10 @@ _Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute layout");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig.hStream offset");
 _Static_assert(sizeof(CUDA_ARRAY_DESCRIPTOR) == 24, "CUDA_ARRAY_DESCRIPTOR layout");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR layout");
+_Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData layout");
+_Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32, "CUDA_GRAPH_INSTANTIATE_PARAMS layout");
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
+_Static_assert(offsetof(CUgraphNodeParams, alloc) == 16, "CUgraphNodeParams.alloc offset");
 #endif
 
 /* ---------------------------------------------------------------- functions */
@@ -431,6 +529,44 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuGraphDestroy(CUgraph hGraph);
 CUresult cuDeviceGraphMemTrim(CUdevice device);
 
+/* memory paths beside the allocation calls: limits, primary contexts, graphs, capture */
+CUresult cuCtxSetLimit(CUlimit limit, size_t value);
+CUresult cuCtxGetLimit(size_t *pvalue, CUlimit limit);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev); /* the v7000 symbol; same as _v2 */
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);   /* the v7000 symbol; same as _v2 */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
+CUresult cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                        size_t numDependencies, CUgraphNodeParams *nodeParams);
+CUresult cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                           const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData,
+                           size_t numDependencies, CUgraphNodeParams *nodeParams);
+/* the pre-12.0 instantiate symbols (cuda.h 12+ maps the name cuGraphInstantiate to
+ * cuGraphInstantiateWithFlags; the driver still exports these for older programs) */
+CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                            char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes);
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type);
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph);
+CUresult cuStreamBeginCapture(CUstream hStream); /* v10000: global mode */
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+
 /* inter-process memory */
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
@@ -494,6 +630,53 @@ CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t n,
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
+
+/* ---------------------------------------------------------------- CUDA 12.5 / 13.0 forms
+ * (cudaTypedefs.h: PFN_cuCtxCreate_v11040/_v12050, PFN_cuCtxSynchronize_v13000, ...): what
+ * cuGetProcAddress answers at those versions. */
+typedef enum CUexecAffinityType_enum {
+    CU_EXEC_AFFINITY_TYPE_SM_COUNT = 0,
+    CU_EXEC_AFFINITY_TYPE_MAX
+} CUexecAffinityType;
+typedef struct CUexecAffinitySmCount_st {
+    unsigned int val;
+} CUexecAffinitySmCount;
+typedef struct CUexecAffinityParam_st {
+    CUexecAffinityType type;
+    union {
+        CUexecAffinitySmCount smCount;
+    } param;
+} CUexecAffinityParam;
+typedef enum CUcigDataType_enum {
+    CIG_DATA_TYPE_D3D12_COMMAND_QUEUE = 0x1,
+    CIG_DATA_TYPE_NV_BLOB = 0x2
+} CUcigDataType;
+typedef struct CUctxCigParam_st {
+    CUcigDataType sharedDataType;
+    void *sharedData;
+} CUctxCigParam;
+typedef struct CUctxCreateParams_st {
+    CUexecAffinityParam *execAffinityParams;
+    int numExecAffinityParams;
+    CUctxCigParam *cigParams;
+} CUctxCreateParams;
+#if defined(__LP64__)
+_Static_assert(sizeof(CUexecAffinityParam) == 8, "CUexecAffinityParam layout");
+_Static_assert(sizeof(CUctxCreateParams) == 24, "CUctxCreateParams layout");
+#endif
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                        CUdevice dev);
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId);
+/* synchronous copies and memsets on the per-thread default stream (_ptds) */
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t byteCount);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t byteCount);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t n);
 
 #ifdef __cplusplus
 }

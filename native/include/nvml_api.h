@@ -81,7 +81,7 @@ typedef struct nvmlProcessInfo_st {
     unsigned int gpuInstanceId;       /* 0xFFFFFFFF when not a MIG instance */
     unsigned int computeInstanceId;   /* 0xFFFFFFFF when not a MIG instance */
 } nvmlProcessInfo_t;
-#define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
+#define NVML_VALUE_NOT_AVAILABLE (-1) /* an unavailable value; as unsigned int: 0xFFFFFFFF */
 
 typedef struct nvmlProcessUtilizationSample_st {
     unsigned int pid;

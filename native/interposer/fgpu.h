@@ -9,7 +9,9 @@
  *   memory.c    memory accounting: reserve before allocate, give back on free; linear
  *               allocations, cuMemGetInfo
  *   memory_pools.c    stream-ordered allocations (async, pools) and VMM (cuMemCreate)
- *   memory_objects.c  arrays, mipmapped arrays, graph memory nodes, context destroy
+ *   memory_objects.c  arrays, mipmapped arrays; contexts (destroy, primary release and
+ *               reset, the malloc heap limit), cuDeviceTotalMem
+ *   memory_graphs.c   graph memory nodes, reserved at every instantiate entry point
  *   launch.c    launch gating, bounded in-flight work, GPU time from events
  *   launch_hooks.c  the gated entry points (kernels, graphs, async copies and memsets)
  *   nvml.c      NVML memory queries
@@ -98,11 +100,12 @@ FGPU_HIDDEN int fgpu_gpu_of_current(void);
 /* Forget process-local state after fork (child). */
 FGPU_HIDDEN void fgpu_memory_atfork_child(void);
 
-/* The accounting primitives shared by memory.c and memory_objects.c. Kinds of records: */
-enum fgpu_rec_kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_GNODE, K_GEXEC };
-struct fgpu_gnode {
+/* The accounting primitives shared by memory.c, memory_pools.c, memory_objects.c and
+ * memory_graphs.c. Kinds of records (K_HEAP: a context's malloc heap, keyed by the context): */
+enum fgpu_rec_kind { K_PTR = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_GEXEC, K_HEAP };
+struct fgpu_gnode { /* a graph's alloc node (memory_graphs.c) */
     int gpu;
-    int freed;
+    int freed; /* the graph also frees it */
     uint64_t bytes;
     uint64_t dptr;
 };
@@ -111,15 +114,19 @@ struct fgpu_gnode {
  * process has no entry in an uncapped segment). */
 FGPU_HIDDEN CUresult fgpu_mem_take(int *gpu, uint64_t bytes);
 FGPU_HIDDEN void fgpu_mem_give(int gpu, uint64_t bytes);
-/* Remember (kind, key) -> (gpu, bytes, current context); give back with fgpu_mem_release. */
+/* Remember (kind, key) -> (gpu, bytes, owning context); give back with fgpu_mem_release.
+ * fgpu_mem_track: memory of the current context (given back when that context is destroyed
+ * or reset); fgpu_mem_track_unbound: memory that outlives its context (VMM handles, pool and
+ * graph memory: cuda.h, cuCtxDestroy). */
 FGPU_HIDDEN void fgpu_mem_track(int kind, uint64_t key, int gpu, uint64_t bytes);
+FGPU_HIDDEN void fgpu_mem_track_unbound(int kind, uint64_t key, int gpu, uint64_t bytes);
 FGPU_HIDDEN int fgpu_mem_release(int kind, uint64_t key);
+/* Give back and forget every record owned by ctx (it was destroyed); ctx NULL: nothing. */
 FGPU_HIDDEN void fgpu_mem_release_ctx(CUcontext ctx);
-FGPU_HIDDEN void fgpu_mem_graph_alloc_node(uint64_t graph, uint64_t dptr, int gpu,
-                                           uint64_t bytes);
-FGPU_HIDDEN void fgpu_mem_graph_free_node(uint64_t graph, uint64_t dptr);
-FGPU_HIDDEN int fgpu_mem_graph_nodes(uint64_t graph, struct fgpu_gnode *out, int max);
-FGPU_HIDDEN void fgpu_mem_drop(int kind, uint64_t key);
+/* Set the bytes of record (kind, key) owned by ctx (made when missing, dropped at 0) and
+ * return what it held before; nothing is reserved or given back here. */
+FGPU_HIDDEN uint64_t fgpu_mem_replace(int kind, uint64_t key, CUcontext ctx, int gpu,
+                                      uint64_t bytes);
 FGPU_HIDDEN uint64_t fgpu_mul_sat(uint64_t a, uint64_t b);
 FGPU_HIDDEN uint64_t fgpu_add_sat(uint64_t a, uint64_t b);
 

@@ -406,3 +406,12 @@ FGPU_EXPORT CUresult cuCtxSynchronize(void)
     retire_now();
     return r;
 }
+
+/* CUDA 13's form (what cuGetProcAddress answers for cuCtxSynchronize at 13000) */
+FGPU_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    FGPU_REAL_OR(cuCtxSynchronize_v2, CUDA_ERROR_NOT_INITIALIZED);
+    CUresult r = fgpu_real.cuCtxSynchronize_v2(ctx);
+    retire_now();
+    return r;
+}

@@ -14,9 +14,12 @@
  *   cuMemAllocFromPoolAsync (bytes asked, from the call to cuMemFreeAsync: a pool's cached
  *   growth after a free is not counted), cuMemCreate (device location; until cuMemRelease),
  *   cuArrayCreate_v2 / cuArray3DCreate_v2 / cuMipmappedArrayCreate (width x height x depth x
- *   channels x bytes per channel, summed over mip levels), graph memory nodes (the sum of a
- *   graph's alloc nodes, reserved at cuGraphInstantiateWithFlags, given back at
- *   cuGraphExecDestroy), and everything a context held when it is destroyed.
+ *   channels x bytes per channel, summed over mip levels), a context's malloc heap
+ *   (cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)), graph memory nodes (the sum of a graph's alloc
+ *   nodes, however they got there, reserved at every instantiate entry point: memory_graphs.c).
+ *   What a context owns (linear and managed memory, arrays, its heap) is given back when the
+ *   driver destroys the context (cuCtxDestroy, primary release to 0, primary reset); VMM
+ *   handles, pool and graph memory outlive contexts, as the driver says.
  *   IPC imports (cuIpcOpenMemHandle_v2) are not counted: the memory is charged to the
  *   workload whose process allocated it, so an import from the same workload is not counted
  *   twice and an import from another workload stays on that workload's quota.
@@ -41,9 +44,7 @@ struct rec {
     int kind;
     int gpu;
     uint64_t bytes;
-    CUcontext ctx;
-    uint64_t aux; /* K_GNODE: the alloc node's address */
-    int freed;    /* K_GNODE: the graph also frees that address */
+    CUcontext ctx; /* the owning context; NULL: outlives contexts */
     struct rec *next;
 };
 
@@ -171,7 +172,7 @@ static CUcontext current_ctx(void)
     return c;
 }
 
-void fgpu_mem_track(int kind, uint64_t key, int gpu, uint64_t bytes)
+static void track(int kind, uint64_t key, int gpu, uint64_t bytes, CUcontext ctx)
 {
     if (gpu < 0)
         return;
@@ -181,16 +182,52 @@ void fgpu_mem_track(int kind, uint64_t key, int gpu, uint64_t bytes)
         fgpu_mem_give(gpu, bytes);
         return;
     }
-    r->key = key;
-    r->kind = kind;
-    r->gpu = gpu;
-    r->bytes = bytes;
-    r->ctx = current_ctx();
+    *r = (struct rec){.key = key, .kind = kind, .gpu = gpu, .bytes = bytes, .ctx = ctx};
     pthread_mutex_lock(&table_lock);
     size_t b = bucket_of(key);
     r->next = buckets[b];
     buckets[b] = r;
     pthread_mutex_unlock(&table_lock);
+}
+
+void fgpu_mem_track(int kind, uint64_t key, int gpu, uint64_t bytes)
+{
+    track(kind, key, gpu, bytes, current_ctx());
+}
+
+void fgpu_mem_track_unbound(int kind, uint64_t key, int gpu, uint64_t bytes)
+{
+    track(kind, key, gpu, bytes, NULL);
+}
+
+uint64_t fgpu_mem_replace(int kind, uint64_t key, CUcontext ctx, int gpu, uint64_t bytes)
+{
+    uint64_t old = 0;
+    struct rec *fresh = bytes != 0 ? malloc(sizeof *fresh) : NULL;
+    pthread_mutex_lock(&table_lock);
+    struct rec **pp = &buckets[bucket_of(key)];
+    while (*pp != NULL && !((*pp)->kind == kind && (*pp)->key == key && (*pp)->ctx == ctx))
+        pp = &(*pp)->next;
+    struct rec *r = *pp;
+    if (r != NULL) {
+        old = r->bytes;
+        if (bytes != 0) {
+            r->bytes = bytes;
+            r->gpu = gpu;
+        } else {
+            *pp = r->next;
+        }
+    } else if (fresh != NULL && gpu >= 0) {
+        *fresh = (struct rec){.key = key, .kind = kind, .gpu = gpu, .bytes = bytes, .ctx = ctx};
+        fresh->next = buckets[bucket_of(key)];
+        buckets[bucket_of(key)] = fresh;
+        fresh = NULL;
+    }
+    pthread_mutex_unlock(&table_lock);
+    free(fresh);
+    if (r != NULL && bytes == 0)
+        free(r);
+    return old;
 }
 
 /* Remove one record (kind, key) and give its bytes back. Returns 1 if there was one. */
@@ -214,12 +251,14 @@ int fgpu_mem_release(int kind, uint64_t key)
 /* Give back and forget every record of a context (before it is destroyed). */
 void fgpu_mem_release_ctx(CUcontext ctx)
 {
+    if (ctx == NULL)
+        return;
     for (;;) {
         struct rec *found = NULL;
         pthread_mutex_lock(&table_lock);
         for (size_t b = 0; b < NBUCKETS && found == NULL; b++) {
             for (struct rec **pp = &buckets[b]; *pp != NULL; pp = &(*pp)->next) {
-                if ((*pp)->ctx == ctx && (*pp)->kind != K_GNODE) {
+                if ((*pp)->ctx == ctx) {
                     found = *pp;
                     *pp = found->next;
                     break;
@@ -232,65 +271,6 @@ void fgpu_mem_release_ctx(CUcontext ctx)
         fgpu_mem_give(found->gpu, found->bytes);
         free(found);
     }
-}
-
-/* Remember a graph's alloc node (nothing reserved yet). */
-void fgpu_mem_graph_alloc_node(uint64_t graph, uint64_t dptr, int gpu, uint64_t bytes)
-{
-    if (gpu < 0)
-        return;
-    struct rec *r = malloc(sizeof *r);
-    if (r == NULL)
-        return;
-    *r = (struct rec){.key = graph, .kind = K_GNODE, .gpu = gpu, .bytes = bytes, .aux = dptr};
-    pthread_mutex_lock(&table_lock);
-    size_t b = bucket_of(graph);
-    r->next = buckets[b];
-    buckets[b] = r;
-    pthread_mutex_unlock(&table_lock);
-}
-
-/* A free node of the graph for dptr: that alloc node's memory lives only inside a launch. */
-void fgpu_mem_graph_free_node(uint64_t graph, uint64_t dptr)
-{
-    pthread_mutex_lock(&table_lock);
-    for (struct rec *r = buckets[bucket_of(graph)]; r != NULL; r = r->next) {
-        if (r->kind == K_GNODE && r->key == graph && r->aux == dptr)
-            r->freed = 1;
-    }
-    pthread_mutex_unlock(&table_lock);
-}
-
-/* Copy up to max alloc nodes of a graph; returns how many. */
-int fgpu_mem_graph_nodes(uint64_t graph, struct fgpu_gnode *out, int max)
-{
-    int n = 0;
-    pthread_mutex_lock(&table_lock);
-    for (struct rec *r = buckets[bucket_of(graph)]; r != NULL && n < max; r = r->next) {
-        if (r->kind == K_GNODE && r->key == graph) {
-            out[n] = (struct fgpu_gnode){.gpu = r->gpu, .bytes = r->bytes, .dptr = r->aux,
-                                         .freed = r->freed};
-            n++;
-        }
-    }
-    pthread_mutex_unlock(&table_lock);
-    return n;
-}
-
-/* Forget every record (kind, key) without giving anything back (graph tallies). */
-void fgpu_mem_drop(int kind, uint64_t key)
-{
-    pthread_mutex_lock(&table_lock);
-    for (struct rec **pp = &buckets[bucket_of(key)]; *pp != NULL;) {
-        if ((*pp)->kind == kind && (*pp)->key == key) {
-            struct rec *r = *pp;
-            *pp = r->next;
-            free(r);
-        } else {
-            pp = &(*pp)->next;
-        }
-    }
-    pthread_mutex_unlock(&table_lock);
 }
 
 void fgpu_memory_atfork_child(void)

@@ -1,23 +1,26 @@
 /*
- * memory_objects.c - memory hooks for objects that are not plain pointers: CUDA arrays,
- * mipmapped arrays, graph memory nodes and context destruction (rules in memory.c).
+ * memory_objects.c - memory hooks for objects that are not plain pointers: CUDA arrays and
+ * mipmapped arrays; contexts; the device's total memory (rules in memory.c).
  *
  * Arrays: width x height x depth x channels x bytes per channel (a 0 dimension counts as 1),
  * summed over mip levels (each level halves width, height and, unless layered, depth). The
  * driver's padding is not seen; the NVML guard is the backstop.
- * Graph memory nodes (the driver's rule: an alloc node's memory is taken at launch and lives
- * until a free node of the graph, or cuMemFree / cuMemFreeAsync of its address): the graph's
- * alloc nodes are remembered (nothing reserved yet); cuGraphInstantiateWithFlags reserves all
- * of them (over the cap: CUDA_ERROR_OUT_OF_MEMORY, nothing instantiated). Nodes the graph also
- * frees are held for the exec and given back at cuGraphExecDestroy; nodes it does not free
- * are held for their address and given back at cuMemFree / cuMemFreeAsync of it (an exec
- * destroyed without ever being launched keeps those counted: stricter, never looser).
- * An upper bound: the driver may reuse freed graph memory inside one launch.
+ * Contexts: what a context owns (cuMemAlloc / Pitch / Managed, arrays, its malloc heap; not
+ * VMM handles, pool or graph memory, which outlive it) is given back when the driver destroys
+ * it: cuCtxDestroy_v2, cuDevicePrimaryCtxReset / _v2 (cudaDeviceReset), and
+ * cuDevicePrimaryCtxRelease / _v2 when that release leaves the primary context inactive
+ * (refcount 0; cuDevicePrimaryCtxGetState says so after the call). The primary context's
+ * handle is read before the call with a retain + release pair while it is active (a net
+ * change of zero, never a creation).
+ * The malloc heap: cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE, n) reserves n for the current
+ * context (raising: the difference before the call; lowering: the difference given back
+ * after it); the driver's default heap (8 MiB, taken unasked) is left to the NVML guard.
+ * cuDeviceTotalMem_v2 says the cap on a capped GPU (what cudaGetDeviceProperties'
+ * totalGlobalMem and PyTorch's total_memory come from), as cuMemGetInfo_v2 does.
  */
 #include "fgpu.h"
 
 #define FGPU_ARRAY3D_LAYERED 0x01u /* cuda.h CUDA_ARRAY3D_LAYERED: Depth is a layer count */
-#define MAX_GRAPH_NODES 256
 
 static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
@@ -114,82 +117,6 @@ FGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
     return r;
 }
 
-FGPU_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                            const CUgraphNode *dependencies,
-                                            size_t numDependencies,
-                                            CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
-{
-    PASS_IF_INACTIVE(cuGraphAddMemAllocNode, phGraphNode, hGraph, dependencies, numDependencies,
-                     nodeParams);
-    CUresult r = fgpu_real.cuGraphAddMemAllocNode(phGraphNode, hGraph, dependencies,
-                                                  numDependencies, nodeParams);
-    if (r == CUDA_SUCCESS && nodeParams != NULL) {
-        int g = fgpu_gpu_of_device(nodeParams->poolProps.location.id);
-        fgpu_mem_graph_alloc_node((uint64_t)(uintptr_t)hGraph, nodeParams->dptr, g,
-                                  nodeParams->bytesize);
-    }
-    return r;
-}
-
-FGPU_EXPORT CUresult cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
-                                           const CUgraphNode *dependencies,
-                                           size_t numDependencies, CUdeviceptr dptr)
-{
-    PASS_IF_INACTIVE(cuGraphAddMemFreeNode, phGraphNode, hGraph, dependencies, numDependencies,
-                     dptr);
-    CUresult r = fgpu_real.cuGraphAddMemFreeNode(phGraphNode, hGraph, dependencies,
-                                                 numDependencies, dptr);
-    if (r == CUDA_SUCCESS)
-        fgpu_mem_graph_free_node((uint64_t)(uintptr_t)hGraph, dptr);
-    return r;
-}
-
-FGPU_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
-                                                 unsigned long long flags)
-{
-    PASS_IF_INACTIVE(cuGraphInstantiateWithFlags, phGraphExec, hGraph, flags);
-    static _Thread_local struct fgpu_gnode nodes[MAX_GRAPH_NODES];
-    int n = fgpu_mem_graph_nodes((uint64_t)(uintptr_t)hGraph, nodes, MAX_GRAPH_NODES);
-    for (int i = 0; i < n; i++) {
-        if (fgpu_mem_take(&nodes[i].gpu, nodes[i].bytes) != CUDA_SUCCESS) {
-            for (int j = 0; j < i; j++)
-                fgpu_mem_give(nodes[j].gpu, nodes[j].bytes);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-    }
-    CUresult r = fgpu_real.cuGraphInstantiateWithFlags(phGraphExec, hGraph, flags);
-    for (int i = 0; i < n; i++) {
-        if (r != CUDA_SUCCESS)
-            fgpu_mem_give(nodes[i].gpu, nodes[i].bytes);
-        else if (nodes[i].freed)
-            fgpu_mem_track(K_GEXEC, (uint64_t)(uintptr_t)*phGraphExec, nodes[i].gpu,
-                           nodes[i].bytes);
-        else
-            fgpu_mem_track(K_PTR, nodes[i].dptr, nodes[i].gpu, nodes[i].bytes);
-    }
-    return r;
-}
-
-FGPU_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
-{
-    PASS_IF_INACTIVE(cuGraphExecDestroy, hGraphExec);
-    CUresult r = fgpu_real.cuGraphExecDestroy(hGraphExec);
-    if (r == CUDA_SUCCESS) {
-        while (fgpu_mem_release(K_GEXEC, (uint64_t)(uintptr_t)hGraphExec)) {
-        }
-    }
-    return r;
-}
-
-FGPU_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
-{
-    PASS_IF_INACTIVE(cuGraphDestroy, hGraph);
-    CUresult r = fgpu_real.cuGraphDestroy(hGraph);
-    if (r == CUDA_SUCCESS)
-        fgpu_mem_drop(K_GNODE, (uint64_t)(uintptr_t)hGraph);
-    return r;
-}
-
 FGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     PASS_IF_INACTIVE(cuCtxDestroy_v2, ctx);
@@ -197,5 +124,137 @@ FGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     CUresult r = fgpu_real.cuCtxDestroy_v2(ctx);
     if (r == CUDA_SUCCESS)
         fgpu_mem_release_ctx(ctx);
+    return r;
+}
+
+/* The handle of dev's primary context while it is active, else NULL. */
+static CUcontext primary_handle(CUdevice dev)
+{
+    unsigned int flags = 0;
+    int active = 0;
+    CUcontext h = NULL;
+    if (fgpu_real.cuDevicePrimaryCtxGetState == NULL || fgpu_real.cuDevicePrimaryCtxRetain == NULL ||
+        fgpu_real.cuDevicePrimaryCtxRelease_v2 == NULL ||
+        fgpu_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+        return NULL;
+    if (fgpu_real.cuDevicePrimaryCtxRetain(&h, dev) != CUDA_SUCCESS)
+        return NULL;
+    fgpu_real.cuDevicePrimaryCtxRelease_v2(dev);
+    return h;
+}
+
+static int primary_active(CUdevice dev)
+{
+    unsigned int flags = 0;
+    int active = 1;
+    if (fgpu_real.cuDevicePrimaryCtxGetState == NULL ||
+        fgpu_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+        return 1; /* unknown: keep the reservations (stricter) */
+    return active;
+}
+
+static CUresult primary_release(__typeof__(&cuDevicePrimaryCtxRelease_v2) real, CUdevice dev)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!fgpu_g.active)
+        return real(dev);
+    CUcontext h = primary_handle(dev);
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS && h != NULL && !primary_active(dev)) {
+        fgpu_launch_forget_context(h); /* its events died with it */
+        fgpu_mem_release_ctx(h);
+    }
+    return r;
+}
+
+FGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    FGPU_REAL_OR(cuDevicePrimaryCtxRelease, CUDA_ERROR_NOT_INITIALIZED);
+    return primary_release(fgpu_real.cuDevicePrimaryCtxRelease, dev);
+}
+
+FGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    FGPU_REAL_OR(cuDevicePrimaryCtxRelease_v2, CUDA_ERROR_NOT_INITIALIZED);
+    return primary_release(fgpu_real.cuDevicePrimaryCtxRelease_v2, dev);
+}
+
+static CUresult primary_reset(__typeof__(&cuDevicePrimaryCtxReset_v2) real, CUdevice dev)
+{
+    if (real == NULL)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!fgpu_g.active)
+        return real(dev);
+    CUcontext h = primary_handle(dev);
+    if (h != NULL)
+        fgpu_launch_forget_context(h); /* its events die with it */
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS && h != NULL)
+        fgpu_mem_release_ctx(h);
+    return r;
+}
+
+FGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    FGPU_REAL_OR(cuDevicePrimaryCtxReset, CUDA_ERROR_NOT_INITIALIZED);
+    return primary_reset(fgpu_real.cuDevicePrimaryCtxReset, dev);
+}
+
+FGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    FGPU_REAL_OR(cuDevicePrimaryCtxReset_v2, CUDA_ERROR_NOT_INITIALIZED);
+    return primary_reset(fgpu_real.cuDevicePrimaryCtxReset_v2, dev);
+}
+
+FGPU_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    PASS_IF_INACTIVE(cuCtxSetLimit, limit, value);
+    CUcontext ctx = NULL;
+    if (limit != CU_LIMIT_MALLOC_HEAP_SIZE || fgpu_real.cuCtxGetCurrent == NULL ||
+        fgpu_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || ctx == NULL)
+        return fgpu_real.cuCtxSetLimit(limit, value);
+    int g = fgpu_gpu_of_current();
+    uint64_t key = (uint64_t)(uintptr_t)ctx;
+    /* what the context's heap holds now (0 when never set), put back below */
+    uint64_t old = fgpu_mem_replace(K_HEAP, key, ctx, g, 0);
+    if (value > old) {
+        int g2 = g;
+        CUresult r = fgpu_mem_take(&g2, value - old);
+        if (r != CUDA_SUCCESS) {
+            fgpu_mem_replace(K_HEAP, key, ctx, g, old);
+            return r;
+        }
+        r = fgpu_real.cuCtxSetLimit(limit, value);
+        if (r != CUDA_SUCCESS) {
+            fgpu_mem_give(g2, value - old);
+            fgpu_mem_replace(K_HEAP, key, ctx, g, old);
+            return r;
+        }
+        fgpu_mem_replace(K_HEAP, key, ctx, g, g2 >= 0 ? value : 0);
+        return r;
+    }
+    CUresult r = fgpu_real.cuCtxSetLimit(limit, value);
+    if (r != CUDA_SUCCESS) {
+        fgpu_mem_replace(K_HEAP, key, ctx, g, old);
+        return r;
+    }
+    fgpu_mem_give(g, old - value);
+    fgpu_mem_replace(K_HEAP, key, ctx, g, value);
+    return r;
+}
+
+FGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    PASS_IF_INACTIVE(cuDeviceTotalMem_v2, bytes, dev);
+    CUresult r = fgpu_real.cuDeviceTotalMem_v2(bytes, dev);
+    if (r != CUDA_SUCCESS || bytes == NULL || !fgpu_g.capping)
+        return r;
+    int g = fgpu_gpu_of_device(dev);
+    if (g < 0)
+        return r;
+    uint64_t limit = atomic_load_explicit(&fgpu_g.seg->gpus[g].memory_limit, memory_order_relaxed);
+    if (limit != 0 && limit < *bytes)
+        *bytes = (size_t)limit;
     return r;
 }

@@ -9,12 +9,14 @@
  *     that exact versioned name), the caller gets our hook for that exact symbol. The driver
  *     decided which versioned symbol the request means; versions and _ptsz map one to one.
  *  2. by name, when the pointer is not one dlsym gave (a driver whose cuGetProcAddress
- *     answers with internal addresses): the first hooked name among base + "_v2_ptsz",
- *     base + "_ptsz" (per-thread flag only), base + "_v2", base. Every hooked "_v2" exists
- *     since CUDA 4.0, so this rule is used only for cudaVersion >= 4000; cuGetProcAddress
- *     itself is "_v2" from 12000 on.
- * FGPU_PROCADDR=names forces rule 2 (the tests run the fake driver's version table through
- * it); FGPU_PROCADDR=pointers disables it; default: 1, then 2.
+ *     answers with internal addresses): the symbol a real driver answers for (name,
+ *     cudaVersion, flags) by the driver's own rule over the table generated from NVIDIA's
+ *     cudaTypedefs.h (fgpu_procaddr.h), and our hook for exactly that symbol, if we hook it;
+ *     otherwise the driver's pointer (never the hook of another version). A request above
+ *     the table's CUDA version may mean a symbol newer than the table knows: the name rule
+ *     then holds only if the driver answers the same pointer at the table's version.
+ * FGPU_PROCADDR=names forces rule 2 (the tests run the real runtime's requests through it);
+ * FGPU_PROCADDR=pointers disables it; default: 1, then 2.
  * Any other pointer is handed back untouched.
  */
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #include "fgpu.h"
+#include "fgpu_procaddr.h"
 
 struct hook_entry {
     const char *name;
@@ -73,27 +76,26 @@ static void *hook_named(const char *name)
     return NULL;
 }
 
+/* The hook for the symbol a real driver answers for (symbol, version, flags), or NULL. */
 static void *hook_by_name(const char *symbol, int version, cuuint64_t flags)
 {
-    if (symbol == NULL || strlen(symbol) > 96)
-        return NULL;
-    if (strcmp(symbol, "cuGetProcAddress") == 0)
-        return hook_named(version >= 12000 ? "cuGetProcAddress_v2" : "cuGetProcAddress");
-    if (version < 4000)
-        return NULL;
-    int ptds = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    static const char *const per_thread[] = {"_v2_ptsz", "_ptsz", "_v2", ""};
-    static const char *const legacy[] = {"_v2", ""};
-    const char *const *suffix = ptds ? per_thread : legacy;
-    size_t n = ptds ? 4 : 2;
-    for (size_t i = 0; i < n; i++) {
-        char name[128];
-        snprintf(name, sizeof name, "%s%s", symbol, suffix[i]);
-        void *h = hook_named(name);
-        if (h != NULL)
-            return h;
+    const char *answer = fgpu_procaddr_symbol(symbol, version, flags, NULL);
+    return answer != NULL ? hook_named(answer) : NULL;
+}
+
+/* 1 when the driver answers p for symbol at the table's CUDA version too (so no symbol newer
+ * than the table's is meant by a request at a later version). */
+static int same_at_table_version(void *p, const char *symbol, cuuint64_t flags)
+{
+    void *q = NULL;
+    CUresult r = CUDA_ERROR_NOT_FOUND;
+    if (fgpu_real.cuGetProcAddress_v2 != NULL) {
+        CUdriverProcAddressQueryResult st;
+        r = fgpu_real.cuGetProcAddress_v2(symbol, &q, FGPU_PROCADDR_CUDA_VERSION, flags, &st);
+    } else if (fgpu_real.cuGetProcAddress != NULL) {
+        r = fgpu_real.cuGetProcAddress(symbol, &q, FGPU_PROCADDR_CUDA_VERSION, flags);
     }
-    return NULL;
+    return r == CUDA_SUCCESS && q == p;
 }
 
 void *fgpu_hook_for(void *p)
@@ -125,6 +127,12 @@ static void *swap(void *p, const char *symbol, int version, cuuint64_t flags)
     void *h = hook_by_name(symbol, version, flags);
     if (h == NULL)
         return p;
+    if (version > FGPU_PROCADDR_CUDA_VERSION && !same_at_table_version(p, symbol, flags)) {
+        fgpu_log(FGPU_LOG_WARN, "cuGetProcAddress(%.96s, %d): the driver answers a function "
+                                "newer than CUDA %d's; not hooked", symbol, version,
+                 FGPU_PROCADDR_CUDA_VERSION);
+        return p;
+    }
     fgpu_log(FGPU_LOG_DEBUG, "cuGetProcAddress(%.96s, %d, %llu): hooked by name", symbol,
              version, (unsigned long long)flags);
     return h;

@@ -42,6 +42,11 @@ static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static int cuda_ok;
 static int nvml_ok;
+/* Set while this thread is inside the real dlopen of the driver or NVML (load_cuda,
+ * load_nvml): a driver that dlopens itself (or any libcuda.so.1 path) from its constructors
+ * must get the real dlopen and must not wait on the pthread_once it runs under (a deadlock
+ * before); a hook it calls meanwhile answers "not initialised". */
+static _Thread_local int loading_driver;
 static char shim_cuda[600];
 static char shim_nvml[600];
 
@@ -85,7 +90,9 @@ static void *real_sym(void *h, const char *name)
 static void load_cuda(void)
 {
     fgpu_init();
+    loading_driver = 1;
     void *h = fgpu_call_real_dlopen(fgpu_g.real_libcuda, RTLD_NOW | RTLD_LOCAL);
+    loading_driver = 0;
     if (h == NULL) {
         fgpu_log(FGPU_LOG_WARN, "cannot load the CUDA driver %s: %s", fgpu_g.real_libcuda,
                  dlerror());
@@ -100,7 +107,9 @@ static void load_cuda(void)
 static void load_nvml(void)
 {
     fgpu_init();
+    loading_driver = 1;
     void *h = fgpu_call_real_dlopen(fgpu_g.real_libnvml, RTLD_NOW | RTLD_LOCAL);
+    loading_driver = 0;
     if (h == NULL) {
         fgpu_log(FGPU_LOG_WARN, "cannot load NVML %s: %s", fgpu_g.real_libnvml, dlerror());
         return;
@@ -113,12 +122,16 @@ static void load_nvml(void)
 
 int fgpu_resolve_cuda(void)
 {
+    if (loading_driver)
+        return -1;
     pthread_once(&cuda_once, load_cuda);
     return cuda_ok ? 0 : -1;
 }
 
 int fgpu_resolve_nvml(void)
 {
+    if (loading_driver)
+        return -1;
     pthread_once(&nvml_once, load_nvml);
     return nvml_ok ? 0 : -1;
 }
@@ -148,8 +161,8 @@ FGPU_HIDDEN const char *fgpu_dlopen_route(const char *file, int mode);
 const char *fgpu_dlopen_route(const char *file, int mode)
 {
     pthread_once(&dlopen_once, find_real_dlopen);
-    if (file == NULL)
-        return file;
+    if (file == NULL || loading_driver)
+        return file; /* loading the driver: what it opens itself is its own business */
     int cuda = base_is(file, "libcuda.so.1", "libcuda.so");
     int nvml = !cuda && base_is(file, "libnvidia-ml.so.1", "libnvidia-ml.so");
     if (!cuda && !nvml) {

@@ -86,7 +86,7 @@ static void load_api(void)
     do {                                                                                 \
         void *p_ = NULL;                                                                 \
         CUdriverProcAddressQueryResult st_;                                              \
-        CUresult rc_ = gpa(name, &p_, FGPU_CUDA_API_VERSION, flags, &st_);               \
+        CUresult rc_ = gpa(name, &p_, CUDEMO_CUDA_VERSION, flags, &st_);                 \
         if (rc_ != CUDA_SUCCESS || p_ == NULL) {                                         \
             printf("{\"call\":\"cuGetProcAddress_v2\",\"symbol\":\"%s\",\"result\":%d,"  \
                    "\"status\":%d}\n",                                                   \

@@ -10,6 +10,10 @@
 
 #include "cuda_api.h"
 
+/* the cudaVersion the program asks cuGetProcAddress at: a program built with CUDA 12.4's
+ * cuda.h (whose cuCtxSynchronize takes no context; 13.0 answers cuCtxSynchronize_v2) */
+#define CUDEMO_CUDA_VERSION 12040
+
 /* field, name asked from cuGetProcAddress, per-thread-stream symbol (or the same) */
 #define CUDEMO_API(X)                                                                    \
     X(cuInit, "cuInit", cuInit)                                                          \

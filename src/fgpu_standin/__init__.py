@@ -53,8 +53,14 @@ with the semantics they rely on:
   (:mod:`~fgpu_standin.discovery`, :mod:`~fgpu_standin.tables`,
   :mod:`~fgpu_standin.fields`).
 
-Everything else — authentication, RBAC, most validation, schema checks of custom
-resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), the other
+- on request, the authorization attributes of every request (verb, resource, subresource,
+  namespace, name, requester), and RBAC evaluated from Role/ClusterRole objects and their
+  bindings with Kubernetes 1.36's ``resourceclaims/binding`` check of claim status writes
+  (:attr:`Options.record`, :attr:`Options.rbac`, :mod:`~fgpu_standin.rbac`); the
+  ``DRAConsumableCapacity`` gate off as on 1.34 and 1.35 (:mod:`~fgpu_standin.gates`).
+
+Everything else — authentication, RBAC unless asked for, most validation, schema checks of
+custom resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), the other
 controllers (no node lifecycle, no pod garbage collector, no service account tokens) — is
 absent. Run the same tests against a real cluster by setting ``KUBECONFIG``.
 """

@@ -26,7 +26,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fgpu_standin import admission, builtin, claims, discovery, fields, quantity, resource, tables
 from fgpu_standin.controllers import Controllers
+from fgpu_standin.gates import drop_disabled
 from fgpu_standin.patch import PatchError, json_patch, merge_patch
+from fgpu_standin.rbac import Attributes, Rbac, Recorder, request_attributes
 from fgpu_standin.selectors import (
     SelectorError,
     field_selector,
@@ -73,6 +75,14 @@ class Options:
             writes go through etcd (a few to tens of milliseconds each) rather than this
             stand-in's memory. Requests still run concurrently: it delays, it does not
             serialise.
+        rbac: authorize every request by these roles and bindings, 403 otherwise, and
+            Kubernetes 1.36's ``resourceclaims/binding`` check of claim status writes
+            (:class:`~fgpu_standin.rbac.Rbac`); None: everything is allowed.
+        record: keep every request's authorization attributes in
+            :attr:`StandInApi.requests` (:mod:`~fgpu_standin.rbac`).
+        consumable_capacity: the ``DRAConsumableCapacity`` feature gate (on from
+            Kubernetes 1.36); off, ResourceSlices are stored without
+            ``allowMultipleAllocations``, as 1.34 and 1.35 do (:mod:`~fgpu_standin.gates`).
 
     The requester's identity (``userInfo`` in the AdmissionReview) comes from the
     ``Impersonate-User`` and ``Impersonate-Group`` headers (what ``kubectl --as`` sends),
@@ -88,6 +98,9 @@ class Options:
     bookmark_s: float = 60.0
     latency_s: float = 0.0
     controller_delay_s: float = 0.1
+    rbac: Rbac | None = None
+    record: bool = False
+    consumable_capacity: bool = True
 
 
 ANONYMOUS = {"username": "system:anonymous", "groups": ["system:unauthenticated"]}
@@ -325,6 +338,9 @@ class StandInApi:
         self.calls = 0
         self.webhook_calls: list[tuple[str, Obj]] = []
         """``(webhook name, AdmissionReview request)`` of every webhook call, in order."""
+        self.recorder = Recorder(self.options.rbac, self.options.record)
+        self.requests = self.recorder.requests
+        """Every request's :class:`~fgpu_standin.rbac.Attributes` (:attr:`Options.record`)."""
 
     # ----------------------------------------------------------------- helpers
     def _delete_dependent(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
@@ -622,6 +638,7 @@ class StandInApi:
             route = _route(path)
             query = dict(request.query_params)
             method = request.method
+            self.recorder.request(self._attributes(route, method, query, request.headers))
             body: Any = None
             if method in ("POST", "PUT", "PATCH", "DELETE"):
                 raw = await request.body()
@@ -646,6 +663,15 @@ class StandInApi:
             return _status_response(exc)
         except json.JSONDecodeError as exc:
             return _status_response(ApiStatusError(400, "BadRequest", f"bad JSON: {exc}"))
+
+    def _attributes(
+        self, route: _Route, method: str, query: dict[str, str], headers: Any
+    ) -> Attributes:
+        user = user_info(headers) if headers.get("impersonate-user") else None
+        kind = route.kind
+        return request_attributes(
+            method, kind.group, kind.plural, route.sub, route.namespace, route.name, query, user
+        )
 
     async def _create(
         self, route: _Route, body: Obj, query: dict[str, str], headers: Any
@@ -672,7 +698,9 @@ class StandInApi:
             _gated_condition(body)
         if kind.status_subresource and kind.group == resource.GROUP:
             body = {**body, "status": {}}  # status only through /status
-        body = resource.admit(kind, body)
+        body = resource.admit(
+            kind, drop_disabled(kind.plural, body, self.options.consumable_capacity)
+        )
         if kind.plural == "priorityclasses":
             _check_priority_class(body)
         made = self.store.create(kind, ns, body)
@@ -762,6 +790,10 @@ class StandInApi:
         _canonical(kind, new)
         if kind.plural == "pods" and sub is None:
             _check_pod_spec_update(name, old.get("spec") or {}, new.get("spec") or {})
+        if kind.plural == "resourceclaims" and sub == "status":
+            attrs = self._attributes(route, method, query, headers)
+            self.recorder.claim_status(attrs, old, new)
+        new = drop_disabled(kind.plural, new, self.options.consumable_capacity)
         new = resource.admit(kind, new, old, status=sub == "status")
         written = self.store.replace(kind, ns, name, new, check_rv=check_rv)
         if kind.plural == "resourceclaims":

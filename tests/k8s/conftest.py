@@ -3,16 +3,19 @@ client.
 
 Without ``KUBECONFIG`` the cluster is the in-repo API server stand-in
 (:mod:`fgpu_standin`, a test stand-in, not a Kubernetes API server). With
-``KUBECONFIG`` set *and* ``FGPU_K8S_TESTS_MAY_WRITE=1`` (the tests create fake Node objects
-labelled ``fgpu.io/test``, a namespace, pods and leases there, and delete them afterwards:
-a test cluster only, never one that runs real work), the same tests run against that
-cluster in a fresh namespace; ``KUBECONFIG`` alone keeps the stand-in and warns. Tests that need
-behaviour only the stand-in can pretend (a kubelet, slow pod termination) skip there.
+``KUBECONFIG`` set *and* ``FGPU_K8S_TESTS_MAY_WRITE=1`` (a test cluster only, never one that
+runs real work: the tests install fgpu's CRD, RBAC, policies and classes from this checkout,
+create fake Nodes, namespaces, pods, Queues and volumes there, and delete what they made
+afterwards), the same tests run against that cluster in a fresh namespace each
+(:mod:`tests.k8s.realcluster`: each component as its own identity, the cluster's webhook
+mode; :mod:`tests.k8s.realupkeep`: fake Nodes kept Ready, the cleanup); ``KUBECONFIG``
+alone keeps the stand-in and warns. Tests that need behaviour only the stand-in can
+pretend (a kubelet, slow pod termination) skip there, saying why. docs/kubernetes.md
+("Testing against a real cluster") says what the cluster needs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import socket
@@ -32,6 +35,8 @@ from fgpu.k8s.kube import KubeApi, KubeError, api_client
 from fgpu_standin import Options, StandIn
 from fgpu_standin.admission import load, point_services
 from tests.k8s.podtree import Kubelet
+from tests.k8s.realcluster import RealCluster
+from tests.k8s.realupkeep import Sweep, rest, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -57,16 +62,70 @@ def fgpu_admission(url: str) -> list[dict[str, Any]]:
 
 @dataclass
 class Cluster:
-    """What a test talks to."""
+    """What a test talks to. ``api`` is the user's client (the kubeconfig's on a real
+    cluster); fgpu's components get their own (:meth:`component`, :meth:`agent_api`)."""
 
     api: KubeApi
     namespace: str
     standin: StandIn | None
     nodes: list[str]
+    session: RealCluster | None = None
 
     @property
     def real(self) -> bool:
         return self.standin is None
+
+    def component(self, account: str) -> KubeApi:
+        """The client of fgpu's service account ``fgpu-system/<account>`` on a real
+        cluster (RBAC and admission policies apply to it); ``api`` on the stand-in."""
+        if self.session is None:
+            return self.api
+        return self.session.identities.account(account)
+
+    @property
+    def scheduler_api(self) -> KubeApi:
+        return self.component("fgpu-scheduler")
+
+    @property
+    def webhook_api(self) -> KubeApi:
+        return self.component("fgpu-webhook")
+
+    def agent_api(self, node: str) -> KubeApi:
+        """The node agent's client for ``node`` (a token bound to a pod on it, which names
+        the node as the DaemonSet's would); ``api`` on the stand-in. Make the Node first."""
+        if self.session is None:
+            return self.api
+        return self.session.identities.agent(node)
+
+    def kubelet_api(self, node: str) -> KubeApi:
+        """The client of the kubelet of ``node`` (its Node's identity,
+        ``system:node:<node>``, by a client certificate from the cluster's kubelet signer:
+        the Node authorizer and NodeRestriction apply); ``api`` on the stand-in."""
+        if self.session is None:
+            return self.api
+        return self.session.identities.kubelet(node)
+
+    def made_node(self, name: str) -> None:
+        """Note a Node the test made (deleted afterwards); on a real cluster, keep it Ready
+        as its kubelet would and wait until it is (no not-ready taint)."""
+        self.nodes.append(name)
+        if self.session is not None:
+            self.session.keep_ready(name)
+
+    @property
+    def webhook_mode(self) -> str | None:
+        """fgpu's webhook on a real cluster (``dra``, ``env`` or ``none``, read from the
+        cluster: :func:`tests.k8s.realcluster.webhook_mode`); None on the stand-in, whose
+        admission is what each test configures."""
+        if self.session is None:
+            return None
+        return self.session.webhook_mode(self.namespace)
+
+    def require_webhook(self, *modes: str) -> None:
+        """Skip on a real cluster whose fgpu webhook is in none of ``modes``."""
+        mode = self.webhook_mode
+        if mode is not None and mode not in modes:
+            pytest.skip(f"needs fgpu's webhook {' or '.join(modes)}; this cluster's is {mode}")
 
 
 def free_port() -> int:
@@ -100,18 +159,43 @@ class Served:
         self.thread.join(timeout=10)
 
 
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[RealCluster | None]:
+    """The real cluster of ``KUBECONFIG`` with fgpu's objects installed from this checkout
+    (None on the stand-in)."""
+    if not REAL:
+        yield None
+        return
+    session = RealCluster.connect(
+        KubeApi(api_client(os.environ["KUBECONFIG"], pool_size=16)), DEPLOY / "base"
+    )
+    try:
+        yield session
+    finally:
+        session.close()
+
+
 @pytest.fixture
-def make_cluster() -> Iterator[Callable[..., Cluster]]:
+def make_cluster(real_cluster: RealCluster | None) -> Iterator[Callable[..., Cluster]]:
     """``make_cluster(**options)``: a cluster; options are the stand-in's
-    (:class:`fgpu_standin.Options`) and are ignored on a real cluster."""
+    (:class:`fgpu_standin.Options`) and are ignored on a real cluster, where each cluster
+    is a fresh namespace and whatever the test added to the cluster is deleted afterwards
+    (:class:`tests.k8s.realupkeep.Sweep`)."""
     made: list[Cluster] = []
+    sweeps: list[Sweep] = []
 
     def make(**options: Any) -> Cluster:
-        if REAL:
-            api = KubeApi(api_client(os.environ["KUBECONFIG"]))
+        if real_cluster is not None:
+            api = real_cluster.admin
+            sweeps.append(Sweep(api).note())
             namespace = f"fgpu-test-{secrets.token_hex(3)}"
             api.core.create_namespace({"metadata": {"name": namespace}})
-            cluster = Cluster(api, namespace, None, [])
+            # pods need the namespace's default ServiceAccount, which a controller makes
+            wait_for(
+                lambda: _exists(api, f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+                f"the ServiceAccount default of namespace {namespace}",
+            )
+            cluster = Cluster(api, namespace, None, [], real_cluster)
         else:
             standin = StandIn(Options(**options)).start()
             api = KubeApi(api_client(host=standin.url, pool_size=16))  # a scheduler's needs
@@ -120,15 +204,30 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
         return cluster
 
     yield make
+    problems: list[str] = []
     for cluster in made:
         if cluster.standin is not None:
             cluster.standin.stop()
-            continue
-        for node in cluster.nodes:
-            with contextlib.suppress(Exception):
-                cluster.api.core.delete_node(node)
-        with contextlib.suppress(KubeError):
-            cluster.api.core.delete_namespace(cluster.namespace)
+    for sweep, cluster in zip(sweeps, [c for c in made if c.standin is None], strict=True):
+        if real_cluster is not None:
+            for node in cluster.nodes:
+                real_cluster.keeper.forget(node)
+        sweep.clean([cluster.namespace])
+        problems.extend(sweep.problems)
+    if real_cluster is not None:
+        problems.extend(real_cluster.keeper.errors)
+        real_cluster.keeper.errors.clear()
+    assert not problems, f"cleaning the real cluster up: {problems}"
+
+
+def _exists(api: KubeApi, path: str) -> bool:
+    try:
+        rest(api, "GET", path)
+    except KubeError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
 
 
 @pytest.fixture

@@ -43,7 +43,6 @@ def add_node(
             }
         }
     )
-    cluster.nodes.append(name)
     status = {
         "status": {
             "capacity": {"cpu": cpu, "memory": memory, "pods": "500"},
@@ -52,6 +51,7 @@ def add_node(
         }
     }
     cluster.api.core.patch_node_status(name, status, _content_type=MERGE_PATCH)
+    cluster.made_node(name)
 
 
 def pod(
@@ -102,10 +102,19 @@ def ensure_ceiling_class(cluster: Cluster) -> None:
 
 
 def create(cluster: Cluster, body: dict[str, Any], admit: bool = True) -> dict[str, Any]:
-    """Create a pod; ``admit`` applies the webhook's patch first (what the API server does
-    with the webhook configured; tests of admission itself go through HTTP)."""
+    """Create a pod; ``admit`` applies the webhook's patch first (the environment path, what
+    the API server does with the webhook configured; tests of admission itself go through
+    HTTP). On a real cluster ``admit`` leaves that to the cluster's own fgpu webhook where it
+    has one, and skips the test where that webhook is on the DRA path; a pod to be created
+    unadmitted (``admit=False``) skips the test where the cluster has an fgpu webhook."""
     if (body.get("spec") or {}).get("priorityClassName") == CEILING_CLASS:
         ensure_ceiling_class(cluster)
+    if cluster.real:
+        if admit:
+            cluster.require_webhook("env", "none")
+            admit = cluster.webhook_mode == "none"
+        else:
+            cluster.require_webhook("none")
     if admit:
         body = json_patch(body, mutate(body, env_without_isolation=True))
     result: dict[str, Any] = cluster.api._call(

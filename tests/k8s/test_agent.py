@@ -26,7 +26,6 @@ class Recorder:
 
 def bare_node(cluster, name: str) -> None:
     cluster.api.core.create_node({"metadata": {"name": name, "labels": {"fgpu.io/test": "true"}}})
-    cluster.nodes.append(name)
     cluster.api.core.patch_node_status(
         name,
         {
@@ -37,13 +36,14 @@ def bare_node(cluster, name: str) -> None:
         },
         _content_type=MERGE_PATCH,
     )
+    cluster.made_node(name)
 
 
 def test_the_agent_publishes_its_gpus_and_the_scheduler_uses_them(cluster) -> None:
     bare_node(cluster, "gpu-1")
     backend = SimulatedBackend("4xA100-40GB")
     recorder = Recorder()
-    agent = NodeAgent(cluster.api, "gpu-1", backend, enforcer=recorder)
+    agent = NodeAgent(cluster.agent_api("gpu-1"), "gpu-1", backend, enforcer=recorder)
     agent.publish()
     node = cluster.api.get_node("gpu-1")
     labels = node["metadata"]["labels"]
@@ -53,14 +53,16 @@ def test_the_agent_publishes_its_gpus_and_the_scheduler_uses_them(cluster) -> No
     inventory = wire.Inventory.from_json(node["metadata"]["annotations"][wire.INVENTORY])
     assert [g.uuid for g in inventory.gpus] == [d.uuid for d in backend.gpus()]
     create(cluster, pod("w", "0.5"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     placed = cluster.api.get_pod(cluster.namespace, "w")
     before = placed["metadata"]["resourceVersion"]
     assert assignment(placed).uuids[0] in {d.uuid for d in backend.gpus()}
     # the agent restarts: it publishes again and reports; the pod is not touched
-    again = NodeAgent(cluster.api, "gpu-1", SimulatedBackend("4xA100-40GB"), enforcer=recorder)
+    again = NodeAgent(
+        cluster.agent_api("gpu-1"), "gpu-1", SimulatedBackend("4xA100-40GB"), enforcer=recorder
+    )
     again.publish()
     again.report()
     after = cluster.api.get_pod(cluster.namespace, "w")
@@ -87,7 +89,7 @@ def test_the_agent_publishes_its_gpus_and_the_scheduler_uses_them(cluster) -> No
 def test_an_agent_that_owns_some_gpus_publishes_only_those(cluster) -> None:
     bare_node(cluster, "shared")
     backend = SimulatedBackend("8xH100-80GB")
-    agent = NodeAgent(cluster.api, "shared", backend, gpus="4-7")
+    agent = NodeAgent(cluster.agent_api("shared"), "shared", backend, gpus="4-7")
     agent.publish()
     node = cluster.api.get_node("shared")
     inventory = wire.Inventory.from_json(node["metadata"]["annotations"][wire.INVENTORY])

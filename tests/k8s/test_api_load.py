@@ -61,7 +61,9 @@ def running(cluster):
         pytest.skip("counts the stand-in's requests")
     bare_node(cluster, "gpu-1")
     recorder = Recorder()
-    agent = NodeAgent(cluster.api, "gpu-1", SimulatedBackend("2xA100-80GB"), enforcer=recorder)
+    agent = NodeAgent(
+        cluster.agent_api("gpu-1"), "gpu-1", SimulatedBackend("2xA100-80GB"), enforcer=recorder
+    )
     thread = threading.Thread(target=agent.run, args=(0.1,), daemon=True)
     thread.start()
     wait_until(lambda: agent.reports >= 1, "the agent's first report")
@@ -133,7 +135,7 @@ def test_usage_moved(last, now, moved) -> None:
 
 def test_a_restarted_agent_does_not_rewrite_the_same_usage(running) -> None:
     cluster, agent, _ = running
-    again = NodeAgent(cluster.api, "gpu-1", agent.backend, enforcer=Recorder())
+    again = NodeAgent(cluster.agent_api("gpu-1"), "gpu-1", agent.backend, enforcer=Recorder())
     version = cluster.api.get_node("gpu-1")["metadata"]["resourceVersion"]
     again.report()
     assert again.usage_writes == 0

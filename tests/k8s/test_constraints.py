@@ -78,7 +78,7 @@ def test_selector_affinity_and_taints_decide_the_node(cluster) -> None:
     )
     # untolerated everywhere it may go: waits, and says why per node
     create(cluster, with_spec(pod("intolerant", "0.5"), nodeSelector={"zone": "3"}))
-    s = K8sScheduler(cluster.api, env_without_isolation=True, policy="best-fit")
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, policy="best-fit")
     round_(s)
     assert nodes_of(cluster) == {
         "by-selector": "node-a",
@@ -98,7 +98,7 @@ def test_pods_without_constraints_stay_off_tainted_nodes(cluster) -> None:
     taint(cluster, "node-b", {"key": "maintenance", "effect": "NoExecute"})
     for i in range(2):
         create(cluster, pod(f"whole-{i}", "1"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(s)
     assert list(nodes_of(cluster).values()) == ["node-a"]
     waiting = next(n for n in ("whole-0", "whole-1") if n not in nodes_of(cluster))
@@ -122,7 +122,7 @@ def test_preemption_frees_capacity_only_where_the_preemptor_may_run(make_cluster
     create(
         cluster, with_spec(pod("lowest", "1", priority="very-low"), nodeSelector={"pool": "batch"})
     )
-    s = K8sScheduler(cluster.api, env_without_isolation=True, policy="best-fit")
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, policy="best-fit")
     round_(s)
     create(cluster, pod("low", "1", priority="low"))
     round_(s)

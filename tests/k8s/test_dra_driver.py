@@ -21,6 +21,7 @@ from fgpu.k8s.dra.share import DRIVER, GpuShare, allocation, device_name
 from fgpu.k8s.dra.slices import SlicePublisher, devices_of
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu_standin.kubelet import KubeletStandIn
+from tests.k8s.test_agent import bare_node
 from tests.unit.test_agent_nvml import FakeGpu, FakeNvml
 
 pytestmark = pytest.mark.k8s
@@ -77,7 +78,7 @@ class Node:
 
     def kubelet(self, cluster: Any) -> KubeletStandIn:
         return KubeletStandIn(
-            cluster.api,
+            cluster.kubelet_api(NODE),
             NODE,
             self.registry,
             [self.layout.cdi_dir],
@@ -248,6 +249,7 @@ def test_a_driver_restart_leaves_running_pods_and_registers_again(cluster, node)
 
 
 def test_the_node_publishes_one_slice_with_gpus_and_mig_instances(cluster) -> None:
+    bare_node(cluster, NODE)  # the slice's owner
     api = ResourceApi(cluster.api)
     publisher = SlicePublisher(api, NODE)
     made = publisher.publish(inventory(2))

@@ -40,6 +40,10 @@ def claim_pod(name: str, gpu: str = "0.5", **annotations: str) -> dict[str, Any]
 
 
 def make(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any]:
+    """Create a pod admitted on the DRA path (a real cluster's own webhook, where it has
+    one, admits it again: the DRA path's patch is idempotent, the environment path's is
+    not, so a cluster whose webhook takes that path skips)."""
+    cluster.require_webhook("dra", "none")
     out: dict[str, Any] = cluster.api._call(
         cluster.api.core.create_namespaced_pod, cluster.namespace, body
     )
@@ -51,10 +55,10 @@ def claim_of(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
     return ResourceApi(cluster.api).get_claim(cluster.namespace, status["resourceClaimName"])
 
 
-def round_(scheduler: K8sScheduler) -> None:
+def round_(scheduler: K8sScheduler, cluster: Cluster) -> None:
     scheduler.sync()
     scheduler.run_once()  # creates the namespace's ResourceClaimTemplate
-    wait_until(lambda: claims_made(scheduler.api), "the claim controller to make the claims")
+    wait_until(lambda: claims_made(cluster.api), "the claim controller to make the claims")
     scheduler.sync()
     scheduler.run_once()
 
@@ -89,7 +93,7 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
     add_node(cluster, "node-a", gpus=8)
     layout = cdi.Layout(cdi_dir=host / "cdi", lib_dir=host / "lib", hint_dir=host / "hint")
     driver = DraDriver(
-        ResourceApi(cluster.api),
+        ResourceApi(cluster.agent_api("node-a")),
         "node-a",
         lambda: inventory_of("node-a"),
         layout,
@@ -99,12 +103,16 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
     )
     driver.start()
     kubelet = KubeletStandIn(
-        cluster.api, "node-a", host / "reg", [layout.cdi_dir], {"NVIDIA_VISIBLE_DEVICES": "all"}
+        cluster.kubelet_api("node-a"),
+        "node-a",
+        host / "reg",
+        [layout.cdi_dir],
+        {"NVIDIA_VISIBLE_DEVICES": "all"},
     )
     try:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: make(cluster, claim_pod(f"half-{i:02d}")), range(16)))
-        round_(K8sScheduler(cluster.api))
+        round_(K8sScheduler(cluster.scheduler_api), cluster)
         placed = bound(cluster)
         assert len(placed) == 16
         per_gpu: Counter[str] = Counter()
@@ -150,7 +158,7 @@ def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> Non
     add_node(cluster, "node-a", gpus=1)
     layout = cdi.Layout(cdi_dir=host / "cdi", lib_dir=host / "lib", hint_dir=host / "hint")
     driver = DraDriver(
-        ResourceApi(cluster.api),
+        ResourceApi(cluster.agent_api("node-a")),
         "node-a",
         lambda: inventory_of("node-a", 1),
         layout,
@@ -164,8 +172,10 @@ def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> Non
         admitted = json_patch(body, mutate(body))
         assert restricted_violations(admitted) == []
         make(cluster, admitted)
-        round_(K8sScheduler(cluster.api))
-        kubelet = KubeletStandIn(cluster.api, "node-a", host / "reg", [layout.cdi_dir])
+        round_(K8sScheduler(cluster.scheduler_api), cluster)
+        kubelet = KubeletStandIn(
+            cluster.kubelet_api("node-a"), "node-a", host / "reg", [layout.cdi_dir]
+        )
         kubelet.sync()
         got = cluster.api.get_pod(cluster.namespace, "locked")
         assert got["status"]["phase"] == "Running"
@@ -179,8 +189,8 @@ def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> Non
 def test_a_pod_without_an_fgpu_claim_waits_saying_why(cluster) -> None:
     add_node(cluster, "node-a", gpus=2)
     make(cluster, pod("bare", "0.5"))  # not through the webhook: no claim
-    scheduler = K8sScheduler(cluster.api)
-    round_(scheduler)
+    scheduler = K8sScheduler(cluster.scheduler_api)
+    round_(scheduler, cluster)
     got = cluster.api.get_pod(cluster.namespace, "bare")
     assert not got["spec"].get("nodeName")
     (cond,) = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
@@ -192,7 +202,7 @@ def test_a_pod_without_an_fgpu_claim_waits_saying_why(cluster) -> None:
 def test_the_scheduler_makes_the_namespace_template_when_pods_name_it(cluster) -> None:
     add_node(cluster, "node-a", gpus=1)
     make(cluster, claim_pod("first"))
-    scheduler = K8sScheduler(cluster.api)
+    scheduler = K8sScheduler(cluster.scheduler_api)
     scheduler.sync()
     scheduler.run_once()
     made = ResourceApi(cluster.api).get_claim_template(cluster.namespace, claims.TEMPLATE)
@@ -208,8 +218,8 @@ def test_a_restarted_scheduler_reads_the_same_ledger_from_the_claims(cluster) ->
     add_node(cluster, "node-a", gpus=4)
     for i in range(6):
         make(cluster, claim_pod(f"p-{i}", "0.3"))
-    first = K8sScheduler(cluster.api)
-    round_(first)
+    first = K8sScheduler(cluster.scheduler_api)
+    round_(first, cluster)
     assert len(bound(cluster)) == 6
     before = ledger(first)
     for p in bound(cluster):  # the annotation is gone (an admin without the webhook)
@@ -219,7 +229,7 @@ def test_a_restarted_scheduler_reads_the_same_ledger_from_the_claims(cluster) ->
             {"metadata": {"annotations": {wire.ASSIGNMENT: None}}},
             _content_type=MERGE_PATCH,
         )
-    second = K8sScheduler(cluster.api)
+    second = K8sScheduler(cluster.scheduler_api)
     second.sync()
     assert ledger(second) == before
     rnd, _ = second.plan()
@@ -230,12 +240,12 @@ def test_deleted_pods_free_their_shares_also_while_the_scheduler_was_down(cluste
     add_node(cluster, "node-a", gpus=2)
     for i in range(2):
         make(cluster, claim_pod(f"whole-{i}", "1"))
-    first = K8sScheduler(cluster.api)
-    round_(first)
+    first = K8sScheduler(cluster.scheduler_api)
+    round_(first, cluster)
     assert len(bound(cluster)) == 2
     gone = claim_of(cluster, cluster.api.get_pod(cluster.namespace, "whole-0"))
     make(cluster, claim_pod("late", "1"))
-    round_(first)
+    round_(first, cluster)
     assert not cluster.api.get_pod(cluster.namespace, "late")["spec"].get("nodeName")
     del first  # the scheduler is down; a pod is deleted meanwhile
     cluster.api.delete_pod(cluster.namespace, "whole-0", grace_s=0)
@@ -247,8 +257,8 @@ def test_deleted_pods_free_their_shares_also_while_the_scheduler_was_down(cluste
         ),
         "the pod's claim to go",
     )
-    second = K8sScheduler(cluster.api)
-    round_(second)
+    second = K8sScheduler(cluster.scheduler_api)
+    round_(second, cluster)
     late = cluster.api.get_pod(cluster.namespace, "late")
     assert late["spec"]["nodeName"] == "node-a"
     (result,) = claim_of(cluster, late)["status"]["allocation"]["devices"]["results"]

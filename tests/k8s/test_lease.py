@@ -57,8 +57,8 @@ def test_a_round_longer_than_the_renew_deadline_keeps_the_lease(make_cluster) ->
             retry_s=0.4,
         )
 
-    leader = K8sScheduler(cluster.api, env_without_isolation=True, elector=elector("a"))
-    standby = K8sScheduler(cluster.api, env_without_isolation=True, elector=elector("b"))
+    leader = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, elector=elector("a"))
+    standby = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, elector=elector("b"))
     lost = threading.Event()
     holders: set[str] = set()
     transitions: set[int] = set()

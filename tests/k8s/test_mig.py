@@ -48,7 +48,7 @@ A100 = mig_profiles("A100-80GB")
 def mig_node(cluster: Cluster, name: str, spec: str = "1xA100-80GB:mig") -> NodeAgent:
     """A Ready node whose agent (not started) has ``spec``'s simulated GPUs, published."""
     bare_node(cluster, name)
-    agent = NodeAgent(cluster.api, name, SimulatedBackend(spec))
+    agent = NodeAgent(cluster.agent_api(name), name, SimulatedBackend(spec))
     agent.publish()
     return agent
 
@@ -149,7 +149,7 @@ def test_bad_mig_profiles_are_refused_at_admission_with_field_and_reason(make_cl
     # a profile of a model no node has yet is admitted (nodes may join) and waits, saying why
     assert elsewhere["spec"]["schedulerName"] == "fgpu"
     mig_node(cluster, "mig-a")
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     assert condition(cluster, "elsewhere") == (
         "no node has a MIG GPU with profile 1g.6gb (a profile of A30; MIG GPU models in "
         "the cluster: A100-80GB); the pod waits for such a node"
@@ -173,7 +173,7 @@ def test_the_agent_publishes_mig_gpus_and_the_core_never_shares_them(cluster) ->
     assert info is not None
     assert info.uuids == (shared.uuid,)
     create(cluster, pod("whole", "1"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     assert assignment(cluster.api.get_pod(cluster.namespace, "whole")).uuids == (shared.uuid,)
     create(cluster, pod("half", "0.5"))
@@ -229,7 +229,7 @@ def test_a_mig_pod_binds_to_a_free_instance_and_its_configmap_names_the_instance
     instance = device(agent).create("3g.40gb", 4)
     agent.publish()
     create(cluster, mig_pod("m", "3g.40gb"))
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     got = cluster.api.get_pod(cluster.namespace, "m")
     assert got["spec"]["nodeName"] == "mig-a"
     a = assignment(got)
@@ -253,7 +253,7 @@ def test_two_pods_never_get_the_same_instance(cluster) -> None:
     agent.publish()
     for i in range(4):
         create(cluster, mig_pod(f"m-{i}", "1g.10gb"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     scheduler.run_once()  # before the watch (none runs) shows the binds: they are assumed
@@ -261,7 +261,7 @@ def test_two_pods_never_get_the_same_instance(cluster) -> None:
     assert Counter(assignment(p).uuids[0] for p in placed) == {m.uuid: 1 for m in made}
     round_(scheduler)
     round_(
-        K8sScheduler(cluster.api, env_without_isolation=True)
+        K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     )  # a new scheduler reads them back from the pods
     assert len(bound(cluster)) == 2
     waiting = [p["metadata"]["name"] for p in pods(cluster) if not p["spec"].get("nodeName")]
@@ -278,7 +278,7 @@ def test_mig_pods_bind_with_the_scheduler_and_the_agent_running(cluster) -> None
     profiles = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb", "3g.40gb", "4g.40gb"]
     for i, profile in enumerate(profiles):
         create(cluster, mig_pod(f"m-{i}", profile))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.start(tick_s=0.5)
     runner = threading.Thread(target=agent.run, args=(0.1,), daemon=True)
     runner.start()
@@ -312,7 +312,7 @@ def test_an_idle_gpu_is_reconfigured_through_the_node_and_the_agent_then_the_pod
     agent.publish()
     create(cluster, mig_pod("big", "4g.40gb"))
     create(cluster, mig_pod("mid", "3g.40gb"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     request = wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST])
     assert request.generation == 1
@@ -347,7 +347,7 @@ def test_a_gpu_with_an_instance_held_is_never_reconfigured(cluster) -> None:
     small = device(agent).create("1g.10gb", 0)
     agent.publish()
     create(cluster, mig_pod("small", "1g.10gb"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     assert assignment(cluster.api.get_pod(cluster.namespace, "small")).uuids == (small.uuid,)
     create(cluster, mig_pod("whole", "7g.80gb"))
@@ -377,11 +377,13 @@ def test_a_gpu_with_an_instance_held_is_never_reconfigured(cluster) -> None:
     assert device(agent).instances() == [small]
     # a simulated agent that restarts has lost its instances (as a GPU reset would): the pod
     # still holds its GPU by its assignment, so nothing is reconfigured there either
-    again = NodeAgent(cluster.api, "mig-a", SimulatedBackend("1xA100-80GB:mig"))
+    again = NodeAgent(cluster.agent_api("mig-a"), "mig-a", SimulatedBackend("1xA100-80GB:mig"))
     again.publish()
     assert device(again).instances() == []
     round_(
-        K8sScheduler(cluster.api, env_without_isolation=True, clock=lambda: time.time() + 120)
+        K8sScheduler(
+            cluster.scheduler_api, env_without_isolation=True, clock=lambda: time.time() + 120
+        )
     )  # past the refusal
     assert wire.MigLayoutRequest.from_json(
         node_notes(cluster, "mig-a")[wire.MIG_REQUEST]
@@ -395,7 +397,7 @@ def test_an_instance_in_use_outside_fgpu_stops_the_change_and_is_retried_later(c
     device(agent).set_in_use(busy.uuid)  # processes fgpu does not know of
     agent.publish()
     create(cluster, mig_pod("whole", "7g.80gb"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     status = agent.reconcile_mig()
     assert status is not None
@@ -408,7 +410,9 @@ def test_an_instance_in_use_outside_fgpu_stops_the_change_and_is_retried_later(c
         wire.MigLayoutRequest.from_json(node_notes(cluster, "mig-a")[wire.MIG_REQUEST]).generation
         == 1
     )  # not asked again at once
-    later = K8sScheduler(cluster.api, env_without_isolation=True, clock=lambda: time.time() + 120)
+    later = K8sScheduler(
+        cluster.scheduler_api, env_without_isolation=True, clock=lambda: time.time() + 120
+    )
     device(agent).set_in_use(busy.uuid, False)
     round_(later)
     assert (
@@ -429,14 +433,14 @@ def test_deleting_a_mig_pod_frees_its_instance_even_when_the_scheduler_was_down(
     whole = device(agent).create("7g.80gb", 0)
     agent.publish()
     create(cluster, mig_pod("first", "7g.80gb"))
-    first = K8sScheduler(cluster.api, env_without_isolation=True)
+    first = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(first)
     create(cluster, mig_pod("second", "7g.80gb"))
     round_(first)
     assert not cluster.api.get_pod(cluster.namespace, "second")["spec"].get("nodeName")
     del first  # the scheduler is gone; the pod is deleted meanwhile
     cluster.api.delete_pod(cluster.namespace, "first", grace_s=0)
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     assert assignment(cluster.api.get_pod(cluster.namespace, "second")).uuids == (whole.uuid,)
 
 
@@ -460,7 +464,7 @@ def test_mig_pods_go_only_where_their_node_selector_and_taints_allow(cluster) ->
     wide = mig_pod("wide", "4g.40gb")  # needs a change: only on a node it may use
     wide["spec"]["nodeSelector"] = {"zone": "2"}
     create(cluster, wide)
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     got = cluster.api.get_pod(cluster.namespace, "picky")
     assert got["spec"]["nodeName"] == "mig-c"  # mig-a: other zone; mig-b: tainted
@@ -485,7 +489,7 @@ def test_a_deletion_seen_through_the_watch_frees_the_instance(cluster) -> None:
     whole = device(agent).create("7g.80gb", 0)
     agent.publish()
     create(cluster, mig_pod("first", "7g.80gb"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.start(tick_s=0.5)
     try:
         wait_until(lambda: len(bound(cluster)) == 1, "first bound")
@@ -510,7 +514,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_mig_state(cluster) -> None:
     for i in range(2):
         create(cluster, mig_pod(f"m-{i}", "3g.40gb"))
     create(cluster, pod("frac", "0.5"))
-    first = K8sScheduler(cluster.api, env_without_isolation=True)
+    first = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(first)
     assert len(bound(cluster)) == 3
     create(cluster, mig_pod("waits", "2g.20gb"))  # makes a request for the idle GPU 1
@@ -518,7 +522,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_mig_state(cluster) -> None:
     assert wire.MIG_REQUEST in node_notes(cluster, "mig-a")
     first.sync()
     rnd_a, dec_a = first.plan()
-    second = K8sScheduler(cluster.api, env_without_isolation=True)
+    second = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     second.sync()
     rnd_b, dec_b = second.plan()
     assert rnd_a.mig == rnd_b.mig
@@ -549,7 +553,7 @@ def test_a_queue_limit_counts_mig_instances(cluster) -> None:
     for start in (0, 4):
         device(agent).create("3g.40gb", start)
     agent.publish()
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     create(cluster, pod("frac", "0.5", queue="team-a"))
     round_(scheduler)
     create(cluster, mig_pod("mig-1", "3g.40gb", queue="team-a"))
@@ -611,7 +615,7 @@ def test_a_batch_seen_over_two_rounds_gets_every_instance_two_gpus_can_hold(clus
     # reconfigures is filled with 1g.10gb instances, so that the 9 seen later find 2 free
     # there (a GPU holding pods is never changed again) and 7 on the other GPU.
     agent = mig_node(cluster, "mig-a", "2xA100-80GB:mig")
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     for i in range(5):
         create(cluster, mig_pod(f"early-{i}", "1g.10gb"))
     round_(scheduler)

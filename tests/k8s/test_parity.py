@@ -70,7 +70,7 @@ def test_allocatable_pods_count_every_unfinished_pod_on_the_node(cluster) -> Non
     other_pod(cluster, "done", "node-a", phase="Succeeded")  # finished: not counted
     for i in range(3):
         create(cluster, pod(f"p-{i}", "0.25"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     # room for two more: the round's third placement is refused against the other two
     mine = {f"p-{i}" for i in range(3)}
@@ -99,7 +99,7 @@ def test_host_ports_conflict_by_protocol_and_ip(cluster) -> None:
         ],
     )
     create(cluster, sidecar)
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     round_(scheduler)
     placed = nodes_of(cluster)
@@ -161,7 +161,7 @@ def test_pv_node_affinity_decides_the_node_and_a_missing_claim_waits(cluster) ->
         ("lost", "nope"),
     ):
         create(cluster, uses(name, claim_name))
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     assert nodes_of(cluster) == {"local": "node-b"}
     assert message(cluster, "far") == (
         f"0/2 nodes fit: 2 excluded by the workload's node constraints (2 {VOLUME_CONFLICT})"
@@ -218,7 +218,7 @@ def _overhead_and_sidecars(cluster: Cluster) -> None:
     first = create(cluster, sized("first"))
     assert first["spec"]["overhead"] == {"cpu": "250m"}
     create(cluster, sized("second"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)
     assert list(nodes_of(cluster)) in (["first"], ["second"])
     (waiting,) = {"first", "second"} - set(nodes_of(cluster))

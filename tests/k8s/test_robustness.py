@@ -36,7 +36,7 @@ def reason(cluster: Cluster, name: str) -> str:
 def test_a_pod_edited_to_a_five_thousand_digit_number_stops_only_itself(cluster, key) -> None:
     add_node(cluster, "node-a", gpus=2)
     create(cluster, pod("edited", "9"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(s)
     annotate(cluster, "edited", {key: "1" * 5000})
     create(cluster, pod("other", "0.25"))
@@ -61,7 +61,7 @@ def test_a_queue_with_a_missing_parent_leaves_the_other_queues_working(cluster) 
         cluster.api.create_queue(queue_object(name, **spec))
     create(cluster, pod("in-team-a", "1", queue="team-a"))
     create(cluster, pod("in-ml-infer", "1", queue="ml-infer"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(s)
     assert [p["metadata"]["name"] for p in bound(cluster)] == ["in-team-a"]
     assert reason(cluster, "in-ml-infer") == (
@@ -111,7 +111,7 @@ def test_removing_the_assignment_of_a_bound_pod_does_not_free_its_gpu(cluster) -
     add_node(cluster, "node-a", gpus=1)
     create(cluster, pod("first", "0.5"))
     create(cluster, pod("second", "0.5"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(s)
     assert len(bound(cluster)) == 2
     annotate(cluster, "first", {wire.ASSIGNMENT: None})
@@ -202,7 +202,7 @@ def test_a_cordoned_node_is_named_in_the_reason_not_silently_left_out(cluster) -
         _content_type="application/merge-patch+json",
     )
     create(cluster, pod("four", "4"))
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     assert reason(cluster, "four") == (
         "0/1 nodes fit: 1 have fewer than 4 GPUs "
         "(and 1 fgpu node cordoned, not Ready or with an unreadable inventory)"
@@ -215,13 +215,13 @@ def test_a_restarted_scheduler_reads_a_lost_assignment_back_from_the_pods_enviro
     add_node(cluster, "node-a", gpus=1)
     create(cluster, pod("first", "0.5"))
     create(cluster, pod("second", "0.5"))
-    round_(K8sScheduler(cluster.api, env_without_isolation=True))
+    round_(K8sScheduler(cluster.scheduler_api, env_without_isolation=True))
     assert len(bound(cluster)) == 2
     # removed by someone the webhook trusts (or with no webhook in the way), then a new
     # scheduler that never saw the grant
     annotate(cluster, "first", {wire.ASSIGNMENT: None, wire.GPU_UUIDS: None})
     create(cluster, pod("third", "0.5"))
-    heir = K8sScheduler(cluster.api, env_without_isolation=True)
+    heir = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(heir)
     round_(heir)
     assert sorted(p["metadata"]["name"] for p in bound(cluster)) == ["first", "second"]

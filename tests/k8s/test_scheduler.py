@@ -46,7 +46,7 @@ def test_sixteen_half_gpu_pods_created_at_once_land_two_per_gpu_each_seeing_its_
     with Served(create_app(env_without_isolation=True)) as webhook:
         cluster = make_cluster(admission=fgpu_admission(webhook.url))
         add_node(cluster, "node-a", gpus=8)
-        scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+        scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
         scheduler.start(tick_s=1.0)
         try:
             admit = cluster.real  # a real cluster runs the webhook through its configuration
@@ -78,7 +78,7 @@ def test_deleted_pods_free_their_capacity_even_when_the_scheduler_was_down(clust
     add_node(cluster, "node-a", gpus=4)
     for i in range(4):
         create(cluster, pod(f"whole-{i}", "1"))
-    first = K8sScheduler(cluster.api, env_without_isolation=True)
+    first = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     first.sync()
     first.run_once()
     assert len(bound(cluster)) == 4
@@ -91,7 +91,7 @@ def test_deleted_pods_free_their_capacity_even_when_the_scheduler_was_down(clust
     del first
     cluster.api.delete_pod(cluster.namespace, "whole-0", grace_s=0)
     cluster.api.delete_pod(cluster.namespace, "whole-1", grace_s=0)
-    second = K8sScheduler(cluster.api, env_without_isolation=True)
+    second = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     second.sync()
     second.run_once()
     late = cluster.api.get_pod(cluster.namespace, "late")
@@ -102,7 +102,7 @@ def test_deleted_pods_free_their_capacity_even_when_the_scheduler_was_down(clust
 def test_a_deletion_seen_through_the_watch_frees_capacity(cluster) -> None:
     add_node(cluster, "node-a", gpus=1)
     create(cluster, pod("first", "1"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.start(tick_s=1.0)
     try:
         wait_until(lambda: len(bound(cluster)) == 1, "first bound")
@@ -128,7 +128,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_state(cluster) -> None:
     for i, shape in zip(range(14), itertools.cycle(shapes), strict=False):
         create(cluster, pod(f"p-{i}", shape))
     create(cluster, pod("mem", None, gpu_memory="10Gi"))
-    first = K8sScheduler(cluster.api, env_without_isolation=True)
+    first = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     first.sync()
     first.run_once()
     assert len(bound(cluster)) == 15
@@ -140,7 +140,7 @@ def test_a_restarted_scheduler_rebuilds_the_same_state(cluster) -> None:
     first.sync()
     rnd_a, dec_a = first.plan()
     first.check_state(rnd_a)
-    second = K8sScheduler(cluster.api, env_without_isolation=True)
+    second = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     second.sync()
     rnd_b, dec_b = second.plan()
     key = lambda w: (w.id, w.allocation, w.request, w.queue, w.priority)  # noqa: E731
@@ -178,8 +178,8 @@ def test_two_replicas_never_both_bind(cluster) -> None:
         )
         for r in ("a", "b")
     }
-    a = K8sScheduler(cluster.api, env_without_isolation=True, elector=electors["a"])
-    b = K8sScheduler(cluster.api, env_without_isolation=True, elector=electors["b"])
+    a = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, elector=electors["a"])
+    b = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, elector=electors["b"])
     assert electors["a"].step() is True
     assert electors["b"].step() is False
     for i in range(2):
@@ -243,7 +243,7 @@ def test_an_unschedulable_pod_gets_a_condition_and_an_event_with_the_reason(clus
     add_node(cluster, "node-a", gpus=2)
     create(cluster, pod("big", "4"))
     create(cluster, pod("elsewhere", "0.5", queue="no-such-queue"))
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     big = cluster.api.get_pod(cluster.namespace, "big")
@@ -264,7 +264,7 @@ def test_an_unschedulable_pod_gets_a_condition_and_an_event_with_the_reason(clus
 def test_a_pod_the_webhook_did_not_admit_is_not_bound(cluster) -> None:
     add_node(cluster, "node-a", gpus=1)
     create(cluster, pod("raw", "0.5"), admit=False)
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.sync()
     scheduler.run_once()
     raw = cluster.api.get_pod(cluster.namespace, "raw")
@@ -290,7 +290,7 @@ def test_settling_memory_freezes_what_is_alive(cluster) -> None:
     import gc
 
     add_node(cluster, "node-a", gpus=1)
-    scheduler = K8sScheduler(cluster.api, env_without_isolation=True)
+    scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     scheduler.sync()
     gc.unfreeze()
     try:

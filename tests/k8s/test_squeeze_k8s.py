@@ -26,7 +26,7 @@ def test_a_higher_priority_pod_squeezes_a_low_one_instead_of_evicting_it(make_cl
     add_node(cluster, "node-a", gpus=1)
     for name in ("low-0", "low-1"):
         create(cluster, pod(name, "0.5", priority="low", gpu_memory="16Gi"))
-    s = K8sScheduler(cluster.api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(s)
     assert len(bound(cluster)) == 2
     create(cluster, pod("vip", "0.5", priority="90", gpu_memory="16Gi"))

@@ -53,6 +53,11 @@ _PROTOS = {
 }
 
 
+# the cudaVersion each name is asked at: cuCtxCreate's (pctx, flags, dev) prototype is the
+# one a driver answers at 3020..11030 (at 11040 it is cuCtxCreate_v3, at 12050 _v4)
+_VERSIONS = {"cuCtxCreate_v2": 3020}
+
+
 def _fn(name: str):
     base, argtypes = _PROTOS[name]
     if not PROCADDR:
@@ -68,7 +73,8 @@ def _fn(name: str):
             u64,
             ctypes.POINTER(ctypes.c_int),
         ]
-        rc = gpa(base.encode(), ctypes.byref(ptr), 12040, 0, ctypes.byref(status))
+        version = _VERSIONS.get(name, 12040)
+        rc = gpa(base.encode(), ctypes.byref(ptr), version, 0, ctypes.byref(status))
         if rc != 0 or not ptr.value:
             print(f"cuGetProcAddress_v2({base}) = {rc}", file=sys.stderr)
             sys.exit(3)

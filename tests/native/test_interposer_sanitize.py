@@ -180,3 +180,51 @@ def test_sanitized_sweep_leaves_another_pid_namespace_alone(
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("rule", ["names", "pointers"])
+def test_sanitized_procaddr_rules(asan_dir: Path, env: dict[str, str], rule: str) -> None:
+    # the driver's rule over the generated table, in the interposer and in the fake driver
+    out = cudemo(asan_dir, {**env, "FGPU_PROCADDR": rule}, "procaddr")
+    assert out["mismatches"] == []
+    assert out["ok"] == out["checked"]
+
+
+def test_sanitized_graph_capture_heap_and_context_roads(
+    asan_dir: Path, env: dict[str, str], seg: tuple[AgentLib, Path]
+) -> None:
+    agent, _ = seg
+
+    def cupaths(*args: str) -> dict[str, object]:
+        proc = subprocess.run(
+            [str(asan_dir / "bin" / "fgpu-cupaths"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert "Sanitizer" not in proc.stderr, proc.stderr
+        assert proc.returncode == 0, proc.stderr
+        out: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return out
+
+    for path in ([], ["--dlopen"]):
+        for road, inst in (
+            ("addnode", "params"),
+            ("capture", "upload"),
+            ("allocnode", "legacy"),
+            ("child", "flags"),
+        ):
+            over = cupaths(*path, "graph", road, inst, str(CAP + MIB), "free")
+            assert over["inst_error"] == "CUDA_ERROR_OUT_OF_MEMORY", (path, road, over)
+            fits = cupaths(*path, "graph", road, inst, str(300 * MIB), "keep")
+            assert fits["free_launched"] == CAP - 300 * MIB, (path, road, fits)
+            assert fits["free_after"] == CAP, (path, road, fits)
+        heap = cupaths(*path, "heap", str(300 * MIB), str(MIB))
+        assert heap["free_set"] == CAP - 300 * MIB, heap
+        assert heap["free_reset"] == CAP, heap
+        for mode in ("reset", "release", "destroy"):
+            ended = cupaths(*path, "ctx", mode, str(700 * MIB))
+            assert ended["again_error"] == "CUDA_SUCCESS", (path, mode, ended)
+        assert cupaths(*path, "totalmem")["total_mem"] == CAP
+    assert agent.snapshot().gpus[0].memory_reserved == 0

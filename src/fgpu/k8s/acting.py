@@ -18,6 +18,7 @@ from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigDecision
 from fgpu.k8s.objects import created_at, pod_ask
+from fgpu.k8s.refusals import REFUSED, Refusals, WriteRefused, writing
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round, RoundBuilder
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
@@ -25,6 +26,10 @@ from fgpu.sched.decide import Decision
 from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze
 
 log = logging.getLogger("fgpu.k8s.scheduler")
+
+TEMPLATE_RECHECK_S = 60.0
+"""Seconds before a namespace's ResourceClaimTemplate, once seen, is read again while pods
+there wait for it."""
 
 
 class RoundActions(RoundBuilder):
@@ -37,6 +42,8 @@ class RoundActions(RoundBuilder):
     protect_s: float
     bound: int
     metrics: SchedulerMetrics
+    refusals: Refusals
+    _templates: dict[str, float]
     _pool: ThreadPoolExecutor
 
     def is_leader(self) -> bool:
@@ -84,7 +91,11 @@ class RoundActions(RoundBuilder):
                     assignment.gpu_milli[0] if assignment.gpu_milli else 0,
                     assignment.gpu_memory_mib[0] if assignment.gpu_memory_mib else 0,
                 )
-                write_env(self.api, ns, cm_name, uid, name, data)
+                writing(
+                    "create",
+                    "configmaps",
+                    lambda: write_env(self.api, ns, cm_name, uid, name, data),
+                )
             elif uuids:
                 claim = rnd.claims[key]
                 if not self.is_leader():
@@ -93,16 +104,23 @@ class RoundActions(RoundBuilder):
                 self.cache.apply("resourceclaims", "MODIFIED", written)
             if not self.is_leader():
                 return False
-            self.api.bind(
-                ns,
-                name,
-                uid,
-                assignment.node,
-                {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)},
+            notes = {wire.ASSIGNMENT: assignment.to_json(), wire.GPU_UUIDS: ",".join(uuids)}
+            writing(
+                "create",
+                "pods/binding",
+                lambda: self.api.bind(ns, name, uid, assignment.node, notes),
             )
+        except WriteRefused as exc:
+            self._complain(key, f"binding {key} to {assignment.node} failed: {exc}")
+            if exc.status in REFUSED:
+                self._reasons[key] = self.refusals.refused(key, pod, exc)
+            else:
+                self.refusals.counter.labels(resource=exc.resource, code=str(exc.status)).inc()
+            return False
         except (KubeError, ValueError) as exc:
             self._complain(key, f"binding {key} to {assignment.node} failed: {exc}")
             return False
+        self.refusals.settled(key)
         self._assumed[key] = (uid, assignment)
         self._granted[key] = (uid, assignment)
         post_event(
@@ -116,13 +134,29 @@ class RoundActions(RoundBuilder):
         return True
 
     def _ensure_template(self, namespace: str) -> None:
-        """Create fgpu's ResourceClaimTemplate in a namespace whose pods name it."""
+        """Make fgpu's ResourceClaimTemplate in a namespace whose pods name it: read it
+        first, create it only when missing (once; read again after
+        :data:`TEMPLATE_RECHECK_S` while pods there still wait for it, in case it was
+        deleted)."""
+        now = self.clock()
+        if now - self._templates.get(namespace, -TEMPLATE_RECHECK_S) < TEMPLATE_RECHECK_S:
+            return
+        try:
+            self.resources.get_claim_template(namespace, claims.TEMPLATE)
+            self._templates[namespace] = now
+            return
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("ResourceClaimTemplate in %s not read: %s", namespace, exc)
+                return
         try:
             self.resources.create_claim_template(namespace, claims.template_body())
             log.info("created ResourceClaimTemplate %s/%s", namespace, claims.TEMPLATE)
         except KubeError as exc:
             if exc.reason != "AlreadyExists":
                 log.warning("ResourceClaimTemplate in %s not created: %s", namespace, exc)
+                return
+        self._templates[namespace] = now
 
     def _act_mig(self, rnd: Round, mig: MigDecision) -> None:
         """Carry out the MIG pass: layout requests on nodes, binds, reasons."""

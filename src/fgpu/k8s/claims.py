@@ -30,6 +30,7 @@ from fgpu.k8s.dra.share import (
     results_of,
     share_of,
 )
+from fgpu.k8s.refusals import writing
 from fgpu.k8s.resourceapi import ResourceApi
 
 Obj = dict[str, Any]
@@ -128,7 +129,7 @@ def allocate(api: ResourceApi, claim: Obj, pod: Obj, assignment: wire.Assignment
         The claim as written.
 
     Raises:
-        KubeError: the API refused (409: the claim changed meanwhile).
+        WriteRefused: the API refused (409: the claim changed meanwhile), naming the write.
         ValueError: a uuid that makes no device name.
     """
     meta = claim["metadata"]
@@ -149,13 +150,21 @@ def allocate(api: ResourceApi, claim: Obj, pod: Obj, assignment: wire.Assignment
             "metadata": {**meta, "finalizers": [*finalizers, CLAIM_FINALIZER]},
             "spec": claim.get("spec"),
         }
-        meta = api.replace_claim(ns, name, marked)["metadata"]
+        meta = writing("update", "resourceclaims", lambda: api.replace_claim(ns, name, marked))[
+            "metadata"
+        ]
     body = {"metadata": dict(meta), "spec": claim.get("spec"), "status": {}}
     if status.get("allocation") is not None and status.get("allocation") != wanted:
-        body = api.replace_claim_status(ns, name, body)  # deallocate the stale attempt
+        stale = body  # deallocate the stale attempt
+        body = writing(
+            "update", "resourceclaims/status", lambda: api.replace_claim_status(ns, name, stale)
+        )
         body = {"metadata": body["metadata"], "spec": body.get("spec"), "status": {}}
     body["status"] = {"allocation": wanted, "reservedFor": [reserve]}
-    return api.replace_claim_status(ns, name, body)
+    written: Obj = writing(
+        "update", "resourceclaims/status", lambda: api.replace_claim_status(ns, name, body)
+    )
+    return written
 
 
 def _request_name(claim: Obj) -> str:

@@ -362,6 +362,12 @@ class KubeApi:
         """Record a core/v1 Event."""
         self._call(self.core.create_namespaced_event, namespace, body)
 
+    def patch_event(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch an Event (a series' ``count`` and ``lastTimestamp``)."""
+        self._call(
+            self.core.patch_namespaced_event, name, namespace, patch, _content_type=MERGE_PATCH
+        )
+
     # ------------------------------------------------------------------ nodes
     def get_node(self, name: str) -> Obj:
         """One node. Raises KubeError (404)."""

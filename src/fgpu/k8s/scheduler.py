@@ -54,6 +54,7 @@ from fgpu.k8s.leader import LeaseElector
 from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.mig import MigPass
 from fgpu.k8s.objects import NodeInfo, queue_tree
+from fgpu.k8s.refusals import Refusals
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round
 from fgpu.model.types import Allocation, Request
@@ -171,6 +172,8 @@ class K8sScheduler(RoundActions):
         self.last: Decision | None = None
         self.bound = 0
         self.metrics = SchedulerMetrics()
+        self.refusals = Refusals(api, self.metrics.registry, self.clock)
+        self._templates: dict[str, float] = {}  # namespace -> when its template was seen
         self._settled = time.monotonic()
         self._synced = threading.Event()
         self._sync_error = ""
@@ -406,6 +409,7 @@ class K8sScheduler(RoundActions):
     def _forget_settled(self) -> None:
         """Drop assumptions the cache now shows (bound, or the pod gone)."""
         snap = {wire.pod_key(p): p for p in self.cache.snapshot().pods}
+        self.refusals.keep(snap.keys())
         for key, (uid, _) in list(self._assumed.items()):
             pod = snap.get(key)
             if pod is None or pod["metadata"].get("uid") != uid or pod["spec"].get("nodeName"):
