@@ -142,6 +142,8 @@ def main() -> None:
     }
     text = json.dumps(result, indent=2)
     print(text)
+    for name, t in result["target"].items():
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'}", file=sys.stderr)
     if args.out:
         args.out.write_text(text + "\n")
 

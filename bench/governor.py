@@ -591,6 +591,10 @@ def main() -> None:
     result["machine"]["loadavg_end"] = os.getloadavg()
     text = json.dumps(result, indent=2)
     print(text)
+    for mechanism, run in result["runs"].items():
+        for name, t in (run.get("targets") or {}).items():
+            met = "met" if t["met"] else "NOT met"
+            print(f"target {mechanism} {name}: {met}", file=sys.stderr)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
 

@@ -4,7 +4,10 @@ The stand-in (``fgpu k8s standin``, a TEST STAND-IN for the API server) runs in 
 process on loopback, so the figures include the scheduler's real HTTP calls through the
 official client, and the memory figure is the scheduler's process alone.
 
-Prints one JSON object (and writes ``bench/results/k8s-cpu.json`` unless ``--out -``):
+Prints one JSON object and writes it to ``--out`` (a path that must not exist yet: a stored
+result is never written over), by default to a new file
+``bench/results/k8s-<path>-<UTC time>.json``; ``--out -`` only prints. Each target's line
+in ``targets`` says whether it was met (also printed on stderr):
 
 - ``bind``: ``--pods`` pending fgpu pods (shapes 0.25, 0.5, 1 and 2 GPUs, in that mix
   4:3:2:1) created before the scheduler starts, each with its ResourceClaim (made by the
@@ -22,15 +25,20 @@ Prints one JSON object (and writes ``bench/results/k8s-cpu.json`` unless ``--out
 - ``memory``: the scheduler process's resident memory after all of it (MiB).
 
 Usage: ``python bench/k8s.py [--nodes 1000] [--pods 4000] [--steady 100] [--batch 10]
-[--env-without-isolation]``.
+[--env-without-isolation] [--out FILE|-] [--profile N]``. It also runs on older source trees
+(put one first on ``PYTHONPATH``; ``bench/k8s_compare.py`` does that for several commits
+side by side);
+``FGPU_BENCH_STANDIN_PATH`` set: the ``PYTHONPATH`` of the stand-in's process instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import platform
+import pstats
 import socket
 import statistics
 import subprocess
@@ -45,11 +53,42 @@ import psutil
 from fgpu.k8s import claims, wire
 from fgpu.k8s.kube import MERGE_PATCH, KubeApi, api_client
 from fgpu.k8s.resourceapi import ResourceApi
-from fgpu.k8s.scheduler import K8sScheduler, connections_needed
+from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.k8s.webhook import mutate
-from fgpu_standin.patch import json_patch
+
+try:
+    from fgpu_standin.patch import json_patch
+except ImportError:  # a source tree from before the stand-in became its own package
+    from fgpu.k8s.standin.patch import json_patch  # type: ignore[no-redef]
 
 SHAPES = ["0.25"] * 4 + ["0.5"] * 3 + ["1"] * 2 + ["2"]
+
+
+def connections(workers: int) -> int | None:
+    """The client's pool as the CLI sizes it (None: the client's default, on source trees
+    from before :func:`fgpu.k8s.scheduler.connections_needed`)."""
+    try:
+        from fgpu.k8s.scheduler import connections_needed
+    except ImportError:
+        return None
+    return connections_needed(workers)
+
+
+def out_path(arg: str | None, path: str) -> Path | None:
+    """Where the result goes: ``arg`` (None for ``-``), or a new file in bench/results.
+
+    Raises:
+        SystemExit: ``arg`` names a file that exists (a stored result is never replaced).
+    """
+    if arg == "-":
+        return None
+    if arg is None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        return Path(__file__).parent / "results" / f"k8s-{path}-{stamp}.json"
+    out = Path(arg)
+    if out.exists():
+        raise SystemExit(f"--out {arg}: the file exists; give a new path (results are kept)")
+    return out
 
 
 def free_port() -> int:
@@ -115,7 +154,16 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=4000)
     parser.add_argument("--steady", type=int, default=100)
     parser.add_argument("--batch", type=int, default=10)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "k8s-cpu.json"))
+    parser.add_argument(
+        "--out", default=None, help="a new file for the JSON ('-': print only; default: new)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile the steady rounds' plan() (cProfile); print the N costliest on stderr",
+    )
     parser.add_argument(
         "--env-without-isolation",
         action="store_true",
@@ -123,7 +171,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     env = bool(args.env_without_isolation)
+    out = out_path(args.out, "env-without-isolation" if env else "claims")
     port = free_port()
+    standin_env = dict(os.environ)
+    if "FGPU_BENCH_STANDIN_PATH" in os.environ:  # the same stand-in for every tree compared
+        standin_env["PYTHONPATH"] = os.environ["FGPU_BENCH_STANDIN_PATH"]
     standin = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "fgpu"),
@@ -134,10 +186,13 @@ def main() -> None:
             "--no-kubelet",
         ],
         stderr=subprocess.DEVNULL,
+        env=standin_env,
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        api = KubeApi(api_client(host=url, pool_size=connections_needed(8)))  # as the CLI
+        pool = connections(8)
+        client = api_client(host=url) if pool is None else api_client(host=url, pool_size=pool)
+        api = KubeApi(client)  # as the CLI
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -158,6 +213,15 @@ def main() -> None:
                     range(args.pods),
                 )
             )
+        if not env:  # the claim controller makes the claims a moment after the pods
+            deadline = time.monotonic() + 120
+            while True:
+                listed = api.list_pods(namespace="default").items
+                if all((p.get("status") or {}).get("resourceClaimStatuses") for p in listed):
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit("the stand-in's claim controller did not make the claims")
+                time.sleep(0.2)
         setup_s = time.perf_counter() - started
 
         scheduler = K8sScheduler(api, env_without_isolation=env)
@@ -179,6 +243,7 @@ def main() -> None:
         settle_s = scheduler.settle_memory()
 
         latencies: list[float] = []
+        profiler = cProfile.Profile() if args.profile else None
         for r in range(args.steady):
             names = [f"s-{r}-{j}" for j in range(args.batch)]
             for n in names:
@@ -188,9 +253,13 @@ def main() -> None:
             while not want <= ready(scheduler, env):
                 assert time.monotonic() < wait_until, "watch did not deliver the new pods"
                 time.sleep(0.002)
+            if profiler is not None:
+                profiler.enable()
             t0 = time.perf_counter()
             scheduler.plan()
             latencies.append(time.perf_counter() - t0)
+            if profiler is not None:
+                profiler.disable()
             scheduler.run_once()
             for n in names[: args.batch // 2]:  # half of them finish: steady state
                 api.delete_pod("default", n, grace_s=0)
@@ -233,10 +302,29 @@ def main() -> None:
             },
             "memory": {"scheduler_rss_mib": round(rss, 1)},
         }
+        result["targets"] = {
+            "bind_pods_per_s": {
+                "target_min": 100,
+                "measured": result["bind"]["pods_per_s"],
+                "met": bool(result["bind"]["pods_per_s"] and result["bind"]["pods_per_s"] >= 100),
+            },
+            "decision_p99_ms": {
+                "target_max": 50,
+                "measured": result["decision"]["p99_ms"],
+                "met": result["decision"]["p99_ms"] < 50,
+            },
+        }
         text = json.dumps(result, indent=2)
         print(text)
-        if args.out != "-":
-            Path(args.out).write_text(text + "\n")
+        if profiler is not None:  # the latencies above include the profiler's own cost
+            stats = pstats.Stats(profiler, stream=sys.stderr)
+            stats.sort_stats("cumulative").print_stats(args.profile)
+            stats.sort_stats("tottime").print_stats(args.profile)
+        for name, t in result["targets"].items():
+            print(f"target {name}: {'met' if t['met'] else 'NOT met'}", file=sys.stderr)
+        if out is not None:
+            with out.open("x") as f:  # never over a stored result
+                f.write(text + "\n")
     finally:
         standin.terminate()
         try:

@@ -32,6 +32,7 @@ import platform
 import shutil
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -298,8 +299,15 @@ def main() -> None:
             ),
         },
     }
+    result["targets"]["met"] = {
+        "scrape": scrape_ms < TARGETS["scrape_ms"],
+        "scrape_governed": statistics.median(scrape_governed[0]) < TARGETS["scrape_ms"],
+        "update": "worst_s" in update and update["worst_s"] < TARGETS["update_s"],
+    }
     line = json.dumps(result, indent=2)
     print(line)
+    for name, met in result["targets"]["met"].items():
+        print(f"target {name}: {'met' if met else 'NOT met'}", file=sys.stderr)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(line + "\n")

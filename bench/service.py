@@ -199,12 +199,17 @@ def main() -> None:
                     else measured[name] / target,
                     3,
                 ),
+                "met": measured[name] >= target
+                if name == "submissions_per_s"
+                else measured[name] < target,
             }
             for name, target in TARGETS.items()
         },
     }
     text = json.dumps(result, indent=2)
     print(text)
+    for name, t in result["targets"].items():
+        print(f"target {name}: {'met' if t['met'] else 'NOT met'}", file=sys.stderr)
     if args.out:
         args.out.write_text(text + "\n")
 

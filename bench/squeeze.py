@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -176,6 +177,8 @@ def main() -> None:
     }
     text = json.dumps(report, indent=2)
     print(text)
+    for name, met in target.items():
+        print(f"target {name}: {'met' if met else 'NOT met'}", file=sys.stderr)
     if args.out is not None:
         args.out.write_text(text + "\n", encoding="utf-8")
 

@@ -18,14 +18,24 @@ with the semantics they rely on:
   or the uid precondition fails), ``pods/eviction`` with PodDisruptionBudgets
   (``minAvailable``/``maxUnavailable``, integer or percent; pending pods ignore budgets);
 - Leases, Events, PersistentVolumes and PersistentVolumeClaims (stored only: no volume
-  binder or provisioner), ConfigMaps (deleted with their owner pod, as the garbage
-  collector does),
+  binder or provisioner), ConfigMaps, ServiceAccounts, RuntimeClasses,
   PriorityClasses (a pod's ``priorityClassName`` sets ``spec.priority``), Namespaces, and
-  the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped);
+  the ``Queue`` custom resource (``fgpu.io/v1alpha1``, cluster-scoped; written whole only
+  with its ``apiVersion`` and ``kind``, else 400 as for any custom resource);
+- quantities stored in canonical form (``81920Mi`` comes back ``80Gi``;
+  :mod:`~fgpu_standin.quantity`);
+- the built-in admission plugins ServiceAccount (``default`` assigned, a missing account
+  refused) and RuntimeClass (a missing class refused, its overhead and scheduling applied)
+  (:mod:`~fgpu_standin.builtin`);
+- controllers, a moment after the request (``Options.controller_delay_s``,
+  :mod:`~fgpu_standin.controllers`): garbage collection by ``ownerReferences`` (a deleted
+  Node's ResourceSlices too), the resource claim controller, and with ``Options.kubelet``
+  a deleted running pod ``Terminating`` until that kubelet finishes it;
 - ``resource.k8s.io/v1`` (Dynamic Resource Allocation, Kubernetes 1.34): DeviceClass,
   ResourceSlice, ResourceClaim (with ``/status``) and ResourceClaimTemplate with the API
-  server's validation, and the resource claim controller's part (a claim per pod from its
-  template; reservations and allocations dropped when pods go)
+  server's validation (1.36's where versions differ), and the resource claim controller's
+  part (a claim per pod from its template; reservations and allocations dropped when pods
+  go)
   (:mod:`~fgpu_standin.resource`, :mod:`~fgpu_standin.claims`);
 - dynamic admission as configured (:attr:`Options.admission`,
   :mod:`~fgpu_standin.admission`): mutating then validating webhooks (AdmissionReview
@@ -49,8 +59,9 @@ with the semantics they rely on:
   (:attr:`Options.record`, :attr:`Options.rbac`, :mod:`~fgpu_standin.rbac`); the
   ``DRAConsumableCapacity`` gate off as on 1.34 and 1.35 (:mod:`~fgpu_standin.gates`).
 
-Everything else — authentication, RBAC unless asked for, most validation, schema checks of custom
-resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), controllers — is
+Everything else — authentication, RBAC unless asked for, most validation, schema checks of
+custom resources, a kubelet (unless :attr:`Options.kubelet` asks it to pretend), the other
+controllers (no node lifecycle, no pod garbage collector, no service account tokens) — is
 absent. Run the same tests against a real cluster by setting ``KUBECONFIG``.
 """
 

@@ -24,7 +24,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from fgpu_standin import admission, claims, discovery, fields, resource, tables
+from fgpu_standin import admission, builtin, claims, discovery, fields, quantity, resource, tables
+from fgpu_standin.controllers import Controllers
 from fgpu_standin.gates import drop_disabled
 from fgpu_standin.patch import PatchError, json_patch, merge_patch
 from fgpu_standin.rbac import Attributes, Rbac, Recorder, request_attributes
@@ -48,11 +49,16 @@ class Options:
 
     Attributes:
         kubelet: act as the kubelet of every node: a bound pod becomes ``Running`` and
-            ``Ready`` at once, and a deleted pod goes away at once. Off: bound pods stay
-            ``Pending`` (no kubelet runs them).
-        graceful_delete: deleting a bound pod only marks it (``deletionTimestamp``) until a
-            delete with ``gracePeriodSeconds=0`` (its containers are still stopping), as the
-            API server does while the kubelet works; off: it goes at once.
+            ``Ready`` at once, and a deleted running pod is ``Terminating`` (marked with
+            ``deletionTimestamp``) until this kubelet finishes it, ``controller_delay_s``
+            later. Off: bound pods stay ``Pending`` (no kubelet runs them).
+        graceful_delete: without ``kubelet``, deleting a bound pod only marks it
+            (``deletionTimestamp``) until a delete with ``gracePeriodSeconds=0`` (as the
+            kubelet stand-in, :class:`~fgpu_standin.kubelet.KubeletStandIn`, sends once the
+            pod's containers stopped); off: it goes at once.
+        controller_delay_s: how long after a request the controllers' part of it happens
+            (:mod:`~fgpu_standin.controllers`: a pod's claims made from their templates,
+            reservations dropped, garbage collection, the kubelet finishing a pod).
         admission: the admission configurations (``MutatingWebhookConfiguration``,
             ``ValidatingWebhookConfiguration``, ``ValidatingAdmissionPolicy`` and its
             bindings, as objects), honoured as the API server does on every create and
@@ -91,6 +97,7 @@ class Options:
     history: int = 200_000
     bookmark_s: float = 60.0
     latency_s: float = 0.0
+    controller_delay_s: float = 0.1
     rbac: Rbac | None = None
     record: bool = False
     consumable_capacity: bool = True
@@ -182,6 +189,46 @@ def _check_fields(kind: Kind, obj: Any, query: dict[str, str]) -> dict[str, str]
     if mode == "Strict":
         raise ApiStatusError(400, "BadRequest", fields.message(kind, unknown))
     return {"Warning": ", ".join(f'299 - "unknown field \\"{f}\\""' for f in unknown)}
+
+
+CUSTOM_GROUPS = frozenset({"fgpu.io"})
+"""API groups served as custom resources (CustomResourceDefinitions on a real cluster)."""
+
+
+def _check_custom_kind(kind: Kind, raw: bytes | None, body: Any) -> None:
+    """A custom object written whole (create, replace) must say its ``apiVersion`` and
+    ``kind``, as the API server's decoder of custom resources requires (built-in kinds
+    are decoded by their path and may leave them out).
+
+    Raises:
+        ApiStatusError: 400 BadRequest naming the missing field.
+    """
+    if kind.group not in CUSTOM_GROUPS or not isinstance(body, dict):
+        return
+    text = (raw or b"").decode("utf-8", "replace")
+    if not body.get("kind"):
+        raise ApiStatusError(400, "BadRequest", f"Object 'Kind' is missing in '{text}'")
+    if not body.get("apiVersion"):
+        raise ApiStatusError(400, "BadRequest", f"Object 'apiVersion' is missing in '{text}'")
+
+
+def _canonical(kind: Kind, obj: Any) -> None:
+    """Quantities in canonical form, as the API server decodes and stores them
+    (:mod:`~fgpu_standin.quantity`).
+
+    Raises:
+        ApiStatusError: 400 BadRequest, a value that is not a quantity.
+    """
+    if not isinstance(obj, dict):
+        return
+    try:
+        quantity.canonicalize(kind.plural, obj)
+    except quantity.QuantityError as exc:
+        raise ApiStatusError(
+            400,
+            "BadRequest",
+            f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: {exc}',
+        ) from None
 
 
 GATED = {
@@ -281,7 +328,10 @@ class StandInApi:
     def __init__(self, options: Options | None = None) -> None:
         self.options = options or Options()
         self.store = Store(history=self.options.history)
-        self.store.on_delete.append(self._collect_garbage)
+        self.controllers = Controllers(
+            self.store, self.options.controller_delay_s, self._delete_dependent
+        )
+        self.store.on_delete.append(self.controllers.deleted)
         self.claims = claims.ClaimController(self.store, {k.plural: k for k in KINDS})
         self.store.on_delete.append(self._pod_gone)
         self._http: httpx.AsyncClient | None = None
@@ -293,28 +343,28 @@ class StandInApi:
         """Every request's :class:`~fgpu_standin.rbac.Attributes` (:attr:`Options.record`)."""
 
     # ----------------------------------------------------------------- helpers
-    def _collect_garbage(self, plural: str, gone: Obj) -> None:
-        """Delete the objects that ``gone`` owned (garbage collector, foreground-free)."""
-        uid = gone["metadata"]["uid"]
-        for kind in KINDS:
-            if not kind.namespaced and gone["metadata"].get("namespace"):
-                continue  # a namespaced owner owns no cluster-scoped object
-            owned = [
-                o
-                for o in self.store.items(kind.plural, gone["metadata"].get("namespace"))
-                if any(r.get("uid") == uid for r in o["metadata"].get("ownerReferences") or [])
-            ]
-            for o in owned:
-                meta = o["metadata"]
-                if kind.plural == "resourceclaims":  # finalizers
-                    self.claims.delete(kind, meta["namespace"], meta["name"], {})
-                else:
-                    self.store.delete(kind, meta.get("namespace", ""), meta["name"], {})
+    def _delete_dependent(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
+        """The garbage collector's delete of a dependent: as a client's delete (a running
+        pod gracefully, a claim kept while it has finalizers), only if it is still the one."""
+        preconditions = {"uid": uid}
+        if kind.plural == "pods":
+            self._delete_pod(namespace, name, {"preconditions": preconditions})
+        elif kind.plural == "resourceclaims":
+            self.claims.delete(kind, namespace, name, preconditions)
+        else:
+            self.store.delete(kind, namespace, name, preconditions)
 
     def _pod_gone(self, plural: str, gone: Obj) -> None:
-        """The claim controller's part when a pod goes (:mod:`~fgpu_standin.resource`)."""
+        """The claim controller's part when a pod goes (:mod:`~fgpu_standin.claims`),
+        a moment later."""
         if plural == "pods":
-            self.claims.pod_done(gone)
+            self.controllers.later(self.claims.pod_done, gone)
+
+    def _kubelet_finish(self, namespace: str, name: str, uid: str) -> None:
+        """The pretended kubelet stopped a deleted pod's containers: the pod goes."""
+        pod = self.store.peek("pods", namespace, name)
+        if pod is not None and pod["metadata"]["uid"] == uid:
+            self.store.delete(_kind("", "v1", "pods"), namespace, name, {"uid": uid})
 
     def _list(self, route: _Route, query: dict[str, str]) -> Obj:
         kind = route.kind
@@ -393,7 +443,15 @@ class StandInApi:
             raise ApiStatusError(500, "InternalError", f"Post {url!r}: no response object")
         return answer
 
-    def _pod_defaults(self, obj: Obj) -> None:
+    def _pod_defaults(self, obj: Obj, namespace: str) -> None:
+        """Defaults and the built-in admission plugins of a new pod that run before the
+        webhooks: ServiceAccount, Priority, RuntimeClass (:mod:`~fgpu_standin.builtin`).
+
+        Raises:
+            ApiStatusError: 403, a plugin refused the pod.
+        """
+        builtin.service_account(self.store, _kind("", "v1", "serviceaccounts"), namespace, obj)
+        builtin.runtime_class(self.store, obj)
         spec = obj.setdefault("spec", {})
         spec.setdefault("schedulerName", "default-scheduler")
         spec.setdefault("restartPolicy", "Always")
@@ -539,20 +597,32 @@ class StandInApi:
         grace = options.get("gracePeriodSeconds")
         bound = bool(pod["spec"].get("nodeName"))
         running = (pod.get("status") or {}).get("phase") not in _TERMINAL
+        preconditions = options.get("preconditions") or {}
         if (
-            self.options.graceful_delete
+            (self.options.graceful_delete or self.options.kubelet)
             and bound
             and running
             and grace != 0
-            and not self.options.kubelet
         ):
+            want = preconditions.get("uid")
+            if want and want != pod["metadata"]["uid"]:
+                raise ApiStatusError(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: UID in precondition: {want}, UID in object meta: "
+                    f"{pod['metadata']['uid']}",
+                )
             if not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = now_rfc3339()
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace is None else grace
                 pod["metadata"].pop("resourceVersion", None)
                 self.store.replace(kind, namespace, name, pod, check_rv=False, system=True)
+                if self.options.kubelet:
+                    self.controllers.later(
+                        self._kubelet_finish, namespace, name, pod["metadata"]["uid"]
+                    )
             return JSONResponse(self.store.get(kind, namespace, name), status_code=200)
-        gone = self.store.delete(kind, namespace, name, options.get("preconditions") or {})
+        gone = self.store.delete(kind, namespace, name, preconditions)
         return JSONResponse(gone, status_code=200)
 
     # ---------------------------------------------------------------- handlers
@@ -573,6 +643,8 @@ class StandInApi:
             if method in ("POST", "PUT", "PATCH", "DELETE"):
                 raw = await request.body()
                 body = json.loads(raw) if raw else None
+                if method in ("POST", "PUT") and route.sub is None:
+                    _check_custom_kind(route.kind, raw, body)
             as_table = tables.wants_table(request.headers.get("accept", ""))
             if route.name is None:
                 if method == "GET":
@@ -617,9 +689,11 @@ class StandInApi:
                 "the namespace of the provided object does not match the namespace sent on "
                 "the request",
             )
-        if kind.plural == "pods":  # defaults and the Priority plugin come before webhooks
-            self._pod_defaults(body)
+        _canonical(kind, body)
+        if kind.plural == "pods":  # defaults and built-in plugins come before webhooks
+            self._pod_defaults(body, ns)
         body = await self._admit(kind, body, ns, user_info(headers))
+        _canonical(kind, body)  # a webhook's patch is decoded again
         if kind.plural == "pods":
             _gated_condition(body)
         if kind.status_subresource and kind.group == resource.GROUP:
@@ -631,10 +705,9 @@ class StandInApi:
             _check_priority_class(body)
         made = self.store.create(kind, ns, body)
         if kind.plural == "pods" and (made.get("spec") or {}).get("resourceClaims"):
-            self.claims.pod_claims(made)
-            made = self.store.get(kind, ns, made["metadata"]["name"])
+            self.controllers.later(self.claims.pod_claims, made)  # the claim controller
         elif kind.plural == "resourceclaimtemplates":
-            self.claims.template_added(made)
+            self.controllers.later(self.claims.template_added, made)
         return JSONResponse(made, status_code=201, headers=warnings)
 
     async def _object(
@@ -712,7 +785,9 @@ class StandInApi:
                 }
             else:  # and status never through the main resource
                 new["status"] = old.get("status", {})
+        _canonical(kind, new)
         new = await self._admit(kind, new, ns, user_info(headers), copy.deepcopy(old), sub or "")
+        _canonical(kind, new)
         if kind.plural == "pods" and sub is None:
             _check_pod_spec_update(name, old.get("spec") or {}, new.get("spec") or {})
         if kind.plural == "resourceclaims" and sub == "status":
@@ -724,7 +799,7 @@ class StandInApi:
         if kind.plural == "resourceclaims":
             written = self.claims.finish(kind, written)
         if kind.plural == "pods" and (written.get("status") or {}).get("phase") in _TERMINAL:
-            self.claims.pod_done(written)
+            self.controllers.later(self.claims.pod_done, written)
         return JSONResponse(written, headers=warnings)
 
     # ------------------------------------------------------------------- watch

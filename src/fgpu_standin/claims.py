@@ -3,7 +3,9 @@ of Dynamic Resource Allocation).
 
 TEST STAND-IN, NOT A KUBERNETES CONTROLLER. See :mod:`fgpu_standin`.
 
-Imitated here, synchronously, as the API server's requests happen:
+Imitated here, a moment after the API server's requests (:mod:`fgpu_standin.controllers`:
+the stand-in calls these methods ``Options.controller_delay_s`` later, as a controller
+catches up with its watch):
 
 - for every ``spec.resourceClaims`` entry of a pod naming a ``resourceClaimTemplateName``
   it creates a ResourceClaim from the template: ``generateName`` ``<pod>-<claim>-`` (each
@@ -15,9 +17,9 @@ Imitated here, synchronously, as the API server's requests happen:
   a claim reserved by nobody any more that carries the finalizer
   ``resource.kubernetes.io/delete-protection`` (which the allocating scheduler adds) is
   deallocated (its ``status.allocation`` removed) and the finalizer removed, as the
-  controller does. Generated claims go with their pod (garbage collection); a claim with
-  finalizers is only marked (``deletionTimestamp``) until they are gone, as the API server
-  does.
+  controller does. Generated claims go with their pod (garbage collection,
+  :mod:`fgpu_standin.controllers`); a claim with finalizers is only marked
+  (``deletionTimestamp``) until they are gone, as the API server does.
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@ _MODELS = {
     "ResourceSlice": "V1ResourceSlice",
     "ResourceClaim": "ResourceV1ResourceClaim",
     "ResourceClaimTemplate": "V1ResourceClaimTemplate",
+    "ServiceAccount": "V1ServiceAccount",
+    "RuntimeClass": "V1RuntimeClass",
 }
 _client: Any = None
 

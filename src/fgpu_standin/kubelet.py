@@ -19,7 +19,9 @@ It does what the kubelet does around Dynamic Resource Allocation, over the same 
   device nodes and mounts come only from the CDI edits (no device reaches a container by
   environment variable: the NVIDIA toolkit's ``accept-nvidia-visible-devices-envvar-when-
   unprivileged = false``). The pod becomes ``Running``.
-- **a pod gone** (deleted, or finished): ``NodeUnprepareResources`` of its claims.
+- **a pod gone** (deleted, or finished): ``NodeUnprepareResources`` of its claims; a pod
+  marked deleted (``Terminating``, ``deletionTimestamp``) is then deleted for good
+  (``gracePeriodSeconds=0``), as the kubelet does once its containers stopped.
 
 What each container got is kept in :attr:`KubeletStandIn.containers` for tests to read.
 """
@@ -276,7 +278,10 @@ class KubeletStandIn:
             if done:
                 self._unprepare(key)
         for key, pod in sorted(pods.items()):
-            if key in self.containers or pod["metadata"].get("deletionTimestamp"):
+            if pod["metadata"].get("deletionTimestamp"):
+                self._finish(key, pod)
+                continue
+            if key in self.containers:
                 continue
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -287,6 +292,29 @@ class KubeletStandIn:
                 self.waiting[key] = why
             else:
                 self.waiting.pop(key, None)
+
+    def _finish(self, key: str, pod: Obj) -> None:
+        """A deleted pod (``Terminating``): its containers stop, its claims are unprepared,
+        then it is deleted for good (``gracePeriodSeconds=0``, only that pod: its uid),
+        as the kubelet does once a pod's containers ended."""
+        if key in self._prepared:
+            self._unprepare(key)
+            if key in self._prepared:  # the driver failed: again next pass
+                return
+        self.containers.pop(key, None)
+        self.waiting.pop(key, None)
+        namespace, name = pod["metadata"].get("namespace", ""), pod["metadata"]["name"]
+        try:
+            self.api._call(
+                self.api.core.delete_namespaced_pod,
+                name,
+                namespace,
+                grace_period_seconds=0,
+                body={"preconditions": {"uid": pod["metadata"]["uid"]}},
+            )
+        except KubeError as exc:
+            if exc.status not in (404, 409):  # gone already, or another pod by that name
+                raise
 
     def _unprepare(self, key: str) -> None:
         prepared = self._prepared.pop(key)

@@ -3,11 +3,13 @@
 TEST STAND-IN, NOT A KUBERNETES API SERVER. See :mod:`fgpu_standin`.
 
 Served: DeviceClass and ResourceSlice (cluster-scoped), ResourceClaim (with a ``status``
-subresource) and ResourceClaimTemplate (namespaced), as Kubernetes 1.34 serves them. The
+subresource) and ResourceClaimTemplate (namespaced), as Kubernetes 1.34 to 1.36 serve them
+(as 1.36 where they differ: a request's ``count: 0`` reads as unset and is defaulted to 1,
+a device capacity without a ``value`` is stored as ``0``). The
 checks are those of the API server's validation for these kinds (``pkg/apis/resource/
 validation``) that fgpu's components and users meet; messages are worded as the API server
 words them (``ResourceClaim.resource.k8s.io "x" is invalid: spec.devices.requests[0].name:
-Required value``):
+Required value``; values quoted as Go's ``%q`` quotes them):
 
 - names: DNS subdomains for objects, DNS labels for devices and requests; drivers DNS
   subdomains of at most 63 characters;
@@ -32,6 +34,7 @@ The resource claim controller is :mod:`fgpu_standin.claims`.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -60,13 +63,18 @@ _SEMVER = re.compile(r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 
 
 class _Errors:
-    """Field errors collected for one object, then raised as one 422 ``Invalid``."""
+    """Field errors collected for one object, then raised as one 422 ``Invalid`` whose
+    ``details.causes`` list each (``reason``, ``message``, ``field``) as the API server
+    does."""
 
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.causes: list[Obj] = []
 
     def add(self, path: str, what: str) -> None:
         self.items.append(f"{path}: {what}")
+        reason = next((r for words, r in _CAUSES if what.startswith(words)), "FieldValueInvalid")
+        self.causes.append({"reason": reason, "message": what, "field": path})
 
     def required(self, path: str) -> None:
         self.add(path, "Required value")
@@ -79,8 +87,20 @@ class _Errors:
             422,
             "Invalid",
             f'{kind.kind}.{kind.group} "{name}" is invalid: {text}',
-            {"name": name, "group": kind.group, "kind": kind.kind},
+            {"name": name, "group": kind.group, "kind": kind.kind, "causes": self.causes},
         )
+
+
+_CAUSES = (
+    ("Required value", "FieldValueRequired"),
+    ("Duplicate value", "FieldValueDuplicate"),
+    ("Too many", "FieldValueTooMany"),
+    ("Forbidden", "FieldValueForbidden"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Invalid value", "FieldValueInvalid"),
+)
+"""The ``details.causes[].reason`` of a field error, by its message's first words (the API
+server's ``field.ErrorType`` names)."""
 
 
 def _label(errors: _Errors, path: str, value: Any, required: bool = True) -> None:
@@ -91,7 +111,7 @@ def _label(errors: _Errors, path: str, value: Any, required: bool = True) -> Non
     if not isinstance(value, str) or len(value) > 63 or not _LABEL.match(value):
         errors.add(
             path,
-            f"Invalid value: {value!r}: a lowercase RFC 1123 label must consist of lower case "
+            f"Invalid value: {_q(value)}: a lowercase RFC 1123 label must consist of lower case "
             "alphanumeric characters or '-', and must start and end with an alphanumeric "
             "character",
         )
@@ -104,7 +124,7 @@ def _subdomain(errors: _Errors, path: str, value: Any, limit: int = 253) -> None
     if not isinstance(value, str) or len(value) > limit or not _SUBDOMAIN.match(value):
         errors.add(
             path,
-            f"Invalid value: {value!r}: a lowercase RFC 1123 subdomain of at most {limit} "
+            f"Invalid value: {_q(value)}: a lowercase RFC 1123 subdomain of at most {limit} "
             "characters must consist of lower case alphanumeric characters, '-' or '.', and "
             "must start and end with an alphanumeric character",
         )
@@ -119,7 +139,7 @@ def _qualified(errors: _Errors, path: str, key: str) -> None:
     if not name or len(name) > 32 or not _ATTRIBUTE.match(name):
         errors.add(
             path,
-            f"Invalid value: {key!r}: must be a C-like identifier of at most 32 "
+            f"Invalid value: {_q(key)}: must be a C-like identifier of at most 32 "
             "characters, optionally with a DNS subdomain prefix and '/'",
         )
 
@@ -177,13 +197,13 @@ def _attribute(errors: _Errors, path: str, value: Any) -> None:
         return
     v = value[kinds[0]]
     if kinds[0] == "int" and (isinstance(v, bool) or not isinstance(v, int)):
-        errors.add(f"{path}.int", f"Invalid value: {v!r}: must be an integer")
+        errors.add(f"{path}.int", f"Invalid value: {_q(v)}: must be an integer")
     elif kinds[0] == "bool" and not isinstance(v, bool):
-        errors.add(f"{path}.bool", f"Invalid value: {v!r}: must be a boolean")
+        errors.add(f"{path}.bool", f"Invalid value: {_q(v)}: must be a boolean")
     elif kinds[0] == "string" and (not isinstance(v, str) or len(v) > MAX_STRING_ATTRIBUTE):
         errors.add(f"{path}.string", f"Too long: may not be more than {MAX_STRING_ATTRIBUTE} bytes")
     elif kinds[0] == "version" and (not isinstance(v, str) or not _SEMVER.match(v)):
-        errors.add(f"{path}.version", f"Invalid value: {v!r}: must be a semantic version")
+        errors.add(f"{path}.version", f"Invalid value: {_q(v)}: must be a semantic version")
 
 
 def validate_slice(obj: Obj, old: Obj | None = None) -> _Errors:
@@ -203,7 +223,7 @@ def validate_slice(obj: Obj, old: Obj | None = None) -> _Errors:
     count = pool.get("resourceSliceCount")
     if not isinstance(count, int) or count <= 0:
         errors.add(
-            "spec.pool.resourceSliceCount", f"Invalid value: {count!r}: must be greater than zero"
+            "spec.pool.resourceSliceCount", f"Invalid value: {_q(count)}: must be greater than zero"
         )
     where = [
         k
@@ -230,7 +250,7 @@ def validate_slice(obj: Obj, old: Obj | None = None) -> _Errors:
         name = (dev or {}).get("name")
         _label(errors, f"{path}.name", name)
         if name in seen:
-            errors.add(f"{path}.name", f"Duplicate value: {name!r}")
+            errors.add(f"{path}.name", f"Duplicate value: {_q(name)}")
         seen.add(str(name))
         attrs = (dev or {}).get("attributes") or {}
         caps = (dev or {}).get("capacity") or {}
@@ -243,10 +263,8 @@ def validate_slice(obj: Obj, old: Obj | None = None) -> _Errors:
         for key, value in attrs.items():
             _qualified(errors, f"{path}.attributes[{key}]", key)
             _attribute(errors, f"{path}.attributes[{key}]", value)
-        for key, value in caps.items():
+        for key in caps:  # a missing value was stored as 0 (fgpu_standin.quantity)
             _qualified(errors, f"{path}.capacity[{key}]", key)
-            if not isinstance(value, dict) or value.get("value") in (None, ""):
-                errors.required(f"{path}.capacity[{key}].value")
     if old is not None:
         old_spec = old.get("spec") or {}
         for key in ("driver", "nodeName"):
@@ -272,7 +290,7 @@ def _claim_spec(errors: _Errors, path: str, spec: Any) -> None:
         name = req.get("name")
         _label(errors, f"{at}.name", name)
         if name in names:
-            errors.add(f"{at}.name", f"Duplicate value: {name!r}")
+            errors.add(f"{at}.name", f"Duplicate value: {_q(name)}")
         names.add(str(name))
         exactly, first = req.get("exactly"), req.get("firstAvailable")
         if (exactly is None) == (first is None):
@@ -293,7 +311,7 @@ def _claim_spec(errors: _Errors, path: str, spec: Any) -> None:
             if mode == "ExactCount":
                 if count is not None and (not isinstance(count, int) or count <= 0):
                     errors.add(
-                        f"{sub_at}.count", f"Invalid value: {count!r}: must be greater than zero"
+                        f"{sub_at}.count", f"Invalid value: {_q(count)}: must be greater than zero"
                     )
             elif mode == "All":
                 if count not in (None, 0):
@@ -312,20 +330,27 @@ def _claim_spec(errors: _Errors, path: str, spec: Any) -> None:
             if str(ref).split("/", 1)[0] not in names:
                 errors.add(
                     f"{at}.requests[{j}]",
-                    f"Invalid value: {ref!r}: must be the name of a request in the claim",
+                    f"Invalid value: {_q(ref)}: must be the name of a request in the claim",
                 )
         _opaque(errors, at, entry)
 
 
+def _q(value: Any) -> str:
+    """A value in a message as the API server quotes it (Go's ``%q``: strings in double
+    quotes; numbers as they are)."""
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
 def _defaults(spec: Obj) -> None:
-    """``allocationMode`` ``ExactCount`` and ``count`` 1, as the API server defaults them."""
+    """``allocationMode`` ``ExactCount`` and ``count`` 1, as the API server defaults them
+    (``count: 0`` too: the field is an integer left out when zero, so 0 reads as unset)."""
     for req in ((spec.get("devices") or {}).get("requests")) or []:
         subs = [req.get("exactly")] if req.get("exactly") else list(req.get("firstAvailable") or [])
         for sub in subs:
             if isinstance(sub, dict):
                 sub.setdefault("allocationMode", "ExactCount")
-                if sub["allocationMode"] == "ExactCount":
-                    sub.setdefault("count", 1)
+                if sub["allocationMode"] == "ExactCount" and not sub.get("count"):
+                    sub["count"] = 1
 
 
 def validate_claim(obj: Obj, old: Obj | None = None) -> _Errors:
@@ -364,7 +389,7 @@ def validate_status(obj: Obj, old: Obj) -> _Errors:
             if str(res.get("request", "")).split("/", 1)[0] not in names:
                 errors.add(
                     f"{at}.request",
-                    f"Invalid value: {res.get('request')!r}: must be "
+                    f"Invalid value: {_q(res.get('request'))}: must be "
                     "the name of a request in the claim",
                 )
             _subdomain(errors, f"{at}.driver", res.get("driver"), MAX_DRIVER_NAME)
@@ -400,7 +425,7 @@ def validate_status(obj: Obj, old: Obj) -> _Errors:
             if not ref.get(key):
                 errors.required(f"{at}.{key}")
         if ref.get("uid") in uids:
-            errors.add(f"{at}.uid", f"Duplicate value: {ref.get('uid')!r}")
+            errors.add(f"{at}.uid", f"Duplicate value: {_q(ref.get('uid'))}")
         uids.add(str(ref.get("uid")))
     if (
         old_status.get("allocation") is not None

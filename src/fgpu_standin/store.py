@@ -72,6 +72,8 @@ KINDS: tuple[Kind, ...] = (
         "", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, status_subresource=True
     ),
     Kind("", "v1", "events", "Event", True, EVENT_FIELDS),
+    Kind("", "v1", "serviceaccounts", "ServiceAccount", True),
+    Kind("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", True),
     Kind(
         "policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, status_subresource=True

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fgpu.k8s import wire
-from fgpu.k8s.kube import MERGE_PATCH
+from fgpu.k8s.kube import MERGE_PATCH, KubeApi
 from fgpu.k8s.webhook import mutate
 from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Cluster
@@ -142,6 +142,18 @@ def wait_until(check: Callable[[], bool], what: str, limit_s: float = 60.0) -> N
     while not check():
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.05)
+
+
+def claims_made(api: KubeApi, namespace: str | None = None) -> bool:
+    """Every pod that takes a claim from a template has it (``status.resourceClaimStatuses``
+    written by the claim controller, a moment after the pod or its template)."""
+    for p in api.list_pods(namespace=namespace).items:
+        entries = (p.get("spec") or {}).get("resourceClaims") or []
+        wanted = {e["name"] for e in entries if e.get("resourceClaimTemplateName")}
+        have = {s.get("name") for s in (p.get("status") or {}).get("resourceClaimStatuses") or []}
+        if not wanted <= have:
+            return False
+    return True
 
 
 def events(cluster: Cluster, reason: str) -> list[dict[str, Any]]:

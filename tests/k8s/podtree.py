@@ -22,7 +22,7 @@ from fgpu.agent.backend import GpuDevice, GpuProcess, ProcessUtilization
 from fgpu.k8s import wire
 from fgpu.k8s.agent import PlacedContainer
 
-TIMEOUT_S = 15.0
+TIMEOUT_S = 60.0  # a guard against hanging: generous, a loaded machine starts processes slowly
 GPU = "GPU-00000000-test-0000-000000000000"
 SLEEP = "import time; time.sleep(600)"
 

@@ -257,7 +257,7 @@ def test_the_node_publishes_one_slice_with_gpus_and_mig_instances(cluster) -> No
     assert [d["name"] for d in made["spec"]["devices"]] == ["gpu-gpu-1-00", "gpu-gpu-1-01"]
     first = made["spec"]["devices"][0]
     assert first["attributes"]["uuid"] == {"string": "GPU-gpu-1-00"}
-    assert first["capacity"]["memory"] == {"value": "81920Mi"}
+    assert first["capacity"] == {"memory": {"value": "80Gi"}, "compute": {"value": "1k"}}
     assert publisher.publish(inventory(2))["spec"]["pool"]["generation"] == 1  # unchanged
     grown = publisher.publish(inventory(3))
     assert grown["spec"]["pool"]["generation"] == 2

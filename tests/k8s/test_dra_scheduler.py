@@ -28,7 +28,7 @@ from fgpu.k8s.webhook import mutate
 from fgpu_standin.kubelet import KubeletStandIn
 from fgpu_standin.patch import json_patch
 from tests.k8s.conftest import Cluster
-from tests.k8s.kube import MODEL_MEMORY, add_node, bound, gpu_uuid, pod
+from tests.k8s.kube import MODEL_MEMORY, add_node, bound, claims_made, gpu_uuid, pod, wait_until
 
 pytestmark = pytest.mark.k8s
 
@@ -55,10 +55,11 @@ def claim_of(cluster: Cluster, p: dict[str, Any]) -> dict[str, Any]:
     return ResourceApi(cluster.api).get_claim(cluster.namespace, status["resourceClaimName"])
 
 
-def round_(scheduler: K8sScheduler) -> None:
+def round_(scheduler: K8sScheduler, cluster: Cluster) -> None:
     scheduler.sync()
-    scheduler.run_once()
-    scheduler.sync()  # the claims made from the template the first round created
+    scheduler.run_once()  # creates the namespace's ResourceClaimTemplate
+    wait_until(lambda: claims_made(cluster.api), "the claim controller to make the claims")
+    scheduler.sync()
     scheduler.run_once()
 
 
@@ -111,7 +112,7 @@ def test_sixteen_half_gpu_pods_get_claims_two_per_gpu_and_only_their_own_gpu(clu
     try:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: make(cluster, claim_pod(f"half-{i:02d}")), range(16)))
-        round_(K8sScheduler(cluster.scheduler_api))
+        round_(K8sScheduler(cluster.scheduler_api), cluster)
         placed = bound(cluster)
         assert len(placed) == 16
         per_gpu: Counter[str] = Counter()
@@ -171,7 +172,7 @@ def test_a_pod_of_a_restricted_namespace_runs_with_its_gpu(cluster, host) -> Non
         admitted = json_patch(body, mutate(body))
         assert restricted_violations(admitted) == []
         make(cluster, admitted)
-        round_(K8sScheduler(cluster.scheduler_api))
+        round_(K8sScheduler(cluster.scheduler_api), cluster)
         kubelet = KubeletStandIn(
             cluster.kubelet_api("node-a"), "node-a", host / "reg", [layout.cdi_dir]
         )
@@ -189,7 +190,7 @@ def test_a_pod_without_an_fgpu_claim_waits_saying_why(cluster) -> None:
     add_node(cluster, "node-a", gpus=2)
     make(cluster, pod("bare", "0.5"))  # not through the webhook: no claim
     scheduler = K8sScheduler(cluster.scheduler_api)
-    round_(scheduler)
+    round_(scheduler, cluster)
     got = cluster.api.get_pod(cluster.namespace, "bare")
     assert not got["spec"].get("nodeName")
     (cond,) = [c for c in got["status"]["conditions"] if c["type"] == "PodScheduled"]
@@ -207,6 +208,7 @@ def test_the_scheduler_makes_the_namespace_template_when_pods_name_it(cluster) -
     made = ResourceApi(cluster.api).get_claim_template(cluster.namespace, claims.TEMPLATE)
     request = made["spec"]["spec"]["devices"]["requests"][0]
     assert request["exactly"]["deviceClassName"] == DRIVER
+    wait_until(lambda: claims_made(cluster.api), "the claim controller to make the claim")
     scheduler.sync()
     scheduler.run_once()
     assert [p["metadata"]["name"] for p in bound(cluster)] == ["first"]
@@ -217,7 +219,7 @@ def test_a_restarted_scheduler_reads_the_same_ledger_from_the_claims(cluster) ->
     for i in range(6):
         make(cluster, claim_pod(f"p-{i}", "0.3"))
     first = K8sScheduler(cluster.scheduler_api)
-    round_(first)
+    round_(first, cluster)
     assert len(bound(cluster)) == 6
     before = ledger(first)
     for p in bound(cluster):  # the annotation is gone (an admin without the webhook)
@@ -239,20 +241,24 @@ def test_deleted_pods_free_their_shares_also_while_the_scheduler_was_down(cluste
     for i in range(2):
         make(cluster, claim_pod(f"whole-{i}", "1"))
     first = K8sScheduler(cluster.scheduler_api)
-    round_(first)
+    round_(first, cluster)
     assert len(bound(cluster)) == 2
     gone = claim_of(cluster, cluster.api.get_pod(cluster.namespace, "whole-0"))
     make(cluster, claim_pod("late", "1"))
-    round_(first)
+    round_(first, cluster)
     assert not cluster.api.get_pod(cluster.namespace, "late")["spec"].get("nodeName")
     del first  # the scheduler is down; a pod is deleted meanwhile
     cluster.api.delete_pod(cluster.namespace, "whole-0", grace_s=0)
     resources = ResourceApi(cluster.api)
-    assert gone["metadata"]["name"] not in {
-        c["metadata"]["name"] for c in resources.list_claims(cluster.namespace).items
-    }
+    wait_until(  # deallocated by the claim controller, then collected with its pod
+        lambda: (
+            gone["metadata"]["name"]
+            not in {c["metadata"]["name"] for c in resources.list_claims(cluster.namespace).items}
+        ),
+        "the pod's claim to go",
+    )
     second = K8sScheduler(cluster.scheduler_api)
-    round_(second)
+    round_(second, cluster)
     late = cluster.api.get_pod(cluster.namespace, "late")
     assert late["spec"]["nodeName"] == "node-a"
     (result,) = claim_of(cluster, late)["status"]["allocation"]["devices"]["results"]

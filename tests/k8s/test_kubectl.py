@@ -42,6 +42,7 @@ def test_discovery_through_the_official_client(cluster) -> None:
     }
     assert groups == {
         "coordination.k8s.io": "v1",
+        "node.k8s.io": "v1",
         "policy": "v1",
         "scheduling.k8s.io": "v1",
         "fgpu.io": "v1alpha1",
@@ -74,6 +75,7 @@ def test_openapi_tells_kubectl_the_server_checks_fields(cluster) -> None:
     assert set(root["paths"]) == {
         "api/v1",
         "apis/coordination.k8s.io/v1",
+        "apis/node.k8s.io/v1",
         "apis/policy/v1",
         "apis/scheduling.k8s.io/v1",
         "apis/fgpu.io/v1alpha1",

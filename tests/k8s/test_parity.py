@@ -18,11 +18,14 @@ plugins and "Effective Pod requests and limits"):
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import kubernetes
 import pytest
 
-from fgpu.k8s.kube import MERGE_PATCH
+from fgpu.k8s.kube import MERGE_PATCH, KubeError
 from fgpu.k8s.objects import container_requests
 from fgpu.k8s.parity import PORTS_TAKEN, TOO_MANY_PODS, VOLUME_CONFLICT
 from fgpu.k8s.scheduler import K8sScheduler
@@ -169,16 +172,39 @@ def test_pv_node_affinity_decides_the_node_and_a_missing_claim_waits(cluster) ->
     )
 
 
+@contextlib.contextmanager
+def runtime_class(cluster: Cluster, name: str, overhead: dict[str, str]) -> Iterator[None]:
+    """A RuntimeClass (cluster-scoped) with a fixed pod overhead while the test runs; the
+    RuntimeClass admission plugin copies the overhead into the pods that name it."""
+    classes = kubernetes.client.NodeV1Api(cluster.api.client)
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": name},
+        "handler": name,
+        "overhead": {"podFixed": overhead},
+    }
+    cluster.api._call(classes.create_runtime_class, body)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(KubeError):
+            cluster.api._call(classes.delete_runtime_class, name)
+
+
 def test_overhead_and_sidecars_count_and_are_named_when_cpu_runs_out(cluster) -> None:
     add_node(cluster, "node-a", gpus=2, cpu="2")
+    with runtime_class(cluster, "kata", {"cpu": "250m"}):
+        _overhead_and_sidecars(cluster)
 
+
+def _overhead_and_sidecars(cluster: Cluster) -> None:
     def sized(name: str) -> dict[str, Any]:
         body = pod(name, "0.25")
         body["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
         return with_spec(
             body,
-            runtimeClassName="kata",
-            overhead={"cpu": "250m"},
+            runtimeClassName="kata",  # its overhead (cpu 250m) is set by admission
             initContainers=[
                 {
                     "name": "log",
@@ -189,7 +215,8 @@ def test_overhead_and_sidecars_count_and_are_named_when_cpu_runs_out(cluster) ->
             ],
         )
 
-    create(cluster, sized("first"))
+    first = create(cluster, sized("first"))
+    assert first["spec"]["overhead"] == {"cpu": "250m"}
     create(cluster, sized("second"))
     scheduler = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
     round_(scheduler)

@@ -36,7 +36,7 @@ def test_a_high_priority_pod_evicts_a_low_one_and_gets_its_gpu(make_cluster) -> 
     vip = cluster.api.get_pod(cluster.namespace, "vip")
     assert not vip["spec"].get("nodeName")
     hold = vip["metadata"]["annotations"][wire.HOLD]
-    assert '"victims":["default/low-0"]' in hold.replace(" ", "")
+    assert f'"victims":["{cluster.namespace}/low-0"]' in hold.replace(" ", "")
     # a new leader inherits the hold from the pod; the victim finally goes
     cluster.api.delete_pod(cluster.namespace, "low-0", grace_s=0)
     heir = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
@@ -101,7 +101,7 @@ def test_a_queue_below_its_quota_reclaims_from_one_above_it(make_cluster) -> Non
     round_(s)  # b is above its fair share: one of its pods is evicted for a
     preempted = events(cluster, "Preempted")
     assert len(preempted) == 1
-    assert "reclaim by default/a-0" in preempted[0]["message"]
+    assert f"reclaim by {cluster.namespace}/a-0" in preempted[0]["message"]
     round_(s)
     a0 = cluster.api.get_pod(cluster.namespace, "a-0")
     assert assignment(a0).queue == "team-a"

@@ -58,7 +58,7 @@ def test_a_queue_with_a_missing_parent_leaves_the_other_queues_working(cluster) 
         ("ml-train", {"quota": 1, "parent": "research"}),  # research does not exist yet
         ("ml-infer", {"quota": 1, "parent": "ml-train"}),  # orphaned by ml-train
     ):
-        cluster.api.create_queue({"metadata": {"name": name}, "spec": spec})
+        cluster.api.create_queue(queue_object(name, **spec))
     create(cluster, pod("in-team-a", "1", queue="team-a"))
     create(cluster, pod("in-ml-infer", "1", queue="ml-infer"))
     s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
@@ -67,13 +67,19 @@ def test_a_queue_with_a_missing_parent_leaves_the_other_queues_working(cluster) 
     assert reason(cluster, "in-ml-infer") == (
         "queue 'ml-infer' is left out: its parent queue 'ml-train' is left out"
     )
-    cluster.api.create_queue({"metadata": {"name": "research"}, "spec": {"quota": 1}})
+    cluster.api.create_queue(queue_object("research", quota=1))
     round_(s)
     assert sorted(p["metadata"]["name"] for p in bound(cluster)) == ["in-ml-infer", "in-team-a"]
 
 
 def queue(name: str, **spec: Any) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": spec}
+
+
+def queue_object(name: str, **spec: Any) -> dict[str, Any]:
+    """A Queue as a client posts it: a custom object says its ``apiVersion`` and ``kind``
+    (the API server refuses one without, 400)."""
+    return {"apiVersion": "fgpu.io/v1alpha1", "kind": "Queue", **queue(name, **spec)}
 
 
 def test_bad_queues_are_left_out_with_their_descendants_and_a_reason() -> None:

@@ -11,6 +11,7 @@ import pytest
 from fgpu.k8s.dra.slices import SHARING_DROPPED, SlicePublisher, resource_slice, slice_name
 from fgpu.k8s.resourceapi import ResourceApi
 from tests.k8s.conftest import Cluster
+from tests.k8s.kube import wait_until
 from tests.k8s.test_agent import bare_node
 from tests.k8s.test_dra_driver import NODE
 from tests.k8s.test_dra_driver import inventory as driver_inventory
@@ -44,10 +45,11 @@ def test_a_slice_is_owned_by_its_node_and_goes_with_it(cluster) -> None:
     ]
     assert made["spec"]["pool"]["generation"] == 1  # the same devices: the same generation
     assert slices.publish(driver_inventory(2)) == made  # nothing to write
-    if cluster.real:
-        pytest.skip("the garbage collector of a real cluster deletes it in its own time")
     cluster.api.core.delete_node(NODE)
-    assert ResourceApi(cluster.api).list_slices(f"spec.nodeName={NODE}").items == []
+    wait_until(  # the garbage collector deletes it in its own time
+        lambda: ResourceApi(cluster.api).list_slices(f"spec.nodeName={NODE}").items == [],
+        "the garbage collector to delete the deleted Node's slice",
+    )
 
 
 def test_a_server_that_drops_allow_multiple_allocations_is_told_once_on_the_node(

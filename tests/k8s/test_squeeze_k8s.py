@@ -39,7 +39,7 @@ def test_a_higher_priority_pod_squeezes_a_low_one_instead_of_evicting_it(make_cl
     }
     squeezed = [n for n, a in notes.items() if wire.SQUEEZED_BY in a]
     assert len(squeezed) == 1, notes
-    assert notes[squeezed[0]][wire.SQUEEZED_BY] == "default/vip"
+    assert notes[squeezed[0]][wire.SQUEEZED_BY] == f"{cluster.namespace}/vip"
     assert not events(cluster, "Preempted")
     assert [e["involvedObject"]["name"] for e in events(cluster, "Squeezed")] == squeezed
     for name in ("low-0", "low-1"):

@@ -350,7 +350,7 @@ class K8sScheduler(RoundActions):
             self.clock(), state, tree, rnd.workloads, self._holds_from(rnd), mig.outside()
         )
         rnd.mig = self.mig.decide(rnd, mig, state, tree, decision)
-        self.metrics.observe_round(rnd, decision, tree, self._target)
+        self.metrics.observe_round(rnd, decision, tree, self._target, state)
         return rnd, decision
 
     def run_once(self) -> Decision | None:

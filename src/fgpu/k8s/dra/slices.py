@@ -6,10 +6,12 @@ sees two generations trusts the newest). Devices, named by their uuids
 (:func:`~fgpu.k8s.dra.share.device_name`):
 
 - one per GPU not in MIG mode, attributes ``uuid``, ``model``, ``index`` (inventory order),
-  ``memoryMiB``, ``mig`` false; capacity ``memory`` (``<MiB>Mi``) and ``compute``
-  (``1000``: milli-GPU); ``allowMultipleAllocations: true`` since fgpu shares a GPU among
-  several claims (the consumable-capacity field of ``resource.k8s.io/v1``; fgpu's scheduler
-  does its own accounting and never lets the shares add up past the GPU);
+  ``memoryMiB``, ``mig`` false; capacity ``memory`` and ``compute`` (1000 milli-GPU),
+  written in the API server's canonical form (``80Gi``, ``1k``: :func:`mib_quantity`), so
+  that the slice read back equals the one written and an unchanged inventory changes
+  nothing; ``allowMultipleAllocations: true`` since fgpu shares a GPU among several claims
+  (the consumable-capacity field of ``resource.k8s.io/v1``; fgpu's scheduler does its own
+  accounting and never lets the shares add up past the GPU);
 - one per MIG instance of a GPU in MIG mode, attributes ``uuid`` (``MIG-...``),
   ``parentUUID``, ``profile``, ``start``, ``index`` (the parent's), ``mig`` true; a GPU in MIG
   mode is not a device itself.
@@ -38,6 +40,24 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
+_BINARY = ("Mi", "Gi", "Ti", "Pi", "Ei")
+COMPUTE = "1k"
+"""A GPU's ``compute`` capacity, 1000 (milli-GPU), as the API server writes the quantity."""
+
+
+def mib_quantity(mib: int) -> str:
+    """``mib`` MiB as the API server writes the quantity: the largest binary suffix that
+    keeps it whole (81920 -> ``80Gi``, 1000 -> ``1000Mi``; 0 -> ``0``; Kubernetes API
+    reference, "Quantity": canonical form)."""
+    if mib == 0:
+        return "0"
+    power = 0
+    while power < len(_BINARY) - 1 and mib % 1024 == 0:
+        mib //= 1024
+        power += 1
+    return f"{mib}{_BINARY[power]}"
+
+
 def devices_of(inventory: wire.Inventory) -> list[Obj]:
     """The slice's devices for an inventory (module docstring)."""
     out: list[Obj] = []
@@ -54,8 +74,8 @@ def devices_of(inventory: wire.Inventory) -> list[Obj]:
                         "mig": {"bool": False},
                     },
                     "capacity": {
-                        "memory": {"value": f"{g.memory_mib}Mi"},
-                        "compute": {"value": "1000"},
+                        "memory": {"value": mib_quantity(g.memory_mib)},
+                        "compute": {"value": COMPUTE},
                     },
                     "allowMultipleAllocations": True,
                 }
@@ -243,10 +263,12 @@ def post_node_event(api: KubeApi, node: str, type_: str, reason: str, message: s
 
 
 __all__ = [
+    "COMPUTE",
     "SHARING_DROPPED",
     "SlicePublisher",
     "devices_of",
     "dropped_sharing",
+    "mib_quantity",
     "post_node_event",
     "resource_slice",
     "slice_name",
