@@ -67,6 +67,8 @@ FAKECUDA_SOURCES = (
     "fakecuda/launch.c",
     "fakecuda/graphs.c",
     "fakecuda/procaddress.c",
+    "fakecuda/contents.c",
+    "fakecuda/checkpoint.c",
 )
 
 INTERPOSER_SOURCES = (

@@ -125,6 +125,8 @@ CUresult cuInit(unsigned int flags)
     }
     CUresult rc = fk_g.init_result;
     pthread_mutex_unlock(&fk_g.lock);
+    if (rc == CUDA_SUCCESS)
+        fk_ck_start();
     return rc;
 }
 
@@ -133,6 +135,8 @@ CUresult fk_check_init(void)
     pthread_mutex_lock(&fk_g.lock);
     CUresult rc = fk_g.initialised ? fk_g.init_result : CUDA_ERROR_NOT_INITIALIZED;
     pthread_mutex_unlock(&fk_g.lock);
+    if (rc == CUDA_SUCCESS)
+        fk_ck_gate(); /* locked or checkpointed (checkpoint.c): wait for the unlock */
     return rc;
 }
 
