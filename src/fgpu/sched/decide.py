@@ -109,6 +109,12 @@ class SchedulerConfig:
         max_preemptors_per_round: bound on victim searches per round (cost control).
         squeeze: squeeze before evict (rule 7) for queues that do not choose
             (``QueueSpec.squeeze`` None); False evicts as before.
+        suspend: suspend rather than evict (rule 9) where the victim is suspendable and
+            its node's suspend budget has room; False evicts as before.
+        preempt_wait_below: preemptors of a priority below this wait before they preempt
+            (rule 10); at or above it (default 100: ``high`` and ``critical``) at once.
+        preempt_delay_s: how long such a preemptor waits, seconds since it was submitted,
+            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0: at once.
     """
 
     min_runtime_s: float = 0.0
@@ -120,6 +126,9 @@ class SchedulerConfig:
     reclaim_within_fair_share: bool = True
     max_preemptors_per_round: int = 16
     squeeze: bool = True
+    suspend: bool = True
+    preempt_wait_below: int = 100
+    preempt_delay_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
