@@ -1,7 +1,7 @@
 """A CUDA workload for the checkpoint tests, on whichever ``libcuda.so.1`` the loader finds (the
 fake driver in tests). Not a test module.
 
-    python ckpt_worker.py MIB [--steps N --step-ms MS]
+    python ckpt_worker.py MIB [--steps N | --until FILE] [--step-ms MS]
 
 Allocates MIB MiB with cuMemAlloc_v2 on device 0, writes a pattern over all of it
 (cuMemcpyHtoD_v2) and prints ``{"pid": ..., "ready": true}``. Then:
@@ -9,9 +9,9 @@ Allocates MIB MiB with cuMemAlloc_v2 on device 0, writes a pattern over all of i
 - without ``--steps``: reads commands from stdin, one a line, answering one JSON line each:
   ``launch NS`` (a spin kernel of NS ns, synchronised: ``{"launched": t}`` with the monotonic
   time it returned), ``check`` (reads everything back: ``{"intact": bool}``), ``exit``.
-- with ``--steps N``: runs N spin kernels of MS ms each, synchronised, printing
-  ``{"step": i}`` after each, then checks the pattern and exits 0 when it is intact, 3 when
-  not (a workload for the service tests).
+- with ``--steps N`` (or ``--until FILE``): runs N spin kernels (or kernels until FILE
+  exists) of MS ms each, synchronised, printing ``{"step": i}`` after each, then checks the
+  pattern and exits 0 when it is intact, 3 when not (a workload for the service tests).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Cuda:
 def main(argv: list[str]) -> int:
     mib = int(argv[0])
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else None
+    until = argv[argv.index("--until") + 1] if "--until" in argv else None
     step_ms = int(argv[argv.index("--step-ms") + 1]) if "--step-ms" in argv else 100
     cuda = Cuda()
     cuda.check("cuInit", 0)
@@ -78,10 +79,12 @@ def main(argv: list[str]) -> int:
         print(json.dumps(obj), flush=True)
 
     say({"pid": os.getpid(), "ready": True})
-    if steps is not None:
-        for i in range(steps):
+    if steps is not None or until is not None:
+        i = 0
+        while (steps is None or i < steps) and (until is None or not os.path.exists(until)):
             launch(step_ms * 1_000_000)
             say({"step": i})
+            i += 1
         ok = intact()
         say({"intact": ok})
         return 0 if ok else 3

@@ -91,7 +91,9 @@ def run_cycle(fake: FakeGpus, procs: Callable[..., Proc], env: dict[str, str]) -
     assert used_mib(fake, env) == 300
     assert ctl.ask(f"state {pid}")["state"] == "running"
     tid = ctl.ask(f"tid {pid}")
-    assert tid["ok"] and tid["tid"] > 0 and Path(f"/proc/{pid}/task/{tid['tid']}").exists()
+    assert tid["ok"]
+    assert tid["tid"] > 0
+    assert Path(f"/proc/{pid}/task/{tid['tid']}").exists()
 
     assert ctl.ask(f"lock {pid}")["ok"]
     assert ctl.ask(f"state {pid}")["state"] == "locked"
@@ -131,17 +133,20 @@ def test_restore_without_room_fails_out_of_memory_and_can_be_retried(
     pid = worker.read()["pid"]
     ctl = procs([str(CONTROL)], env)
     ctl.read()
-    assert ctl.ask(f"lock {pid}")["ok"] and ctl.ask(f"checkpoint {pid}")["ok"]
+    assert ctl.ask(f"lock {pid}")["ok"]
+    assert ctl.ask(f"checkpoint {pid}")["ok"]
     other = procs([str(WORKER), "600"], env)  # takes the room the suspended one left
     other.read()
     assert used_mib(fake) == 600
     failed = ctl.ask(f"restore {pid}")
-    assert failed["ok"] is False and failed["code"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert failed["ok"] is False
+    assert failed["code"] == CUDA_ERROR_OUT_OF_MEMORY
     assert ctl.ask(f"state {pid}")["state"] == "checkpointed"
     assert used_mib(fake) == 600  # nothing half-taken
     other.send("exit")
     assert other.p.wait(timeout=60) == 0
-    assert ctl.ask(f"restore {pid}")["ok"] and ctl.ask(f"unlock {pid}")["ok"]
+    assert ctl.ask(f"restore {pid}")["ok"]
+    assert ctl.ask(f"unlock {pid}")["ok"]
     assert worker.ask("check") == {"intact": True}
 
 
@@ -197,7 +202,8 @@ def test_a_checkpointed_process_that_dies_leaves_no_file_and_no_memory(
     pid = worker.read()["pid"]
     ctl = procs([str(CONTROL)], env)
     ctl.read()
-    assert ctl.ask(f"lock {pid}")["ok"] and ctl.ask(f"checkpoint {pid}")["ok"]
+    assert ctl.ask(f"lock {pid}")["ok"]
+    assert ctl.ask(f"checkpoint {pid}")["ok"]
     assert list(fake_gpus.state.parent.glob(f"{fake_gpus.state.name}.ckpt.*"))
     worker.p.kill()
     worker.p.wait()

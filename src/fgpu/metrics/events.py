@@ -33,6 +33,8 @@ class EventMetrics:
     Attributes:
         workloads: ``fgpu_workloads_total{phase}``.
         preemptions: ``fgpu_preemptions_total{kind}`` (preempt, reclaim).
+        gpu_seconds_lost: ``fgpu_gpu_seconds_lost_total{queue, reason}`` (preempt, reclaim,
+            suspend, restore).
         memory_violations: ``fgpu_memory_violations_total``.
         round_seconds: ``fgpu_scheduling_round_seconds``.
         submission_to_start: ``fgpu_submission_to_start_seconds{queue, priority}``.
@@ -46,6 +48,14 @@ class EventMetrics:
             "fgpu_preemptions",
             "Victims stopped: preempt (same queue) or reclaim (across queues).",
             ["kind"],
+            registry=registry,
+        )
+        self.gpu_seconds_lost = Counter(
+            "fgpu_gpu_seconds_lost",
+            "GPU-seconds of work lost: evicted runs since their latest start (reason preempt, "
+            "reclaim) and time copying device memory to and from host memory (suspend, "
+            "restore).",
+            ["queue", "reason"],
             registry=registry,
         )
         self.memory_violations = Counter(
@@ -74,6 +84,13 @@ class EventMetrics:
     def preempted(self, kind: str) -> None:
         """A victim was stopped; ``kind`` is the core's ``preemption`` or ``reclaim``."""
         self.preemptions.labels(kind=_PREEMPT_KINDS.get(kind, kind)).inc()
+
+    def lost(self, queue: str, reason: str, gpu_seconds: float) -> None:
+        """``gpu_seconds`` of ``queue``'s work lost; ``reason``: the core's ``preemption``
+        or ``reclaim`` (an eviction), ``suspend`` or ``restore`` (copy time)."""
+        if gpu_seconds > 0:
+            label = _PREEMPT_KINDS.get(reason, reason)
+            self.gpu_seconds_lost.labels(queue=queue, reason=label).inc(gpu_seconds)
 
     def started(self, queue: str, priority: int, waited_s: float) -> None:
         """A workload started ``waited_s`` seconds after its submission."""

@@ -248,6 +248,16 @@ def serve(
             rich_help_panel="On the GPU",
         ),
     ] = False,
+    suspend_host_memory: Annotated[
+        str,
+        typer.Option(
+            "--suspend-host-memory",
+            help="Host memory for work suspended to make room (its GPU memory copied out "
+            "through the CUDA checkpoint API, driver r570+): a percentage of the RAM, a size "
+            "(64GiB) or 0 (off: victims are evicted).",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "25%",
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -269,6 +279,7 @@ def serve(
             fake_driver=fake_driver,
             metrics_listen=metrics_listen,
             squeeze=squeeze,
+            suspend_host_memory=suspend_host_memory,
         )
     )
 
@@ -296,6 +307,7 @@ def run_serve(
     tokens_in_clear: bool = False,
     metrics_listen: str | None = None,
     squeeze: bool = True,
+    suspend_host_memory: str = "25%",
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -385,6 +397,16 @@ def run_serve(
             )
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
+        import psutil
+
+        from fgpu.server.suspending import suspend_budget_mib
+
+        try:
+            suspend_mib = suspend_budget_mib(
+                suspend_host_memory, psutil.virtual_memory().total // 2**20
+            )
+        except ValueError as exc:
+            raise ServeOptionError(str(exc)) from None
     except ServeOptionError as exc:
         _error(str(exc))
         return 2
@@ -406,6 +428,7 @@ def run_serve(
         tls,
         metrics_address,
         squeeze,
+        suspend_mib,
     )
 
 
@@ -477,6 +500,7 @@ def _start(
     tls: ssl.SSLContext | None = None,
     metrics_address: tuple[str, int] | None = None,
     squeeze: bool = True,
+    suspend_mib: int = 0,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -518,6 +542,7 @@ def _start(
             ),
             fake_driver=fake_driver,
             config=SchedulerConfig(squeeze=squeeze),
+            suspend_host_memory_mib=suspend_mib,
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

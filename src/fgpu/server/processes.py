@@ -197,6 +197,13 @@ class ProcessControl(ServiceCore):
             record = self.store.get(workload_id)
         except NotFound:
             return
+        if record.is_suspended:
+            self._tracked.end_suspended(
+                workload_id,
+                FAILED,
+                f"its processes ended while suspended ({why or f'exit code {code}'})",
+            )
+            return
         if record.phase not in ("running", "paused"):
             return
         code = shell_exit_code(code)
@@ -210,7 +217,15 @@ class ProcessControl(ServiceCore):
                 workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
+            kind = self._evict_kinds.pop(workload_id, "preemption")
+            lost = record.allocation is not None and record.started_at is not None
             self._tracked.mark_preempted(workload_id, record.reason or "preempted")
+            if lost and record.allocation is not None and record.started_at is not None:
+                gpus = sum(record.allocation.gpu_milli) / 1000.0
+                ended = at if at is not None else self.clock()
+                self.metrics.events.lost(
+                    record.queue, kind, gpus * max(0.0, ended - record.started_at)
+                )
         elif code == 0:
             self._tracked.mark_finished(
                 workload_id, SUCCEEDED, exit_code=0, reason="exit code 0", finished_at=at

@@ -1,0 +1,156 @@
+"""Suspend to host memory end to end (issue 28): the real ``fgpu serve --fake-driver`` on a
+simulated A100-80GB, driven through the command line, with real CUDA processes on the fake
+driver (a stand-in for the CUDA driver's checkpoint API).
+
+A low-priority CUDA workload writes a pattern into its device memory and keeps launching
+kernels; a critical one needs the whole GPU. The low one is suspended, not evicted: its
+device memory is freed in the fake driver's ledger, its processes are stopped, ``fgpu ls``
+says ``suspended (host N GiB)``, ``describe`` has the event with the copy time. The critical
+one runs and ends; the low one is restored on its GPU (event with the copy time), goes on
+with the same process and ends succeeded, which it does only when its memory still holds the
+pattern. A suspended workload that is cancelled ends at once and its processes go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fgpu.agent.interposer.preload import default_segment_root
+from fgpu.native import ensure_built, fake_driver_dir
+from tests.serverproc import ServerProcess, wait_for
+
+WORKER = Path(__file__).parents[1] / "native" / "ckpt_worker.py"
+PROBE = Path(__file__).parents[1] / "native" / "fakecuda_probe.py"
+GRACE = ("--grace", "1")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    ensure_built()
+    srv = ServerProcess(
+        tmp_path, "1xA100-80GB", extra=["--fake-driver", "--suspend-host-memory", "8GiB"]
+    )
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.cleanup()
+
+
+def worker(mib: int, *args: str) -> list[str]:
+    return [sys.executable, str(WORKER), str(mib), "--step-ms", "20", *args]
+
+
+def fake_used(server: ServerProcess) -> dict[int, int]:
+    """Device memory per pid in the fake driver's ledger (its NVML), bytes."""
+    state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
+    uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FGPU_", "LD_PRELOAD"))},
+        "LD_LIBRARY_PATH": str(fake_driver_dir()),
+        "FGPU_FAKE_GPU_STATE": str(state),
+    }
+    out = subprocess.run(
+        [sys.executable, str(PROBE), "nvml-procs", uuid],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    procs = json.loads(out.stdout.strip().splitlines()[-1])["procs"]
+    return {int(pid): int(used) for pid, used in procs}
+
+
+def stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] in "tT"
+
+
+def kinds(detail: dict[str, Any]) -> list[str]:
+    return [e["kind"] for e in detail["events"]]
+
+
+def test_low_work_is_suspended_for_critical_work_and_restored_with_its_memory(
+    server: ServerProcess,
+) -> None:
+    release = server.root / "release-low"
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=worker(256, "--until", str(release)),
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    pid = server.handle(low)["pgid"]  # the worker leads its process group
+    wait_for(lambda: fake_used(server).get(pid) == 256 << 20, "the low workload's memory")
+
+    crit = server.submit(
+        "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+        command=worker(512, "--steps", "5"),
+    )  # fmt: skip
+
+    listing = server.wait_listing(
+        lambda ls: ls[low]["suspended_host_mib"] is not None, "the low workload suspended"
+    )
+    assert listing[low]["phase"] == "pending"
+    assert listing[low]["restarts"] == 0
+    detail = server.describe(low)
+    assert "suspended" in kinds(detail)
+    assert "preempted" not in kinds(detail)
+    (event,) = [e for e in detail["events"] if e["kind"] == "suspended"]
+    assert "device-to-host copy" in event["message"]
+    assert stopped(pid)  # frozen, and its device memory is free in the driver's ledger
+    assert fake_used(server).get(pid, 0) == 0
+    wide = {"COLUMNS": "300"}
+    assert "suspended (host" in server.cli("ls", env_extra=wide).stdout
+
+    server.wait_phase(crit, "succeeded")
+    server.wait_phase(low, "running")
+    wait_for(lambda: "restored" in kinds(server.describe(low)), "the restore's event")
+    restored = [e for e in server.describe(low)["events"] if e["kind"] == "restored"]
+    assert any("host-to-device copy" in e["message"] for e in restored)
+    assert server.handle(low)["pgid"] == pid  # the same process goes on
+    wait_for(lambda: not stopped(pid), "the low workload thawed")
+    assert fake_used(server).get(pid) == 256 << 20
+
+    release.touch()
+    server.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
+    assert server.describe(low)["restarts"] == 0
+
+
+def test_a_suspended_workload_cancelled_ends_and_its_processes_go(
+    server: ServerProcess,
+) -> None:
+    release = server.root / "never"
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=worker(64, "--until", str(release)),
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    pid = server.handle(low)["pgid"]
+    crit_end = server.root / "crit-end"
+    crit = server.submit(
+        "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+        command=worker(64, "--until", str(crit_end)),
+    )  # fmt: skip
+    server.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
+    server.cli("cancel", low)
+    server.wait_phase(low, "cancelled")
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or zombie(pid), "its process gone")
+    crit_end.touch()
+    server.wait_phase(crit, "succeeded")
+
+
+def zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
