@@ -154,3 +154,59 @@ def zombie(pid: int) -> bool:
     except OSError:
         return True
     return stat[stat.rindex(")") + 2] == "Z"
+
+
+def test_a_suspended_workload_survives_a_restart_of_the_service(server: ServerProcess) -> None:
+    release = server.root / "release-low"
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=worker(128, "--until", str(release)),
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    pid = server.handle(low)["pgid"]
+    crit_end = server.root / "crit-end"
+    crit = server.submit(
+        "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+        command=worker(64, "--until", str(crit_end)),
+    )  # fmt: skip
+    server.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
+    assert server.stop() == 0
+    server.start()
+    listing = server.workloads()
+    assert listing[low]["phase"] == "pending"
+    assert listing[low]["suspended_host_mib"] is not None
+    assert "readopted" in kinds(server.describe(low))
+    assert stopped(pid)
+    assert fake_used(server).get(pid, 0) == 0
+    crit_end.touch()
+    server.wait_phase(crit, "succeeded")
+    server.wait_phase(low, "running")
+    assert server.handle(low)["pgid"] == pid
+    release.touch()
+    server.wait_phase(low, "succeeded")
+    assert server.describe(low)["restarts"] == 0
+
+
+def test_a_victim_without_cuda_is_evicted_with_an_event_saying_why(
+    server: ServerProcess,
+) -> None:
+    end = server.root / "end"
+    plain = [sys.executable, "-c", "import os, sys, time\nwhile True: time.sleep(0.05)"]
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=plain,
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    crit = server.submit(
+        "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+        command=worker(64, "--until", str(end)),
+    )  # fmt: skip
+    server.wait_phase(crit, "running")
+    detail = server.describe(low)
+    assert "suspend-failed" in kinds(detail)
+    (failed,) = [e for e in detail["events"] if e["kind"] == "suspend-failed"]
+    assert "is a CUDA process" in failed["message"]
+    assert "preempted" in kinds(detail)
+    assert detail["restarts"] == 1
+    end.touch()
+    server.wait_phase(crit, "succeeded")

@@ -26,11 +26,13 @@ MIB = 1 << 20
 
 
 def pattern(nbytes: int) -> bytes:
-    """A pattern that differs at every offset of a 4 KiB block and between blocks."""
+    """A pattern that differs at every offset of a 4 KiB block and between blocks (each
+    block starts with its number)."""
     block = bytes((i * 7 + 13) & 0xFF for i in range(4096))
-    out = bytearray()
-    for n in range(nbytes // 4096 + 1):
-        out += bytes(b ^ (n & 0xFF) for b in block)
+    count = nbytes // 4096 + 1
+    out = bytearray(block * count)
+    for n in range(count):
+        out[n * 4096 : n * 4096 + 8] = n.to_bytes(8, "little")
     return bytes(out[:nbytes])
 
 
