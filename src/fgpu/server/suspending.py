@@ -113,14 +113,15 @@ class Suspension(ProcessControl):
         self, *args: Any, checkpoint: CheckpointDriver | bool | None = None, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
+        driver: CheckpointDriver | None = None
         if checkpoint is False:
-            driver, note = None, "off by configuration"
+            note = "off by configuration"
+        elif not any(n.suspend_host_memory_mib for n in self.machine.nodes):
+            note = "no host memory for suspended work (--suspend-host-memory 0)"
         elif isinstance(checkpoint, CheckpointDriver):
             driver, note = checkpoint, ""
         else:
             driver, note = self._workload_driver()
-        if driver is not None and not any(n.suspend_host_memory_mib for n in self.machine.nodes):
-            driver, note = None, "no host memory for suspended work (--suspend-host-memory 0)"
         self._suspender = (
             None
             if driver is None
