@@ -15,9 +15,9 @@
  *   checkpoint  LOCKED -> CHECKPOINTED: the contents of its memory (contents.c) go to a file
  *               next to the state file (<state>.ckpt.<pid>.<start>), and all the device memory
  *               it held is given back to its GPUs (cuMemGetInfo and NVML of every process see
- *               it free).
+ *               it free) after the modelled copy time (all it held at 10 GB/s, as cuMemcpy).
  *   restore     CHECKPOINTED -> LOCKED: the same amounts are taken again on the same GPUs and
- *               the contents read back. A GPU without room: CUDA_ERROR_OUT_OF_MEMORY, nothing
+ *               the contents read back (the same modelled copy time). A GPU without room: CUDA_ERROR_OUT_OF_MEMORY, nothing
  *               taken, the process stays CHECKPOINTED (restore can be tried again).
  *   unlock      LOCKED -> RUNNING: blocked calls go on.
  * Any other transition: CUDA_ERROR_ILLEGAL_STATE. A pid that is not a live process that
@@ -62,6 +62,13 @@ static void sleep_ns(uint64_t ns)
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
+}
+
+/* The modelled time of copying `bytes` between device and host memory (FK_COPY_BYTES_PER_US,
+ * as for cuMemcpy). */
+static uint64_t copy_ns(uint64_t bytes)
+{
+    return bytes / FK_COPY_BYTES_PER_US * 1000u;
 }
 
 static void set_state(struct fk_proc *p, uint32_t state)
@@ -118,11 +125,15 @@ static CUresult do_checkpoint(struct fk_proc *p)
         fk_debug("checkpoint: cannot write %s: %s", path, strerror(err));
         return err == ENOSPC || err == ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_UNKNOWN;
     }
+    uint64_t total = 0;
     for (uint32_t g = 0; g < fk_sh->ngpus; g++) {
         uint64_t held = atomic_load(&p->used[g]);
         atomic_store(&p->ck_saved[g], held);
-        fk_release((int)g, held);
+        total += held;
     }
+    sleep_ns(copy_ns(total)); /* the copy to host memory, before the GPU memory is free */
+    for (uint32_t g = 0; g < fk_sh->ngpus; g++)
+        fk_release((int)g, atomic_load(&p->ck_saved[g]));
     set_state(p, CU_PROCESS_STATE_CHECKPOINTED);
     pthread_mutex_unlock(&fk_g.lock);
     return CUDA_SUCCESS;
@@ -144,6 +155,10 @@ static CUresult do_restore(struct fk_proc *p)
             fk_release((int)k, atomic_load(&p->ck_saved[k]));
         return rc;
     }
+    uint64_t total = 0;
+    for (g = 0; g < fk_sh->ngpus; g++)
+        total += atomic_load(&p->ck_saved[g]);
+    sleep_ns(copy_ns(total)); /* the copy back to the GPU */
     char path[4096];
     if (fk_ck_path(atomic_load(&p->pid), atomic_load(&p->start), path, sizeof path) != 0)
         return CUDA_ERROR_UNKNOWN;

@@ -25,6 +25,7 @@ import pytest
 
 from fgpu.agent.interposer.preload import default_segment_root
 from fgpu.native import ensure_built, fake_driver_dir
+from tests.integration.test_metrics import scrape, value
 from tests.serverproc import ServerProcess, wait_for
 
 WORKER = Path(__file__).parents[1] / "native" / "ckpt_worker.py"
@@ -123,6 +124,11 @@ def test_low_work_is_suspended_for_critical_work_and_restored_with_its_memory(
     release.touch()
     server.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
     assert server.describe(low)["restarts"] == 0
+    samples, _ = scrape(server)  # copy time counted as lost; nothing evicted
+    lost = "fgpu_gpu_seconds_lost_total"
+    for reason in ("suspend", "restore"):
+        assert (value(samples, lost, queue="default", reason=reason) or 0) > 0, reason
+    assert value(samples, lost, queue="default", reason="preempt") is None
 
 
 def test_a_suspended_workload_cancelled_ends_and_its_processes_go(
@@ -208,5 +214,9 @@ def test_a_victim_without_cuda_is_evicted_with_an_event_saying_why(
     assert "is a CUDA process" in failed["message"]
     assert "preempted" in kinds(detail)
     assert detail["restarts"] == 1
+    samples, _ = scrape(server)  # its run since it started is lost: 0.5 GPU x seconds
+    lost = value(samples, "fgpu_gpu_seconds_lost_total", queue="default", reason="preempt")
+    assert lost is not None
+    assert lost > 0
     end.touch()
     server.wait_phase(crit, "succeeded")

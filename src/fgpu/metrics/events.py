@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from fgpu.metrics.names import SERIES
 from fgpu.sched.workload import PRIORITY_CLASSES
 
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -52,9 +53,7 @@ class EventMetrics:
         )
         self.gpu_seconds_lost = Counter(
             "fgpu_gpu_seconds_lost",
-            "GPU-seconds of work lost: evicted runs since their latest start (reason preempt, "
-            "reclaim) and time copying device memory to and from host memory (suspend, "
-            "restore).",
+            SERIES["fgpu_gpu_seconds_lost_total"].help,
             ["queue", "reason"],
             registry=registry,
         )

@@ -6,7 +6,8 @@ waiting on that node for a :class:`~fgpu.sched.workload.Restore`, holding
 ``create_time``) and so does the allocation it had (the GPUs its memory comes back to)::
 
     running|paused --mark_suspended--> pending, suspended (event ``suspended``)
-    pending, suspended --mark_restored--> running (event ``restored``)
+    pending, suspended --mark_restored--> running (event ``restoring``; the service adds
+        ``restored`` with the copy time once the memory is back)
     pending, suspended --drop_suspension--> pending (restarts + 1, event ``preempted``)
     pending, suspended --end_suspended--> failed | cancelled
 
@@ -98,7 +99,7 @@ class SuspensionStore(StoreBase):
         reason: str,
     ) -> WorkloadRecord:
         """pending, suspended -> running on ``allocation`` (which must be the node it is
-        suspended on), before its memory is copied back (event ``restored``); drops its
+        suspended on), before its memory is copied back (event ``restoring``); drops its
         hold. ``started_at`` becomes now (the run goes on from here).
 
         Raises:
@@ -131,7 +132,7 @@ class SuspensionStore(StoreBase):
                 session,
                 now,
                 workload_id,
-                "restored",
+                "restoring",
                 reason or "restored",
                 f"restoring on {stored.node_name} (GPUs {', '.join(uuids)})",
             )
