@@ -36,7 +36,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fgpu.agent.checkpoint import CheckpointDriver, CheckpointError, Suspender, probe
@@ -168,9 +168,23 @@ class Suspension(ProcessControl):
     def _pids(self, handle: ProcessHandle) -> Sequence[int]:
         return group_pids(handle)
 
-    def _in_background(self, name: str, target: object, *args: object) -> None:
-        assert callable(target)
-        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+    def _in_background(self, name: str, target: Callable[..., None], *args: object) -> None:
+        def run() -> None:
+            try:
+                target(*args)
+            except Exception:  # keep serving; the error is a bug to fix, not to hide
+                log.exception("%s failed", name)
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def _stop_if_held(self, workload_id: str, reason: str) -> None:
+        """Stop (evict) ``workload_id`` if it still holds its allocation."""
+        try:
+            holds = self.store.get(workload_id).holds_allocation
+        except NotFound:
+            return
+        if holds:
+            self._stop(workload_id, reason)
 
     # ----------------------------------------------------------------- suspend
     def _suspend(self, action: Suspend) -> None:
@@ -210,7 +224,7 @@ class Suspension(ProcessControl):
             except (StoreConflict, NotFound, InvalidRequestError) as exc:
                 # cancelled meanwhile: its processes go (a locked process dies on SIGKILL)
                 log.info("workload %s: not suspended (%s); stopping it", victim, exc)
-                self._stop(victim, f"stopped: {exc}")
+                self._stop_if_held(victim, f"stopped: {exc}")
                 return
             self.metrics.events.lost(
                 record.queue, "suspend", self._copy_cost(record, report.copy_s)
@@ -228,7 +242,7 @@ class Suspension(ProcessControl):
         with contextlib.suppress(StoreConflict, InvalidRequestError):
             self.store.record_event(victim, "suspend-failed", reason, f"evicting: {reason}")
         self._evict_kinds[victim] = kind
-        self._stop(victim, reason)
+        self._stop_if_held(victim, reason)
         self.metrics.events.preempted(kind)
 
     # ----------------------------------------------------------------- restore
@@ -267,15 +281,17 @@ class Suspension(ProcessControl):
         except CheckpointError as exc:
             with self._lock:
                 self._busy.discard(workload_id)
-                if exc.out_of_memory:  # suspended again: a later round tries again
-                    self._tracked.mark_suspended(
+                try:
+                    if not exc.out_of_memory:
+                        raise StoreConflict(f"restore failed: {exc}")
+                    self._tracked.mark_suspended(  # suspended again: a later round retries
                         workload_id,
                         record.suspended_host_mib,
                         f"restore failed, its GPU lacks room ({exc}); trying again later",
                         copy_s=0.0,
                     )
-                else:
-                    self._stop(workload_id, f"restore failed: {exc}")
+                except StoreConflict as why:  # another error, or cancelled meanwhile
+                    self._stop_if_held(workload_id, str(why))
             self.wake()
             return
         with self._lock:
