@@ -5,6 +5,8 @@ test module.
     python ckpt_control.py      then, on stdin, one command a line:
     lock PID [TIMEOUT_MS] | checkpoint PID | restore PID | unlock PID | state PID | tid PID
     | raw NAME PID (the call with NULL args)
+    | pod-suspend CGROUP_ROOT NAMESPACE/NAME UID | pod-restore CGROUP_ROOT NAMESPACE/NAME UID
+      (fgpu.k8s.suspend.PodSuspender on that pod cgroup: {"ok", "pids", "copy_s"})
 
 Each answers one JSON line: {"ok": true, "state": ..., "t": monotonic time when the call
 returned} or {"ok": false, "code": CUresult, "t": ...}.
@@ -30,7 +32,17 @@ def main() -> int:
             continue
         out: dict[str, object] = {"ok": True}
         try:
-            if cmd[0] == "raw":
+            if cmd[0] in ("pod-suspend", "pod-restore"):
+                from pathlib import Path
+
+                from fgpu.k8s.podcgroup import PodCgroupFreezer
+                from fgpu.k8s.suspend import PodSuspender
+
+                pods = PodSuspender(driver, PodCgroupFreezer(Path(cmd[1])))
+                step = pods.suspend if cmd[0] == "pod-suspend" else pods.restore
+                report = step(cmd[2], cmd[3])
+                out = {"ok": True, "pids": list(report.pids), "copy_s": report.copy_s}
+            elif cmd[0] == "raw":
                 rc = getattr(lib, cmd[1])(ctypes.c_int(int(cmd[2])), None)
                 out = {"ok": rc == 0, "code": rc}
             elif cmd[0] == "tid":

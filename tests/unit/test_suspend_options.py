@@ -40,10 +40,10 @@ def test_bad_values_name_the_flag_the_value_and_why(given: str, why: str) -> Non
 
 
 def test_serve_refuses_a_bad_value_before_starting(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "fgpu", "serve", "--socket", str(tmp_path / "s.sock")]
+    command += ["--state-dir", str(tmp_path / "state"), "--simulate-gpus", "1xA100-80GB"]
     done = subprocess.run(
-        [sys.executable, "-m", "fgpu", "serve", "--socket", str(tmp_path / "s.sock")]
-        + ["--state-dir", str(tmp_path / "state"), "--simulate-gpus", "1xA100-80GB"]
-        + ["--suspend-host-memory", "half"],
+        [*command, "--suspend-host-memory", "half"],
         capture_output=True,
         text=True,
         timeout=120,
