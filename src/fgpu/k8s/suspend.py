@@ -17,8 +17,10 @@ suspend is an event ``SuspendFailed`` and ``fgpu.io/suspended: {"error": ...}``;
 keeps running. An agent that restarts takes a pod with ``fgpu.io/suspended`` (no error) as
 suspended.
 
-Not yet done: the scheduler does not ask for suspends (it evicts pods as before, and counts a
-suspended pod's GPU share as held); the annotation is for an operator or a later scheduler.
+``fgpu k8s node-agent`` turns it on where it enforces through pod cgroups on NVML GPUs whose
+driver has the checkpoint API. Not yet done: the scheduler does not ask for suspends (it
+evicts pods as before, and counts a suspended pod's GPU share as held); the annotation is for
+an operator or a later scheduler.
 """
 
 from __future__ import annotations
