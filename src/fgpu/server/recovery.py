@@ -74,6 +74,8 @@ class Recovery(Suspension):
                     if record.stop_requested_at is not None:  # finish what was started
                         self._handles[record.id] = handle
                         self._stop(record.id, record.reason)
+                    else:  # died during a restore: finish it
+                        self._finish_interrupted_restore(record, handle)
                     continue
                 # the wrapper is gone: what it ran must not keep running untracked
                 killed = handle is not None and self.launcher.signal(handle, signal.SIGKILL)

@@ -318,6 +318,21 @@ class Suspension(ProcessControl):
             self.launcher.signal(handle, signal.SIGKILL)
         self._tracked.drop_suspension(workload_id, reason)
 
+    def _finish_interrupted_restore(self, record: WorkloadRecord, handle: ProcessHandle) -> None:
+        """After a restart: a running workload whose processes are still checkpointed or
+        locked (the service died during its restore) is restored now."""
+        if self._suspender is None or record.id in self._busy:
+            return
+        try:
+            states = {self._suspender.driver.state(pid) for pid in self._pids(handle)}
+        except CheckpointError as exc:
+            log.warning("workload %s: checkpoint state unreadable: %s", record.id, exc)
+            return
+        if states & {"checkpointed", "locked"}:
+            log.info("workload %s: finishing the restore a restart interrupted", record.id)
+            self._busy.add(record.id)
+            self._in_background(f"fgpu-restore-{record.id}", self._do_restore, record, handle)
+
     # ----------------------------------------------------------------- ends
     def _kill_suspended(self, record: WorkloadRecord) -> None:
         """A suspended workload was cancelled: its frozen processes are killed."""
