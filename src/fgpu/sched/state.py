@@ -449,7 +449,6 @@ class ClusterState:
         self.gpu_free_total[node] -= sum(allocation.gpu_milli)
         self.version[node] = next(_VERSIONS)
 
-
     def hold_suspended(self, node: int, host_memory_mib: int) -> None:
         """Charge ``host_memory_mib`` of ``node``'s suspend budget to a suspended workload.
 
