@@ -14,7 +14,9 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 2. **Order.** Queues furthest below their fair share go first: the key is the dominant ratio
    ``max over resources of allocated / fair share`` (a queue with no fair share goes last),
    then queue priority (higher first), then name. After every placement the queue's ratio is
-   updated. Inside a queue: effective priority (higher first), then submission time, then id.
+   updated. Inside a queue: effective priority (higher first), then suspended work before
+   new work (rule 11), then submission time, then id. The round runs this order twice: first
+   over non-preemptible work only, then over the rest (rule 12).
 3. **Admission.** A placement must keep the queue and its ancestors within their limits, and
    non-preemptible work (by default priority >= 100) of a queue within the queue's GPU quota,
    counted in milli-GPU over every GPU it holds.
@@ -31,7 +33,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    recently started, until the preemptor fits on that node (the filter checks the same GPU
    for a share and the same node for several GPUs); then put back every victim that is not
    needed. Among nodes the set with the lowest highest-victim-priority, then the fewest
-   victims, then the least GPU freed, then the node rank wins.
+   evictions (victims that rule 9 cannot suspend), then the fewest victims, then the least
+   GPU freed, then the node rank wins.
 6. **Aging and reservation** (both off by default). With ``aging_interval_s`` a pending
    workload's effective priority for ordering rises by ``aging_step`` per interval waited, up
    to ``aging_max`` (it never gains preemption power). With ``reservation_after_s`` a
@@ -50,6 +53,46 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 
 8. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
    preempts and reserves only there; the nodes left out are counted first in its reason.
+
+9. **Suspend, the third way to free a GPU** (``suspend``, on by default): every victim
+   chosen by rules 4 and 5 is suspended (:class:`Suspend`) rather than evicted
+   (:class:`Preempt`) when the shell says it can be checkpointed (``Workload.suspendable``:
+   its processes run CUDA on a driver with the checkpoint API) and its node's suspend budget
+   (``Node.suspend_host_memory_mib``, the state's ``suspend_free``) still holds its host
+   memory (:func:`suspend_host_mib`: its GPU memory, copied to host, plus its host memory,
+   kept by its frozen processes), counting the victims suspended earlier in the round, in
+   victim order; otherwise it is evicted as before. Rule 4/5's choice among nodes prefers
+   the node with fewer evictions among equal victim priorities, so suspending frees only
+   what an eviction would have freed (the same minimal victim set), never more. A suspended
+   victim is terminating until the shell has copied it out (the preemptor's hold waits for
+   it as for an exit); then it holds no allocation, only its charge on the budget.
+10. **Wait before evicting.** A preemptor below ``preempt_wait_below`` (default 100, so
+    ``high`` and ``critical`` preempt at once) looks for victims (rules 4 and 5) only once
+    it has waited its queue's ``QueueSpec.preempt_delay_s`` (default the scheduler's
+    ``preempt_delay_s``, 300 s; 0: at once) since it was submitted. Until then it keeps its
+    place in the order, so capacity that frees meanwhile goes to it before lower-ranked work;
+    its reason ends with how long it has waited and from when it may preempt. Squeezing
+    (rule 7) keeps the victims' memory and progress and does not wait.
+11. **Restore.** A suspended workload (``Workload.suspended_on``) is pending for the order
+    (its demand counts for its queue) and goes before new work of its priority in its
+    queue; it is only ever restored (:class:`Restore`) on the node it is suspended on (GPUs
+    of the same model), where it fits now, outside reservations and holds, within its
+    queue's limits. It never preempts, squeezes or reserves, and no timeout drops it: it
+    waits, saying so, until its node has room or it is cancelled. The shell frees its budget
+    charge once the restore is done.
+12. **Non-preemptible work first.** Non-preemptible pending work of every queue is placed
+    (and looks for victims) before any preemptible work, in the order of rule 2, and its
+    victim searches are not capped by ``max_preemptors_per_round``, so critical work never
+    waits behind the victim searches of lower-priority preemptors of other queues.
+
+**What the shells do** (the interface of rules 9 and 11). On :class:`Suspend` the shell
+charges ``host_memory_mib`` to the node's budget at once (``ClusterState.hold_suspended``),
+keeps the victim running-but-terminating while it locks and checkpoints it (device memory to
+host, GPU memory freed) and freezes its processes, then releases its allocation and marks it
+``suspended_on=<node>``, ``suspended_host_mib=<charge>``; a shell whose checkpoint fails
+evicts it instead (and frees the charge). On :class:`Restore` it takes the allocation, copies
+the memory back, thaws the processes, and frees the charge (``free_suspended``). A suspended
+workload that is cancelled is simply ended (its charge freed).
 
 Every pending workload that is not placed gets a :class:`Wait` with a reason.
 
