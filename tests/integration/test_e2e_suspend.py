@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -220,3 +221,41 @@ def test_a_victim_without_cuda_is_evicted_with_an_event_saying_why(
     assert lost > 0
     end.touch()
     server.wait_phase(crit, "succeeded")
+
+
+def test_a_restart_during_a_restore_finishes_it(server: ServerProcess) -> None:
+    """The service died between recording a restore and carrying it out: the workload is
+    running in the store while its process is still checkpointed and stopped. The restarted
+    service restores it (made here by checkpointing and stopping it from outside)."""
+    from tests.native.test_fakecuda_checkpoint import CONTROL, Proc
+
+    release = server.root / "release-low"
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=worker(64, "--until", str(release)),
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    pid = server.handle(low)["pgid"]
+    wait_for(lambda: fake_used(server).get(pid) == 64 << 20, "the low workload's memory")
+    assert server.stop() == 0
+    state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("FGPU_", "LD_PRELOAD"))},
+        "LD_LIBRARY_PATH": str(fake_driver_dir()),
+        "FGPU_FAKE_GPU_STATE": str(state),
+    }
+    ctl = Proc([str(CONTROL)], env)
+    try:
+        assert ctl.read()["ready"]
+        assert ctl.ask(f"lock {pid}")["ok"]
+        assert ctl.ask(f"checkpoint {pid}")["ok"]
+        os.killpg(pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(pid), "the low workload stopped")
+        server.start()
+        wait_for(lambda: ctl.ask(f"state {pid}")["state"] == "running", "the restore finished")
+    finally:
+        ctl.close()
+    wait_for(lambda: not stopped(pid), "the low workload thawed")
+    assert fake_used(server).get(pid) == 64 << 20
+    release.touch()
+    server.wait_phase(low, "succeeded")  # its memory came back intact
