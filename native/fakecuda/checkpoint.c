@@ -220,6 +220,11 @@ static void *restore_thread(void *arg)
     return NULL;
 }
 
+void fk_ck_after_fork(void)
+{
+    pthread_mutex_init(&start_lock, NULL); /* the child has no restore thread until cuInit */
+}
+
 void fk_ck_start(void)
 {
     pthread_mutex_lock(&start_lock);

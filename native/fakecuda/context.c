@@ -35,6 +35,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&fk_g.lock, NULL);
     fk_state_after_fork();
     fk_streams_after_fork();
+    fk_ck_after_fork();
     fk_g.gen++;
     fk_g.initialised = 0;
     fk_g.nvis = 0;

@@ -263,6 +263,7 @@ int fk_contents_load(const char *path);  /* caller: fk_g.lock; 0, or -1 (errno) 
 
 /* checkpoint.c */
 void fk_ck_start(void);  /* after a successful cuInit: the restore thread of this process */
+void fk_ck_after_fork(void); /* in a forked child */
 void fk_ck_gate(void);   /* blocks while this process is locked or checkpointed */
 int fk_ck_path(int32_t pid, uint64_t start, char *buf, size_t len); /* checkpoint file */
 
