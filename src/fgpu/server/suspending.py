@@ -93,20 +93,12 @@ def suspend_budget_mib(text: str, ram_mib: int) -> int:
     return mib
 
 
-def gpu_seconds(record: WorkloadRecord, until: float) -> float:
-    """GPU-seconds of the record's run from its latest start to ``until`` (0 without one)."""
-    if record.allocation is None or record.started_at is None:
-        return 0.0
-    gpus = sum(record.allocation.gpu_milli) / 1000.0
-    return gpus * max(0.0, until - record.started_at)
-
-
 class Suspension(ProcessControl):
     """Part of :class:`fgpu.server.service.Service`: suspend and restore.
 
     Args (beyond :class:`~fgpu.server.core.ServiceCore`'s):
         checkpoint: the checkpoint API to use; None (default): probed on the workloads'
-            driver (:func:`workload_driver`); False: suspend off.
+            driver (:meth:`_workload_driver`); False: suspend off.
     """
 
     def __init__(
@@ -352,6 +344,5 @@ __all__ = [
     "DEFAULT_SUSPEND_HOST_MEMORY",
     "FREEZE_TIMEOUT_S",
     "Suspension",
-    "gpu_seconds",
     "suspend_budget_mib",
 ]
