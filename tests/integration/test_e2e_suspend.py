@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from fgpu.agent.interposer.preload import default_segment_root
-from fgpu.native import ensure_built, fake_driver_dir
+from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 from tests.integration.test_metrics import scrape, value
 from tests.serverproc import ServerProcess, wait_for
 
@@ -51,18 +51,22 @@ def worker(mib: int, *args: str) -> list[str]:
     return [sys.executable, str(WORKER), str(mib), "--step-ms", "20", *args]
 
 
-def fake_used(server: ServerProcess) -> dict[int, int]:
-    """Device memory per pid in the fake driver's ledger (its NVML), bytes."""
+def fake_env(server: ServerProcess) -> dict[str, str]:
+    """The environment of a process outside fgpu on the service's fake GPUs."""
     state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
-    uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
-    env = {
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("FGPU_", "LD_PRELOAD"))},
         "LD_LIBRARY_PATH": str(fake_driver_dir()),
         "FGPU_FAKE_GPU_STATE": str(state),
     }
+
+
+def fake_used(server: ServerProcess) -> dict[int, int]:
+    """Device memory per pid in the fake driver's ledger (its NVML), bytes."""
+    uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
     out = subprocess.run(
         [sys.executable, str(PROBE), "nvml-procs", uuid],
-        env=env,
+        env=fake_env(server),
         capture_output=True,
         text=True,
         check=True,
@@ -238,13 +242,7 @@ def test_a_restart_during_a_restore_finishes_it(server: ServerProcess) -> None:
     pid = server.handle(low)["pgid"]
     wait_for(lambda: fake_used(server).get(pid) == 64 << 20, "the low workload's memory")
     assert server.stop() == 0
-    state = next(default_segment_root(server.state_dir).glob("fake-gpus-*.state"))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("FGPU_", "LD_PRELOAD"))},
-        "LD_LIBRARY_PATH": str(fake_driver_dir()),
-        "FGPU_FAKE_GPU_STATE": str(state),
-    }
-    ctl = Proc([str(CONTROL)], env)
+    ctl = Proc([str(CONTROL)], fake_env(server))
     try:
         assert ctl.read()["ready"]
         assert ctl.ask(f"lock {pid}")["ok"]
@@ -259,3 +257,62 @@ def test_a_restart_during_a_restore_finishes_it(server: ServerProcess) -> None:
     assert fake_used(server).get(pid) == 64 << 20
     release.touch()
     server.wait_phase(low, "succeeded")  # its memory came back intact
+
+
+def test_a_restore_without_room_waits_suspended_and_is_tried_again(
+    server: ServerProcess,
+) -> None:
+    """Memory taken outside fgpu (the core cannot see it) leaves no room when the critical
+    workload ends: the restore fails with the driver's out-of-memory error, the workload is
+    suspended again (event), and restored once the memory is free."""
+    release = server.root / "release-low"
+    low = server.submit(
+        "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+        command=worker(256, "--until", str(release)),
+    )  # fmt: skip
+    server.wait_phase(low, "running")
+    pid = server.handle(low)["pgid"]
+    crit_end = server.root / "crit-end"
+    crit = server.submit(
+        "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+        command=worker(64, "--until", str(crit_end)),
+    )  # fmt: skip
+    server.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
+    server.wait_phase(crit, "running")
+    crit_pid = server.handle(crit)["pgid"]
+    wait_for(lambda: fake_used(server).get(crit_pid) == 64 << 20, "the critical one's memory")
+    total_mib = server.json("nodes")[0]["gpus"][0]["memory_mib"]
+    outsider = subprocess.Popen(
+        [str(lib_dir() / "bin" / "fgpu-cudemo"), "hold", str((total_mib - 128) << 20)],
+        env=fake_env(server),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert outsider.stdout is not None
+        held = json.loads(outsider.stdout.readline())
+        assert held["result"] == 0, held
+        crit_end.touch()
+        server.wait_phase(crit, "succeeded")
+
+        def failed_restore() -> bool:
+            return any(
+                e["kind"] == "suspended" and "lacks room" in e["message"]
+                for e in server.describe(low)["events"]
+            )
+
+        wait_for(failed_restore, "a restore that found no room")
+        assert stopped(pid)
+        assert fake_used(server).get(pid, 0) == 0
+    finally:
+        assert outsider.stdin is not None
+        outsider.stdin.close()  # it frees its memory and ends
+        outsider.wait(timeout=60)
+        if outsider.stdout is not None:
+            outsider.stdout.close()
+    server.wait_phase(low, "running")
+    wait_for(lambda: fake_used(server).get(pid) == 256 << 20, "the low workload's memory back")
+    release.touch()
+    server.wait_phase(low, "succeeded")
+    assert server.describe(low)["restarts"] == 0
