@@ -42,6 +42,7 @@ CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_OUT_OF_MEMORY = 2
 CUDA_ERROR_NOT_INITIALIZED = 3
 CUDA_ERROR_ILLEGAL_STATE = 401
+CUDA_ERROR_NOT_FOUND = 500
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
 
@@ -134,10 +135,11 @@ class CheckpointDriver:
 
     def state(self, pid: int) -> str | None:
         """``"running"``, ``"locked"``, ``"checkpointed"`` or ``"failed"``; None when ``pid``
-        is not a CUDA process of this driver (the call answers ``CUDA_ERROR_INVALID_VALUE``)."""
+        is not a CUDA process of this driver (the call answers ``CUDA_ERROR_INVALID_VALUE``,
+        as the fake driver does, or ``CUDA_ERROR_NOT_FOUND``)."""
         out = ctypes.c_int(-1)
         rc = self._lib.cuCheckpointProcessGetState(ctypes.c_int(pid), ctypes.byref(out))
-        if rc == CUDA_ERROR_INVALID_VALUE:
+        if rc in (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND):
             return None
         if rc != CUDA_SUCCESS:
             raise CheckpointError("cuCheckpointProcessGetState", pid, rc, self._error_name(rc))
