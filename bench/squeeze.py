@@ -1,5 +1,8 @@
 """Benchmark: squeeze before evict against eviction only, on the same seeded day.
 
+Superseded by ``bench/preemption.py`` (issue 28), which compares squeeze, wait and suspend
+on three seeds; kept as issue 17's measure (both runs preempt at once, nothing suspended).
+
 Both runs replay the same generated day (``fgpu sim replay`` defaults but for: 48 hours,
 offered load 1.1, 3 tenants, 64 A100-80GB, seed 1, the default mix with its inference
 class and explicit GPU memory) with the same decision core, once with ``squeeze`` off
@@ -72,7 +75,10 @@ def one_run(
         "fgd-pattern",
         nodes,
         shapes,
-        SchedulerConfig(squeeze=squeeze, min_runtime_s=min_runtime_s),
+        # as measured before issue 28: preemption at once, no suspend
+        SchedulerConfig(
+            squeeze=squeeze, min_runtime_s=min_runtime_s, preempt_delay_s=0.0, suspend=False
+        ),
         np.random.default_rng(scheduler_seed),
     )
     started = time.perf_counter()

@@ -71,6 +71,8 @@ FAKECUDA_SOURCES = (
     "fakecuda/capture.c",
     "fakecuda/procaddress.c",
     "fakecuda/versions.c",
+    "fakecuda/contents.c",
+    "fakecuda/checkpoint.c",
 )
 
 INTERPOSER_SOURCES = (

@@ -16,6 +16,7 @@ class NodeBuilder:
         self._memory = 512 * 1024
         self._count = 0
         self._model: str | None = None
+        self._suspend = 0
 
     def gpus(self, count: int, model: str = "A100-80GB") -> NodeBuilder:
         self._count = count
@@ -30,9 +31,16 @@ class NodeBuilder:
         self._memory = parse_memory_mib(size)
         return self
 
+    def suspend_pool(self, size: str) -> NodeBuilder:
+        """Host memory set aside for suspended work (``Node.suspend_host_memory_mib``)."""
+        self._suspend = parse_memory_mib(size)
+        return self
+
     def build(self) -> Node:
         mem = gpu_model(self._model).memory_mib if self._model else 0
-        return Node(self._name, self._cpu, self._memory, self._count, self._model, mem)
+        return Node(
+            self._name, self._cpu, self._memory, self._count, self._model, mem, self._suspend
+        )
 
 
 class PodBuilder:

@@ -36,6 +36,7 @@ static void after_fork_child(void)
     pthread_mutex_init(&fk_g.lock, NULL);
     fk_state_after_fork();
     fk_streams_after_fork();
+    fk_ck_after_fork();
     fk_g.gen++;
     fk_g.initialised = 0;
     fk_g.nvis = 0;
@@ -126,6 +127,8 @@ CUresult cuInit(unsigned int flags)
     }
     CUresult rc = fk_g.init_result;
     pthread_mutex_unlock(&fk_g.lock);
+    if (rc == CUDA_SUCCESS)
+        fk_ck_start();
     return rc;
 }
 
@@ -135,9 +138,12 @@ CUresult cuInit(unsigned int flags)
  * acquire load pairs with that store, so a thread that sees 1 sees init_result. */
 CUresult fk_check_init(void)
 {
-    if (atomic_load_explicit(&fk_g.initialised, memory_order_acquire))
-        return fk_g.init_result;
-    return CUDA_ERROR_NOT_INITIALIZED;
+    if (!atomic_load_explicit(&fk_g.initialised, memory_order_acquire))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = fk_g.init_result;
+    if (rc == CUDA_SUCCESS)
+        fk_ck_gate(); /* locked or checkpointed (checkpoint.c): wait for the unlock */
+    return rc;
 }
 
 CUresult fk_dev_gpu(CUdevice dev, int *gpu)

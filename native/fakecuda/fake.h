@@ -20,6 +20,11 @@
  *   graph_nodes.c cuGraphAddNode / _v2, the other instantiate entry points, upload, queries.
  *   capture.c     stream capture (graph.h: the graph objects these three share).
  *   procaddress.c cuGetProcAddress and _v2.
+ *   contents.c    what device memory holds: host backing of cuMemAlloc-family allocations,
+ *                 written and read by the synchronous copies and memsets; saved to and loaded
+ *                 from a checkpoint file.
+ *   checkpoint.c  cuCheckpointProcess* (lock, checkpoint, restore, unlock, state) by pid from
+ *                 another process, and the per-process restore thread that carries them out.
  *   nvml.c        the fake NVML (its own library, libnvidia-ml.so.1, with state.c and devlock.c).
  */
 #ifndef FGPU_FAKE_H
@@ -33,7 +38,7 @@
 #include "cuda_api.h"
 
 #define FK_MAGIC 0x4b415046u /* "FPAK" */
-#define FK_VERSION 1u
+#define FK_VERSION 2u /* 2: checkpoint fields in struct fk_proc */
 #define FK_MAX_GPUS 16
 #define FK_MAX_PROCS 256
 #define FK_MAX_WAITERS 512
@@ -91,7 +96,20 @@ struct fk_proc {
     _Atomic uint64_t last_active_ns[FK_MAX_GPUS];
     _Atomic uint32_t contexts[FK_MAX_GPUS];
     struct fk_ring ring[FK_MAX_GPUS];
+    /* checkpointing (checkpoint.c): a controller posts a request (ck_op, ck_arg), bumps
+     * ck_req; the process's restore thread carries it out, sets ck_result, bumps ck_done */
+    _Atomic uint32_t ck_state;  /* CUprocessState; the futex word blocked API calls wait on */
+    _Atomic uint32_t ck_req;    /* futex word: requests posted */
+    _Atomic uint32_t ck_done;   /* futex word: requests answered */
+    _Atomic uint32_t ck_op;     /* FK_CK_LOCK, ... */
+    _Atomic uint32_t ck_arg;    /* lock: timeout in ms (0 = none) */
+    _Atomic uint32_t ck_busy;   /* a controller holds the request channel (pid) */
+    _Atomic int32_t ck_result;  /* CUresult of the last answered request */
+    _Atomic int32_t ck_tid;     /* the restore thread's tid; 0 = none (no cuInit yet) */
+    _Atomic uint64_t ck_saved[FK_MAX_GPUS]; /* bytes given back at checkpoint, per GPU */
 };
+
+enum { FK_CK_LOCK = 1, FK_CK_CHECKPOINT, FK_CK_RESTORE, FK_CK_UNLOCK };
 
 enum { FK_EXPORT_FREE = 0, FK_EXPORT_CLAIM, FK_EXPORT_LIVE };
 
@@ -230,15 +248,32 @@ struct fk_alloc {
     int export_idx; /* -1 when not exported */
     int opens;      /* IPC imports: open count */
     uint64_t ctx_serial; /* cuMemAlloc / Pitch / Managed: the owning context (0: none) */
+    unsigned char *data; /* contents.c: host backing (NULL: never written, reads as zeros) */
 };
 struct fk_alloc *fk_alloc_take(uint64_t dptr); /* remove from the table (caller: fk_g.lock) */
 struct fk_alloc *fk_alloc_find(uint64_t dptr); /* caller: fk_g.lock */
+struct fk_alloc *fk_alloc_containing(uint64_t dptr); /* any address inside; caller: fk_g.lock */
+void fk_alloc_each(void (*fn)(struct fk_alloc *a, void *arg), void *arg); /* caller: fk_g.lock */
 void fk_alloc_put(struct fk_alloc *a);         /* caller: fk_g.lock */
 struct fk_alloc *fk_alloc_new(uint64_t dptr, uint64_t bytes, int gpu, int kind); /* NULL: no memory */
 void fk_alloc_release(struct fk_alloc *a);     /* give the memory back; frees a */
 void fk_alloc_forget_all(void);                /* after fork: drop without giving back */
 void fk_alloc_release_ctx(uint64_t ctx_serial); /* what a destroyed context owned */
 CUresult fk_pool_alloc(struct fk_pool *p, uint64_t bytes, CUdeviceptr *dptr);
+
+/* contents.c (callers hold no lock) */
+CUresult fk_contents_write(uint64_t dptr, const void *src, uint64_t n); /* host -> device */
+CUresult fk_contents_read(void *dst, uint64_t dptr, uint64_t n);        /* device -> host */
+CUresult fk_contents_set(uint64_t dptr, unsigned char value, uint64_t n);
+void fk_contents_free(struct fk_alloc *a);
+int fk_contents_save(const char *path);  /* caller: fk_g.lock; 0, or -1 (errno) */
+int fk_contents_load(const char *path);  /* caller: fk_g.lock; 0, or -1 (errno) */
+
+/* checkpoint.c */
+void fk_ck_start(void);  /* after a successful cuInit: the restore thread of this process */
+void fk_ck_after_fork(void); /* in a forked child */
+void fk_ck_gate(void);   /* blocks while this process is locked or checkpointed */
+int fk_ck_path(int32_t pid, uint64_t start, char *buf, size_t len); /* checkpoint file */
 
 /* streams.c */
 enum { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_EVENT, FK_OP_FREE };
@@ -257,6 +292,7 @@ struct fk_ctx *fk_stream_ctx(struct fk_stream *s);
 CUresult fk_enqueue(struct fk_stream *s, struct fk_op *op); /* takes op */
 CUresult fk_stream_sync(struct fk_stream *s);
 void fk_ctx_sync(struct fk_ctx *c);
+int fk_streams_idle(void); /* 1 when no stream of the process has work queued or running */
 void fk_stream_free(struct fk_stream *s); /* drains, stops the worker, frees */
 void fk_ctx_streams_free(struct fk_ctx *c); /* every stream of the context */
 void fk_streams_after_fork(void);

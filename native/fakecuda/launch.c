@@ -1,7 +1,8 @@
 /*
  * launch.c - fake driver (a STAND-IN for tests, see fake.h): kernel launches (cuLaunchKernel,
  * cuLaunchKernelEx, cuLaunchCooperativeKernel and their _ptsz forms), copies and memsets:
- * each becomes a timed operation on its stream (copies and memsets: bytes at 10 GB/s).
+ * each becomes a timed operation on its stream (copies and memsets: bytes at 10 GB/s). The
+ * synchronous host<->device copies and cuMemsetD8 also move contents (contents.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -138,18 +139,20 @@ static CUresult copy_sync(int ok, uint64_t bytes)
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n)
 {
-    return copy_sync(dst != 0 && src != NULL, n);
+    CUresult rc = copy_sync(dst != 0 && src != NULL, n);
+    return rc == CUDA_SUCCESS ? fk_contents_write(dst, src, n) : rc;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n)
 {
-    return copy_sync(dst != NULL && src != 0, n);
+    CUresult rc = copy_sync(dst != NULL && src != 0, n);
+    return rc == CUDA_SUCCESS ? fk_contents_read(dst, src, n) : rc;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char uc, size_t n)
 {
-    (void)uc;
-    return copy_sync(dst != 0, n);
+    CUresult rc = copy_sync(dst != 0, n);
+    return rc == CUDA_SUCCESS ? fk_contents_set(dst, uc, n) : rc;
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream h)

@@ -2,8 +2,8 @@
  * memory.c - fake driver (a STAND-IN for tests, see fake.h): device memory. The process's
  * allocation table (device address -> size, GPU, kind), cuMemAlloc/Pitch/Managed/Free,
  * cuMemGetInfo, stream-ordered allocation (default pools give memory back at once, created
- * pools grow in 2 MiB chunks and keep freed memory until trimmed or destroyed). Memory has
- * no contents: copies and memsets only take time.
+ * pools grow in 2 MiB chunks and keep freed memory until trimmed or destroyed). What the
+ * memory holds: contents.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +40,22 @@ struct fk_alloc *fk_alloc_take(uint64_t dptr)
     return NULL;
 }
 
+struct fk_alloc *fk_alloc_containing(uint64_t dptr)
+{
+    for (unsigned b = 0; b < FK_BUCKETS; b++)
+        for (struct fk_alloc *a = table[b]; a != NULL; a = a->next)
+            if (dptr >= a->dptr && dptr - a->dptr < a->bytes)
+                return a;
+    return NULL;
+}
+
+void fk_alloc_each(void (*fn)(struct fk_alloc *a, void *arg), void *arg)
+{
+    for (unsigned b = 0; b < FK_BUCKETS; b++)
+        for (struct fk_alloc *a = table[b]; a != NULL; a = a->next)
+            fn(a, arg);
+}
+
 void fk_alloc_put(struct fk_alloc *a)
 {
     unsigned b = bucket(a->dptr);
@@ -53,6 +69,7 @@ void fk_alloc_forget_all(void)
         while (table[b] != NULL) {
             struct fk_alloc *a = table[b];
             table[b] = a->next;
+            fk_contents_free(a);
             free(a);
         }
     }
@@ -146,6 +163,7 @@ void fk_alloc_release(struct fk_alloc *a)
         break;
     }
     pthread_mutex_unlock(&fk_g.lock);
+    fk_contents_free(a);
     free(a);
 }
 

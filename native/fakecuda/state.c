@@ -353,8 +353,23 @@ int fk_device_used(int gpu, uint64_t *used)
 
 /* ------------------------------------------------------------------ process slots */
 
+int fk_ck_path(int32_t pid, uint64_t start, char *buf, size_t len)
+{
+    const char *state = getenv("FGPU_FAKE_GPU_STATE");
+    if (state == NULL || state[0] == '\0')
+        return -1;
+    int n = snprintf(buf, len, "%s.ckpt.%d.%llu", state, (int)pid, (unsigned long long)start);
+    return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
 static void reclaim_slot(struct fk_proc *p)
 {
+    if (atomic_load(&p->ck_state) == CU_PROCESS_STATE_CHECKPOINTED) {
+        char path[PATH_MAX + 64]; /* a checkpointed process that died: its contents go */
+        if (fk_ck_path(atomic_load(&p->pid), atomic_load(&p->start), path, sizeof path) == 0)
+            unlink(path);
+    }
+    atomic_store(&p->ck_state, CU_PROCESS_STATE_RUNNING);
     for (int g = 0; g < FK_MAX_GPUS; g++) {
         uint64_t u = atomic_exchange(&p->used[g], 0);
         if (u != 0 && (uint32_t)g < fk_sh->ngpus)
@@ -458,7 +473,12 @@ int fk_my_slot(void)
                 atomic_store(&p->last_active_ns[g], 0);
                 atomic_store(&p->contexts[g], 0);
                 atomic_store(&p->ring[g].count, 0);
+                atomic_store(&p->ck_saved[g], 0);
             }
+            atomic_store(&p->ck_state, CU_PROCESS_STATE_RUNNING);
+            atomic_store(&p->ck_done, atomic_load(&p->ck_req)); /* nothing pending */
+            atomic_store(&p->ck_busy, 0);
+            atomic_store(&p->ck_tid, 0);
             atomic_store_explicit(&p->state, FK_SLOT_LIVE, memory_order_release);
         } else {
             fk_debug("all %d process slots of the state file are taken", FK_MAX_PROCS);

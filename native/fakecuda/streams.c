@@ -288,6 +288,21 @@ void fk_ctx_sync(struct fk_ctx *c)
     free(pinned);
 }
 
+/* Checkpoint lock (checkpoint.c): whether every stream of the process has run all it was
+ * given. Stream locks are taken one at a time under the list lock (never the other way). */
+int fk_streams_idle(void)
+{
+    int idle = 1;
+    pthread_mutex_lock(&streams_mu);
+    for (struct fk_stream *s = streams; s != NULL && idle; s = s->list_next) {
+        pthread_mutex_lock(&s->mu);
+        idle = s->completed == s->submitted;
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&streams_mu);
+    return idle;
+}
+
 void fk_stream_free(struct fk_stream *s)
 {
     pthread_mutex_lock(&streams_mu);

@@ -400,6 +400,40 @@ typedef struct CUlaunchConfig_st {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* Checkpointing (cuda.h since CUDA 12.8: CUprocessState, CUcheckpoint*Args). */
+typedef enum CUprocessState_enum {
+    CU_PROCESS_STATE_RUNNING = 0,
+    CU_PROCESS_STATE_LOCKED,
+    CU_PROCESS_STATE_CHECKPOINTED,
+    CU_PROCESS_STATE_FAILED,
+} CUprocessState;
+
+typedef struct CUcheckpointLockArgs_st {
+    unsigned int timeoutMs; /* 0 = no timeout */
+    unsigned int reserved0;
+    cuuint64_t reserved1[7];
+} CUcheckpointLockArgs;
+
+typedef struct CUcheckpointCheckpointArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointCheckpointArgs;
+
+typedef struct CUcheckpointGpuPair_st {
+    CUuuid oldUuid;
+    CUuuid newUuid;
+} CUcheckpointGpuPair;
+
+typedef struct CUcheckpointRestoreArgs_st {
+    CUcheckpointGpuPair *gpuPairs;
+    unsigned int gpuPairsCount;
+    char reserved[52 - sizeof(CUcheckpointGpuPair *)];
+    cuuint64_t reserved1;
+} CUcheckpointRestoreArgs;
+
+typedef struct CUcheckpointUnlockArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointUnlockArgs;
+
 /* ---------------------------------------------------------------- layout checks (LP64) */
 #if defined(__LP64__)
 _Static_assert(sizeof(CUipcMemHandle) == 64, "CUipcMemHandle is 64 bytes");
@@ -419,6 +453,8 @@ _Static_assert(sizeof(CUgraphEdgeData) == 8, "CUgraphEdgeData layout");
 _Static_assert(sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS) == 32, "CUDA_GRAPH_INSTANTIATE_PARAMS layout");
 _Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams layout");
 _Static_assert(offsetof(CUgraphNodeParams, alloc) == 16, "CUgraphNodeParams.alloc offset");
+_Static_assert(sizeof(CUcheckpointLockArgs) == 64, "CUcheckpointLockArgs layout");
+_Static_assert(sizeof(CUcheckpointRestoreArgs) == 64, "CUcheckpointRestoreArgs layout");
 #endif
 
 /* ---------------------------------------------------------------- functions */
@@ -677,6 +713,13 @@ CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTable
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t byteCount);
 CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t byteCount);
 CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t n);
+/* checkpointing (by pid, from another process) */
+CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args);
 
 #ifdef __cplusplus
 }

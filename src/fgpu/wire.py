@@ -143,6 +143,12 @@ class WorkloadView(BaseModel):
         "running, frozen-by-priority (paused: a higher-priority workload is busy) or "
         "frozen-by-share (waits for its share of the period); None elsewhere",
     )
+    suspended_host_mib: int | None = Field(
+        default=None,
+        description="while pending and suspended to host memory (its GPU memory copied out "
+        "through the CUDA checkpoint API, its processes frozen; restored when its GPU has "
+        "room): the host memory it holds, MiB; None when not suspended",
+    )
 
 
 class EventView(BaseModel):

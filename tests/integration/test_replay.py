@@ -8,6 +8,7 @@ import math
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,10 @@ SUMMARY_KEYS = {
     "squeezes",
     "evictions_by_shape",
     "wasted_gpu_hours",
+    "suspends",
+    "restores",
+    "copy_gpu_hours",
+    "goodput_pct",
     "jain_fairness",
     "finished",
     "unfinished",
@@ -80,7 +85,9 @@ def work(
 
 
 def core() -> Scheduler:
-    return Scheduler(create_policy("best-fit"))
+    # preemption at once: these replays pin exact eviction times (the wait before evicting
+    # has its own tests below)
+    return Scheduler(create_policy("best-fit"), SchedulerConfig(preempt_delay_s=0.0))
 
 
 def replay(
@@ -192,6 +199,7 @@ def test_three_workloads_on_two_gpus_run_at_exact_times() -> None:
     assert set(summary) == SUMMARY_KEYS
     # 10 s x 1 + 50 s x 2 + 40 s x 1 + 30 s x 2 GPUs over 200 s x 2 GPUs = 52.5 %
     assert summary["gpu_allocation_pct"] == {"mean": 52.5, "p95": 100.0}
+    assert summary["goodput_pct"] == 52.5  # nothing evicted, nothing copied
     delays = summary["queueing_delay_s"]
     assert delays["all"] == {"p50": 0.0, "p95": 72.0, "count": 3, "not_started": 0}
     assert delays["per_queue"]["a"] == delays["all"]
@@ -389,6 +397,46 @@ def test_capacity_of_a_terminating_victim_is_not_used_by_others() -> None:
     assert starts(result)["x"] == ([130.0], 140.0)
 
 
+# ----------------------------------------------------------------------------- suspend
+def test_a_suspended_victim_keeps_its_progress_and_the_copies_cost_goodput() -> None:
+    """v (whole GPU, 80 GiB) is suspended for p at t=20 (its progress stops: 80 s left); its
+    memory goes to host in 10 s at 8 GiB/s, so p starts at 30 and ends at 80; v is restored
+    at 80, runs again from 90 after the copy back, and ends at 170 having lost nothing.
+    Goodput: 170 GPU-s allocated minus 20 s of copies, over 200 s."""
+    nodes = [replace(gpu_node("n1", 1), suspend_host_memory_mib=256 * 1024)]
+    day = [work("v", 0, 100, gpu=1, priority=40), work("p", 20, 50, gpu=1, priority=50)]
+    result = replay(nodes, day, 200, suspendable=True, host_link_mib_s=8192.0)
+    assert starts(result) == {"v": ([0.0], 170.0), "p": ([30.0], 80.0)}
+    assert (result.suspends, result.restores, result.evictions) == (1, 1, 0)
+    assert result.wasted_gpu_hours == 0.0
+    assert result.copy_gpu_hours == pytest.approx(20 / 3600)
+    summary = summarize_replay(result, 0.0)
+    assert summary["gpu_allocation_pct"]["mean"] == 85.0
+    assert summary["goodput_pct"] == 75.0
+    assert summary["queues"]["a"]["copy_gpu_hours"] == pytest.approx(20 / 3600, abs=1e-3)
+
+
+def test_without_a_budget_the_same_victim_is_evicted_and_its_work_is_lost() -> None:
+    nodes = [gpu_node("n1", 1)]
+    day = [work("v", 0, 100, gpu=1, priority=40), work("p", 20, 50, gpu=1, priority=50)]
+    result = replay(nodes, day, 300, suspendable=True, grace_s=0.0)
+    assert starts(result) == {"v": ([0.0, 70.0], 170.0), "p": ([20.0], 70.0)}
+    assert (result.suspends, result.evictions) == (0, 1)
+    summary = summarize_replay(result, 0.0)
+    # 170 GPU-s allocated, 20 of them lost to the eviction, over 300 s
+    assert summary["goodput_pct"] == 50.0
+
+
+def test_a_preemptor_below_100_waits_for_capacity_before_it_evicts() -> None:
+    nodes = [gpu_node("n1", 1)]
+    day = [work("v", 0, 1000, gpu=1, priority=40), work("p", 20, 50, gpu=1, priority=50)]
+    waiting = Scheduler(create_policy("best-fit"), SchedulerConfig(preempt_delay_s=100.0))
+    result = replay(nodes, day, 2000, scheduler=waiting, grace_s=0.0, tick_s=10.0)
+    # it evicts v only at 20 + 100 s (at once, it would have started at 20)
+    assert starts(result)["p"] == ([120.0], 170.0)
+    assert result.evictions == 1
+
+
 # ----------------------------------------------------------------------------- report pieces
 def test_jain_index() -> None:
     assert jain_index(np.array([1.0, 1.0]), np.array([2.0, 2.0])) == 1.0
@@ -567,7 +615,9 @@ def _squeeze_day(low_memory: str | None) -> list[SimWorkload]:
 
 def _run_squeeze_day(low_memory: str | None, squeeze: bool = True) -> ReplayResult:
     nodes = parse_gpus("1xA100-80GB")
-    scheduler = Scheduler(create_policy("best-fit"), SchedulerConfig(squeeze=squeeze))
+    scheduler = Scheduler(
+        create_policy("best-fit"), SchedulerConfig(squeeze=squeeze, preempt_delay_s=0.0)
+    )
     return run_replay(
         nodes,
         tenant_queues(["q"], nodes),

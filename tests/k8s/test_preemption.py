@@ -35,6 +35,14 @@ def test_a_high_priority_pod_evicts_a_low_one_and_gets_its_gpu(make_cluster) -> 
     assert victim["metadata"].get("deletionTimestamp")  # evicted, still stopping
     vip = cluster.api.get_pod(cluster.namespace, "vip")
     assert not vip["spec"].get("nodeName")
+    lost = {
+        (m.labels["queue"], m.labels["reason"]): m.value
+        for metric in s.metrics.events.gpu_seconds_lost.collect()
+        for m in metric.samples
+        if m.name.endswith("_total")
+    }
+    assert list(lost) == [("default", "preempt")]  # the victim's run, 0.6 GPU since its start
+    assert lost["default", "preempt"] > 0.0
     hold = vip["metadata"]["annotations"][wire.HOLD]
     assert f'"victims":["{cluster.namespace}/low-0"]' in hold.replace(" ", "")
     # a new leader inherits the hold from the pod; the victim finally goes

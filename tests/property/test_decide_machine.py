@@ -5,7 +5,11 @@ node added or removed, and scheduling rounds. After every step:
 - no Preempt ever names a non-preemptible victim, and a reclaim never takes a victim queue
   below its guarantee min(quota, demand);
 - sibling fair shares add up to at most their parent's (the cluster's) capacity;
-- every pending workload that was not placed has a reason.
+- every pending workload that was not placed has a reason;
+- (issue 28) a Suspend names only a suspendable, preemptible victim, a Restore only a
+  suspended workload on its own node, and every node's suspend budget equals what its
+  suspended and suspending work holds (``Shell.check_suspend_budget``), through cancels of
+  suspended work and nodes that come and go.
 """
 
 from __future__ import annotations
@@ -21,7 +25,15 @@ from fgpu.model.catalog import gpu_model
 from fgpu.model.types import Node, Request
 from fgpu.sched.decide import SchedulerConfig, allocation_resources
 from fgpu.sched.state import ClusterState
-from fgpu.sched.workload import Place, Preempt, QueueSpec, QueueTree, Resources
+from fgpu.sched.workload import (
+    Place,
+    Preempt,
+    QueueSpec,
+    QueueTree,
+    Resources,
+    Restore,
+    Suspend,
+)
 from tests.shell import Shell
 
 QUEUES = ("a", "b", "c")
@@ -38,8 +50,13 @@ requests = st.one_of(
 )
 
 
-def make_node(i: int, gpus: int) -> Node:
-    return Node(f"n{i}", 16_000, 64 * 1024, gpus, "A100-80GB", gpu_model("A100-80GB").memory_mib)
+def make_node(i: int, gpus: int, pool_mib: int = 0) -> Node:
+    memory = gpu_model("A100-80GB").memory_mib
+    return Node(f"n{i}", 16_000, 64 * 1024, gpus, "A100-80GB", memory, pool_mib)
+
+
+# a node's budget for suspended work: none, one whole GPU's worth (80 GiB + 1 GiB host), two
+POOLS = st.sampled_from([0, 81 * 1024, 200 * 1024])
 
 
 class DecisionMachine(RuleBasedStateMachine):
@@ -49,6 +66,8 @@ class DecisionMachine(RuleBasedStateMachine):
         weights=st.lists(st.sampled_from([0.0, 1.0, 2.0]), min_size=3, max_size=3),
         policy=st.sampled_from(["best-fit", "fgd", "spread"]),
         reservation=st.booleans(),
+        pool=POOLS,
+        delay=st.sampled_from([0.0, 20.0]),
     )
     def build(
         self,
@@ -57,28 +76,38 @@ class DecisionMachine(RuleBasedStateMachine):
         weights: list[float],
         policy: str,
         reservation: bool,
+        pool: int,
+        delay: float,
     ) -> None:
-        self.nodes = [make_node(i, g) for i, g in enumerate(gpus)]
+        self.pool = pool
+        self.nodes = [make_node(i, g, pool) for i, g in enumerate(gpus)]
         self.next_node = len(gpus)
         queues = QueueTree(
             QueueSpec(q, quota=Resources(quota * 1000), over_quota_weight=w, priority=i % 2)
             for i, (q, quota, w) in enumerate(zip(QUEUES, quotas, weights, strict=True))
         )
-        config = SchedulerConfig(reservation_after_s=30.0 if reservation else None)
+        config = SchedulerConfig(
+            reservation_after_s=30.0 if reservation else None, preempt_delay_s=delay
+        )
         self.shell = Shell(ClusterState(self.nodes), queues, config, policy)
         self.count = 0
         self.preemptions: Counter[str] = Counter()
 
     @rule(
         batch=st.lists(
-            st.tuples(st.sampled_from(QUEUES), requests, st.sampled_from([40, 50, 90, 100, 125])),
+            st.tuples(
+                st.sampled_from(QUEUES),
+                requests,
+                st.sampled_from([40, 50, 90, 100, 125]),
+                st.booleans(),
+            ),
             min_size=1,
             max_size=4,
         )
     )
-    def submit(self, batch: list[tuple[str, Request, int]]) -> None:
-        for queue, request, priority in batch:
-            self.shell.submit(f"w{self.count}", queue, request, priority)
+    def submit(self, batch: list[tuple[str, Request, int, bool]]) -> None:
+        for queue, request, priority, suspendable in batch:
+            self.shell.submit(f"w{self.count}", queue, request, priority, suspendable=suspendable)
             self.count += 1
 
     @rule()
@@ -87,10 +116,14 @@ class DecisionMachine(RuleBasedStateMachine):
         before = {w.id: w for w in sh.workloads.values()}
         decision = sh.round()
         for action in decision.actions:
-            if isinstance(action, Preempt):
+            if isinstance(action, Preempt | Suspend):
                 victim = before[action.victim]
                 assert victim.is_preemptible, action
                 self.preemptions[action.kind] += 1
+            if isinstance(action, Suspend):
+                assert before[action.victim].suspendable, action
+            if isinstance(action, Restore):
+                assert before[action.workload].suspended_on == action.allocation.node_name
         # a reclaim never takes a victim queue below its guarantee min(quota, demand),
         # counting what the queue holds after the round (its placements included)
         share = decision.fair_share
@@ -99,7 +132,7 @@ class DecisionMachine(RuleBasedStateMachine):
         for action in decision.actions:
             if isinstance(action, Place):
                 placed[before[action.workload].queue] += sum(action.allocation.gpu_milli)
-            elif isinstance(action, Preempt) and action.kind == "reclaim":
+            elif isinstance(action, Preempt | Suspend) and action.kind == "reclaim":
                 victim = before[action.victim]
                 assert victim.allocation is not None
                 lost[victim.queue] += sum(victim.allocation.gpu_milli)
@@ -140,8 +173,11 @@ class DecisionMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         pending = sorted(w.id for w in self.shell.workloads.values() if w.allocation is None)
         wid = data.draw(st.sampled_from(pending))
-        self.shell.workloads.pop(wid)
+        gone = self.shell.workloads.pop(wid)
         self.shell.holds.pop(wid, None)
+        if gone.suspended_on is not None:  # a suspended workload cancelled is simply ended
+            state = self.shell.state
+            state.free_suspended(state.node_index[gone.suspended_on], gone.suspended_host_mib)
 
     @rule(
         queue=st.sampled_from(QUEUES), quota=st.integers(0, 4), weight=st.sampled_from([0.0, 1.0])
@@ -157,7 +193,7 @@ class DecisionMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "shell") and len(self.nodes) < 4)
     @rule(gpus=st.integers(1, 4))
     def add_node(self, gpus: int) -> None:
-        self.nodes.append(make_node(self.next_node, gpus))
+        self.nodes.append(make_node(self.next_node, gpus, self.pool))
         self.next_node += 1
         self._rebuild()
 
@@ -174,14 +210,22 @@ class DecisionMachine(RuleBasedStateMachine):
         old = sh.state
         state = ClusterState(self.nodes)
         for w in list(sh.workloads.values()):
+            if w.suspended_on is not None:  # its node's budget keeps it, or it is lost
+                if w.suspended_on in state.node_index:
+                    state.hold_suspended(state.node_index[w.suspended_on], w.suspended_host_mib)
+                else:
+                    sh.workloads[w.id] = replace(w, suspended_on=None, suspended_host_mib=0)
             if w.allocation is None:
                 continue
             name = old.node_names[w.allocation.node]
             if name in state.node_index:
                 alloc = state.allocate(w.request, state.node_index[name], w.allocation.gpus)
                 sh.workloads[w.id] = replace(w, allocation=alloc)
+                if w.id in sh.suspending:
+                    state.hold_suspended(alloc.node, sh.suspending[w.id])
             else:
                 sh.workloads[w.id] = replace(w, allocation=None, started_at=None, terminating=False)
+                sh.suspending.pop(w.id, None)
         sh.state = state
         sh.holds = {k: h for k, h in sh.holds.items() if h.node in state.node_index}
 
@@ -196,6 +240,7 @@ class DecisionMachine(RuleBasedStateMachine):
             if w.allocation is not None
         )
         assert used == sh.state.gpu_allocated_milli
+        sh.check_suspend_budget()
 
 
 DecisionMachine.TestCase.settings = settings(

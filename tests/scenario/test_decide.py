@@ -126,7 +126,7 @@ def thrash_setup(config: SchedulerConfig) -> Shell:
 
 
 def test_no_evict_readmit_cycle_over_50_rounds() -> None:
-    sh = thrash_setup(SchedulerConfig())
+    sh = thrash_setup(SchedulerConfig(preempt_delay_s=0.0))
     for _ in range(50):
         sh.round()
     # b would exceed its fair share (0 + 600 > 500) by reclaiming: it waits instead
@@ -135,7 +135,7 @@ def test_no_evict_readmit_cycle_over_50_rounds() -> None:
 
 
 def test_the_naive_reclaim_rule_loops_in_the_same_setup() -> None:
-    sh = thrash_setup(SchedulerConfig(reclaim_within_fair_share=False))
+    sh = thrash_setup(SchedulerConfig(reclaim_within_fair_share=False, preempt_delay_s=0.0))
     for _ in range(50):
         sh.round()
     assert sh.evictions() >= 20  # a and b keep evicting each other
@@ -166,7 +166,11 @@ def test_in_quota_work_of_a_lower_priority_queue_is_not_reclaimed() -> None:
 
 
 def test_min_runtime_protects_young_workloads() -> None:
-    sh = Shell(cluster(node("n1").gpus(1)), QueueTree.single(), SchedulerConfig(min_runtime_s=60))
+    sh = Shell(
+        cluster(node("n1").gpus(1)),
+        QueueTree.single(),
+        SchedulerConfig(min_runtime_s=60, preempt_delay_s=0.0),
+    )
     sh.run("young", "default", pod().gpu(1).build(), 0, [0], priority=40, started=100.0)
     sh.submit("urgent", "default", pod().gpu(1).build(), priority=90)
     sh.now = 130.0

@@ -408,6 +408,17 @@ def node_agent(
                 )
                 governing.start()
                 agent.enforcer = governing
+                if backend.kind == "nvml":  # pods asked to be suspended (fgpu.io/suspend)
+                    from fgpu.agent.checkpoint import probe
+                    from fgpu.k8s.podcgroup import PodCgroupFreezer
+                    from fgpu.k8s.suspend import PodSuspender, Suspensions
+
+                    checkpoint, why = probe("libcuda.so.1")
+                    if checkpoint is None:
+                        log.info("pod suspend off: %s", why)
+                    else:
+                        pods = PodSuspender(checkpoint, PodCgroupFreezer(freezer.root))
+                        agent.suspensions = Suspensions(pods, api)
                 log.info(
                     "enforcing through pod cgroups under %s (compute %s, priority %s, memory %s)",
                     freezer.root,

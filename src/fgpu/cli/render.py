@@ -174,6 +174,8 @@ def state_text(view: WorkloadView | PlainWorkloadView) -> Text:
         return Text("stopping", style=PHASE_STYLES["stopping"])
     if view.squeezed:
         return Text("squeezed", style=PHASE_STYLES["paused"])
+    if view.suspended_host_mib is not None:
+        return Text(suspended_text(view.suspended_host_mib), style=PHASE_STYLES["paused"])
     state = view.gpu_state
     if state is None or state == "running":
         return Text("")
@@ -335,6 +337,11 @@ def _plain(cell: str | Text) -> str:
 def _width(cell: str | Text) -> int:
     """The widest line of a cell."""
     return max((cell_len(line) for line in _plain(cell).split("\n")), default=0)
+
+
+def suspended_text(host_mib: int) -> str:
+    """``suspended (host 1.5 GiB)``: a workload suspended to host memory."""
+    return f"suspended (host {host_mib / 1024:.1f} GiB)"
 
 
 def squeezed_text(by: Sequence[str]) -> str:

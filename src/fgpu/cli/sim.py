@@ -249,6 +249,23 @@ def sim_replay(
             "--squeeze/--no-squeeze", help="Squeeze before evict (--no-squeeze: evict only)."
         ),
     ] = True,
+    preempt_delay: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a preemptor below priority 100 waits for capacity to free before "
+            "it preempts (0: at once)."
+        ),
+    ] = 300.0,
+    suspend_host_memory: Annotated[
+        str,
+        typer.Option(
+            help="Host memory per node for suspended work, e.g. 256GiB: victims are "
+            "suspended to host memory while it has room (0: suspend off, victims evicted)."
+        ),
+    ] = "0",
+    host_link: Annotated[
+        float, typer.Option(help="GB/s of the suspend and restore copies to host memory.")
+    ] = 25.0,
     inference_duty: Annotated[
         float,
         typer.Option(help="Fraction of the time the inference class (critical) is busy."),
@@ -296,6 +313,20 @@ def sim_replay(
     _check_number("--aging-interval", aging_interval, 0, strict=True)
     _check_number("--reservation-after", reservation_after, 0, strict=False)
     _check_number("--tick", tick, 0, strict=False)
+    _check_number("--preempt-delay", preempt_delay, 0, strict=False)
+    _check_number("--host-link", host_link, 0, strict=True)
+    from dataclasses import replace
+
+    from fgpu.model.units import parse_memory_mib
+
+    try:
+        suspend_pool_mib = (
+            0
+            if suspend_host_memory.strip() == "0"
+            else parse_memory_mib(suspend_host_memory, "--suspend-host-memory")
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     for duty_option, duty_value in (
         ("--inference-duty", inference_duty),
         ("--training-duty", training_duty),
@@ -318,6 +349,8 @@ def sim_replay(
         nodes = parse_gpus(gpus)
     except GpuSpecError as exc:
         raise _fail(str(exc)) from None
+    if suspend_pool_mib:
+        nodes = [replace(n, suspend_host_memory_mib=suspend_pool_mib) for n in nodes]
     capacity = sum(n.gpu_count for n in nodes) * 1000
     workload_seed, scheduler_seed = np.random.SeedSequence(seed).spawn(2)
     try:
@@ -349,6 +382,8 @@ def sim_replay(
         aging_interval_s=aging_interval,
         reservation_after_s=reservation_after,
         squeeze=squeeze,
+        suspend=suspend_pool_mib > 0,
+        preempt_delay_s=preempt_delay,
     )
     try:
         scheduler = build_scheduler(
@@ -395,6 +430,8 @@ def sim_replay(
                 debug=debug,
                 on_round=advance,
                 duty=DutyCycles(inference_duty, training_duty),
+                suspendable=suspend_pool_mib > 0,
+                host_link_mib_s=host_link * 1e9 / 2**20,
             )
         except ReplayError as exc:  # a broken contract of the decision core: a bug, not input
             err.print(f"[bold red]replay stopped:[/] {exc}", highlight=False, soft_wrap=True)

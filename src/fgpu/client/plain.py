@@ -71,6 +71,7 @@ class PlainWorkloadView:
     squeezed: bool = False
     squeezed_by: list[str] = field(default_factory=list)
     gpu_state: str | None = None
+    suspended_host_mib: int | None = None
 
 
 T = TypeVar("T")

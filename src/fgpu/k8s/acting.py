@@ -234,6 +234,12 @@ class RoundActions(RoundBuilder):
             return
         self._evicting[action.victim] = meta["uid"]
         post_event(self.api, victim, "Normal", "Preempted", action.reason)
+        lost = next((w for w in rnd.workloads if w.id == action.victim), None)
+        if lost is not None and lost.allocation is not None and lost.started_at is not None:
+            gpus = sum(lost.allocation.gpu_milli) / 1000.0
+            self.metrics.events.lost(
+                lost.queue, action.kind, gpus * max(0.0, self.clock() - lost.started_at)
+            )
 
     def _wait(self, rnd: Round, key: str, reason: str) -> None:
         if rnd.unavailable and " nodes fit: " in reason:

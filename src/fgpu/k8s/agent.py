@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fgpu.agent.backend import GpuBackend, GpuDevice, mig_devices_of
 from fgpu.k8s import wire
@@ -55,6 +55,9 @@ from fgpu.mig.device import MigDevice, apply_plan
 from fgpu.mig.inventory import MigInputError
 from fgpu.mig.layout import Placement
 from fgpu.mig.planner import GpuPlan
+
+if TYPE_CHECKING:
+    from fgpu.k8s.suspend import Suspensions
 
 log = logging.getLogger("fgpu.k8s.agent")
 
@@ -98,12 +101,15 @@ class PlacedContainer:
         assignment: what it was granted (GPU UUIDs, compute milli, memory MiB).
         squeezed_by: the keys of the pods that squeezed it (its ``fgpu.io/squeezed-by``
             annotation; empty when it is not squeezed).
+        suspend: its ``fgpu.io/suspend`` is ``"true"``: it is to be suspended to host memory
+            (:mod:`fgpu.k8s.suspend`).
     """
 
     workload_id: str
     uid: str
     assignment: wire.Assignment
     squeezed_by: tuple[str, ...] = ()
+    suspend: bool = False
 
 
 class Enforcer(Protocol):
@@ -171,6 +177,8 @@ class NodeAgent:
         enforcer: what enforces the pods' shares (default: :class:`LogOnlyEnforcer`).
         on_publish: called with the inventory after every publication (the DRA driver's
             ResourceSlice, :class:`fgpu.k8s.dra.slices.SlicePublisher`).
+        suspensions: suspends and restores pods asked to be (``fgpu.io/suspend``;
+            :class:`fgpu.k8s.suspend.Suspensions`); None: none.
     """
 
     def __init__(
@@ -181,8 +189,10 @@ class NodeAgent:
         gpus: str | None = None,
         enforcer: Enforcer | None = None,
         on_publish: Callable[[wire.Inventory], Any] | None = None,
+        suspensions: Suspensions | None = None,
     ) -> None:
         self.api = api
+        self.suspensions = suspensions
         self.node = node
         self.backend = backend
         owned = select_gpus(backend.gpus(), gpus)
@@ -305,7 +315,12 @@ class NodeAgent:
             status = self.reconcile_mig(node, placed)
             if status is None and self.inventory().to_json() != self._published:
                 self.publish()  # instances changed outside fgpu (e.g. nvidia-smi)
-        self.enforcer.sync(placed)
+        if self.suspensions is None:
+            self.enforcer.sync(placed)
+        else:  # the governor lets go of a pod before it is suspended (it would thaw it)
+            pods = {wire.pod_key(p): p for p in self.view.bound_pods()}
+            self.enforcer.sync(self.suspensions.governed(placed, pods))
+            self.suspensions.suspend_asked(placed, pods)
         self.reports += 1
 
     def reconcile_mig(
@@ -417,9 +432,11 @@ class NodeAgent:
                 a = wire.Assignment.from_json(text)
             except wire.WireError:
                 continue
-            squeezed = wire.squeezed_by(wire.annotations_of(pod).get(wire.SQUEEZED_BY))
+            notes = wire.annotations_of(pod)
+            squeezed = wire.squeezed_by(notes.get(wire.SQUEEZED_BY))
             uid = pod["metadata"].get("uid", "")
-            out.append(PlacedContainer(wire.pod_key(pod), uid, a, squeezed))
+            suspend = notes.get(wire.SUSPEND) == "true"
+            out.append(PlacedContainer(wire.pod_key(pod), uid, a, squeezed, suspend))
         return out
 
     def live(self) -> tuple[bool, str]:

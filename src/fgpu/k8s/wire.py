@@ -70,6 +70,12 @@ HOLD = "fgpu.io/hold"
 SQUEEZED_BY = "fgpu.io/squeezed-by"
 """On a running pod that is squeezed (squeeze before evict): the keys (``namespace/name``)
 of the pods that took its compute, comma-separated (empty: none now); absent otherwise."""
+SUSPEND = "fgpu.io/suspend"
+"""On a running pod: ``"true"`` asks its node agent to suspend it to host memory (CUDA
+checkpoint, cgroup frozen; :mod:`fgpu.k8s.suspend`); removed: restore it."""
+SUSPENDED = "fgpu.io/suspended"
+"""Written by the node agent on a pod it suspended: JSON ``{"pids": [...], "copy_s": s}``,
+or ``{"error": "..."}`` when the suspend failed; removed when it is restored."""
 WEBHOOK_ANNOTATIONS = (ENV_CONFIGMAP,)
 """Pod annotations the webhook writes at creation."""
 SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD, SQUEEZED_BY)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from fgpu.metrics.names import SERIES
 from fgpu.sched.workload import PRIORITY_CLASSES
 
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -33,6 +34,8 @@ class EventMetrics:
     Attributes:
         workloads: ``fgpu_workloads_total{phase}``.
         preemptions: ``fgpu_preemptions_total{kind}`` (preempt, reclaim).
+        gpu_seconds_lost: ``fgpu_gpu_seconds_lost_total{queue, reason}`` (preempt, reclaim,
+            suspend, restore).
         memory_violations: ``fgpu_memory_violations_total``.
         round_seconds: ``fgpu_scheduling_round_seconds``.
         submission_to_start: ``fgpu_submission_to_start_seconds{queue, priority}``.
@@ -46,6 +49,12 @@ class EventMetrics:
             "fgpu_preemptions",
             "Victims stopped: preempt (same queue) or reclaim (across queues).",
             ["kind"],
+            registry=registry,
+        )
+        self.gpu_seconds_lost = Counter(
+            "fgpu_gpu_seconds_lost",
+            SERIES["fgpu_gpu_seconds_lost_total"].help,
+            ["queue", "reason"],
             registry=registry,
         )
         self.memory_violations = Counter(
@@ -74,6 +83,13 @@ class EventMetrics:
     def preempted(self, kind: str) -> None:
         """A victim was stopped; ``kind`` is the core's ``preemption`` or ``reclaim``."""
         self.preemptions.labels(kind=_PREEMPT_KINDS.get(kind, kind)).inc()
+
+    def lost(self, queue: str, reason: str, gpu_seconds: float) -> None:
+        """``gpu_seconds`` of ``queue``'s work lost; ``reason``: the core's ``preemption``
+        or ``reclaim`` (an eviction), ``suspend`` or ``restore`` (copy time)."""
+        if gpu_seconds > 0:
+            label = _PREEMPT_KINDS.get(reason, reason)
+            self.gpu_seconds_lost.labels(queue=queue, reason=label).inc(gpu_seconds)
 
     def started(self, queue: str, priority: int, waited_s: float) -> None:
         """A workload started ``waited_s`` seconds after its submission."""

@@ -93,6 +93,12 @@ SERIES: Final[dict[str, Series]] = {
     "fgpu_preemptions_total": Series(
         "counter", ("kind",), "Victims stopped: preempt (same queue) or reclaim (across queues)."
     ),
+    "fgpu_gpu_seconds_lost_total": Series(
+        "counter",
+        ("queue", "reason"),
+        "GPU-seconds of work lost: evicted runs since their latest start (reason preempt, "
+        "reclaim) and time copying device memory to and from host memory (suspend, restore).",
+    ),
     "fgpu_memory_violations_total": Series(
         "counter", (), "Workloads found over their GPU memory quota by the memory guard."
     ),

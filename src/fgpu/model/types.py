@@ -114,6 +114,11 @@ class Node:
             as given); None for a CPU-only node (an empty name there becomes None).
         gpu_memory_mib: memory of each GPU in MiB (0 for a CPU-only node),
             0..:data:`MAX_MEMORY_MIB`.
+        suspend_host_memory_mib: host memory set aside for suspended work, in MiB,
+            0..:data:`MAX_MEMORY_MIB` (DESIGN.md section 5, "keep the work"): a suspended
+            workload's GPU memory copied to host plus the host memory its frozen processes
+            keep are charged here, apart from ``memory_mib`` (what running work may be
+            granted). 0 (the default): suspend is off on this node, victims are evicted.
 
     Raises:
         InvalidRequestError: an empty name, a non-integer, negative or too large amount, a
@@ -126,6 +131,7 @@ class Node:
     gpu_count: int
     gpu_model: str | None
     gpu_memory_mib: int
+    suspend_host_memory_mib: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -136,6 +142,7 @@ class Node:
         _check_amount(self, "memory_mib", MAX_MEMORY_MIB)
         _check_amount(self, "gpu_count", MAX_GPUS)
         _check_amount(self, "gpu_memory_mib", MAX_MEMORY_MIB)
+        _check_amount(self, "suspend_host_memory_mib", MAX_MEMORY_MIB)
         model = self.gpu_model
         if model is not None and not isinstance(model, str):
             raise InvalidRequestError(

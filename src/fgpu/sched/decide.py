@@ -14,7 +14,9 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 2. **Order.** Queues furthest below their fair share go first: the key is the dominant ratio
    ``max over resources of allocated / fair share`` (a queue with no fair share goes last),
    then queue priority (higher first), then name. After every placement the queue's ratio is
-   updated. Inside a queue: effective priority (higher first), then submission time, then id.
+   updated. Inside a queue: effective priority (higher first), then suspended work before
+   new work (rule 11), then submission time, then id. The round runs this order twice: first
+   over non-preemptible work only, then over the rest (rule 12).
 3. **Admission.** A placement must keep the queue and its ancestors within their limits, and
    non-preemptible work (by default priority >= 100) of a queue within the queue's GPU quota,
    counted in milli-GPU over every GPU it holds.
@@ -31,7 +33,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
    recently started, until the preemptor fits on that node (the filter checks the same GPU
    for a share and the same node for several GPUs); then put back every victim that is not
    needed. Among nodes the set with the lowest highest-victim-priority, then the fewest
-   victims, then the least GPU freed, then the node rank wins.
+   evictions (victims that rule 9 cannot suspend), then the fewest victims, then the least
+   GPU freed, then the node rank wins.
 6. **Aging and reservation** (both off by default). With ``aging_interval_s`` a pending
    workload's effective priority for ordering rises by ``aging_step`` per interval waited, up
    to ``aging_max`` (it never gains preemption power). With ``reservation_after_s`` a
@@ -50,6 +53,46 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 
 8. **Node constraints.** A workload with ``nodes`` (allowed node names) is placed,
    preempts and reserves only there; the nodes left out are counted first in its reason.
+
+9. **Suspend, the third way to free a GPU** (``suspend``, on by default): every victim
+   chosen by rules 4 and 5 is suspended (:class:`Suspend`) rather than evicted
+   (:class:`Preempt`) when the shell says it can be checkpointed (``Workload.suspendable``:
+   its processes run CUDA on a driver with the checkpoint API) and its node's suspend budget
+   (``Node.suspend_host_memory_mib``, the state's ``suspend_free``) still holds its host
+   memory (:func:`suspend_host_mib`: its GPU memory, copied to host, plus its host memory,
+   kept by its frozen processes), counting the victims suspended earlier in the round, in
+   victim order; otherwise it is evicted as before. Rule 4/5's choice among nodes prefers
+   the node with fewer evictions among equal victim priorities, so suspending frees only
+   what an eviction would have freed (the same minimal victim set), never more. A suspended
+   victim is terminating until the shell has copied it out (the preemptor's hold waits for
+   it as for an exit); then it holds no allocation, only its charge on the budget.
+10. **Wait before evicting.** A preemptor below ``preempt_wait_below`` (default 100, so
+    ``high`` and ``critical`` preempt at once) looks for victims (rules 4 and 5) only once
+    it has waited its queue's ``QueueSpec.preempt_delay_s`` (default the scheduler's
+    ``preempt_delay_s``, 300 s; 0: at once) since it was submitted. Until then it keeps its
+    place in the order, so capacity that frees meanwhile goes to it before lower-ranked work;
+    its reason ends with how long it has waited and from when it may preempt. Squeezing
+    (rule 7) keeps the victims' memory and progress and does not wait.
+11. **Restore.** A suspended workload (``Workload.suspended_on``) is pending for the order
+    (its demand counts for its queue) and goes before new work of its priority in its
+    queue; it is only ever restored (:class:`Restore`) on the node it is suspended on (GPUs
+    of the same model), where it fits now, outside reservations and holds, within its
+    queue's limits. It never preempts, squeezes or reserves, and no timeout drops it: it
+    waits, saying so, until its node has room or it is cancelled. The shell frees its budget
+    charge once the restore is done.
+12. **Non-preemptible work first.** Non-preemptible pending work of every queue is placed
+    (and looks for victims) before any preemptible work, in the order of rule 2, and its
+    victim searches are not capped by ``max_preemptors_per_round``, so critical work never
+    waits behind the victim searches of lower-priority preemptors of other queues.
+
+**What the shells do** (the interface of rules 9 and 11). On :class:`Suspend` the shell
+charges ``host_memory_mib`` to the node's budget at once (``ClusterState.hold_suspended``),
+keeps the victim running-but-terminating while it locks and checkpoints it (device memory to
+host, GPU memory freed) and freezes its processes, then releases its allocation and marks it
+``suspended_on=<node>``, ``suspended_host_mib=<charge>``; a shell whose checkpoint fails
+evicts it instead (and frees the charge). On :class:`Restore` it takes the allocation, copies
+the memory back, thaws the processes, and frees the charge (``free_suspended``). A suspended
+workload that is cancelled is simply ended (its charge freed).
 
 Every pending workload that is not placed gets a :class:`Wait` with a reason.
 
@@ -86,7 +129,9 @@ from fgpu.sched.workload import (
     Preempt,
     QueueTree,
     Resources,
+    Restore,
     Squeeze,
+    Suspend,
     Wait,
     Workload,
 )
@@ -110,6 +155,12 @@ class SchedulerConfig:
         max_preemptors_per_round: bound on victim searches per round (cost control).
         squeeze: squeeze before evict (rule 7) for queues that do not choose
             (``QueueSpec.squeeze`` None); False evicts as before.
+        suspend: suspend rather than evict (rule 9) where the victim is suspendable and
+            its node's suspend budget has room; False evicts as before.
+        preempt_wait_below: preemptors of a priority below this wait before they preempt
+            (rule 10); at or above it (default 100: ``high`` and ``critical``) at once.
+        preempt_delay_s: how long such a preemptor waits, seconds since it was submitted,
+            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0: at once.
     """
 
     min_runtime_s: float = 0.0
@@ -121,6 +172,9 @@ class SchedulerConfig:
     reclaim_within_fair_share: bool = True
     max_preemptors_per_round: int = 16
     squeeze: bool = True
+    suspend: bool = True
+    preempt_wait_below: int = 100
+    preempt_delay_s: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +235,14 @@ def allocation_resources(allocation: Allocation) -> Vec:
 def held_rest(allocation: Allocation) -> Vec:
     """[cpu_milli, memory_mib] an allocation holds."""
     return [allocation.cpu_milli, allocation.memory_mib]
+
+
+def suspend_host_mib(workload: Workload) -> int:
+    """Host memory (MiB) ``workload`` holds once suspended: its GPU memory (copied to host)
+    plus its host memory (its frozen processes keep it); see :class:`Suspend`."""
+    a = workload.allocation
+    assert a is not None
+    return sum(a.gpu_memory_mib) + a.memory_mib
 
 
 def _add(a: Vec, b: Vec, sign: int = 1) -> Vec:
@@ -273,7 +335,7 @@ class _NodeView:
 class _Victims:
     node: int
     victims: list[Workload]
-    key: tuple[int, int, int, int]
+    key: tuple[int, int, int, int, int]
 
 
 class Scheduler:
@@ -518,20 +580,16 @@ class Scheduler:
                         candidates[w.queue].append(w)
             return candidates
 
-        # ---- rule 2: order
-        per_queue: dict[str, list[Workload]] = defaultdict(list)
+        # ---- rule 2: order, in two passes (rule 12): non-preemptible work of every queue
+        # first, then the rest
+        first: dict[str, list[Workload]] = defaultdict(list)
+        rest: dict[str, list[Workload]] = defaultdict(list)
         for w in pending:
             if w.id not in decided:
-                per_queue[w.queue].append(w)
-        for items in per_queue.values():
-            items.sort(key=lambda w: (-self.effective_priority(w, now), w.submitted_at, w.id))
-        cursor = dict.fromkeys(per_queue, 0)
-        heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
-        heapq.heapify(heap)
+                (first if not w.is_preemptible else rest)[w.queue].append(w)
         no_fit: dict[tuple[Request, bool, frozenset[str] | None], str] = {}
         resources_of: dict[Request, Vec] = {}
         no_victims: set[tuple[Request, str, int, frozenset[str] | None]] = set()
-        searches = 0
         # (index in actions, workload, GPU milli, node fit, hold) of those that found no place
         unexplained: list[tuple[int, Workload, int, str, Hold | None]] = []
         could_fit: dict[tuple[Request, frozenset[str] | None], bool] = {}  # on empty nodes
@@ -557,185 +615,233 @@ class Scheduler:
                     )
             return None
 
-        while heap:
-            _, neg_prio, q = heapq.heappop(heap)
-            items = per_queue[q]
-            if cursor[q] >= len(items):
-                continue
-            w = items[cursor[q]]
-            cursor[q] += 1
-            cached = resources_of.get(w.request)
-            if cached is None:
-                cached = resources_of[w.request] = request_resources(w.request, largest_mem)
-            res = cached
-            reason = admit(w, res)
-            if reason is not None:
-                actions.append(Wait(w.id, reason))
-                heapq.heappush(heap, (ratio(q), neg_prio, q))
-                continue
-            own_reservation = w.id in new_holds and new_holds[w.id].is_reservation
-            exclude: np.ndarray | None = reserved if reserved.any() else None
-            if own_reservation:
-                exclude = reserved.copy()
-                exclude[work.node_index[new_holds[w.id].node]] = False
-            allowed = work.node_mask(w.nodes) if w.nodes is not None else None
-            # a shape that found no node in this round finds none later in it either: the
-            # working state only fills up
-            key = (w.request, exclude is not None, w.nodes)
-            result: Allocation | Unschedulable
-            if key in no_fit and not own_reservation:
-                result = Unschedulable(no_fit[key])
-            else:
-                result = placer.place(w.request, explain=True, exclude=exclude, allowed=allowed)
-            if isinstance(result, Allocation):
-                actions.append(Place(w.id, result))
-                charge(q, allocation_resources(result))
-                if not w.is_preemptible:
-                    nonpreempt[q] += allocation_resources(result)[0]
-                new_holds.pop(w.id, None)
-                if own_reservation:
-                    reserved[result.node] = False
-                heapq.heappush(heap, (ratio(q), neg_prio, q))
-                continue
-            if not own_reservation:
-                no_fit[key] = result.reason
-            # rule 7: squeeze before evict
-            skey = (w.request, f"{w.queue}/squeeze", w.priority, w.nodes)
-            if (
-                squeeze_on(q)
-                and can_squeeze(w)
-                and skey not in no_victims
-                and searches < cfg.max_preemptors_per_round
-            ):
-                searches += 1
-                plan = book.find(
-                    w,
-                    victim_candidates().get(q, ()),
-                    self.policy,
-                    rank,
-                    exclude if exclude is not None else reserved,
-                    victimized,
-                )
-                if plan is None:
-                    no_victims.add(skey)
-                else:
-                    for sv in plan.squeezed:
-                        assert sv.allocation is not None
-                        charge(sv.queue, [sv.allocation.gpu_milli[0], 0, 0], -1)
-                    squeezed_alloc, squeezes = book.apply(w, plan)
-                    actions.extend(squeezes)
-                    actions.append(
-                        Place(
-                            w.id,
-                            squeezed_alloc,
-                            "squeezed "
-                            + ", ".join(sv.id for sv in plan.squeezed + plan.compressed),
-                        )
+        def delay_of(q: str) -> float:
+            chosen = queues[q].preempt_delay_s
+            return cfg.preempt_delay_s if chosen is None else chosen
+
+        # index in actions -> what a waiting preemptor's reason ends with (rule 10)
+        wait_notes: dict[int, str] = {}
+        for per_queue in (first, rest):
+            # rule 11: a suspended workload goes before new work of its priority
+            for items in per_queue.values():
+                items.sort(
+                    key=lambda w: (
+                        -self.effective_priority(w, now),
+                        w.suspended_on is None,
+                        w.submitted_at,
+                        w.id,
                     )
-                    charge(q, allocation_resources(squeezed_alloc))
-                    if not w.is_preemptible:
-                        nonpreempt[q] += allocation_resources(squeezed_alloc)[0]
-                    new_holds.pop(w.id, None)
+                )
+            cursor = dict.fromkeys(per_queue, 0)
+            heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
+            heapq.heapify(heap)
+            # rule 12: searches for non-preemptible work are not capped
+            search_cap = math.inf if per_queue is first else cfg.max_preemptors_per_round
+            searches = 0
+            while heap:
+                _, neg_prio, q = heapq.heappop(heap)
+                items = per_queue[q]
+                if cursor[q] >= len(items):
+                    continue
+                w = items[cursor[q]]
+                cursor[q] += 1
+                cached = resources_of.get(w.request)
+                if cached is None:
+                    cached = resources_of[w.request] = request_resources(w.request, largest_mem)
+                res = cached
+                reason = admit(w, res)
+                if reason is not None:
+                    actions.append(Wait(w.id, reason))
                     heapq.heappush(heap, (ratio(q), neg_prio, q))
                     continue
-            # rules 4 and 5: preemption, then reclaim
-            found: tuple[_Victims, str] | None = None
-            if searches < cfg.max_preemptors_per_round:
-                for kind in ("preemption", "reclaim"):
-                    skey = (w.request, f"{w.queue}/{kind}", w.priority, w.nodes)
-                    if skey in no_victims:
-                        continue
+                if w.suspended_on is not None:  # rule 11: only a restore, only on its node
+                    actions.append(self._restore(work, placer, w, reserved))
+                    if isinstance(actions[-1], Restore):
+                        charge(q, allocation_resources(actions[-1].allocation))
+                    heapq.heappush(heap, (ratio(q), neg_prio, q))
+                    continue
+                own_reservation = w.id in new_holds and new_holds[w.id].is_reservation
+                exclude: np.ndarray | None = reserved if reserved.any() else None
+                if own_reservation:
+                    exclude = reserved.copy()
+                    exclude[work.node_index[new_holds[w.id].node]] = False
+                allowed = work.node_mask(w.nodes) if w.nodes is not None else None
+                # a shape that found no node in this round finds none later in it either: the
+                # working state only fills up
+                key = (w.request, exclude is not None, w.nodes)
+                result: Allocation | Unschedulable
+                if key in no_fit and not own_reservation:
+                    result = Unschedulable(no_fit[key])
+                else:
+                    result = placer.place(w.request, explain=True, exclude=exclude, allowed=allowed)
+                if isinstance(result, Allocation):
+                    actions.append(Place(w.id, result))
+                    charge(q, allocation_resources(result))
+                    if not w.is_preemptible:
+                        nonpreempt[q] += allocation_resources(result)[0]
+                    new_holds.pop(w.id, None)
+                    if own_reservation:
+                        reserved[result.node] = False
+                    heapq.heappush(heap, (ratio(q), neg_prio, q))
+                    continue
+                if not own_reservation:
+                    no_fit[key] = result.reason
+                # rule 7: squeeze before evict
+                skey = (w.request, f"{w.queue}/squeeze", w.priority, w.nodes)
+                if (
+                    squeeze_on(q)
+                    and can_squeeze(w)
+                    and skey not in no_victims
+                    and searches < search_cap
+                ):
                     searches += 1
-                    victims = self._find_victims(
-                        now,
-                        work,
-                        placer,
+                    plan = book.find(
                         w,
-                        kind,
-                        by_id,
-                        allocated,
-                        fair,
-                        guarantee,
-                        res,
+                        victim_candidates().get(q, ()),
+                        self.policy,
                         rank,
-                        reserved,
-                        victim_candidates(),
+                        exclude if exclude is not None else reserved,
                         victimized,
-                        book,
                     )
-                    if victims is None:
+                    if plan is None:
                         no_victims.add(skey)
-                        continue
-                    found = (victims, kind)
-                    break
-            if found is not None:
-                chosen, kind = found
-                node = chosen.node
-                for victim in chosen.victims:
-                    victimized.add(victim.id)
-                    charge(victim.queue, counted(victim), -1)
-                    work.release(book.held(victim))
-                    actions.append(
-                        Preempt(
-                            victim.id,
-                            w.id,
-                            kind,
-                            f"{kind} by {w.id} (queue {w.queue}, priority {w.priority}) "
-                            f"on {work.node_names[node]}",
+                    else:
+                        for sv in plan.squeezed:
+                            assert sv.allocation is not None
+                            charge(sv.queue, [sv.allocation.gpu_milli[0], 0, 0], -1)
+                        squeezed_alloc, squeezes = book.apply(w, plan)
+                        actions.extend(squeezes)
+                        actions.append(
+                            Place(
+                                w.id,
+                                squeezed_alloc,
+                                "squeezed "
+                                + ", ".join(sv.id for sv in plan.squeezed + plan.compressed),
+                            )
                         )
+                        charge(q, allocation_resources(squeezed_alloc))
+                        if not w.is_preemptible:
+                            nonpreempt[q] += allocation_resources(squeezed_alloc)[0]
+                        new_holds.pop(w.id, None)
+                        heapq.heappush(heap, (ratio(q), neg_prio, q))
+                        continue
+                # rules 4 and 5: preemption, then reclaim; rule 10: not before the delay
+                found: tuple[_Victims, str] | None = None
+                delay = delay_of(q) if w.priority < cfg.preempt_wait_below else 0.0
+                waited = now - w.submitted_at
+                if delay > 0 and waited < delay:
+                    wait_notes[len(actions)] = (
+                        f"; waiting for capacity to free before it preempts (waited "
+                        f"{max(waited, 0.0):.0f} s of {delay:.0f} s; may preempt from "
+                        f"t={w.submitted_at + delay:.0f} s)"
                     )
-                need = work.gpu_need(w.request)
-                _, gpus_ok = work.feasible(w.request, need)
-                gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
-                taken = work.allocate(w.request, node, gpus)
-                _withhold_leftover(work, [book.held(v) for v in chosen.victims], taken)
-                charge(q, res)
-                new_holds[w.id] = Hold(
-                    w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
-                )
-                actions.append(
-                    Wait(w.id, f"waiting for {len(chosen.victims)} preempted workload(s) to exit")
-                )
-                heapq.heappush(heap, (ratio(q), neg_prio, q))
-                continue
-            # rule 6: reservation against starvation
-            if (
-                cfg.reservation_after_s is not None
-                and w.request.gpu_count >= cfg.reservation_min_gpus
-                and now - w.submitted_at >= cfg.reservation_after_s
-                and w.id not in new_holds
-            ):
-                spot = self._reservation_node(work, w.request, reserved, allowed)
-                if spot is not None:
-                    reserved[spot] = True
-                    new_holds[w.id] = Hold(w.id, work.node_names[spot], (), (), now)
+                elif searches < search_cap:
+                    for kind in ("preemption", "reclaim"):
+                        skey = (w.request, f"{w.queue}/{kind}", w.priority, w.nodes)
+                        if skey in no_victims:
+                            continue
+                        searches += 1
+                        victims = self._find_victims(
+                            now,
+                            work,
+                            placer,
+                            w,
+                            kind,
+                            by_id,
+                            allocated,
+                            fair,
+                            guarantee,
+                            res,
+                            rank,
+                            reserved,
+                            victim_candidates(),
+                            victimized,
+                            book,
+                        )
+                        if victims is None:
+                            no_victims.add(skey)
+                            continue
+                        found = (victims, kind)
+                        break
+                if found is not None:
+                    chosen, kind = found
+                    node = chosen.node
+                    for victim in chosen.victims:
+                        victimized.add(victim.id)
+                        charge(victim.queue, counted(victim), -1)
+                        work.release(book.held(victim))
+                        why = (
+                            f"{kind} by {w.id} (queue {w.queue}, priority {w.priority}) "
+                            f"on {work.node_names[node]}"
+                        )
+                        host = suspend_host_mib(victim)
+                        if cfg.suspend and victim.suspendable and work.suspend_free[node] >= host:
+                            work.hold_suspended(node, host)  # rule 9
+                            actions.append(
+                                Suspend(
+                                    victim.id,
+                                    w.id,
+                                    kind,
+                                    f"suspended to host memory ({host} MiB) for " + why,
+                                    host,
+                                )
+                            )
+                        else:
+                            actions.append(Preempt(victim.id, w.id, kind, why))
+                    need = work.gpu_need(w.request)
+                    _, gpus_ok = work.feasible(w.request, need)
+                    gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
+                    taken = work.allocate(w.request, node, gpus)
+                    _withhold_leftover(work, [book.held(v) for v in chosen.victims], taken)
+                    charge(q, res)
+                    new_holds[w.id] = Hold(
+                        w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
+                    )
                     actions.append(
                         Wait(
-                            w.id,
-                            f"reserved node {work.node_names[spot]}; waiting for it to drain "
-                            f"({result.reason})",
+                            w.id, f"waiting for {len(chosen.victims)} preempted workload(s) to exit"
                         )
                     )
                     heapq.heappush(heap, (ratio(q), neg_prio, q))
                     continue
-            if own_reservation:
-                actions.append(
-                    Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
-                )
-            else:
-                # the rule that holds it is named once the round is decided (below), unless
-                # no allowed node could take it even empty: then the node fit is the reason
-                ever_key = (w.request, w.nodes)
-                ever = could_fit.get(ever_key)
-                if ever is None:
-                    none_reserved = np.zeros_like(reserved)
-                    spot = self._reservation_node(work, w.request, none_reserved, allowed)
-                    ever = could_fit[ever_key] = spot is not None
-                if ever:
-                    holder = _holder(work, w.request, exclude, new_holds)
-                    unexplained.append((len(actions), w, res[0], result.reason, holder))
-                actions.append(Wait(w.id, result.reason))
-            heapq.heappush(heap, (ratio(q), neg_prio, q))
+                # rule 6: reservation against starvation
+                if (
+                    cfg.reservation_after_s is not None
+                    and w.request.gpu_count >= cfg.reservation_min_gpus
+                    and now - w.submitted_at >= cfg.reservation_after_s
+                    and w.id not in new_holds
+                ):
+                    spot = self._reservation_node(work, w.request, reserved, allowed)
+                    if spot is not None:
+                        reserved[spot] = True
+                        new_holds[w.id] = Hold(w.id, work.node_names[spot], (), (), now)
+                        actions.append(
+                            Wait(
+                                w.id,
+                                f"reserved node {work.node_names[spot]}; waiting for it to drain "
+                                f"({result.reason})",
+                            )
+                        )
+                        heapq.heappush(heap, (ratio(q), neg_prio, q))
+                        continue
+                if own_reservation:
+                    actions.append(
+                        Wait(w.id, f"reserved node {new_holds[w.id].node}; waiting for it to drain")
+                    )
+                else:
+                    # the rule that holds it is named once the round is decided (below), unless
+                    # no allowed node could take it even empty: then the node fit is the reason
+                    ever_key = (w.request, w.nodes)
+                    ever = could_fit.get(ever_key)
+                    if ever is None:
+                        none_reserved = np.zeros_like(reserved)
+                        spot = self._reservation_node(work, w.request, none_reserved, allowed)
+                        ever = could_fit[ever_key] = spot is not None
+                    if ever:
+                        holder = _holder(work, w.request, exclude, new_holds)
+                        unexplained.append((len(actions), w, res[0], result.reason, holder))
+                    actions.append(Wait(w.id, result.reason))
+                heapq.heappush(heap, (ratio(q), neg_prio, q))
 
         if unexplained:  # with the round's allocations (fgpu.sched.reasons)
             lowest = {
@@ -748,6 +854,10 @@ class Scheduler:
                 why = explain.explain(waiting, milli, fit, holder)
                 if why is not fit:
                     actions[i] = Wait(waiting.id, why)
+        for i, note in wait_notes.items():
+            waiting_action = actions[i]
+            assert isinstance(waiting_action, Wait)
+            actions[i] = Wait(waiting_action.workload, waiting_action.reason + note)
         if victimized:  # after the reasons: they index actions
             # a squeezed workload evicted later in the round: the eviction is the news, not
             # the change of who squeezes it (settle, or a compress by a preemptor); newly
@@ -763,6 +873,30 @@ class Scheduler:
             allocated=allocated_before,
             warnings=fs.warnings,
         )
+
+    # ------------------------------------------------------------------ restore
+    @staticmethod
+    def _restore(
+        work: ClusterState, placer: Placer, w: Workload, reserved: np.ndarray
+    ) -> Restore | Wait:
+        """Rule 11: restore suspended ``w`` on the node it is suspended on when it fits there
+        now (not on a node reserved or held for other work), else keep it waiting."""
+        name = w.suspended_on
+        assert name is not None
+        where = f"suspended on {name} (host {w.suspended_host_mib} MiB)"
+        if name not in work.node_index:
+            return Wait(w.id, f"{where}; that node is gone, so it cannot be restored")
+        if w.nodes is not None and name not in w.nodes:
+            return Wait(w.id, f"{where}; its node constraints no longer allow that node")
+        result = placer.place(
+            w.request,
+            explain=True,
+            exclude=reserved if reserved.any() else None,
+            allowed=work.node_mask(frozenset((name,))),
+        )
+        if isinstance(result, Allocation):
+            return Restore(w.id, result, f"restored on {name}: its GPUs have room again")
+        return Wait(w.id, f"{where}; restores when that node has room ({result.reason})")
 
     # ------------------------------------------------------------------ victims
     def _find_victims(
@@ -852,7 +986,23 @@ class Scheduler:
                 if any(allocated[vq][0] - t[0] < guarantee[vq][0] for vq, t in taken.items()):
                     continue
             freed = sum(sum(book.held(v).gpu_milli) for v in chosen)
-            key = (max(v.priority for v in chosen), len(chosen), freed, int(rank[node]))
+            # rule 9: victims that cannot be suspended (not suspendable, or the node's budget
+            # is spent) are evicted; fewer evictions win among equal priorities
+            budget = int(work.suspend_free[node]) if cfg.suspend else -1
+            evicted = 0
+            for v in chosen:
+                host = suspend_host_mib(v)
+                if v.suspendable and host <= budget:
+                    budget -= host
+                else:
+                    evicted += 1
+            key = (
+                max(v.priority for v in chosen),
+                evicted,
+                len(chosen),
+                freed,
+                int(rank[node]),
+            )
             if best is None or key < best.key:
                 best = _Victims(node, chosen, key)
         return best

@@ -18,11 +18,14 @@ machine after every step and in the replay's debug mode):
 3. a squeezed workload knows it: ``Workload.squeezed`` is set and ``squeezed_by`` names the
    workloads that took its compute (the shells store and show both).
 
-**Which work may be squeezed.** Running, not terminating, single-GPU, fractional (below
-1000 milli: a whole GPU holds all of the GPU's memory, so nothing could join it) workloads
-of the preemptor's queue with strictly lower priority, preemptible and past
-``min_runtime_s``. A preemptor squeezes only with a single-GPU fractional request: pausing
-one rank of a multi-GPU job alone stalls its peers (``shared/governor-notes.md``, pitfall 7).
+**Which work may be squeezed.** Running, not terminating, single-GPU workloads of the
+preemptor's queue with strictly lower priority, preemptible and past ``min_runtime_s``,
+that are fractional (below 1000 milli) or whole-GPU work that declares its memory
+(``-g 1 --gpu-memory 40GiB`` holds 40 GiB, not the whole GPU's memory, so a fractional
+preemptor may share that GPU's compute with it; a whole GPU without a declared memory holds
+all of the GPU's memory, so nothing could join it). A preemptor squeezes only with a
+single-GPU fractional request: pausing one rank of a multi-GPU job alone stalls its peers
+(``shared/governor-notes.md``, pitfall 7).
 
 **Where** (the cost of a squeeze, lowest first): per GPU, the compute still left to
 workloads squeezed earlier is taken first (they are paused already), then new workloads are
@@ -86,13 +89,14 @@ GpuKey = tuple[int, int]
 
 
 def can_be_squeezed(w: Workload) -> bool:
-    """A running, not terminating, single-GPU fractional workload (module docstring)."""
+    """A running, not terminating, single-GPU workload that is fractional or whole with a
+    declared memory (module docstring)."""
     a = w.allocation
     return (
         a is not None
         and not w.terminating
         and len(a.gpus) == 1
-        and a.gpu_milli[0] < MILLI_PER_GPU
+        and (a.gpu_milli[0] < MILLI_PER_GPU or w.request.gpu_memory_mib is not None)
         and w.request.gpu_count == 1
     )
 

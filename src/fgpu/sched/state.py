@@ -10,6 +10,9 @@ Array shapes, with N nodes and G the largest GPU count on any node (at least 1):
 - ``gpu_free_milli``, ``gpu_free_memory``: int64[N, G] (milli-GPU, MiB); GPUs a node does not
   have are padding with capacity 0 and free 0, so they never fit anything.
 - ``gpu_free_total``: int64[N] free milli-GPU summed over each node's GPUs (kept up to date).
+- ``suspend_capacity``, ``suspend_free``: int64[N] host memory for suspended work (MiB), the
+  node's ``suspend_host_memory_mib`` and what of it suspended workloads do not hold
+  (:meth:`ClusterState.hold_suspended`, :meth:`ClusterState.free_suspended`).
 - ``version``: int64[N], set to a fresh number whenever a node's free amounts change.
   Policies key their per-node caches on it.
 
@@ -106,6 +109,10 @@ class ClusterState:
         self.gpu_milli_capacity: IntArray = np.where(self.gpu_exists, MILLI_PER_GPU, 0).astype(
             np.int64
         )
+        self.suspend_capacity: IntArray = np.array(
+            [x.suspend_host_memory_mib for x in nodes], dtype=np.int64
+        ).reshape(n)
+        self.suspend_free: IntArray = self.suspend_capacity.copy()
         self.cpu_free: IntArray = self.cpu_capacity.copy()
         self.memory_free: IntArray = self.memory_capacity.copy()
         self.gpu_free_milli: IntArray = self.gpu_milli_capacity.copy()
@@ -146,6 +153,7 @@ class ClusterState:
         other.gpu_free_milli = self.gpu_free_milli.copy()
         other.gpu_free_memory = self.gpu_free_memory.copy()
         other.gpu_free_total = self.gpu_free_total.copy()
+        other.suspend_free = self.suspend_free.copy()
         other.version = self.version.copy()
         return other
 
@@ -441,6 +449,37 @@ class ClusterState:
         self.gpu_free_total[node] -= sum(allocation.gpu_milli)
         self.version[node] = next(_VERSIONS)
 
+    def hold_suspended(self, node: int, host_memory_mib: int) -> None:
+        """Charge ``host_memory_mib`` of ``node``'s suspend budget to a suspended workload.
+
+        Raises:
+            InvalidRequestError: the budget lacks it (field ``host_memory_mib``); nothing
+                changes then.
+        """
+        if host_memory_mib < 0 or self.suspend_free[node] < host_memory_mib:
+            raise InvalidRequestError(
+                "host_memory_mib",
+                f"{host_memory_mib} MiB do not fit the {int(self.suspend_free[node])} MiB left "
+                f"of the suspend budget of {self.node_names[node]}",
+            )
+        self.suspend_free[node] -= host_memory_mib
+
+    def free_suspended(self, node: int, host_memory_mib: int) -> None:
+        """Give back what :meth:`hold_suspended` charged (a restore, or a cancel).
+
+        Raises:
+            InvalidRequestError: more than is held (a double release).
+        """
+        if host_memory_mib < 0 or (
+            self.suspend_free[node] + host_memory_mib > self.suspend_capacity[node]
+        ):
+            raise InvalidRequestError(
+                "host_memory_mib",
+                f"freeing {host_memory_mib} MiB exceeds the suspend budget of "
+                f"{self.node_names[node]} (double release?)",
+            )
+        self.suspend_free[node] += host_memory_mib
+
 
 def withhold(
     state: ClusterState,
@@ -511,6 +550,7 @@ def check_invariants(state: ClusterState) -> None:
         ("memory_free", state.memory_free, state.memory_capacity),
         ("gpu_free_milli", state.gpu_free_milli, state.gpu_milli_capacity),
         ("gpu_free_memory", state.gpu_free_memory, state.gpu_memory_capacity),
+        ("suspend_free", state.suspend_free, state.suspend_capacity),
     )
     for name, free, cap in pairs:
         if (free < 0).any():

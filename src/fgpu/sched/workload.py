@@ -84,10 +84,15 @@ class QueueSpec:
         squeeze: squeeze before evict for preemption inside this queue (DESIGN.md section
             5, :mod:`fgpu.sched.squeeze`): True on, False off (evict as before), None
             (default) as the scheduler's :attr:`SchedulerConfig.squeeze`.
+        preempt_delay_s: seconds a preemptor of this queue below the scheduler's
+            ``preempt_wait_below`` priority waits for capacity to free by itself before it
+            suspends or evicts anyone (wait before evict, :mod:`fgpu.sched.decide`); None
+            (default) as the scheduler's :attr:`SchedulerConfig.preempt_delay_s`, 0: at once.
 
     Raises:
         InvalidRequestError: negative quota or weight, a limit below the quota, an empty
-            name, or a queue that is its own parent.
+            name, a queue that is its own parent, or a ``preempt_delay_s`` that is not a
+            number of seconds in 0..1e9.
     """
 
     name: str
@@ -97,10 +102,19 @@ class QueueSpec:
     priority: int = 0
     parent: str | None = None
     squeeze: bool | None = None
+    preempt_delay_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise InvalidRequestError("name", "a queue needs a name")
+        delay = self.preempt_delay_s
+        if delay is not None and not (
+            isinstance(delay, int | float) and not isinstance(delay, bool) and 0 <= delay < 1e9
+        ):
+            raise InvalidRequestError(
+                "preempt_delay_s",
+                f"queue {self.name}: {delay!r} is not a number of seconds in 0..1e9",
+            )
         for dim, value in zip(RESOURCES, self.quota.as_tuple(), strict=True):
             if value < 0:
                 raise InvalidRequestError(
@@ -216,9 +230,21 @@ class Workload:
             memory and CPU; the cluster state counts none of its compute.
         squeezed_by: the ids of the workloads that took its compute (may be empty while it
             waits for its compute after they ended).
+        suspendable: the shell says the workload can be suspended to host memory (its
+            processes run CUDA on a driver with the checkpoint API, and the shell can freeze
+            them); False: a victim is evicted as before.
+        suspended_on: the node name where a suspended workload waits (its device memory in
+            that node's host memory, its processes frozen there); None when not suspended.
+            A suspended workload has no ``allocation``; it is pending for the core, which
+            may only :class:`Restore` it on that node.
+        suspended_host_mib: host memory (MiB) a suspended workload holds on
+            ``suspended_on``, charged to that node's ``suspend_host_memory_mib`` budget
+            (the :attr:`Suspend.host_memory_mib` it was suspended with); 0 otherwise.
 
     Raises:
-        InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``).
+        InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``);
+            a running workload with ``suspended_on`` set, or ``suspended_host_mib`` negative
+            or set without ``suspended_on`` (field ``suspended_on``/``suspended_host_mib``).
     """
 
     id: str
@@ -233,12 +259,27 @@ class Workload:
     nodes: frozenset[str] | None = None
     squeezed: bool = False
     squeezed_by: tuple[str, ...] = ()
+    suspendable: bool = False
+    suspended_on: str | None = None
+    suspended_host_mib: int = 0
 
     def __post_init__(self) -> None:
         nodes: object = self.nodes
         if nodes is not None and type(nodes) is not frozenset:  # elements: names, unchecked
             raise InvalidRequestError(
                 "nodes", f"must be a frozenset of node names or None (got {type(nodes).__name__})"
+            )
+        if self.suspended_on is not None and self.allocation is not None:
+            raise InvalidRequestError(
+                "suspended_on",
+                f"workload {self.id} is running on {self.allocation.node_name} and suspended on "
+                f"{self.suspended_on}; a suspended workload holds no allocation",
+            )
+        if self.suspended_host_mib < 0 or (self.suspended_host_mib and self.suspended_on is None):
+            raise InvalidRequestError(
+                "suspended_host_mib",
+                f"workload {self.id}: {self.suspended_host_mib} MiB; must be >= 0, and 0 unless "
+                "suspended_on names a node",
             )
 
     @property
@@ -252,6 +293,11 @@ class Workload:
     def is_running(self) -> bool:
         """True when it holds an allocation."""
         return self.allocation is not None
+
+    @property
+    def is_suspended(self) -> bool:
+        """True when it waits suspended on a node (``suspended_on``) for a :class:`Restore`."""
+        return self.suspended_on is not None
 
 
 # ------------------------------------------------------------------------- actions
@@ -272,6 +318,44 @@ class Preempt:
     preemptor: str
     kind: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    """Suspend ``victim`` so that ``preemptor`` can run; ``kind`` is preemption or reclaim.
+
+    The shell checkpoints the victim (locks it, copies its device memory to host memory and
+    releases its GPU memory; freezes its processes), then releases its allocation; the
+    victim is terminating until then, like an evicted one. It then waits suspended on its
+    node (``Workload.suspended_on``) holding ``host_memory_mib`` of that node's suspend
+    budget until a :class:`Restore` (or until it is cancelled: it is simply ended). A shell
+    whose checkpoint fails evicts the victim instead.
+
+    Attributes:
+        victim, preemptor: workload ids.
+        kind: ``preemption`` (inside a queue) or ``reclaim`` (across queues).
+        reason: for users and events.
+        host_memory_mib: host memory the suspended victim holds on its node, MiB: its GPU
+            memory (the sum of its allocation's ``gpu_memory_mib``) plus its allocation's
+            host ``memory_mib`` (its frozen processes keep their memory).
+    """
+
+    victim: str
+    preemptor: str
+    kind: str
+    reason: str
+    host_memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Restore suspended ``workload`` on ``allocation`` (on the node it is suspended on, so
+    GPUs of the same model): the shell takes the allocation, copies its device memory back
+    onto those GPUs, thaws its processes, and releases its host memory charge."""
+
+    workload: str
+    allocation: Allocation
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +385,7 @@ class Wait:
     reason: str
 
 
-Action = Place | Preempt | Squeeze | Unsqueeze | Wait
+Action = Place | Preempt | Suspend | Restore | Squeeze | Unsqueeze | Wait
 
 
 @dataclass(frozen=True, slots=True)

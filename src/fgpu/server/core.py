@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import os
@@ -123,6 +124,9 @@ class ServiceCore(EnforcementHooks):
         clock: time source (seconds).
         mig_devices: the MIG devices of the backend's GPUs in MIG mode (the MIG pool).
         enforcement: governor and memory guard settings (default: fair, pause, kill).
+        fake_driver: the fake CUDA driver the workloads use, if any.
+        suspend_host_memory_mib: host memory for suspended work, MiB, shared among the
+            machine's nodes like its memory (0: suspend off; :mod:`fgpu.server.suspending`).
     """
 
     def __init__(
@@ -140,6 +144,7 @@ class ServiceCore(EnforcementHooks):
         mig_devices: Sequence[MigDevice] = (),
         enforcement: EnforcementConfig | None = None,
         fake_driver: FakeDriver | None = None,
+        suspend_host_memory_mib: int = 0,
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
         self.store = store
@@ -151,7 +156,10 @@ class ServiceCore(EnforcementHooks):
         self.admins = admins
         self.config = config or SchedulerConfig()
         self.clock = clock
-        self.machine: Machine = discover(backend)
+        self.fake_driver = fake_driver
+        self.machine: Machine = discover(backend, suspend_host_memory_mib=suspend_host_memory_mib)
+        self._workloads_suspendable = False  # the workloads' driver can checkpoint them
+        self._evict_kinds: dict[str, str] = {}  # victims being evicted: preemption or reclaim
         self.mig = MigPool(self.machine.mig_gpus, mig_devices, self.machine.mig_node)
         self._lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
@@ -215,6 +223,7 @@ class ServiceCore(EnforcementHooks):
         enforcement: EnforcementConfig | None = None,
         fake_driver: bool = False,
         launcher: Launcher | None = None,
+        suspend_host_memory_mib: int = 0,
     ) -> Self:
         """The composition root: store, GPU backend, launcher (default: a new
         :class:`Launcher`), service.
@@ -268,6 +277,7 @@ class ServiceCore(EnforcementHooks):
             mig_devices=mig_devices_of(backend),
             enforcement=enforcement,
             fake_driver=fake,
+            suspend_host_memory_mib=suspend_host_memory_mib,
         )
         service._state_lock = lock
         service._db_claim = claim
@@ -373,7 +383,10 @@ class ServiceCore(EnforcementHooks):
             self._active.pop(record.id, None)
             return
         try:
-            self._active[record.id] = to_core(record, index)
+            workload = to_core(record, index)
+            if self._workloads_suspendable:
+                workload = dataclasses.replace(workload, suspendable=True)
+            self._active[record.id] = workload
         except KeyError:  # placed on a node this machine no longer has: being stopped
             self._active.pop(record.id, None)
             log.warning("workload %s is placed on a node that is gone", record.id)

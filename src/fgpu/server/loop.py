@@ -21,7 +21,9 @@ from fgpu.sched.workload import (
     Place,
     Preempt,
     Resources,
+    Restore,
     Squeeze,
+    Suspend,
     Unsqueeze,
     Wait,
     Workload,
@@ -115,8 +117,13 @@ class SchedulingLoop(Recovery):
                 if isinstance(action, Place):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
+                    self._evict_kinds[action.victim] = action.kind
                     self._stop(action.victim, action.reason)
                     self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Suspend):
+                    self._suspend(action)
+                elif isinstance(action, Restore):
+                    self._restore(action)
                 elif isinstance(action, Squeeze | Unsqueeze):
                     record_squeeze(self._tracked, action)
                     squeezes = True

@@ -50,6 +50,8 @@ def discover(
     host: str | None = None,
     cpu_milli: int | None = None,
     memory_mib: int | None = None,
+    *,
+    suspend_host_memory_mib: int = 0,
 ) -> Machine:
     """Build the machine's nodes from the backend's GPUs.
 
@@ -58,6 +60,8 @@ def discover(
         host: node name (default: the host name).
         cpu_milli: allocatable CPU (default: all CPUs).
         memory_mib: allocatable host memory (default: all of it).
+        suspend_host_memory_mib: host memory for suspended work (MiB), divided among the
+            nodes like the memory.
     """
     host = host or socket.gethostname() or "localhost"
     cpu = cpu_milli if cpu_milli is not None else (os.cpu_count() or 1) * 1000
@@ -79,6 +83,16 @@ def discover(
         name = host if len(groups) == 1 else f"{host}/{model}"
         share = len(gpus) / total
         memory = min(d.memory_mib for d in gpus)
-        nodes.append(Node(name, int(cpu * share), int(mem * share), len(gpus), model, memory))
+        nodes.append(
+            Node(
+                name,
+                int(cpu * share),
+                int(mem * share),
+                len(gpus),
+                model,
+                memory,
+                suspend_host_memory_mib=int(suspend_host_memory_mib * share),
+            )
+        )
         devices[name] = tuple(gpus)
     return Machine(tuple(nodes), devices, tuple(mig), mig_node)

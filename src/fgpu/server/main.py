@@ -304,6 +304,16 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = 256 * 1024,
+    suspend_host_memory: Annotated[
+        str,
+        typer.Option(
+            "--suspend-host-memory",
+            help="Host memory for work suspended to make room (its GPU memory copied out "
+            "through the CUDA checkpoint API, driver r570+): a percentage of the RAM, a size "
+            "(64GiB) or 0 (off: victims are evicted).",
+            rich_help_panel="On the GPU",
+        ),
+    ] = "25%",
 ) -> None:
     """Run the GPU sharing service on this machine (API on a Unix socket)."""
     raise typer.Exit(
@@ -335,6 +345,7 @@ def serve(
             submission_limits=SubmissionLimits(
                 max_active=max_active_per_user, max_submission_bytes=max_submission_bytes
             ),
+            suspend_host_memory=suspend_host_memory,
         )
     )
 
@@ -364,6 +375,7 @@ def run_serve(
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
     submission_limits: SubmissionLimits | None = None,
+    suspend_host_memory: str = "25%",
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -468,6 +480,16 @@ def run_serve(
             submission_limits.check()
         except ValueError as exc:
             raise ServeOptionError(str(exc)) from None
+        import psutil
+
+        from fgpu.server.suspending import suspend_budget_mib
+
+        try:
+            suspend_mib = suspend_budget_mib(
+                suspend_host_memory, psutil.virtual_memory().total // 2**20
+            )
+        except ValueError as exc:
+            raise ServeOptionError(str(exc)) from None
     except ServeOptionError as exc:
         _error(str(exc))
         return 2
@@ -491,6 +513,7 @@ def run_serve(
         squeeze,
         connection_limits,
         submission_limits,
+        suspend_mib,
     )
 
 
@@ -564,6 +587,7 @@ def _start(
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
     submission_limits: SubmissionLimits | None = None,
+    suspend_mib: int = 0,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -605,6 +629,7 @@ def _start(
             ),
             fake_driver=fake_driver,
             config=SchedulerConfig(squeeze=squeeze),
+            suspend_host_memory_mib=suspend_mib,
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

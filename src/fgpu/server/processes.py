@@ -24,7 +24,7 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation
 from fgpu.server.core import ServiceCore
 from fgpu.store.errors import NotFound
-from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance
+from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance, WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
 
@@ -197,6 +197,13 @@ class ProcessControl(ServiceCore):
             record = self.store.get(workload_id)
         except NotFound:
             return
+        if record.is_suspended:
+            self._tracked.end_suspended(
+                workload_id,
+                FAILED,
+                f"its processes ended while suspended ({why or f'exit code {code}'})",
+            )
+            return
         if record.phase not in ("running", "paused"):
             return
         code = shell_exit_code(code)
@@ -210,7 +217,10 @@ class ProcessControl(ServiceCore):
                 workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
+            kind = self._evict_kinds.pop(workload_id, "preemption")
             self._tracked.mark_preempted(workload_id, record.reason or "preempted")
+            ended = at if at is not None else self.clock()
+            self.metrics.events.lost(record.queue, kind, gpu_seconds(record, ended))
         elif code == 0:
             self._tracked.mark_finished(
                 workload_id, SUCCEEDED, exit_code=0, reason="exit code 0", finished_at=at
@@ -241,6 +251,15 @@ class ProcessControl(ServiceCore):
         os.replace(tmp, path)
 
 
+def gpu_seconds(record: WorkloadRecord, until: float) -> float:
+    """GPU-seconds of the record's run from its latest start to ``until`` (GPUs as the sum
+    of its compute shares; 0 without an allocation or start)."""
+    if record.allocation is None or record.started_at is None:
+        return 0.0
+    gpus = sum(record.allocation.gpu_milli) / 1000.0
+    return gpus * max(0.0, until - record.started_at)
+
+
 def shell_exit_code(code: int | None) -> int | None:
     """An exit status as shells report it: a process ended by signal N (``-N`` from
     :mod:`subprocess`) is ``128 + N`` (143 for SIGTERM, 137 for SIGKILL)."""
@@ -249,4 +268,4 @@ def shell_exit_code(code: int | None) -> int | None:
     return code
 
 
-__all__ = ["ProcessControl", "shell_exit_code"]
+__all__ = ["ProcessControl", "gpu_seconds", "shell_exit_code"]

@@ -15,13 +15,13 @@ from fgpu.agent.process import ProcessHandle
 from fgpu.agent.runner import ExitRecord
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.state import ClusterState
-from fgpu.server.processes import ProcessControl
+from fgpu.server.suspending import Suspension
 from fgpu.store.records import LOST_REASON, WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
 
 
-class Recovery(ProcessControl):
+class Recovery(Suspension):
     """Part of :class:`fgpu.server.service.Service`: settling what ran before a restart."""
 
     def _recover(self) -> None:
@@ -74,6 +74,8 @@ class Recovery(ProcessControl):
                     if record.stop_requested_at is not None:  # finish what was started
                         self._handles[record.id] = handle
                         self._stop(record.id, record.reason)
+                    else:  # died during a restore: finish it
+                        self._finish_interrupted_restore(record, handle)
                     continue
                 # the wrapper is gone: what it ran must not keep running untracked
                 killed = handle is not None and self.launcher.signal(handle, signal.SIGKILL)
@@ -91,6 +93,26 @@ class Recovery(ProcessControl):
                     )
                 else:
                     self._tracked.mark_lost(record.id)
+            for record in self.store.list_workloads(["pending"]):
+                if record.is_suspended:
+                    self._recover_suspended(record)
+
+    def _recover_suspended(self, record: WorkloadRecord) -> None:
+        """A workload suspended before the restart: watched again while its processes live
+        (the driver holds them checkpointed), else pending from scratch."""
+        handle = self._find_process(record)
+        if handle is not None and self.launcher.is_same_process(handle):
+            self.store.record_event(
+                record.id,
+                "readopted",
+                "service restart",
+                f"suspended process {handle.pid} still there; watched again after the restart",
+            )
+            self._watch(handle)
+            return
+        if handle is not None:
+            self.launcher.signal(handle, signal.SIGKILL)
+        self._tracked.drop_suspension(record.id, "its suspended process did not survive")
 
     def _recorded_exit(
         self, record: WorkloadRecord, handle: ProcessHandle | None

@@ -271,6 +271,8 @@ class Service(SchedulingLoop):
                 raise Conflict("id", str(exc)) from None
             if record.phase in ("running", "paused"):
                 self._stop(workload_id, record.reason)
+            elif record.suspended_on is not None:  # suspended: its frozen processes go
+                self._kill_suspended(record)
         self.wake()
         return views.workload(record, None)
 

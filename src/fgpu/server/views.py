@@ -93,6 +93,7 @@ def workload(
         restarts=record.restarts,
         squeezed=record.holds_allocation and record.squeezed_by is not None,
         squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
+        suspended_host_mib=record.suspended_host_mib if record.is_suspended else None,
     )
 
 

@@ -31,6 +31,20 @@ does not model the governor's pause among workloads whose compute fits together,
 before). The run stops at
 the horizon; what is still pending or running then is unfinished.
 
+**Suspended work** (``Suspend``/``Restore``, rule 9 of :mod:`fgpu.sched.decide`): with
+``suspendable`` every workload can be checkpointed. A ``Suspend`` stops the victim's
+progress at once and charges its host memory to its node's suspend budget; the victim keeps
+its allocation while its GPU memory is copied to host at ``host_link_mib_s`` (the copy
+time is its GPU memory over the bandwidth), then releases it and waits suspended with the
+run time it had left. A ``Restore`` takes the allocation at once; progress resumes after
+the copy back (the same bandwidth) and the budget is freed then. A suspended workload is
+never dropped: it waits until it is restored or the run ends.
+
+**Goodput** (the measure of preemption policy, DESIGN.md section 5): GPU-seconds allocated
+minus the work lost to evictions (``wasted``) minus the GPU-seconds held while copying to or
+from host memory (``copy``), over the fleet's GPU-seconds; ``ReplayResult`` keeps the
+lost parts per queue and :func:`fgpu.sim.replay_report.summarize_replay` computes it.
+
 :func:`parse_gpus` turns ``--gpus 64xA100-80GB`` into nodes; :func:`tenant_queues` builds
 the equal-quota tenants of ``fgpu sim replay``.
 """
@@ -64,7 +78,9 @@ from fgpu.sched.workload import (
     QueueSpec,
     QueueTree,
     Resources,
+    Restore,
     Squeeze,
+    Suspend,
     Unsqueeze,
     Wait,
     Workload,
@@ -85,7 +101,11 @@ MAX_ROUNDS_AT_ONE_TIME = 1000
 
 _GPU_PART = re.compile(r"^\s*(\d+)\s*[xX]\s*(\S+?)\s*$")
 
-_ARRIVE, _FINISH, _EXIT, _TICK = 0, 1, 2, 3
+_ARRIVE, _FINISH, _EXIT, _TICK, _SUSPENDED, _RESTORED = 0, 1, 2, 3, 4, 5
+
+HOST_LINK_MIB_S = 25_000 * 10**6 // 2**20
+"""Default host-link bandwidth of the suspend copy: 25 GB/s (a PCIe 4.0 x16 link's order of
+magnitude) in MiB per second."""
 """Event kinds; at one time they are handled in this order (all before the round)."""
 
 
@@ -254,6 +274,8 @@ class WorkloadRecord:
             releases are not counted).
         wasted_s: run seconds (at full rate) lost to its evictions.
         gpu_count: how many GPUs it asks for (0: CPU only).
+        suspends: how often it was suspended (and its copy to host completed or began).
+        restores: how often it was restored.
     """
 
     id: str
@@ -269,6 +291,8 @@ class WorkloadRecord:
     squeezes: int = 0
     wasted_s: float = 0.0
     gpu_count: int = 0
+    suspends: int = 0
+    restores: int = 0
 
     @property
     def first_start_s(self) -> float | None:
@@ -316,12 +340,16 @@ class ReplayResult:
         timeline: one sample at time 0 and one after every decision round.
         preemptions: Preempt actions of kind ``preemption`` (inside a queue).
         reclaims: Preempt actions of kind ``reclaim`` (across queues).
-        evictions: all Preempt actions.
+        evictions: all Preempt actions (suspensions are not evictions).
         squeezes: Squeeze actions that squeezed a workload not squeezed before.
         wasted_gpu_hours: work lost by evictions, GPU-hours (done seconds x GPU share).
         eviction_log: every Preempt action, in order (``evictions`` entries).
         rounds: decision rounds.
         warnings: distinct configuration warnings of the core, in first-seen order.
+        suspends: Suspend actions; restores: Restore actions.
+        wasted_gpu_hours_by_queue: ``wasted_gpu_hours`` per queue (``queues`` order).
+        copy_gpu_hours: GPU-hours held while copying suspended work to or from host memory.
+        copy_gpu_hours_by_queue: the same per queue (``queues`` order).
     """
 
     horizon_s: float
@@ -337,6 +365,11 @@ class ReplayResult:
     squeezes: int = 0
     wasted_gpu_hours: float = 0.0
     eviction_log: tuple[Eviction, ...] = ()
+    suspends: int = 0
+    restores: int = 0
+    wasted_gpu_hours_by_queue: tuple[float, ...] = ()
+    copy_gpu_hours: float = 0.0
+    copy_gpu_hours_by_queue: tuple[float, ...] = ()
 
 
 # ----------------------------------------------------------------------------- engine
@@ -354,16 +387,32 @@ class _Engine:
         tick_s: float | None,
         debug: bool,
         duty: DutyCycles,
+        suspendable: bool = False,
+        host_link_mib_s: float = HOST_LINK_MIB_S,
     ) -> None:
         self.state = ClusterState(nodes)
         self.duty = duty
+        self.suspendable = suspendable
+        self.host_link_mib_s = host_link_mib_s
+        self.run_epoch: dict[str, int] = {}
+        """id -> number of its Place and Restore actions (stale exits and copies ignored)."""
+        self.suspends = 0
+        self.restores = 0
         # progress of running workloads: id -> [remaining run seconds, rate, since]
         self.progress: dict[str, list[float]] = {}
+        self.remaining: dict[str, float] = {}
+        """id -> run seconds a suspended workload has left."""
+        self.suspending: dict[str, int] = {}
+        """id -> host MiB charged for a victim whose copy to host is under way."""
+        self.restoring: dict[str, int] = {}
+        """id -> host MiB still charged for a workload whose copy back is under way."""
         self.finish_version: dict[str, int] = {}
         self.squeezes = 0
         self.wasted_milli_s = 0.0
         self.queues = queues
         self.queue_names = tuple(queues.leaves)
+        self.wasted_by_queue = [0.0] * len(self.queue_names)
+        self.copy_by_queue = [0.0] * len(self.queue_names)
         self.queue_pos = {name: i for i, name in enumerate(self.queue_names)}
         self.scheduler = scheduler
         self.horizon_s = horizon_s
@@ -421,6 +470,7 @@ class _Engine:
                 request=w.request,
                 priority=w.priority,
                 submitted_at=w.submit_s,
+                suspendable=self.suspendable,
             )
             self.pending += 1
             return
@@ -436,8 +486,15 @@ class _Engine:
             del self.progress[wid]
             self.records[wid].finish_s = self.now
             return
-        # _EXIT of an earlier run (before a preemption) is stale
-        if epoch != len(self.records[wid].starts):
+        # _EXIT (or a copy) of an earlier run (before a preemption) is stale
+        if epoch != self.run_epoch.get(wid, 0):
+            return
+        if kind == _SUSPENDED:
+            self.suspended(current)
+            return
+        if kind == _RESTORED:
+            self.set_rate(wid, self.squeezed_rate(current) if current.squeezed else 1.0)
+            self.state.free_suspended(current.allocation.node, self.restoring.pop(wid))
             return
         # _EXIT: the victim's grace period is over; it starts over later.
         remaining, rate, since = self.progress.pop(wid)
@@ -445,6 +502,9 @@ class _Engine:
         record = self.records[wid]
         record.wasted_s += done
         self.wasted_milli_s += done * record.gpu_milli
+        self.wasted_by_queue[self.queue_pos[record.queue]] += done * record.gpu_milli
+        if wid in self.restoring:  # evicted while its memory came back: the copy is gone
+            self.state.free_suspended(current.allocation.node, self.restoring.pop(wid))
         self.finish_version[wid] = self.finish_version.get(wid, 0) + 1
         self.release(current)
         record.evictions += 1
@@ -455,6 +515,30 @@ class _Engine:
             terminating=False,
             squeezed=False,
             squeezed_by=(),
+        )
+        self.pending += 1
+
+    def copy_s(self, allocation: Allocation) -> float:
+        """Seconds to copy ``allocation``'s GPU memory over the host link."""
+        return sum(allocation.gpu_memory_mib) / self.host_link_mib_s
+
+    def suspended(self, w: Workload) -> None:
+        """The copy to host is done: release the allocation; wait suspended, progress kept."""
+        assert w.allocation is not None
+        remaining, rate, since = self.progress.pop(w.id)
+        self.remaining[w.id] = max(0.0, remaining - rate * (self.now - since))
+        self.finish_version[w.id] = self.finish_version.get(w.id, 0) + 1
+        self.release(w)
+        host = self.suspending.pop(w.id)
+        self.live[w.id] = replace(
+            w,
+            allocation=None,
+            started_at=None,
+            terminating=False,
+            squeezed=False,
+            squeezed_by=(),
+            suspended_on=w.allocation.node_name,
+            suspended_host_mib=host,
         )
         self.pending += 1
 
@@ -493,6 +577,10 @@ class _Engine:
                 self.place(now, action)
             elif isinstance(action, Preempt):
                 self.preempt(now, action)
+            elif isinstance(action, Suspend):
+                self.suspend(now, action)
+            elif isinstance(action, Restore):
+                self.restore(now, action)
             elif isinstance(action, Squeeze | Unsqueeze):
                 self.squeeze(now, action)
             elif isinstance(action, Wait):
@@ -525,6 +613,7 @@ class _Engine:
         self.live[w.id] = replace(w, allocation=alloc, started_at=now)
         self.pending -= 1
         self.allocated[self.queue_pos[w.queue]] += sum(alloc.gpu_milli)
+        self.run_epoch[w.id] = self.run_epoch.get(w.id, 0) + 1
         record = self.records[w.id]
         record.starts.append(now)
         record.wait_reason = ""
@@ -570,7 +659,68 @@ class _Engine:
             self.preemptions += 1
         elif action.kind == "reclaim":
             self.reclaims += 1
-        self.push(now + self.grace_s, _EXIT, w.id, len(self.records[w.id].starts))
+        self.run_epoch[w.id] += 1  # a copy back under way is stale from now on
+        self.push(now + self.grace_s, _EXIT, w.id, self.run_epoch[w.id])
+
+    def suspend(self, now: float, action: Suspend) -> None:
+        w = self.live.get(action.victim)
+        if w is None or w.allocation is None or w.terminating:
+            state = "unknown" if w is None else "pending" if w.allocation is None else "terminating"
+            raise ReplayError(
+                f"t={now}: Suspend of {action.victim} for {action.preemptor}, which is {state}"
+            )
+        try:
+            self.state.hold_suspended(w.allocation.node, action.host_memory_mib)
+        except InvalidRequestError as exc:
+            raise ReplayError(f"t={now}: Suspend of {w.id}: {exc}") from None
+        if w.id in self.restoring:  # suspended again while its memory came back
+            self.state.free_suspended(w.allocation.node, self.restoring.pop(w.id))
+        self.live[w.id] = replace(w, terminating=True)
+        self.set_rate(w.id, 0.0)  # locked: no progress from now on
+        self.suspending[w.id] = action.host_memory_mib
+        copy = self.copy_s(w.allocation)
+        self.count_copy(w, copy)
+        self.suspends += 1
+        self.records[w.id].suspends += 1
+        self.run_epoch[w.id] += 1  # a copy back under way is stale from now on
+        self.push(now + copy, _SUSPENDED, w.id, self.run_epoch[w.id])
+
+    def restore(self, now: float, action: Restore) -> None:
+        w = self.live.get(action.workload)
+        if w is None or w.suspended_on is None:
+            raise ReplayError(f"t={now}: Restore of {action.workload}, which is not suspended")
+        if action.allocation.node_name != w.suspended_on:
+            raise ReplayError(
+                f"t={now}: Restore of {w.id} on {action.allocation.node_name}; it is suspended "
+                f"on {w.suspended_on}"
+            )
+        try:
+            alloc = self.state.allocate(w.request, action.allocation.node, action.allocation.gpus)
+        except InvalidRequestError as exc:
+            raise ReplayError(f"t={now}: Restore of {w.id} does not fit: {exc}") from None
+        self.scheduler.policy.on_allocate(self.state, alloc)
+        self.live[w.id] = replace(
+            w, allocation=alloc, started_at=now, suspended_on=None, suspended_host_mib=0
+        )
+        self.pending -= 1
+        self.allocated[self.queue_pos[w.queue]] += sum(alloc.gpu_milli)
+        self.run_epoch[w.id] = self.run_epoch.get(w.id, 0) + 1
+        self.restores += 1
+        record = self.records[w.id]
+        record.restores += 1
+        record.wait_reason = ""
+        copy = self.copy_s(alloc)
+        self.count_copy(self.live[w.id], copy)
+        self.restoring[w.id] = w.suspended_host_mib
+        self.progress[w.id] = [self.remaining.pop(w.id), 0.0, now]
+        self.finish_version[w.id] = self.finish_version.get(w.id, 0) + 1
+        self.push(now + copy, _RESTORED, w.id, self.run_epoch[w.id])
+
+    def count_copy(self, w: Workload, copy_s: float) -> None:
+        """Count ``copy_s`` seconds of ``w``'s GPU share as spent copying (not goodput)."""
+        assert w.allocation is not None
+        milli = 0 if w.squeezed else sum(w.allocation.gpu_milli)
+        self.copy_by_queue[self.queue_pos[w.queue]] += copy_s * milli
 
     # -------------------------------------------------------------- checks
     def check(self, now: float, decision: Decision) -> None:
@@ -580,6 +730,20 @@ class _Engine:
             check_squeeze_invariants(self.state, list(self.live.values()))
         except AssertionError as exc:
             raise ReplayError(f"t={now}: invariant broken: {exc}") from None
+        budget = self.state.suspend_capacity.copy()
+        for w in self.live.values():
+            if w.suspended_on is not None:
+                budget[self.state.node_index[w.suspended_on]] -= w.suspended_host_mib
+        for charged in (self.suspending, self.restoring):
+            for wid, mib in charged.items():
+                a = self.live[wid].allocation
+                assert a is not None
+                budget[a.node] -= mib
+        if (budget != self.state.suspend_free).any():
+            raise ReplayError(
+                f"t={now}: suspend budget left {self.state.suspend_free.tolist()} differs from "
+                f"the suspended workloads' {budget.tolist()}"
+            )
         expected = [0] * len(self.queue_names)
         for w in self.live.values():
             if w.allocation is not None and not w.squeezed:
@@ -648,6 +812,11 @@ class _Engine:
             squeezes=self.squeezes,
             wasted_gpu_hours=self.wasted_milli_s / 1000.0 / 3600.0,
             eviction_log=tuple(self.eviction_log),
+            suspends=self.suspends,
+            restores=self.restores,
+            wasted_gpu_hours_by_queue=tuple(x / 3.6e6 for x in self.wasted_by_queue),
+            copy_gpu_hours=sum(self.copy_by_queue) / 3.6e6,
+            copy_gpu_hours_by_queue=tuple(x / 3.6e6 for x in self.copy_by_queue),
         )
 
 
@@ -663,6 +832,8 @@ def run_replay(
     debug: bool = False,
     on_round: Callable[[float], None] | None = None,
     duty: DutyCycles | None = None,
+    suspendable: bool = False,
+    host_link_mib_s: float = HOST_LINK_MIB_S,
 ) -> ReplayResult:
     """Replay ``workloads`` on ``nodes`` for ``hours`` of virtual time (see the module doc).
 
@@ -682,6 +853,9 @@ def run_replay(
             :class:`ReplayError`.
         on_round: called with the virtual time after every round (progress display).
         duty: the activity model of squeezed work's progress (default :class:`DutyCycles`).
+        suspendable: every workload can be suspended (the core suspends it where a node's
+            ``suspend_host_memory_mib`` has room); False: none can.
+        host_link_mib_s: bandwidth of the suspend and restore copies, MiB/s (> 0).
 
     Returns:
         A :class:`ReplayResult`.
@@ -698,6 +872,8 @@ def run_replay(
         raise ValueError(f"grace_s must be a number >= 0, got {grace_s}")
     if tick_s is not None and not (math.isfinite(tick_s) and tick_s >= 0):
         raise ValueError(f"tick_s must be a number >= 0, got {tick_s}")
+    if not (math.isfinite(host_link_mib_s) and host_link_mib_s > 0):
+        raise ValueError(f"host_link_mib_s must be a positive number, got {host_link_mib_s}")
     ids: set[str] = set()
     leaves = set(queues.leaves)
     for w in workloads:
@@ -719,5 +895,7 @@ def run_replay(
         tick_s,
         debug,
         duty or DutyCycles(),
+        suspendable,
+        host_link_mib_s,
     )
     return engine.run(on_round)

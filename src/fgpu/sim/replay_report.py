@@ -16,6 +16,13 @@
   (:func:`evictions_by_shape`), with the bound on what squeezing could replace;
 - ``wasted_gpu_hours``: work lost by evictions (run seconds done before the eviction x
   the workload's GPU share, in GPU-hours);
+- ``suspends``, ``restores``: workloads suspended to host memory and restored (rule 9 of
+  :mod:`fgpu.sched.decide`); ``copy_gpu_hours``: GPU-hours held while their memory was
+  copied to or from host memory;
+- ``goodput_pct``: GPU-hours of work kept over the fleet's GPU-hours (DESIGN.md section 5):
+  allocated minus ``wasted_gpu_hours`` minus ``copy_gpu_hours``, in % of capacity x
+  horizon; per queue under ``queues`` as ``goodput_gpu_hours`` (with its
+  ``wasted_gpu_hours`` and ``copy_gpu_hours``);
 - ``jain_fairness``: Jain's index ``(sum x)^2 / (n * sum x^2)`` of ``x_q = allocated_q /
   fair share_q`` over the queues with a fair share above 0, time-weighted mean over the
   time when at least one queue has one (R. Jain, D. Chiu, W. Hawe, "A Quantitative Measure
@@ -151,6 +158,10 @@ def summarize_replay(
     fair = _matrix(result, "fair_share_milli")
     total_pct = allocated.sum(axis=1) * 100.0 / max(result.capacity_gpu_milli, 1)
     mean_pct = float((total_pct * weights).sum() / horizon)
+    fleet_gpu_hours = result.capacity_gpu_milli / 1000 * horizon / 3600.0
+    allocated_gpu_hours = mean_pct / 100.0 * fleet_gpu_hours
+    kept = allocated_gpu_hours - result.wasted_gpu_hours - result.copy_gpu_hours
+    goodput_pct = kept * 100.0 / fleet_gpu_hours if fleet_gpu_hours > 0 else 0.0
     p95_pct = weighted_percentile(total_pct, weights, 0.95) if weights.sum() > 0 else 0.0
 
     jain_num = 0.0
@@ -181,10 +192,16 @@ def summarize_replay(
     queues: dict[str, Any] = {}
     for k, q in enumerate(result.queues):
         mine = [r for r in arrived if r.queue == q]
+        wasted_q = (result.wasted_gpu_hours_by_queue or (0.0,) * len(result.queues))[k]
+        copy_q = (result.copy_gpu_hours_by_queue or (0.0,) * len(result.queues))[k]
+        allocated_q = float((allocated[:, k] * weights).sum()) / 1000 / 3600.0
         queues[q] = {
             "mean_allocated_gpus": _round(
                 float((allocated[:, k] * weights).sum()) / horizon / 1000
             ),
+            "goodput_gpu_hours": _round(allocated_q - wasted_q - copy_q),
+            "wasted_gpu_hours": _round(wasted_q),
+            "copy_gpu_hours": _round(copy_q),
             "mean_fair_share_gpus": _round(float((fair[:, k] * weights).sum()) / horizon / 1000),
             "arrived": len(mine),
             "finished": sum(1 for r in mine if r.finish_s is not None),
@@ -209,6 +226,10 @@ def summarize_replay(
         "squeezes": result.squeezes,
         "evictions_by_shape": evictions_by_shape(result),
         "wasted_gpu_hours": _round(result.wasted_gpu_hours),
+        "suspends": result.suspends,
+        "restores": result.restores,
+        "copy_gpu_hours": _round(result.copy_gpu_hours),
+        "goodput_pct": _round(goodput_pct),
         "jain_fairness": _round(jain),
         "finished": finished,
         "unfinished": len(arrived) - finished,
@@ -413,9 +434,10 @@ def replay_table(summary: Mapping[str, Any]) -> Table:
     table = Table(
         title=(
             f"Replay: GPU allocation mean {_fmt(alloc['mean'])} % (p95 {_fmt(alloc['p95'])} %), "
+            f"goodput {_fmt(summary.get('goodput_pct'))} %, "
             f"Jain {_fmt(summary['jain_fairness'], '.3f')}, "
             f"{summary['preemptions']} preemptions, {summary['reclaims']} reclaims, "
-            f"{summary.get('squeezes', 0)} squeezes, "
+            f"{summary.get('squeezes', 0)} squeezes, {summary.get('suspends', 0)} suspends, "
             f"{_fmt(summary.get('wasted_gpu_hours'), '.1f')} GPU-hours lost to evictions"
         )
     )
@@ -424,6 +446,7 @@ def replay_table(summary: Mapping[str, Any]) -> Table:
     table.add_column("mean fair share GPUs", justify="right")
     table.add_column("delay p50 (s)", justify="right")
     table.add_column("delay p95 (s)", justify="right")
+    table.add_column("goodput GPU-h", justify="right")
     table.add_column("finished / arrived", justify="right")
     delays = summary["queueing_delay_s"]["per_queue"]
     for q, stats in summary["queues"].items():
@@ -433,6 +456,7 @@ def replay_table(summary: Mapping[str, Any]) -> Table:
             _fmt(stats["mean_fair_share_gpus"], ".2f"),
             _fmt(delays[q]["p50"]),
             _fmt(delays[q]["p95"]),
+            _fmt(stats.get("goodput_gpu_hours"), ".1f"),
             f"{stats['finished']} / {stats['arrived']}",
         )
     return table

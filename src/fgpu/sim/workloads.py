@@ -184,6 +184,7 @@ def generate(
     p90_s: float = TRACE_P90_LIFETIME_S,
     gpu_memory_mib: int | None = None,
     memory_ratio: tuple[float, float] = MEMORY_RATIO,
+    whole_gpu_memory: bool = False,
 ) -> list[SimWorkload]:
     """A simulated stretch of ``hours``: Poisson arrivals offering ``load`` x capacity.
 
@@ -200,7 +201,9 @@ def generate(
     - with ``gpu_memory_mib`` (the cluster's GPU memory), a single-GPU fractional shape
       asks for explicit GPU memory ``share x gpu_memory_mib x r``, ``r`` uniform in
       ``memory_ratio`` (:data:`MEMORY_RATIO`), rounded up to 256 MiB; without it memory
-      stays in proportion to the share.
+      stays in proportion to the share. With ``whole_gpu_memory`` as well, a whole
+      single-GPU shape declares its memory the same way (``-g 1 --gpu-memory ...``: it holds
+      only that memory, so it can be squeezed); the draws do not change.
 
     Arrivals form a Poisson process of rate :func:`arrival_rate` (analytic log-normal mean,
     the mean GPU request of the mix) on ``[0, hours)``: a Poisson number of arrivals,
@@ -253,7 +256,9 @@ def generate(
             if priorities[i] == INFERENCE_PRIORITY
             else shapes[int(shape_index[i])]
         )
-        if gpu_memory_mib is None or r.gpu_count != 1 or r.gpu_milli is None or r.gpu_milli >= 1000:
+        if gpu_memory_mib is None or r.gpu_count != 1 or r.gpu_milli is None:
+            return r
+        if r.gpu_milli >= 1000 and not whole_gpu_memory:
             return r
         mib = r.gpu_milli * gpu_memory_mib / 1000 * float(ratios[i])
         mib = min(gpu_memory_mib, max(256, -(-math.ceil(mib) // 256) * 256))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session
 from fgpu.model.types import InvalidRequestError
 from fgpu.store import convert
 from fgpu.store.engine import make_engine, upgrade, writer
-from fgpu.store.errors import StoreConflict
+from fgpu.store.errors import NotFound, StoreConflict
 from fgpu.store.records import EventRecord
-from fgpu.store.schema import EventRow
+from fgpu.store.schema import EventRow, WorkloadRow
 
 Clock = Callable[[], float]
 """Seconds since the epoch (``time.time``, or a test's or simulator's clock)."""
@@ -123,6 +123,21 @@ class StoreBase:
         """A reading transaction (one consistent snapshot)."""
         with Session(self.engine) as session, session.begin():
             yield session
+
+    @staticmethod
+    def _lock(session: Session, workload_id: str) -> WorkloadRow:
+        row = session.scalars(
+            select(WorkloadRow).where(WorkloadRow.id == workload_id).with_for_update()
+        ).one_or_none()
+        if row is None:
+            raise NotFound("workload", workload_id)
+        return row
+
+    @staticmethod
+    def _expect(row: WorkloadRow, phases: Collection[str], action: str) -> None:
+        if row.phase not in phases:
+            wanted = " or ".join(sorted(phases))
+            raise StoreConflict(f"workload {row.id} is {row.phase}; {action} needs it {wanted}")
 
     def _event(
         self,

@@ -92,6 +92,8 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         allocation=allocation,
         mig_request=StoredMigRequest.from_json(row.mig_request) if row.mig_request else None,
         squeezed_by=None if row.squeezed_by is None else tuple(row.squeezed_by),
+        suspended_on=row.suspended_on,
+        suspended_host_mib=row.suspended_host_mib or 0,
     )
 
 

@@ -337,6 +337,11 @@ class WorkloadRecord:
         squeezed_by: while it is squeezed (:mod:`fgpu.sched.squeeze`: it runs with its
             memory but its compute was lent to higher-priority work), the ids of the
             workloads that took it (possibly empty); None while it is not squeezed.
+        suspended_on: while it is suspended to host memory (pending, its processes kept:
+            checkpointed by the CUDA driver and frozen, :mod:`fgpu.server.suspending`), the
+            node it waits on to be restored; None otherwise. ``pid`` and ``allocation`` then
+            still name its process and the GPUs its memory comes back to.
+        suspended_host_mib: host memory it holds on ``suspended_on`` while suspended, MiB.
     """
 
     id: str
@@ -367,6 +372,13 @@ class WorkloadRecord:
     allocation: StoredAllocation | None
     mig_request: StoredMigRequest | None = None
     squeezed_by: tuple[str, ...] | None = None
+    suspended_on: str | None = None
+    suspended_host_mib: int = 0
+
+    @property
+    def is_suspended(self) -> bool:
+        """True while pending and suspended to host memory (see ``suspended_on``)."""
+        return self.phase == PENDING and self.suspended_on is not None
 
     @property
     def is_active(self) -> bool:
@@ -408,6 +420,8 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         terminating=holding and record.stop_requested_at is not None,
         squeezed=holding and record.squeezed_by is not None,
         squeezed_by=record.squeezed_by or () if holding else (),
+        suspended_on=record.suspended_on if record.is_suspended else None,
+        suspended_host_mib=record.suspended_host_mib if record.is_suspended else 0,
     )
 
 

@@ -142,6 +142,10 @@ class WorkloadRow(Base):
     mig_request: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # ids of the workloads that took its compute while it is squeezed; NULL otherwise
     squeezed_by: Mapped[list[str] | None] = mapped_column(JSON)
+    # while suspended to host memory (pending, its processes kept, frozen and checkpointed):
+    # the node it waits on and the host memory it holds there (MiB); NULL otherwise
+    suspended_on: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    suspended_host_mib: Mapped[int | None]
 
 
 class EventRow(Base):

@@ -22,7 +22,7 @@ Time comes from the injected ``clock`` and ids from ``new_id``; neither is read 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
@@ -51,6 +51,7 @@ from fgpu.store.records import (
     to_core,
 )
 from fgpu.store.schema import Base, EventRow, HoldRow, QueueRow, WorkloadRow
+from fgpu.store.suspension import SuspensionStore
 from fgpu.users import user_text
 
 DEFAULT_GRACE_S = 30.0
@@ -67,7 +68,7 @@ _INSERT_EVENT = insert(Base.metadata.tables[EventRow.__tablename__])
 _ID_TAKEN = select(_WORKLOADS.c.id).where(_WORKLOADS.c.id == bindparam("id"))
 
 
-class Store(QueueStore, InventoryStore):
+class Store(SuspensionStore, QueueStore, InventoryStore):
     """Repository of fgpu's durable state: workloads (here), queues
     (:class:`~fgpu.store.queues.QueueStore`), nodes and holds
     (:class:`~fgpu.store.inventory.InventoryStore`), events
@@ -82,21 +83,6 @@ class Store(QueueStore, InventoryStore):
     Thread-safe: every call uses its own session. Several ``Store`` objects, in one process
     or several, may share one database.
     """
-
-    @staticmethod
-    def _lock(session: Session, workload_id: str) -> WorkloadRow:
-        row = session.scalars(
-            select(WorkloadRow).where(WorkloadRow.id == workload_id).with_for_update()
-        ).one_or_none()
-        if row is None:
-            raise NotFound("workload", workload_id)
-        return row
-
-    @staticmethod
-    def _expect(row: WorkloadRow, phases: Collection[str], action: str) -> None:
-        if row.phase not in phases:
-            wanted = " or ".join(sorted(phases))
-            raise StoreConflict(f"workload {row.id} is {row.phase}; {action} needs it {wanted}")
 
     def submit(
         self,
@@ -252,6 +238,10 @@ class Store(QueueStore, InventoryStore):
         with self._write() as session:
             row = self._lock(session, workload_id)
             self._expect(row, {PENDING}, "mark_running")
+            if row.suspended_on is not None:
+                raise StoreConflict(
+                    f"workload {workload_id} is suspended on {row.suspended_on}: restore it"
+                )
             record = convert.workload_record(row)
             validate.allocation(record.request, allocation, uuids)
             if (mig is None) != (record.mig_request is None):

@@ -3,7 +3,7 @@ among its owner's active workloads?) and its owner's active count are index look
 of reading every active workload of the owner (issue 27).
 
 Revision ID: r0006
-Revises: r0004 (on this branch; after ``r0005`` where that revision is present)
+Revises: r0005
 Create Date: 2026-12-06
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "r0006"
-down_revision: str | None = "r0004"
+down_revision: str | None = "r0005"
 branch_labels: str | None = None
 depends_on: str | None = None
 
