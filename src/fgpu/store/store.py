@@ -22,7 +22,7 @@ Time comes from the injected ``clock`` and ids from ``new_id``; neither is read 
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
