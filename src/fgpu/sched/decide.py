@@ -69,7 +69,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 10. **Wait before evicting.** A preemptor below ``preempt_wait_below`` (default 100, so
     ``high`` and ``critical`` preempt at once) looks for victims (rules 4 and 5) only once
     it has waited its queue's ``QueueSpec.preempt_delay_s`` (default the scheduler's
-    ``preempt_delay_s``, 300 s; 0: at once) since it was submitted. Until then it keeps its
+    ``preempt_delay_s``: 0, at once, unless the shell sets it; :data:`PREEMPT_DELAY_S`,
+    300 s, is the recommended delay) since it was submitted. Until then it keeps its
     place in the order, so capacity that frees meanwhile goes to it before lower-ranked work;
     its reason ends with how long it has waited and from when it may preempt. Squeezing
     (rule 7) keeps the victims' memory and progress and does not wait.
@@ -137,6 +138,11 @@ from fgpu.sched.workload import (
 
 Vec = list[int]
 
+PREEMPT_DELAY_S = 300.0
+"""The recommended wait before evicting (rule 10), seconds: in the replay of issue 28 most
+evictions at once were of work started on capacity a waiting preemptor would have had
+within minutes."""
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -159,7 +165,10 @@ class SchedulerConfig:
         preempt_wait_below: preemptors of a priority below this wait before they preempt
             (rule 10); at or above it (default 100: ``high`` and ``critical``) at once.
         preempt_delay_s: how long such a preemptor waits, seconds since it was submitted,
-            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0: at once.
+            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0 (the
+            default here, so that a shell that sets nothing keeps its behaviour): at once.
+            :data:`PREEMPT_DELAY_S` (300 s) is the delay issue 28 recommends, the default of
+            ``fgpu sim replay --preempt-delay``; shells pass it from their own flags.
     """
 
     min_runtime_s: float = 0.0
@@ -173,7 +182,7 @@ class SchedulerConfig:
     squeeze: bool = True
     suspend: bool = True
     preempt_wait_below: int = 100
-    preempt_delay_s: float = 300.0
+    preempt_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
