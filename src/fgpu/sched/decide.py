@@ -82,9 +82,10 @@ Rules (DESIGN.md section 5), in the order a round applies them:
     waits, saying so, until its node has room or it is cancelled. The shell frees its budget
     charge once the restore is done.
 12. **Non-preemptible work first.** Non-preemptible pending work of every queue is placed
-    (and looks for victims) before any preemptible work, in the order of rule 2, and its
-    victim searches are not capped by ``max_preemptors_per_round``, so critical work never
-    waits behind the victim searches of lower-priority preemptors of other queues.
+    (and looks for victims) before any preemptible work, in the order of rule 2, with a
+    budget of ``max_preemptors_per_round`` victim searches of its own (the preemptible pass
+    has another), so critical work never waits behind the victim searches of lower-priority
+    preemptors of other queues, and a round's cost stays bounded.
 
 **What the shells do** (the interface of rules 9 and 11). On :class:`Suspend` the shell
 charges ``host_memory_mib`` to the node's budget at once (``ClusterState.hold_suspended``),
@@ -157,7 +158,8 @@ class SchedulerConfig:
         reservation_min_gpus: GPU count from which a workload counts as large.
         reclaim_within_fair_share: True (the rule above); False is the naive rule "reclaim
             whenever below fair share", kept only to show in tests that it thrashes.
-        max_preemptors_per_round: bound on victim searches per round (cost control).
+        max_preemptors_per_round: bound on victim searches per pass of a round (cost
+            control; rule 12: the non-preemptible pass and the rest have one each).
         squeeze: squeeze before evict (rule 7) for queues that do not choose
             (``QueueSpec.squeeze`` None); False evicts as before.
         suspend: suspend rather than evict (rule 9) where the victim is suspendable and
@@ -644,8 +646,8 @@ class Scheduler:
             cursor = dict.fromkeys(per_queue, 0)
             heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
             heapq.heapify(heap)
-            # rule 12: searches for non-preemptible work are not capped
-            search_cap = math.inf if per_queue is first else cfg.max_preemptors_per_round
+            # rule 12: each pass has its own budget of victim searches
+            search_cap = cfg.max_preemptors_per_round
             searches = 0
             while heap:
                 _, neg_prio, q = heapq.heappop(heap)
