@@ -529,7 +529,13 @@ class Scheduler:
                 reserved_for[node] = w.id
                 new_holds[w.id] = h
                 continue
-            alive = [v for v in h.victims if v in by_id and by_id[v].allocation is not None]
+            # a victim is still on its way out while it is terminating: one that was
+            # suspended and already restored (or evicted and placed again) is not
+            alive = [
+                v
+                for v in h.victims
+                if v in by_id and by_id[v].allocation is not None and by_id[v].terminating
+            ]
             for v in alive:  # their capacity is promised to the preemptor
                 work.release(book.held(by_id[v]))
             try:
