@@ -9,10 +9,15 @@ import pytest
 
 from fgpu.k8s.kube import MERGE_PATCH
 from fgpu.k8s.scheduler import K8sScheduler
+from fgpu.sched.decide import SchedulerConfig
 from tests.k8s.conftest import Cluster
 from tests.k8s.kube import add_node, assignment, bound, create, events, pod
 
 pytestmark = pytest.mark.k8s
+
+AT_ONCE = SchedulerConfig(preempt_delay_s=0.0)
+"""Preemption at once: these tests are about whom preemption picks, not when (issue 28's
+wait before evicting, 300 s by default, has its own scenarios in tests/scenario)."""
 
 
 def label(cluster: Cluster, node: str, **labels: str) -> None:
@@ -78,7 +83,9 @@ def test_selector_affinity_and_taints_decide_the_node(cluster) -> None:
     )
     # untolerated everywhere it may go: waits, and says why per node
     create(cluster, with_spec(pod("intolerant", "0.5"), nodeSelector={"zone": "3"}))
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, policy="best-fit")
+    s = K8sScheduler(
+        cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE, policy="best-fit"
+    )
     round_(s)
     assert nodes_of(cluster) == {
         "by-selector": "node-a",
@@ -98,7 +105,7 @@ def test_pods_without_constraints_stay_off_tainted_nodes(cluster) -> None:
     taint(cluster, "node-b", {"key": "maintenance", "effect": "NoExecute"})
     for i in range(2):
         create(cluster, pod(f"whole-{i}", "1"))
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE)
     round_(s)
     assert list(nodes_of(cluster).values()) == ["node-a"]
     waiting = next(n for n in ("whole-0", "whole-1") if n not in nodes_of(cluster))
@@ -122,7 +129,9 @@ def test_preemption_frees_capacity_only_where_the_preemptor_may_run(make_cluster
     create(
         cluster, with_spec(pod("lowest", "1", priority="very-low"), nodeSelector={"pool": "batch"})
     )
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, policy="best-fit")
+    s = K8sScheduler(
+        cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE, policy="best-fit"
+    )
     round_(s)
     create(cluster, pod("low", "1", priority="low"))
     round_(s)

@@ -7,9 +7,14 @@ import pytest
 
 from fgpu.k8s import wire
 from fgpu.k8s.scheduler import K8sScheduler
+from fgpu.sched.decide import SchedulerConfig
 from tests.k8s.kube import add_node, assignment, bound, create, events, gpu_uuid, pod
 
 pytestmark = pytest.mark.k8s
+
+AT_ONCE = SchedulerConfig(preempt_delay_s=0.0)
+"""Preemption at once: these tests are about whom preemption picks, not when (issue 28's
+wait before evicting, 300 s by default, has its own scenarios in tests/scenario)."""
 
 
 def round_(s: K8sScheduler) -> None:
@@ -24,7 +29,7 @@ def test_a_high_priority_pod_evicts_a_low_one_and_gets_its_gpu(make_cluster) -> 
     add_node(cluster, "node-a", gpus=2)
     create(cluster, pod("low-0", "0.6", priority="low"))
     create(cluster, pod("normal-1", "0.6", priority="normal"))
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE)
     round_(s)
     gpus = {p["metadata"]["name"]: assignment(p).uuids[0] for p in bound(cluster)}
     assert len(gpus) == 2
@@ -47,7 +52,7 @@ def test_a_high_priority_pod_evicts_a_low_one_and_gets_its_gpu(make_cluster) -> 
     assert f'"victims":["{cluster.namespace}/low-0"]' in hold.replace(" ", "")
     # a new leader inherits the hold from the pod; the victim finally goes
     cluster.api.delete_pod(cluster.namespace, "low-0", grace_s=0)
-    heir = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
+    heir = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE)
     round_(heir)
     vip = cluster.api.get_pod(cluster.namespace, "vip")
     assert assignment(vip).uuids == (gpus["low-0"],)
@@ -69,7 +74,7 @@ def test_a_disruption_budget_blocks_the_eviction_and_the_hold(make_cluster) -> N
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}},
         },
     )
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE)
     round_(s)
     create(cluster, pod("vip", "0.6", priority="90"))
     round_(s)
@@ -102,7 +107,7 @@ def test_a_queue_below_its_quota_reclaims_from_one_above_it(make_cluster) -> Non
         )
     create(cluster, pod("b-0", "1", queue="team-b"))
     create(cluster, pod("b-1", "1", queue="team-b"))
-    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True)
+    s = K8sScheduler(cluster.scheduler_api, env_without_isolation=True, config=AT_ONCE)
     round_(s)
     assert len(bound(cluster)) == 2
     create(cluster, pod("a-0", "1", queue="team-a"))

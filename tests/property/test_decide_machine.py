@@ -122,8 +122,10 @@ class DecisionMachine(RuleBasedStateMachine):
                 self.preemptions[action.kind] += 1
             if isinstance(action, Suspend):
                 assert before[action.victim].suspendable, action
-            if isinstance(action, Restore):
-                assert before[action.workload].suspended_on == action.allocation.node_name
+            if isinstance(action, Restore):  # the shell checked it was suspended there
+                restored = sh.workloads[action.workload]
+                assert restored.suspended_on is None, action
+                assert restored.allocation == action.allocation, action
         # a reclaim never takes a victim queue below its guarantee min(quota, demand),
         # counting what the queue holds after the round (its placements included)
         share = decision.fair_share

@@ -6,7 +6,7 @@ evicting, non-preemptible work first, whole-GPU work with declared memory squeez
 from __future__ import annotations
 
 from fgpu.model.types import Request
-from fgpu.sched.decide import Decision, SchedulerConfig
+from fgpu.sched.decide import PREEMPT_DELAY_S, Decision, SchedulerConfig
 from fgpu.sched.workload import (
     Place,
     Preempt,
@@ -199,7 +199,11 @@ def test_a_suspended_workload_is_never_dropped_by_waiting() -> None:
 
 # ------------------------------------------------------------------ rule 10: wait
 def wait_setup(config: SchedulerConfig | None = None, queues: QueueTree | None = None) -> Shell:
-    sh = Shell(cluster(node("n1").gpus(2)), queues or one_queue(), config or SchedulerConfig())
+    sh = Shell(
+        cluster(node("n1").gpus(2)),
+        queues or one_queue(),
+        config or SchedulerConfig(preempt_delay_s=PREEMPT_DELAY_S),
+    )
     sh.run("low-0", "q", whole(), 0, [0], priority=LOW, started=1.0)
     sh.run("low-1", "q", whole(), 0, [1], priority=LOW, started=2.0)
     return sh
@@ -255,7 +259,9 @@ def test_the_delay_is_per_queue() -> None:
 
 def test_a_squeeze_does_not_wait() -> None:
     # squeezing keeps the victim's memory and progress: it is not held back by the wait
-    sh = Shell(cluster(node("n1").gpus(1)), one_queue())
+    sh = Shell(
+        cluster(node("n1").gpus(1)), one_queue(), SchedulerConfig(preempt_delay_s=PREEMPT_DELAY_S)
+    )
     sh.run("low", "q", pod().gpu(0.5).gpu_memory("20GiB").build(), 0, [0], priority=LOW)
     sh.run("low-2", "q", pod().gpu(0.5).gpu_memory("20GiB").build(), 0, [0], priority=LOW)
     sh.submit("new", "q", pod().gpu(0.5).gpu_memory("20GiB").build(), priority=NORMAL, at=5.0)

@@ -69,7 +69,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 10. **Wait before evicting.** A preemptor below ``preempt_wait_below`` (default 100, so
     ``high`` and ``critical`` preempt at once) looks for victims (rules 4 and 5) only once
     it has waited its queue's ``QueueSpec.preempt_delay_s`` (default the scheduler's
-    ``preempt_delay_s``, 300 s; 0: at once) since it was submitted. Until then it keeps its
+    ``preempt_delay_s``: 0, at once, unless the shell sets it; :data:`PREEMPT_DELAY_S`,
+    300 s, is the recommended delay) since it was submitted. Until then it keeps its
     place in the order, so capacity that frees meanwhile goes to it before lower-ranked work;
     its reason ends with how long it has waited and from when it may preempt. Squeezing
     (rule 7) keeps the victims' memory and progress and does not wait.
@@ -81,9 +82,10 @@ Rules (DESIGN.md section 5), in the order a round applies them:
     waits, saying so, until its node has room or it is cancelled. The shell frees its budget
     charge once the restore is done.
 12. **Non-preemptible work first.** Non-preemptible pending work of every queue is placed
-    (and looks for victims) before any preemptible work, in the order of rule 2, and its
-    victim searches are not capped by ``max_preemptors_per_round``, so critical work never
-    waits behind the victim searches of lower-priority preemptors of other queues.
+    (and looks for victims) before any preemptible work, in the order of rule 2, with a
+    budget of ``max_preemptors_per_round`` victim searches of its own (the preemptible pass
+    has another), so critical work never waits behind the victim searches of lower-priority
+    preemptors of other queues, and a round's cost stays bounded.
 
 **What the shells do** (the interface of rules 9 and 11). On :class:`Suspend` the shell
 charges ``host_memory_mib`` to the node's budget at once (``ClusterState.hold_suspended``),
@@ -138,6 +140,11 @@ from fgpu.sched.workload import (
 
 Vec = list[int]
 
+PREEMPT_DELAY_S = 300.0
+"""The recommended wait before evicting (rule 10), seconds: in the replay of issue 28 most
+evictions at once were of work started on capacity a waiting preemptor would have had
+within minutes."""
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
@@ -152,7 +159,8 @@ class SchedulerConfig:
         reservation_min_gpus: GPU count from which a workload counts as large.
         reclaim_within_fair_share: True (the rule above); False is the naive rule "reclaim
             whenever below fair share", kept only to show in tests that it thrashes.
-        max_preemptors_per_round: bound on victim searches per round (cost control).
+        max_preemptors_per_round: bound on victim searches per pass of a round (cost
+            control; rule 12: the non-preemptible pass and the rest have one each).
         squeeze: squeeze before evict (rule 7) for queues that do not choose
             (``QueueSpec.squeeze`` None); False evicts as before.
         suspend: suspend rather than evict (rule 9) where the victim is suspendable and
@@ -160,7 +168,10 @@ class SchedulerConfig:
         preempt_wait_below: preemptors of a priority below this wait before they preempt
             (rule 10); at or above it (default 100: ``high`` and ``critical``) at once.
         preempt_delay_s: how long such a preemptor waits, seconds since it was submitted,
-            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0: at once.
+            for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0 (the
+            default here, so that a shell that sets nothing keeps its behaviour): at once.
+            :data:`PREEMPT_DELAY_S` (300 s) is the delay issue 28 recommends, the default of
+            ``fgpu sim replay --preempt-delay``; shells pass it from their own flags.
     """
 
     min_runtime_s: float = 0.0
@@ -174,7 +185,7 @@ class SchedulerConfig:
     squeeze: bool = True
     suspend: bool = True
     preempt_wait_below: int = 100
-    preempt_delay_s: float = 300.0
+    preempt_delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,7 +529,13 @@ class Scheduler:
                 reserved_for[node] = w.id
                 new_holds[w.id] = h
                 continue
-            alive = [v for v in h.victims if v in by_id and by_id[v].allocation is not None]
+            # a victim is still on its way out while it is terminating: one that was
+            # suspended and already restored (or evicted and placed again) is not
+            alive = [
+                v
+                for v in h.victims
+                if v in by_id and by_id[v].allocation is not None and by_id[v].terminating
+            ]
             for v in alive:  # their capacity is promised to the preemptor
                 work.release(book.held(by_id[v]))
             try:
@@ -635,8 +652,8 @@ class Scheduler:
             cursor = dict.fromkeys(per_queue, 0)
             heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
             heapq.heapify(heap)
-            # rule 12: searches for non-preemptible work are not capped
-            search_cap = math.inf if per_queue is first else cfg.max_preemptors_per_round
+            # rule 12: each pass has its own budget of victim searches
+            search_cap = cfg.max_preemptors_per_round
             searches = 0
             while heap:
                 _, neg_prio, q = heapq.heappop(heap)
