@@ -20,6 +20,7 @@ from fgpu.plugins.fgd_pattern import FgdPattern, cpu_per_gpu
 from fgpu.sched.frag import TargetWorkload, TaskType
 from fgpu.sched.placer import Placer
 from fgpu.sched.state import ClusterState, check_invariants
+from fgpu.server.core import ServiceCore
 from fgpu.server.main import serve
 from fgpu.server.service import Service
 from tests.builders import cluster, node, pod
@@ -181,5 +182,7 @@ def test_lookahead_places_other_requests_as_fgd_pattern() -> None:
 def test_every_entry_point_defaults_to_the_default_policy() -> None:
     assert DEFAULT_POLICY == "fgd-pattern"
     assert DEFAULT_POLICY in policy_names()
-    for entry in (sim_replay, scheduler, serve, Service.__init__, Service.create, K8sScheduler):
+    # Service's mixins pass their keyword arguments on: its policy is ServiceCore's
+    assert issubclass(Service, ServiceCore)
+    for entry in (sim_replay, scheduler, serve, ServiceCore.__init__, Service.create, K8sScheduler):
         assert inspect.signature(entry).parameters["policy"].default == DEFAULT_POLICY, entry
