@@ -207,3 +207,17 @@ def test_fgpu_ui_finds_the_server_as_every_other_command_does(server: ServerProc
             assert str(taken / "fgpu.sock") not in text, (name, text)
     finally:
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_a_memory_only_share_is_counted_on_the_gpus_it_may_run_on(server: ServerProcess) -> None:
+    # 5 GiB is 0.063 of the A100-80GB but 0.125 of the A100-40GB (the trial's case): limited
+    # to the 40 GB model it could never start within a quota of 0.063, so it is refused
+    server.cli("queue", "create", "slim", "--quota", "0.063", "--member", ALICE)
+    five = ("-q", "slim", "-p", "high", "--gpu-memory", "5GiB")
+    why = refused(server, None, "submit", *five, "--gpu-model", "A100-40GB", *SLEEP)
+    assert "can never start in queue slim: its GPU quota is 0.063" in why, why
+    # on either model it is accepted, and runs on the GPU where it fits the quota
+    ok = accepted(server, None, *five, *SLEEP)
+    server.wait_phase(str(ok["id"]), "running")
+    running = server.workloads()[str(ok["id"])]
+    assert [g["compute_milli"] for g in running["gpus"]] == [63], running

@@ -691,6 +691,38 @@ class Scheduler:
                     result = Unschedulable(no_fit[key])
                 else:
                     result = placer.place(w.request, explain=True, exclude=exclude, allowed=allowed)
+                if isinstance(result, Allocation) and not w.is_preemptible:
+                    # a memory-only share takes more of a smaller GPU than admit() counted:
+                    # the quota rule holds for what the placement really takes, so a node
+                    # whose GPU would take too much is left out and the next one tried
+                    quota = queues[q].quota.gpu_milli
+                    tried: np.ndarray | None = None
+                    takes_milli = 0
+                    while isinstance(result, Allocation):
+                        takes_milli = allocation_resources(result)[0]
+                        if nonpreempt[q] + takes_milli <= quota:
+                            break
+                        placer.release(result)
+                        if tried is None:
+                            tried = (
+                                exclude.copy()
+                                if exclude is not None
+                                else np.zeros(len(reserved), dtype=bool)
+                            )
+                        tried[result.node] = True
+                        result = placer.place(w.request, exclude=tried, allowed=allowed)
+                    if not isinstance(result, Allocation) and tried is not None:
+                        actions.append(
+                            Wait(
+                                w.id,
+                                f"non-preemptible work must stay within the quota of queue {q} "
+                                f"(quota {gpu_text(quota)} GPUs, in use "
+                                f"{gpu_text(nonpreempt[q])}; the GPU free for it now would "
+                                f"take {gpu_text(takes_milli)})",
+                            )
+                        )
+                        heapq.heappush(heap, (ratio(q), neg_prio, q))
+                        continue
                 if isinstance(result, Allocation):
                     actions.append(Place(w.id, result))
                     charge(q, allocation_resources(result))

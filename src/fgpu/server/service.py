@@ -131,7 +131,13 @@ class Service(SchedulingLoop):
         )
         if sub.mig_request is None:
             self._check_could_fit(request)
-        largest = max((n.gpu_memory_mib for n in self.machine.nodes), default=0)
+        # a memory-only share counts as its share of the largest GPU it may run on
+        eligible = [
+            n
+            for n in self.machine.nodes
+            if not request.gpu_models or n.gpu_model in request.gpu_models
+        ]
+        largest = max((n.gpu_memory_mib for n in eligible), default=0)
         check_within_quota(
             queue,
             gpu_milli=request_resources(request, largest)[0],
