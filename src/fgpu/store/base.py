@@ -27,7 +27,7 @@ from fgpu.model.types import InvalidRequestError
 from fgpu.store import convert
 from fgpu.store.engine import make_engine, upgrade, writer
 from fgpu.store.errors import NotFound, StoreConflict
-from fgpu.store.records import EventRecord
+from fgpu.store.records import PENDING, EventRecord
 from fgpu.store.schema import EventRow, WorkloadRow
 
 Clock = Callable[[], float]
@@ -138,6 +138,31 @@ class StoreBase:
         if row.phase not in phases:
             wanted = " or ".join(sorted(phases))
             raise StoreConflict(f"workload {row.id} is {row.phase}; {action} needs it {wanted}")
+
+    def _requeue(self, session: Session, row: WorkloadRow, reason: str, message: str) -> None:
+        """``row`` back to pending from scratch: restarts + 1; its run, place and process
+        cleared (suspension too); event ``preempted`` with ``message`` and the restart count.
+        The caller has locked the row and checked its phase."""
+        row.phase = PENDING
+        row.restarts += 1
+        row.started_at = None
+        row.stop_requested_at = None
+        row.node_name = None
+        row.allocation = None
+        row.pid = None
+        row.create_time = None
+        row.squeezed_by = None
+        row.suspended_on = None
+        row.suspended_host_mib = None
+        row.reason = reason
+        self._event(
+            session,
+            self._clock(),
+            row.id,
+            "preempted",
+            reason,
+            f"{message}; pending again, restart {row.restarts}",
+        )
 
     def _event(
         self,

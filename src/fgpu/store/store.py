@@ -385,25 +385,7 @@ class Store(SuspensionStore, QueueStore, InventoryStore):
                     f"workload {workload_id} was cancelled by {user_text(row.cancelled_by)}; "
                     "finish it as cancelled"
                 )
-            now = self._clock()
-            row.phase = PENDING
-            row.restarts += 1
-            row.started_at = None
-            row.stop_requested_at = None
-            row.node_name = None
-            row.allocation = None
-            row.pid = None
-            row.create_time = None
-            row.squeezed_by = None
-            row.reason = reason
-            self._event(
-                session,
-                now,
-                workload_id,
-                "preempted",
-                reason,
-                f"preempted ({reason}); pending again, restart {row.restarts}",
-            )
+            self._requeue(session, row, reason, f"preempted ({reason})")
             return convert.workload_record(row)
 
     def mark_finished(

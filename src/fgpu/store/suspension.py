@@ -147,24 +147,7 @@ class SuspensionStore(StoreBase):
         """
         with self._write() as session:
             row = self._row_suspended(session, workload_id, "drop_suspension")
-            now = self._clock()
-            row.restarts += 1
-            row.started_at = None
-            row.node_name = None
-            row.allocation = None
-            row.pid = None
-            row.create_time = None
-            row.suspended_on = None
-            row.suspended_host_mib = None
-            row.reason = reason
-            self._event(
-                session,
-                now,
-                workload_id,
-                "preempted",
-                reason,
-                f"preempted while suspended ({reason}); pending again, restart {row.restarts}",
-            )
+            self._requeue(session, row, reason, f"preempted while suspended ({reason})")
             return convert.workload_record(row)
 
     def end_suspended(self, workload_id: str, phase: str, reason: str) -> WorkloadRecord:
