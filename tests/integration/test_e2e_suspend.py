@@ -303,8 +303,12 @@ def test_a_restore_without_room_waits_suspended_and_is_tried_again(
             )
 
         wait_for(failed_restore, "a restore that found no room")
-        assert stopped(pid)
-        assert fake_used(server).get(pid, 0) == 0
+        # Each retry thaws it for the driver's restore thread, so it is seen stopped and off
+        # the GPU between tries rather than at one instant.
+        wait_for(
+            lambda: stopped(pid) and fake_used(server).get(pid, 0) == 0,
+            "the low workload frozen again with its memory off the GPU",
+        )
     finally:
         assert outsider.stdin is not None
         outsider.stdin.close()  # it frees its memory and ends
