@@ -43,3 +43,15 @@ def test_creating_a_team_queue_says_how_to_narrow_default(server: ServerProcess)
     assert default["quota_milli"] == 1000
     quiet = server.cli("queue", "create", "team-b", "--quota", "1")
     assert hints(quiet.stderr) == [], quiet.stderr
+
+
+def test_a_first_queue_without_quota_is_not_told_a_quota_that_changes_nothing(
+    server: ServerProcess,
+) -> None:
+    """With no other queue holding a quota, 'default --quota 2.0' would change nothing: the
+    hint says to give the team queue a quota first, then narrow default to the rest."""
+    created = server.cli("queue", "create", "team-z")
+    (hint,) = hints(created.stderr)
+    assert "--quota 2.0" not in hint, hint
+    assert "'fgpu queue set team-z --quota N'" in hint, hint
+    assert "'fgpu queue set default --quota REST'" in hint, hint

@@ -125,6 +125,26 @@ def test_a_queue_whose_top_is_high_without_the_grant_suggests_high_preemptible(
     accepted(server, ALICE, "--preemptible", "-g", "0.5", *TRUE)
 
 
+def test_the_grant_a_refusal_suggests_for_a_zero_quota_queue_raises_its_quota_too(
+    server: ServerProcess,
+) -> None:
+    """A grant alone would be refused next (non-preemptible work runs only within its
+    queue's quota), so the admin's fix named raises the quota as well, and works as written."""
+    server.cli("queue", "create", "team", "--quota", "0", "--member", ALICE)
+    why = refused(server, ALICE, "submit", "-q", "team", "-p", "high", "-g", "0.5", *SLEEP)
+    grant = re.search(r"'fgpu queue set (team [^']+)'", why)
+    assert grant, why
+    assert grant.group(1) == "team --max-priority high --nonpreemptible --quota 0.5", why
+    server.cli("queue", "set", *grant.group(1).split())
+    granted = accepted(server, ALICE, "-q", "team", "-p", "high", "-g", "0.5", *SLEEP)
+    assert (granted["priority"], granted["preemptible"]) == (100, False)
+    server.wait_phase(str(granted["id"]), "running")
+    # the same at an allowed priority: the grant named carries the quota
+    server.cli("queue", "create", "team2", "--quota", "0", "--member", ALICE)
+    why = refused(server, ALICE, "submit", "-q", "team2", "--non-preemptible", "-g", "0.5", *SLEEP)
+    assert "'fgpu queue set team2 --nonpreemptible --quota 0.5'" in why, why
+
+
 def test_a_model_family_matches_each_of_its_models_and_gb_means_gib(
     server: ServerProcess,
 ) -> None:

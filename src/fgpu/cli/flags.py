@@ -34,6 +34,24 @@ SUBMIT_FLAGS: Mapping[str, tuple[str, ...]] = {
 """API field -> the flags that set it, short first (``fgpu submit``)."""
 
 
+CHOSEN_BY_DEFAULT: frozenset[str] = frozenset({"preemptible"})
+"""Fields that take a default from other flags when neither of their flags is typed
+(``preemptible`` from ``-p``): a refusal of such a default names no flag."""
+
+
+def was_typed(spellings: Sequence[str], argv: Sequence[str] | None = None) -> bool:
+    """Whether any of the flag's spellings is on the command line (before ``--``)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    if "--" in words:
+        words = words[: words.index("--")]
+    return any(
+        w == spelling or w.startswith(spelling + "=")
+        for spelling in spellings
+        if spelling.startswith("-")
+        for w in words
+    )
+
+
 def typed(spellings: Sequence[str], argv: Sequence[str] | None = None) -> str:
     """The spelling of a flag the user typed (``-g`` or ``--gpu``), from the command line
     before ``--``; the last spelling when none is there."""
@@ -80,6 +98,8 @@ def flag_message(
     spellings = flags.get(field)
     if spellings is None:
         return f"{field}: {reason}" if field else reason
+    if field in CHOSEN_BY_DEFAULT and not was_typed(spellings, argv):
+        return reason  # the reason says which default it was
     flag = typed(spellings, argv)
     value = values.get(field)
     if value is None or value == []:
@@ -142,7 +162,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "limit": ("--limit",),
     "over_quota_weight": ("--over-quota-weight",),
     "priority": ("--priority",),
-    "members": ("--member",),
+    "members": ("--member", "--add-member"),
     "max_priority": ("--max-priority",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
@@ -151,6 +171,7 @@ WORKLOAD_ARGUMENT: Mapping[str, tuple[str, ...]] = {"id": ("ID",), "workload_id"
 """The workload argument of ``describe``, ``logs`` and ``cancel``, as their help names it."""
 
 __all__ = [
+    "CHOSEN_BY_DEFAULT",
     "QUEUE_FLAGS",
     "REQUEST_CAUSES",
     "SUBMIT_FLAGS",
@@ -159,4 +180,5 @@ __all__ = [
     "request_field",
     "typed",
     "typed_value",
+    "was_typed",
 ]

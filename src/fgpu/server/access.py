@@ -119,6 +119,7 @@ def check_submission(
     admin: bool,
     priority: int,
     preemptible: bool | None,
+    gpu_milli: int = 0,
 ) -> None:
     """Refuse a submission the caller may not make (see the module docstring).
 
@@ -129,6 +130,10 @@ def check_submission(
         priority: the workload's numeric priority.
         preemptible: the submission's flag; None takes the default of its priority
             (non-preemptible from ``high``, 100).
+        gpu_milli: the GPU compute the request counts against quotas (milli-GPU): where
+            the queue's quota could not hold it as non-preemptible work, an admin's fix
+            named in a refusal raises the quota too, so that the fix works
+            (:func:`check_within_quota` would refuse it next).
 
     Raises:
         Forbidden: field ``queue`` (not a member), ``priority`` (above the queue's
@@ -155,8 +160,11 @@ def check_submission(
     pinned = nonpreemptible and not queue.nonpreemptible
     # the class name where there is one: what the user typed (-p critical), not 125
     asked = next((n for n, v in PRIORITY_CLASSES.items() if v == priority), str(priority))
+    quota = queue.quota.gpu_milli
+    # non-preemptible work runs only within the quota: a grant alone would not do
+    raise_quota = f" --quota {gpus(gpu_milli)}" if pinned and gpu_milli > quota else ""
     if too_high:
-        fixes = f"--max-priority {asked}" + (" --nonpreemptible" if pinned else "")
+        fixes = f"--max-priority {asked}" + (" --nonpreemptible" if pinned else "") + raise_quota
         also = (
             "; and non-preemptible work (its default from high) needs the queue's grant: "
             "non-preemptible work is never stopped for others"
@@ -193,8 +201,8 @@ def check_submission(
             "preemptible",
             f"non-preemptible work ({why}) needs an admin or a queue that grants it, and "
             f"queue {name} does not; rule: non-preemptible work is never stopped for "
-            f"others, so an admin grants it with 'fgpu queue set {name} --nonpreemptible'; "
-            "or submit it --preemptible",
+            f"others, so an admin grants it with "
+            f"'fgpu queue set {name} --nonpreemptible{raise_quota}'; or submit it --preemptible",
         )
 
 

@@ -122,15 +122,6 @@ class Service(SchedulingLoop):
             queue = self.store.get_queue(body.queue).config
         except NotFound:  # removed since the tree was read
             raise BadRequest("queue", f"unknown queue {body.queue!r}") from None
-        check_submission(
-            queue,
-            caller.uid,
-            admin=self._is_admin(caller),
-            priority=sub.priority,
-            preemptible=body.preemptible,
-        )
-        if sub.mig_request is None:
-            self._check_could_fit(request)
         # a memory-only share counts as its share of the largest GPU it may run on
         eligible = [
             n
@@ -138,11 +129,19 @@ class Service(SchedulingLoop):
             if not request.gpu_models or n.gpu_model in request.gpu_models
         ]
         largest = max((n.gpu_memory_mib for n in eligible), default=0)
-        check_within_quota(
+        counted = request_resources(request, largest)[0]
+        check_submission(
             queue,
-            gpu_milli=request_resources(request, largest)[0],
+            caller.uid,
+            admin=self._is_admin(caller),
             priority=sub.priority,
             preemptible=body.preemptible,
+            gpu_milli=counted,
+        )
+        if sub.mig_request is None:
+            self._check_could_fit(request)
+        check_within_quota(
+            queue, gpu_milli=counted, priority=sub.priority, preemptible=body.preemptible
         )
         limits = self.submission_limits
         limits.check_size(sub.argv, body.env)
@@ -369,12 +368,20 @@ class Service(SchedulingLoop):
         )
         rest = max(0, capacity - others)
         who = "everyone (member *)" if EVERYONE in default.members else "its members"
-        return [
+        head = (
             f"queue {DEFAULT_QUEUE} still has every GPU of this machine as its quota "
-            f"({gpus(default.quota.gpu_milli)} of {gpus(capacity)}) for {who}; narrow it to "
-            f"what the other queues leave, e.g. 'fgpu queue set {DEFAULT_QUEUE} --quota "
-            f"{gpus(rest)}', and/or to fewer users with 'fgpu queue set {DEFAULT_QUEUE} "
-            "--member NAME' (repeat)"
+            f"({gpus(default.quota.gpu_milli)} of {gpus(capacity)}) for {who}; "
+        )
+        members = f"'fgpu queue set {DEFAULT_QUEUE} --member NAME' (repeat)"
+        if rest >= default.quota.gpu_milli:  # no other queue has a quota yet: nothing to leave
+            return [
+                head + f"give the team queues quotas ('fgpu queue set {created} --quota N'), "
+                f"then narrow {DEFAULT_QUEUE} to what they leave ('fgpu queue set "
+                f"{DEFAULT_QUEUE} --quota REST'), and/or to fewer users with {members}"
+            ]
+        return [
+            head + f"narrow it to what the other queues leave, e.g. 'fgpu queue set "
+            f"{DEFAULT_QUEUE} --quota {gpus(rest)}', and/or to fewer users with {members}"
         ]
 
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView:
