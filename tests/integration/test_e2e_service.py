@@ -179,7 +179,14 @@ def test_five_3gib_workloads_share_a_16gib_t4_and_a_sixth_waits_for_memory(
         lambda ls: sum(w["phase"] == "running" for w in ls.values()) == 5,
         "five workloads running",
     )
-    time.sleep(0.5)  # a later round must not start the sixth
+    # a round that has looked at the sixth says why it waits (the memory it needs), and
+    # has not started it
+    server.wait_listing(
+        lambda ls: any(
+            w["phase"] == "pending" and "3072 MiB" in (w["reason"] or "") for w in ls.values()
+        ),
+        "the sixth's reason naming the memory it needs",
+    )
     listing = server.workloads(all_=False)
     assert sorted(w["phase"] for w in listing.values()) == ["pending"] + ["running"] * 5
     (waiting,) = [i for i, w in listing.items() if w["phase"] == "pending"]
