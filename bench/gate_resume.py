@@ -15,7 +15,8 @@ Measured per run, from the instant just before the SIGKILL (``CLOCK_MONOTONIC``)
 
 Prints one JSON object and writes it to ``--out`` (default
 ``bench/results/gate-resume-cpu.json``): the runs, min / median / max, the staleness
-threshold, and ``target_held`` (every run's ``resume_s`` within 2 s).
+threshold, ``target_held`` (every run's ``resume_s`` within 2 s) and the figure measured
+before the threshold was lowered (``before``).
 
 Usage: ``python bench/gate_resume.py [--runs 5] [--out FILE]``. Linux; run as root or as a
 plain user (the segment folder follows :func:`default_segment_root`).
@@ -39,10 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from fgpu.agent.interposer.preload import default_segment_root
-from fgpu.agent.interposer.segment import STALE_NS, Segment, SegmentStats
+from fgpu.agent.interposer.segment import STALE_NS, Segment, SegmentError, SegmentStats
 from fgpu.native import ensure_built, lib_dir
 
 TARGET_S = 2.0
+BEFORE = (
+    "2.00-2.08 s with FGPU_SEG_STALE_NS = 2 s (issue 27's measurement; the threshold is "
+    "compiled into libfgpu, so the old value cannot run beside the new one)"
+)
 DEADLINE_S = 60.0
 FGPU = [sys.executable, "-m", "fgpu"]
 
@@ -83,8 +88,12 @@ class Run:
         ).stdout
         return str(json.loads(out)["id"])
 
-    def stats(self, workload_id: str) -> SegmentStats:
-        segment = Segment.open(default_segment_root(self.state) / f"{workload_id}.seg")
+    def stats(self, workload_id: str) -> SegmentStats | None:
+        """The workload's segment now; None before the service made it."""
+        try:
+            segment = Segment.open(default_segment_root(self.state) / f"{workload_id}.seg")
+        except SegmentError:
+            return None
         try:
             return segment.stats()
         finally:
@@ -109,11 +118,11 @@ def one_run() -> dict[str, float]:
     try:
         spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
         low = run.submit("-p", "low", "-g", "0.25", "--grace", "1", "--json", "--", *spin)
-        _wait(lambda: run.stats(low).launches > 0, "the low workload launching")
+        _wait(lambda: (s := run.stats(low)) is not None and s.launches > 0, "low launching")
         busy = "import time\nprint('ready', flush=True)\ntime.sleep(600)\n"  # no hint: busy
         run.submit("-p", "critical", "-g", "0.5", "--json", "--", sys.executable, "-c", busy)
         _wait(
-            lambda: (s := run.stats(low)).gate_closed and s.waiting > 0,
+            lambda: (s := run.stats(low)) is not None and s.gate_closed and s.waiting > 0,
             "the low workload held at its gate",
         )
         segment = Segment.open(default_segment_root(run.state) / f"{low}.seg")
@@ -161,6 +170,7 @@ def main() -> None:
             "max": max(resume),
         },
         "target_s": TARGET_S,
+        "before": BEFORE,
         "worst_over_target": round(max(resume) / TARGET_S, 3),
         "target_held": all(r <= TARGET_S for r in resume),
     }

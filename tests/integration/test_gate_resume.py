@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.agent.interposer.preload import default_segment_root
-from fgpu.agent.interposer.segment import Segment, SegmentStats
+from fgpu.agent.interposer.segment import Segment, SegmentError, SegmentStats
 from fgpu.native import ensure_built, lib_dir
 from tests.integration.test_service_governor import critical_until
 from tests.serverproc import ServerProcess, wait_for
@@ -50,12 +50,21 @@ def stats(server: ServerProcess, workload_id: str) -> SegmentStats:
         segment.close()
 
 
+def launching(server: ServerProcess, workload_id: str) -> bool:
+    """Whether the workload has launched through the interposer (False before the service
+    made its segment)."""
+    try:
+        return stats(server, workload_id).launches > 0
+    except SegmentError:
+        return False
+
+
 def test_a_workload_held_at_the_gate_resumes_after_the_service_is_killed(
     server: ServerProcess,
 ) -> None:
     spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
     low = server.submit("-p", "low", "-g", "0.25", "--grace", "1", command=spin)
-    wait_for(lambda: stats(server, low).launches > 0, "the low workload launching", DEADLINE_S)
+    wait_for(lambda: launching(server, low), "the low workload launching", DEADLINE_S)
     critical = server.submit(
         "-p", "critical", "-g", "0.5", "--grace", "1",
         command=critical_until(server.root / "never"),
