@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.serverproc import FGPU, ServerProcess, sleeper
+from tests.serverproc import FGPU, ServerProcess, sleeper, wait_for
 
 PAGE = 4096
 
@@ -106,3 +106,31 @@ def test_an_emptied_store_stops_the_workload_it_no_longer_knows_before_serving(
     )
     new = server.submit("-g", "1", "--name", "new", "--grace", "1", command=sleeper(300))
     server.wait_phase(new, "running")
+
+
+def test_an_emptied_store_also_stops_what_left_the_process_group_through_its_cgroup(
+    server: ServerProcess,
+) -> None:
+    """A process that left its workload's process group (``setsid``) is out of reach of the
+    wrapper; the workload's cgroup (cgroup v2 freezer) still holds it."""
+    child_file = server.root / "child.pid"
+    script = (
+        'n=0; while ! grep -q "/$FGPU_WORKLOAD_ID-" /proc/self/cgroup; do '
+        "n=$((n+1)); [ $n -gt 600 ] && break; sleep 0.05; done; "
+        f"setsid sleep 300 & echo $! > {child_file}; sleep 300"
+    )
+    old = server.submit("-g", "0.5", "--grace", "1", command=["/bin/sh", "-c", script])
+    server.wait_phase(old, "running")
+    wait_for(child_file.exists, "the workload to start its escaping child", 60)
+    child = int(child_file.read_text())
+    if f"/{old}-" not in Path(f"/proc/{child}/cgroup").read_text():
+        pytest.skip("no cgroup v2 freezer here: nothing holds a process that left its group")
+    assert server.stop() == 0
+    database = server.state_dir / "fgpu.db"
+    database.write_bytes(b"")
+    for suffix in ("-wal", "-shm"):
+        Path(str(database) + suffix).unlink(missing_ok=True)
+
+    server.start()
+    assert not alive(child), "the escaped process was stopped through its cgroup"
+    assert "holds processes of a workload this service does not run" in server.server_log()

@@ -14,7 +14,9 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
+from fgpu.agent.governor.freezer import CgroupFreezer
 from fgpu.agent.launcher import RECORD_WAIT_S
 from fgpu.agent.process import ProcessHandle, group_alive
 from fgpu.agent.runner import ExitRecord
@@ -114,8 +116,10 @@ class Recovery(Suspension):
         Without their placement they cannot be adopted, and left alone they would share a
         GPU handed to new work; so they get SIGTERM, SIGKILL after :data:`UNKNOWN_GRACE_S`,
         and this returns only once they are gone (or :data:`RECORD_WAIT_S` after the
-        SIGKILL), before the scheduling loop starts. Each gets an event (on its workload
-        when the store knows its id) and a warning in the log."""
+        SIGKILL), before the scheduling loop starts; so are the processes in this service's
+        workload cgroups that no watched workload owns (:meth:`_unknown_cgroups`). Each
+        wrapper gets an event (on its workload when the store knows its id) and a warning
+        in the log."""
         found: dict[str, ProcessHandle] = {}
         for path in sorted(self.log_dir.glob("*/handle.json")):
             with contextlib.suppress(ValueError, KeyError, OSError):
@@ -134,7 +138,8 @@ class Recovery(Suspension):
             except NotFound:
                 record = None
             unknown.append((handle, record))
-        if not unknown:
+        groups = self._unknown_cgroups()
+        if not unknown and not groups:
             return
         for handle, record in unknown:
             known = f"as {record.phase}" if record is not None else "not at all"
@@ -147,18 +152,33 @@ class Recovery(Suspension):
             )
             self.launcher.signal(handle, signal.SIGTERM)
             self.launcher.signal(handle, signal.SIGCONT)  # a stopped group must run to end
+        for group in groups:
+            log.warning(
+                "cgroup %s holds processes of a workload this service does not run; "
+                "stopping them before any GPU is handed out",
+                group,
+            )
+            _signal_all(group, signal.SIGTERM)
+            _signal_all(group, signal.SIGCONT)
+
+        def left() -> bool:
+            return any(group_alive(h) for h, _ in unknown) or any(
+                CgroupFreezer.pids_in(g) for g in groups
+            )
+
         deadline = time.monotonic() + UNKNOWN_GRACE_S
-        while any(group_alive(h) for h, _ in unknown) and time.monotonic() < deadline:
+        while left() and time.monotonic() < deadline:
             time.sleep(0.05)
         for handle, _ in unknown:
             self.launcher.signal(handle, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(handle.pid, signal.SIGKILL)  # the wrapper too: nothing to record
+        for group in groups:
+            _signal_all(group, signal.SIGKILL)
         deadline = time.monotonic() + RECORD_WAIT_S
         while (
-            any(group_alive(h) or self.launcher.is_same_process(h) for h, _ in unknown)
-            and time.monotonic() < deadline
-        ):
+            left() or any(self.launcher.is_same_process(h) for h, _ in unknown)
+        ) and time.monotonic() < deadline:
             time.sleep(0.05)
         for handle, record in unknown:
             message = (
@@ -173,6 +193,21 @@ class Recovery(Suspension):
                     "unknown to the store",
                     message,
                 )
+
+    def _unknown_cgroups(self) -> list[Path]:
+        """The workload cgroups of this service's freezer (cgroup v2) that hold processes
+        but belong to no workload it watches: what is left of workloads it does not know,
+        also processes that left their process group (``setsid``)."""
+        freezer = getattr(self.enforcement.governor, "freezer", None)
+        inner = getattr(freezer, "inner", freezer)
+        if not isinstance(inner, CgroupFreezer):
+            return []
+        watched = {inner.path(h).name for h in self._handles.values()}
+        try:
+            children = sorted(p for p in inner.root.iterdir() if p.is_dir())
+        except OSError:
+            return []
+        return [g for g in children if g.name not in watched and CgroupFreezer.pids_in(g)]
 
     def _recover_suspended(self, record: WorkloadRecord) -> None:
         """A workload suspended before the restart: watched again while its processes live
@@ -238,6 +273,13 @@ class Recovery(Suspension):
                 stderr_path=str(found.stderr_path),
             )
         return found
+
+
+def _signal_all(group: Path, sig: int) -> None:
+    """Send ``sig`` to every process in cgroup ``group``."""
+    for pid in CgroupFreezer.pids_in(group):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 __all__ = ["Recovery"]
