@@ -151,3 +151,43 @@ def test_a_full_state_disk_is_told_and_a_kept_exit_is_written_when_room_returns(
     assert call(server, "GET", "/readyz").json() == {"ready": True}
     again = call(server, "POST", "/workloads", {"command": ["true"], "gpu": "0.1"})
     assert again.status_code == 201, again.text
+
+
+def test_a_cancel_under_way_completes_when_its_end_could_not_be_recorded_at_once(
+    server: ServerProcess,
+) -> None:
+    """The cancel is recorded (the workload is stopping, it takes its time to end); the disk
+    fills; the workload ends. The end is kept, and once there is room the cancel completes."""
+    flag = server.root / "go"
+    program = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)  # ends in its own time\n"
+        "print('ready', flush=True)\n"
+        f"while not os.path.exists({str(flag)!r}):\n"
+        "    time.sleep(0.05)\n"
+    )
+    job = server.submit("-g", "0.5", "--grace", "300", command=[sys.executable, "-c", program])
+    server.wait_phase(job, "running")
+    wait_for(
+        lambda: "ready" in (server.state_dir / "logs" / job / "stdout.log").read_text(),
+        "the workload to handle SIGTERM",
+    )
+    cancel = call(server, "POST", f"/workloads/{job}/cancel")
+    assert cancel.status_code == 200, cancel.text
+    wait_for(lambda: server.describe(job)["reason"].startswith("cancelled"), "the stop recorded")
+
+    empty_wal(server.state_dir / "fgpu.db")
+    filler = fill(server.state_dir)
+    flag.touch()
+    wait_for(
+        lambda: (
+            f"the end of workload {job} (exit code 0) could not be recorded"
+            in (server.server_log())
+        ),
+        "the service to keep the end it could not record",
+        DEADLINE_S,
+    )
+    assert server.phase(job) == "running"
+
+    filler.unlink()
+    server.wait_phase(job, "cancelled", timeout_s=DEADLINE_S)
