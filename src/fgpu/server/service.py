@@ -53,14 +53,15 @@ from fgpu.sched.workload import Resources
 from fgpu.server import views
 from fgpu.server.access import check_submission, check_within_quota, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
+from fgpu.server.idempotent import check_key, replay
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
-from fgpu.store.idempotency import KeyReused, fingerprint
+from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord, WorkloadRecord
-from fgpu.store.schema import IDEMPOTENCY_KEY_LENGTH, NAME_LENGTH
+from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
 from fgpu.wire import (
     EnforcementLayer,
@@ -72,7 +73,6 @@ from fgpu.wire import (
     WorkloadDetail,
     WorkloadView,
 )
-from fgpu.wire_basics import IDEMPOTENCY_HEADER
 
 log = logging.getLogger("fgpu.server")
 
@@ -227,23 +227,8 @@ class Service(SchedulingLoop):
 
     def _replay(self, caller: Caller, keyed: tuple[str, str]) -> WorkloadView | None:
         """The answer to an earlier submission of the caller with this (key, fingerprint),
-        or None when the key is new.
-
-        Raises:
-            BadRequest: ``Idempotency-Key`` used for another body.
-        """
-        try:
-            workload_id = self.store.keyed_workload(caller.uid, *keyed)
-        except KeyReused as exc:
-            raise BadRequest(IDEMPOTENCY_HEADER, str(exc)) from None
-        if workload_id is None:
-            return None
-        try:
-            record = self.store.get(workload_id)
-        except NotFound:  # pruned since: the key names nothing any more
-            return None
-        log.info("submission with a known key: workload %s, not stored again", workload_id)
-        return views.workload(record, self._reasons.get(record.id))
+        or None (:func:`fgpu.server.idempotent.replay`)."""
+        return replay(self.store, caller.uid, keyed, self._reasons)
 
     def _check_could_fit(self, request: Request) -> None:
         """Refuse a request that no GPU of this machine could ever hold, naming the field
@@ -517,27 +502,10 @@ class Service(SchedulingLoop):
         return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
 
 
-def check_key(key: str) -> str:
-    """An ``Idempotency-Key`` as given, when it is 1 to 255 visible ASCII characters.
-
-    Raises:
-        BadRequest: ``Idempotency-Key``, echoing the value (shortened) and why.
-    """
-    if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH or not all("!" <= ch <= "~" for ch in key):
-        shown = key if len(key) <= 64 else key[:64] + "..."
-        raise BadRequest(
-            IDEMPOTENCY_HEADER,
-            f"{shown!r} is not a key: use 1 to {IDEMPOTENCY_KEY_LENGTH} visible ASCII "
-            "characters (a UUID, say)",
-        )
-    return key
-
-
 __all__ = [
     "DEFAULT_QUEUE",
     "Caller",
     "Service",
-    "check_key",
     "claim_state_dir",
     "default_state_dir",
 ]
