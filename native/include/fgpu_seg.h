@@ -32,7 +32,10 @@
 #define FGPU_SEG_ID_LEN 64
 #define FGPU_SEG_UUID_LEN 96
 
-#define FGPU_SEG_STALE_NS 2000000000ull /* 2 s */
+/* 1.5 s: the agent beats every few ms, and a workload held at the gate must resume within
+ * 2 s of the agent's death (issue 27): staleness, plus up to one 100 ms wait on the gate
+ * word, plus the beat interval, leaves about 0.4 s of margin. */
+#define FGPU_SEG_STALE_NS 1500000000ull
 
 /* gate values */
 #define FGPU_GATE_OPEN 0u

@@ -23,7 +23,16 @@ from fgpu.store.engine import (
 from fgpu.store.schema import Base
 from tests.unit.test_store_support import open_store, submit, with_default_queue
 
-TABLES = {"alembic_version", "queues", "workloads", "events", "nodes", "gpus", "holds"}
+TABLES = {
+    "alembic_version",
+    "queues",
+    "workloads",
+    "events",
+    "nodes",
+    "gpus",
+    "holds",
+    "idempotency_keys",
+}
 
 
 def test_open_creates_the_schema_from_scratch(tmp_path: Path) -> None:

@@ -198,6 +198,8 @@ class Launcher:
         try:
             work_dir.mkdir(parents=True, exist_ok=True)
             exit_path.unlink(missing_ok=True)
+            for stale in work_dir.glob(".exit-*.tmp"):  # prepared by a wrapper killed early
+                stale.unlink(missing_ok=True)
             # before the plain logs: a reader that finds those finds this one (the service
             # tells a workload of an older fgpu, which has none, by that)
             os.close(_open_log(work_dir / OUTPUT_LOG))
@@ -368,32 +370,46 @@ class Launcher:
         the command has not started.
         """
         exit_path = log_dir / workload_id / "exit.json"
-        wanted = ["-m", "fgpu.agent.runner", "--exit-file", str(exit_path)]
+        for handle in self.find_all(log_dir):
+            if handle.exit_path == exit_path:
+                return handle
+        return None
+
+    def find_all(self, log_dir: Path) -> list[ProcessHandle]:
+        """Every live wrapper whose exit record goes under ``log_dir`` (``-m
+        fgpu.agent.runner --exit-file LOG_DIR/ID/exit.json``), whatever the store knows:
+        what a service finds running from its state folder (see :meth:`find`)."""
+        wanted = ["-m", "fgpu.agent.runner", "--exit-file"]
+        found = []
         for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status"]):
             info = proc.info
             cmdline = info.get("cmdline") or []
-            if cmdline[1 : 1 + len(wanted)] != wanted or info.get("status") in (
-                psutil.STATUS_ZOMBIE,
-                psutil.STATUS_DEAD,
-            ):
+            if cmdline[1:4] != wanted or len(cmdline) < 5:
+                continue
+            if info.get("status") in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                continue
+            exit_path = Path(cmdline[4])
+            if exit_path.name != "exit.json" or exit_path.parent.parent != log_dir:
                 continue
             pid = int(info["pid"])
             try:
                 children = proc.children()
             except psutil.Error:
                 continue
-            return ProcessHandle(
-                workload_id=workload_id,
-                pid=pid,
-                create_time=float(info["create_time"]),
-                pgid=min(c.pid for c in children) if children else pid,
-                stdout_path=exit_path.parent / "stdout.log",
-                stderr_path=exit_path.parent / "stderr.log",
-                exit_path=exit_path,
-                start_ticks=start_ticks(pid),
-                boot_id=boot_id(),
+            found.append(
+                ProcessHandle(
+                    workload_id=exit_path.parent.name,
+                    pid=pid,
+                    create_time=float(info["create_time"]),
+                    pgid=min(c.pid for c in children) if children else pid,
+                    stdout_path=exit_path.parent / "stdout.log",
+                    stderr_path=exit_path.parent / "stderr.log",
+                    exit_path=exit_path,
+                    start_ticks=start_ticks(pid),
+                    boot_id=boot_id(),
+                )
             )
-        return None
+        return found
 
     # -- watching ----------------------------------------------------------------------------
 

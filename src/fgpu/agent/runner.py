@@ -52,6 +52,12 @@ Options:
   process that left the group and still writes after that gets a broken pipe. Without this
   option the command writes to the wrapper's stdout and stderr directly.
 
+A full disk: at its start the wrapper prepares the exit record's file (a temporary file of
+:data:`SLOT_BYTES` spaces beside ``F``); the record is later written over those spaces, which
+takes no new disk space, and renamed to ``F`` (a JSON reader skips the trailing spaces). So
+an exit on a disk filled meanwhile is still recorded. Where even that fails, the wrapper
+says so on stderr and still exits with the command's status (below).
+
 The wrapper's own exit status mirrors the command's (``128 + N`` for signal ``N``).
 This module imports only the standard library (and :mod:`fgpu.wire_logs`, which imports
 nothing else), so that it starts fast.
@@ -116,11 +122,11 @@ class ExitRecord:
 def write_exit_record(path: Path, record: ExitRecord) -> None:
     """Write ``record`` to ``path`` atomically (temporary file in the same directory, fsync,
     rename, fsync of the directory): a reader sees the whole record or none."""
-    payload = json.dumps({"code": record.code, "reason": record.reason, "pid": record.pid})
+    payload = _payload(record)
     fd, tmp = tempfile.mkstemp(prefix=".exit-", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(payload + "\n")
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(tmp, 0o644)
@@ -129,7 +135,81 @@ def write_exit_record(path: Path, record: ExitRecord) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync_dir(path.parent)
+
+
+SLOT_BYTES = 4096
+"""Size of the exit record's file prepared at the wrapper's start (one page)."""
+
+
+def _payload(record: ExitRecord) -> bytes:
+    return (
+        json.dumps({"code": record.code, "reason": record.reason, "pid": record.pid}) + "\n"
+    ).encode()
+
+
+class ExitSlot:
+    """The exit record's file, prepared before it is needed (see the module docstring).
+
+    Args:
+        path: where the record goes (``--exit-file``).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp: str | None = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".exit-", suffix=".tmp", dir=path.parent)
+        except OSError:
+            return  # no room even now: write() tries the plain way
+        try:
+            _write_all(fd, b" " * SLOT_BYTES)
+            os.fsync(fd)
+            self.tmp = tmp
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        finally:
+            os.close(fd)
+
+    def write(self, record: ExitRecord) -> None:
+        """Write ``record`` to the path atomically, into the prepared file when there is
+        one (no new space needed), else as :func:`write_exit_record` does.
+
+        Raises:
+            OSError: neither way worked.
+        """
+        payload = _payload(record)
+        tmp, self.tmp = self.tmp, None
+        if tmp is not None and len(payload) <= SLOT_BYTES:
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                try:
+                    os.pwrite(fd, payload, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, self.path)
+                _fsync_dir(self.path.parent)
+                return
+            except OSError:
+                pass
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # frees its space for the plain way
+        write_exit_record(self.path, record)
+
+    def discard(self) -> None:
+        """Remove the prepared file (nothing to record)."""
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+            self.tmp = None
+
+
+def _fsync_dir(folder: Path) -> None:
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)
     finally:
@@ -253,6 +333,7 @@ class _Relay:
 class _Wrapper:
     def __init__(self, exit_file: Path, ready_fd: int | None, relay: _Relay | None = None) -> None:
         self.exit_file = exit_file
+        self.slot = ExitSlot(exit_file)
         self.ready_fd = ready_fd
         self.relay = relay
         self.child: subprocess.Popen[bytes] | None = None
@@ -281,9 +362,18 @@ class _Wrapper:
         print(f"fgpu: {reason}", file=sys.stderr, flush=True)
         if self.relay is not None:
             self.relay.record("stderr", f"fgpu: {reason}\n".encode())
-        write_exit_record(self.exit_file, ExitRecord(code, reason))
+        self.record(ExitRecord(code, reason))
         self.ready("fail")
         return code
+
+    def record(self, record: ExitRecord) -> None:
+        """Write the exit record (:class:`ExitSlot`); where it cannot be written, say so on
+        stderr (the exit status still tells the code to a parent that waits)."""
+        try:
+            self.slot.write(record)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                print(f"fgpu: cannot record the exit in {self.exit_file}: {exc}", file=sys.stderr)
 
     def run(self, command: list[str], settings: dict[str, Any]) -> int:
         cwd = settings.get("cwd")
@@ -356,7 +446,7 @@ class _Wrapper:
         self.finished = True
         if self.relay is not None:
             self.relay.finish()
-        write_exit_record(self.exit_file, ExitRecord(code, _signal_reason(code), self.child.pid))
+        self.record(ExitRecord(code, _signal_reason(code), self.child.pid))
         return code if code >= 0 else 128 - code
 
 

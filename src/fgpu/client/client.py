@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
 from fgpu.client.plain import PlainWorkloadView, plain_workloads
 from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
-from fgpu.wire_basics import API_PREFIX, LOG_OFFSET_HEADER
+from fgpu.wire_basics import API_PREFIX, IDEMPOTENCY_HEADER, LOG_OFFSET_HEADER
 
 if TYPE_CHECKING:
     import httpx
@@ -56,20 +56,24 @@ class ClientError(Exception):
         status: HTTP status, 0 when no answer came.
         field: the request field concerned ("" when none).
         reason: why, as the server said it.
+        answer_lost: the request was sent (or may have been) but its answer never came (the
+            connection broke, or no answer within the timeout): the server may have acted
+            on it. False when it surely did not (no connection, or a refusal).
     """
 
-    def __init__(self, status: int, field: str, reason: str) -> None:
+    def __init__(self, status: int, field: str, reason: str, *, answer_lost: bool = False) -> None:
         self.status = status
         self.field = field
         self.reason = reason
+        self.answer_lost = answer_lost
         super().__init__(f"{field}: {reason}" if field else reason)
 
 
 class ServerUnavailable(ClientError):
     """No server answers at the address."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(0, "", reason)
+    def __init__(self, reason: str, *, answer_lost: bool = False) -> None:
+        super().__init__(0, "", reason, answer_lost=answer_lost)
 
 
 def resolve_socket(
@@ -217,6 +221,7 @@ class Client:
         *,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Answer:
         """One request to ``/v1{path}``; a refusal (4xx/5xx) is raised as :class:`ClientError`.
 
@@ -226,24 +231,36 @@ class Client:
             ClientError: status 0 when the server did not answer within the timeout.
         """
         if self._http is None:
-            answer = self._unix_request(method, path, params, json)
+            answer = self._unix_request(method, path, params, json, headers or {})
         else:
-            answer = self._httpx_request(method, path, params, json)
+            answer = self._httpx_request(method, path, params, json, headers or {})
         if answer.status_code >= 400:
             raise _refusal(answer)
         return answer
 
-    def _timed_out(self) -> ClientError:
-        return ClientError(0, "", f"the fgpu server at {self.address} did not answer in time")
+    def _timed_out(self, *, answer_lost: bool = True) -> ClientError:
+        return ClientError(
+            0,
+            "",
+            f"the fgpu server at {self.address} did not answer in time",
+            answer_lost=answer_lost,
+        )
 
     def _httpx_request(
-        self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        body: Any,
+        headers: Mapping[str, str],
     ) -> Answer:
         import httpx
 
         assert self._http is not None
         try:
-            response = self._http.request(method, path, params=params, json=body)
+            response = self._http.request(
+                method, path, params=params, json=body, headers=dict(headers)
+            )
         except httpx.ConnectError as exc:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, PermissionError):
@@ -251,10 +268,12 @@ class Client:
                     f"no permission to use the fgpu socket {self.address}"
                 ) from None
             raise ServerUnavailable(self._start_hint) from None
+        except httpx.ConnectTimeout:
+            raise self._timed_out(answer_lost=False) from None
         except httpx.TimeoutException:
             raise self._timed_out() from None
         except httpx.TransportError as exc:
-            raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
+            raise ServerUnavailable(f"{self._start_hint} ({exc})", answer_lost=True) from None
         return Answer(
             response.status_code,
             response.reason_phrase,
@@ -263,7 +282,12 @@ class Client:
         )
 
     def _unix_request(
-        self, method: str, path: str, params: Mapping[str, str | int] | None, body: Any
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str | int] | None,
+        body: Any,
+        headers: Mapping[str, str],
     ) -> Answer:
         """The request over the Unix socket with :mod:`http.client`, its failures mapped as
         httpx's are in :meth:`_httpx_request` (httpcore: an ``OSError`` while connecting is
@@ -273,11 +297,11 @@ class Client:
         target = API_PREFIX + path + (f"?{urlencode(params)}" if params else "")
         try:
             return unix_exchange(
-                str(self._socket), self._timeout, method, target, self._headers, body
+                str(self._socket), self._timeout, method, target, {**self._headers, **headers}, body
             )
         except ConnectFailed as exc:
             if isinstance(exc.__cause__, TimeoutError):
-                raise self._timed_out() from None
+                raise self._timed_out(answer_lost=False) from None
             if isinstance(exc.__cause__, PermissionError):
                 raise ServerUnavailable(
                     f"no permission to use the fgpu socket {self.address}"
@@ -287,10 +311,11 @@ class Client:
             raise self._timed_out() from None
         except http.client.RemoteDisconnected:  # httpx's words for it
             raise ServerUnavailable(
-                f"{self._start_hint} (Server disconnected without sending a response.)"
+                f"{self._start_hint} (Server disconnected without sending a response.)",
+                answer_lost=True,
             ) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise ServerUnavailable(f"{self._start_hint} ({exc})") from None
+            raise ServerUnavailable(f"{self._start_hint} ({exc})", answer_lost=True) from None
 
     def _json(
         self,
@@ -300,8 +325,9 @@ class Client:
         *,
         params: Mapping[str, str | int] | None = None,
         json: Any = None,
+        headers: Mapping[str, str] | None = None,
     ) -> T:
-        answer = self._request(method, path, params=params, json=json)
+        answer = self._request(method, path, params=params, json=json, headers=headers)
         return _parsed(answer, lambda data: _adapter(kind).validate_python(data))
 
     @staticmethod
@@ -318,20 +344,35 @@ class Client:
 
         return self._json("GET", "/healthz", Health)
 
-    def submit(self, request: SubmitRequest) -> WorkloadView:
+    def submit(self, request: SubmitRequest, *, idempotency_key: str | None = None) -> WorkloadView:
         """Submit a workload; raises :class:`ClientError` (422) with the field when invalid.
 
         A submission carries the command and its environment (which may hold secrets), so on
         a Unix socket it goes only to a socket owned by this user or by root: anyone may
         create a socket where another user's server would be (``/tmp/fgpu-UID``).
 
+        Every submission carries an ``Idempotency-Key`` (``idempotency_key``, else a new
+        random UUID); when its answer is lost (the connection broke after the request went
+        out, or no answer came in time) it is sent once more with the same key, so the
+        server stores it at most once and the retry gets the workload the first one made.
+
         Raises:
-            ClientError: field ``socket`` when the socket belongs to another user.
+            ClientError: field ``socket`` when the socket belongs to another user; the
+                retry's error when that one fails too.
         """
+        import uuid
+
         from fgpu.wire import WorkloadView
 
         self._check_socket_owner()
-        return self._json("POST", "/workloads", WorkloadView, json=self._body(request))
+        headers = {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
+        body = self._body(request)
+        try:
+            return self._json("POST", "/workloads", WorkloadView, json=body, headers=headers)
+        except ClientError as exc:
+            if not exc.answer_lost:
+                raise
+        return self._json("POST", "/workloads", WorkloadView, json=body, headers=headers)
 
     def _check_socket_owner(self) -> None:
         if self._socket is None:

@@ -36,3 +36,10 @@ class Conflict(ServiceError):
     """The object is not in a state that allows this (409)."""
 
     status = 409
+
+
+class InsufficientStorage(ServiceError):
+    """The service cannot store the change now: its disk is full or its database cannot
+    write (507, RFC 4918 section 11.5); the reason says which and what is free."""
+
+    status = 507

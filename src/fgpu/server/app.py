@@ -12,7 +12,8 @@ Identity:
   admin when the uid is 0 or one of the service's admins;
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token
-  configured, such requests are refused. Only ``/v1/healthz`` answers without it; the
+  configured, such requests are refused. Only ``/v1/healthz`` and ``/v1/readyz`` answer
+  without it; the
   OpenAPI document (``/openapi.json``), ``/docs``, ``/metrics`` (Prometheus) and the
   dashboard (``/ui``, :mod:`fgpu.server.dashboard`) need it too.
 
@@ -31,7 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, Protocol
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi import (
+    APIRouter,
+    Depends,
+    FastAPI,
+    Header,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+)
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
@@ -43,7 +54,9 @@ from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
 from fgpu.server.service import Caller
-from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
+from fgpu.store.errors import StoreUnwritable
+from fgpu.store.idempotency import KEY_TTL_S
+from fgpu.store.schema import ID_LENGTH, IDEMPOTENCY_KEY_LENGTH, NAME_LENGTH
 from fgpu.wire import (
     API_PREFIX,
     LOG_OFFSET_HEADER,
@@ -57,6 +70,7 @@ from fgpu.wire import (
     WorkloadDetail,
     WorkloadView,
 )
+from fgpu.wire_basics import IDEMPOTENCY_HEADER
 
 PEER_UID = "fgpu.peer_uid"
 """ASGI scope key holding the uid of the process on the other end of a Unix socket."""
@@ -78,7 +92,9 @@ class ServiceApi(Protocol):
 
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
-    def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView: ...
+    def submit(
+        self, caller: Caller, body: SubmitRequest, idempotency_key: str | None = None
+    ) -> WorkloadView: ...
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
@@ -146,11 +162,16 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = {"field": "path" if exc.status_code == 404 else "", "reason": detail}
         return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
 
+    async def store_unwritable(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, StoreUnwritable)
+        return _refusal(507, "store", exc.cause)
+
     async def internal_error(request: Request, exc: Exception) -> Any:
         # Starlette raises the exception again after this answer, and uvicorn logs it.
         return _refusal(500, "", f"internal error ({type(exc).__name__}); see the server log")
 
     app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(StoreUnwritable, store_unwritable)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
@@ -344,7 +365,7 @@ def create_app(
     _install_error_handlers(app)
 
     refusals: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422)
+        code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422, 507)
     }
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorResponse, "description": f"the body is over {MAX_BODY_BYTES} bytes"}
@@ -352,9 +373,25 @@ def create_app(
     open_routes = APIRouter(prefix=API_PREFIX, tags=["health"])
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(current_caller)], responses=refusals)
 
-    @open_routes.get("/healthz")
+    unhealthy: dict[int | str, dict[str, Any]] = {
+        503: {
+            "model": ErrorResponse,
+            "description": "the service cannot store its work now (field store: the cause)",
+        }
+    }
+
+    def check_health() -> None:
+        problem = getattr(service, "health_problem", None)
+        cause = problem() if callable(problem) else None
+        if cause is not None:
+            raise HTTPException(503, {"field": "store", "reason": cause})
+
+    @open_routes.get("/healthz", responses=unhealthy)
     def healthz(request: Request) -> Health:
-        """The server answers; shows the caller's uid as the server sees it."""
+        """The server answers and can store its work (503 with the cause when its database
+        cannot write or its state disk is full); shows the caller's uid as the server sees
+        it."""
+        check_health()
         uid = request.scope.get(PEER_UID)
         settings: _Settings = request.app.state.fgpu
         return Health(
@@ -363,6 +400,12 @@ def create_app(
             caller_uid=uid if isinstance(uid, int) else None,
             caller_admin=settings.is_admin(uid) if isinstance(uid, int) else None,
         )
+
+    @open_routes.get("/readyz", responses=unhealthy)
+    def readyz() -> dict[str, bool]:
+        """Ready to take work: ``{"ready": true}``, or 503 with the cause (as ``healthz``)."""
+        check_health()
+        return {"ready": True}
 
     @api.get("/workloads", tags=["workloads"])
     def list_workloads(
@@ -374,9 +417,23 @@ def create_app(
         return service.list_workloads(include_done)
 
     @api.post("/workloads", status_code=201, tags=["workloads"], responses=too_large)
-    def submit(body: SubmitRequest, caller: CallerDep) -> WorkloadView:
+    def submit(
+        body: SubmitRequest,
+        caller: CallerDep,
+        idempotency_key: Annotated[
+            str | None,
+            Header(
+                alias=IDEMPOTENCY_HEADER,
+                min_length=1,
+                max_length=IDEMPOTENCY_KEY_LENGTH,
+                description="makes the submission idempotent for the caller: a retry with the "
+                "same key and body gets the workload the first one created (kept "
+                f"{KEY_TTL_S / 3600:g} hours); the same key with another body gets 422",
+            ),
+        ] = None,
+    ) -> WorkloadView:
         """Submit a workload owned by the caller."""
-        return service.submit(caller, body)
+        return service.submit(caller, body, idempotency_key)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])
     def get_workload(workload_id: WorkloadId, caller: CallerDep) -> WorkloadDetail:

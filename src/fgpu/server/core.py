@@ -35,6 +35,7 @@ from fgpu.server.machine import Machine, discover
 from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
+from fgpu.server.storage import StorageCheck
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, StoreConflict
@@ -186,6 +187,10 @@ class ServiceCore(EnforcementHooks):
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
+        # ends seen while the store could not write: id -> (exit code, why, when); written
+        # by the retry task (ProcessControl._flush_exits) once the store can write
+        self._unrecorded: dict[str, tuple[int | None, str | None, float]] = {}
+        self.storage = StorageCheck(store, [state_dir])
         self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {
@@ -237,6 +242,8 @@ class ServiceCore(EnforcementHooks):
         Raises:
             ValueError: a bad ``simulate_gpus`` spec or policy name, or ``fake_driver``
                 without simulated GPUs.
+            StoreDamaged: the database failed its check at start
+                (:func:`fgpu.store.engine.check_integrity`); nothing was written to it.
         """
         create_policy(policy, target=FALLBACK_TARGET)  # bad input first: nothing created
         backend = detect_backend(simulate_gpus, log)
@@ -251,7 +258,7 @@ class ServiceCore(EnforcementHooks):
         folder.chmod(0o700)  # logs, environments and the database are the users' business
         lock = claim_state_dir(folder)
         try:
-            store = Store.open(db if db else folder / "fgpu.db")
+            store = Store.open(db if db else folder / "fgpu.db", verify=True)
         except BaseException:
             lock.close()
             raise

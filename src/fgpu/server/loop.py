@@ -31,6 +31,7 @@ from fgpu.sched.workload import (
 from fgpu.server.mig_pool import MigCandidate
 from fgpu.server.recovery import Recovery
 from fgpu.server.squeezing import record_squeeze
+from fgpu.store.errors import StoreUnwritable
 from fgpu.store.records import WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
@@ -38,6 +39,9 @@ log = logging.getLogger("fgpu.server")
 
 TICK_S = 5.0
 """Slow tick for the time-based rules; everything else wakes the loop directly."""
+RETRY_S = 1.0
+"""While the store cannot write, how often the service tries again (the workloads' ends kept
+meanwhile, else a probe write)."""
 DEBOUNCE_S = 0.05
 """After a wake-up the loop waits this long so that a burst of submissions or exits is
 decided in one round instead of one round each."""
@@ -56,6 +60,9 @@ class SchedulingLoop(Recovery):
         await asyncio.to_thread(self._recover)
         await asyncio.to_thread(self._enforce)
         self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
+        retry = asyncio.create_task(self._retry_writes(), name="fgpu-retry-writes")
+        self._background.add(retry)
+        retry.add_done_callback(self._background.discard)
         self.wake()
 
     async def stop(self) -> None:
@@ -84,6 +91,7 @@ class SchedulingLoop(Recovery):
 
     async def _run_loop(self) -> None:
         assert self._wake is not None
+        unwritable: str | None = None  # the cause last logged, to log each cause once
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
@@ -98,8 +106,31 @@ class SchedulingLoop(Recovery):
                 await asyncio.to_thread(self.schedule_once)
                 self._round_s = time.perf_counter() - started
                 self.metrics.events.round_seconds.observe(self._round_s)
+            except StoreUnwritable as exc:  # nothing placed; the next round tries again
+                if exc.cause != unwritable:
+                    log.error("scheduling round not recorded: %s", exc.cause)
+                unwritable = exc.cause
+                continue
             except Exception:  # keep serving; the error is a bug to fix, not to hide
                 log.exception("scheduling round failed")
+            unwritable = None
+
+    async def _retry_writes(self) -> None:
+        """While the store cannot write: every :data:`RETRY_S`, write the workloads' ends
+        kept meanwhile (:meth:`_flush_exits`), or try a write, so that the service notices
+        at once when it can write again (and wakes the loop)."""
+        while not self._stopping:
+            await asyncio.sleep(RETRY_S)
+            if not self._unrecorded and self.store.write_fault is None:
+                continue
+            try:
+                if self._unrecorded:
+                    await asyncio.to_thread(self._flush_exits)
+                elif await asyncio.to_thread(self.store.probe_write) is None:
+                    log.info("the store writes again")
+                    self.wake()
+            except Exception:  # keep retrying; the cause is logged where it is known
+                log.exception("retrying the store's writes failed")
 
     # --------------------------------------------------------------- scheduling
     def schedule_once(self) -> Decision:
@@ -224,4 +255,4 @@ def _preemptible(record: WorkloadRecord) -> bool:
     return record.priority < NON_PREEMPTIBLE_FROM
 
 
-__all__ = ["DEBOUNCE_S", "TICK_S", "SchedulingLoop"]
+__all__ = ["DEBOUNCE_S", "RETRY_S", "TICK_S", "SchedulingLoop"]

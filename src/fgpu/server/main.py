@@ -8,7 +8,9 @@ loop. Logs go to stderr. SIGINT and SIGTERM stop the server cleanly; running wor
 running and are re-adopted by the next start (DESIGN.md section 8).
 
 Exit codes: 0 after a clean stop, 2 for a bad option or a socket already served, 1 when the
-service cannot start (database, GPU backend), 3 when its startup fails inside the server.
+service cannot start (database, GPU backend), 3 when its startup fails inside the server, 4
+when the database is damaged (SQLite ``PRAGMA quick_check``; the message names the file and
+says how to recover).
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import ssl
 import stat
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fgpu.addresses import SOCKET_ENV, default_socket_path
 from fgpu.server.connlimit import ConnectionLimits, LimitError
 from fgpu.server.quotas import SubmissionLimits
+
+if TYPE_CHECKING:
+    from fgpu.store.errors import StoreDamaged
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -517,6 +522,23 @@ def run_serve(
     )
 
 
+EXIT_STORE_DAMAGED = 4
+"""``fgpu serve``'s exit code when the database is damaged."""
+
+
+def damaged_message(exc: StoreDamaged) -> str:
+    """What ``fgpu serve`` says about a damaged database: the file, the problems, the
+    recovery steps (:data:`fgpu.store.engine.RECOVERY_STEPS`)."""
+    from fgpu.store.engine import RECOVERY_STEPS
+
+    problems = "; ".join(exc.problems[:5])
+    steps = RECOVERY_STEPS.format(db=exc.database)
+    return (
+        f"the database {exc.database} is damaged ({problems}); fgpu will not serve from it. "
+        f"To recover: {steps}"
+    )
+
+
 def is_loopback(host: str) -> bool:
     """Whether every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1);
     False for names that do not resolve."""
@@ -599,6 +621,7 @@ def _start(
     from fgpu.server.interposing import InterposerMode
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
+    from fgpu.store.errors import StoreDamaged
 
     server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
     try:
@@ -631,6 +654,10 @@ def _start(
             config=SchedulerConfig(squeeze=squeeze),
             suspend_host_memory_mib=suspend_mib,
         )
+    except StoreDamaged as exc:
+        server.release()
+        _error(damaged_message(exc))
+        return EXIT_STORE_DAMAGED
     except (ValueError, ArgumentError) as exc:
         server.release()
         _error(str(exc))

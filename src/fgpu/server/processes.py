@@ -23,7 +23,7 @@ from fgpu.agent.launcher import LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation
 from fgpu.server.core import ServiceCore
-from fgpu.store.errors import NotFound
+from fgpu.store.errors import NotFound, StoreUnwritable
 from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance, WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
@@ -105,11 +105,11 @@ class ProcessControl(ServiceCore):
             log.exception("recording the process of %s failed; stopping it", workload_id)
             with contextlib.suppress(Exception):
                 self.launcher.terminate(handle, 0.0)
-            self._tracked.mark_finished(
-                workload_id,
-                FAILED,
-                reason=f"could not record its process: {type(exc).__name__}: {exc}",
-            )
+            why = f"could not record its process: {type(exc).__name__}: {exc}"
+            try:
+                self._tracked.mark_finished(workload_id, FAILED, reason=why)
+            except Exception as again:  # the store cannot write: kept for later
+                self._keep_end(workload_id, None, why, self.clock(), again)
             return
         self._watch(handle)
         self._enforce()
@@ -184,9 +184,52 @@ class ProcessControl(ServiceCore):
             reason = f"{reason}; its remaining processes were killed"
         with self._lock:
             self._handles.pop(workload_id, None)
-            self._record_end(workload_id, state.exit_code, reason)
+            try:
+                self._record_end(workload_id, state.exit_code, reason)
+            except Exception as exc:  # kept, with its time, and written once the store can
+                self._keep_end(workload_id, state.exit_code, reason, self.clock(), exc)
+                return
         self._enforce()
         self.wake()
+
+    def _keep_end(
+        self, workload_id: str, code: int | None, why: str | None, at: float, exc: Exception
+    ) -> None:
+        """Keep an end the store could not take (:meth:`_flush_exits` writes it later): the
+        workload keeps its share meanwhile, as the store still has it running."""
+        if workload_id not in self._unrecorded:
+            cause = (
+                exc.cause if isinstance(exc, StoreUnwritable) else f"{type(exc).__name__}: {exc}"
+            )
+            log.error(
+                "the end of workload %s (exit code %s) could not be recorded: %s; kept, and "
+                "recorded once the store can write",
+                workload_id,
+                code,
+                cause,
+            )
+        self._unrecorded[workload_id] = (code, why, at)
+
+    def _flush_exits(self) -> int:
+        """Record the ends kept while the store could not write, oldest first; stops at the
+        first that still fails. Returns how many were recorded."""
+        done = 0
+        with self._lock:
+            for workload_id, (code, why, at) in sorted(
+                self._unrecorded.items(), key=lambda item: item[1][2]
+            ):
+                try:
+                    self._record_end(workload_id, code, why, at)
+                except Exception as exc:
+                    self._keep_end(workload_id, code, why, at, exc)
+                    break
+                del self._unrecorded[workload_id]
+                log.info("recorded the kept end of workload %s", workload_id)
+                done += 1
+        if done:
+            self._enforce()
+            self.wake()
+        return done
 
     def _record_end(
         self, workload_id: str, code: int | None, why: str | None, at: float | None = None

@@ -2,23 +2,34 @@
 has as running is re-adopted when its process still lives (pid and start time match, see
 :meth:`fgpu.agent.launcher.Launcher.is_same_process`); when its process ended while the
 service was down and left its exit record, the recorded outcome is kept; otherwise it is
-marked failed, "lost while the service was down"."""
+marked failed, "lost while the service was down". Live workloads of this state folder that
+the store does not have as running (a store emptied or replaced while they ran) are stopped
+before the scheduling loop starts, so no GPU is handed out twice."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import os
 import signal
+import time
+from pathlib import Path
 
-from fgpu.agent.process import ProcessHandle
+from fgpu.agent.governor.freezer import CgroupFreezer
+from fgpu.agent.launcher import RECORD_WAIT_S
+from fgpu.agent.process import ProcessHandle, group_alive
 from fgpu.agent.runner import ExitRecord
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.state import ClusterState
 from fgpu.server.suspending import Suspension
+from fgpu.store.errors import NotFound
 from fgpu.store.records import LOST_REASON, WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
+
+UNKNOWN_GRACE_S = 5.0
+"""At start, how long a workload the store does not know gets between SIGTERM and SIGKILL."""
 
 
 class Recovery(Suspension):
@@ -96,6 +107,107 @@ class Recovery(Suspension):
             for record in self.store.list_workloads(["pending"]):
                 if record.is_suspended:
                     self._recover_suspended(record)
+            self._stop_unknown()
+
+    def _stop_unknown(self) -> None:
+        """Stop the live workloads the store does not have as running: wrappers started
+        from this state folder (their ``handle.json``, or found by their command line) that
+        were not re-adopted above, as after a store emptied or replaced while they ran.
+        Without their placement they cannot be adopted, and left alone they would share a
+        GPU handed to new work; so they get SIGTERM, SIGKILL after :data:`UNKNOWN_GRACE_S`,
+        and this returns only once they are gone (or :data:`RECORD_WAIT_S` after the
+        SIGKILL), before the scheduling loop starts; so are the processes in this service's
+        workload cgroups that no watched workload owns (:meth:`_unknown_cgroups`). Each
+        wrapper gets an event (on its workload when the store knows its id) and a warning
+        in the log."""
+        found: dict[str, ProcessHandle] = {}
+        for path in sorted(self.log_dir.glob("*/handle.json")):
+            with contextlib.suppress(ValueError, KeyError, OSError):
+                handle = ProcessHandle.from_dict(json.loads(path.read_text()))
+                if self.launcher.is_same_process(handle):
+                    found[handle.workload_id] = handle
+        if self.log_dir.is_dir():
+            for handle in self.launcher.find_all(self.log_dir):
+                found.setdefault(handle.workload_id, handle)
+        unknown: list[tuple[ProcessHandle, WorkloadRecord | None]] = []
+        for workload_id, handle in found.items():
+            if workload_id in self._handles:
+                continue  # re-adopted
+            try:
+                record: WorkloadRecord | None = self.store.get(workload_id)
+            except NotFound:
+                record = None
+            unknown.append((handle, record))
+        groups = self._unknown_cgroups()
+        if not unknown and not groups:
+            return
+        for handle, record in unknown:
+            known = f"as {record.phase}" if record is not None else "not at all"
+            log.warning(
+                "workload %s (pid %d) still runs but the store knows it %s; stopping it "
+                "before any GPU is handed out",
+                handle.workload_id,
+                handle.pid,
+                known,
+            )
+            self.launcher.signal(handle, signal.SIGTERM)
+            self.launcher.signal(handle, signal.SIGCONT)  # a stopped group must run to end
+        for group in groups:
+            log.warning(
+                "cgroup %s holds processes of a workload this service does not run; "
+                "stopping them before any GPU is handed out",
+                group,
+            )
+            _signal_all(group, signal.SIGTERM)
+            _signal_all(group, signal.SIGCONT)
+
+        def left() -> bool:
+            return any(group_alive(h) for h, _ in unknown) or any(
+                CgroupFreezer.pids_in(g) for g in groups
+            )
+
+        deadline = time.monotonic() + UNKNOWN_GRACE_S
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for handle, _ in unknown:
+            self.launcher.signal(handle, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(handle.pid, signal.SIGKILL)  # the wrapper too: nothing to record
+        for group in groups:
+            _signal_all(group, signal.SIGKILL)
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while (
+            left() or any(self.launcher.is_same_process(h) for h, _ in unknown)
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for handle, record in unknown:
+            message = (
+                f"process {handle.pid} of workload {handle.workload_id} was running, but the "
+                f"store had it {'as ' + record.phase if record is not None else 'not at all'} "
+                "(emptied or replaced store?); stopped before any GPU was handed out"
+            )
+            with contextlib.suppress(Exception):
+                self.store.record_event(
+                    record.id if record is not None else None,
+                    "stopped-unknown",
+                    "unknown to the store",
+                    message,
+                )
+
+    def _unknown_cgroups(self) -> list[Path]:
+        """The workload cgroups of this service's freezer (cgroup v2) that hold processes
+        but belong to no workload it watches: what is left of workloads it does not know,
+        also processes that left their process group (``setsid``)."""
+        freezer = getattr(self.enforcement.governor, "freezer", None)
+        inner = getattr(freezer, "inner", freezer)
+        if not isinstance(inner, CgroupFreezer):
+            return []
+        watched = {inner.path(h).name for h in self._handles.values()}
+        try:
+            children = sorted(p for p in inner.root.iterdir() if p.is_dir())
+        except OSError:
+            return []
+        return [g for g in children if g.name not in watched and CgroupFreezer.pids_in(g)]
 
     def _recover_suspended(self, record: WorkloadRecord) -> None:
         """A workload suspended before the restart: watched again while its processes live
@@ -161,6 +273,13 @@ class Recovery(Suspension):
                 stderr_path=str(found.stderr_path),
             )
         return found
+
+
+def _signal_all(group: Path, sig: int) -> None:
+    """Send ``sig`` to every process in cgroup ``group``."""
+    for pid in CgroupFreezer.pids_in(group):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 __all__ = ["Recovery"]

@@ -38,7 +38,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fgpu.model.types import InvalidRequestError, Request
-from fgpu.rules.errors import BadRequest, Conflict, Forbidden, NotFoundError
+from fgpu.rules.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientStorage,
+    NotFoundError,
+)
 from fgpu.rules.requests import parse_submission, queue_config
 from fgpu.sched.decide import request_resources
 from fgpu.sched.fairshare import config_warnings
@@ -47,11 +53,13 @@ from fgpu.sched.workload import Resources
 from fgpu.server import views
 from fgpu.server.access import check_submission, check_within_quota, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
+from fgpu.server.idempotent import check_key, replay
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
+from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
@@ -92,8 +100,14 @@ class Service(SchedulingLoop):
     submission_limits: SubmissionLimits = SubmissionLimits()
     _name_picker: NamePicker | None = None
 
-    def submit(self, caller: Caller, body: SubmitRequest) -> WorkloadView:
+    def submit(
+        self, caller: Caller, body: SubmitRequest, idempotency_key: str | None = None
+    ) -> WorkloadView:
         """Validate and store a submission, then wake the loop.
+
+        With ``idempotency_key`` (the ``Idempotency-Key`` header) a submission the caller
+        already made with that key and the same body is answered with the workload it
+        created, as it now stands, and nothing new is stored (:mod:`fgpu.store.idempotency`).
 
         Raises:
             BadRequest: invalid input, an unknown or non-leaf queue, a request that can
@@ -106,7 +120,20 @@ class Service(SchedulingLoop):
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
                 (:func:`fgpu.server.access.check_submission`).
+            BadRequest: ``Idempotency-Key``: a malformed key, or one the caller used for
+                another body.
+            InsufficientStorage: ``store``: the database cannot write or the state disk is
+                (nearly) full (:class:`fgpu.server.storage.StorageCheck`), with the cause.
         """
+        keyed: tuple[str, str] | None = None
+        if idempotency_key is not None:
+            keyed = (check_key(idempotency_key), fingerprint(body.model_dump(mode="json")))
+            earlier = self._replay(caller, keyed)
+            if earlier is not None:
+                return earlier
+        problem = self.storage.problem()
+        if problem is not None:
+            raise InsufficientStorage("store", problem)
         sub = parse_submission(body)
         request = sub.request
         if sub.mig_request is not None:
@@ -155,6 +182,10 @@ class Service(SchedulingLoop):
             return found
 
         with self._names_lock:  # names are unique among the owner's active workloads
+            if keyed is not None:  # the same key may have been stored since the first look
+                earlier = self._replay(caller, keyed)
+                if earlier is not None:
+                    return earlier
             if body.name:
                 name = sub.name
                 check_name_free(name, holders([name]).get(name))
@@ -181,11 +212,22 @@ class Service(SchedulingLoop):
                     env=body.env,
                     grace_s=body.grace_s,
                     mig_request=sub.mig_request,
+                    idempotency=keyed,
                 )
             except InvalidRequestError as exc:
                 raise BadRequest(exc.field, exc.reason) from None
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
+
+    def health_problem(self) -> str | None:
+        """Why the service cannot do its work now (the store cannot write, the state disk is
+        full), or None: what ``/v1/healthz`` and ``/v1/readyz`` answer."""
+        return self.storage.problem()
+
+    def _replay(self, caller: Caller, keyed: tuple[str, str]) -> WorkloadView | None:
+        """The answer to an earlier submission of the caller with this (key, fingerprint),
+        or None (:func:`fgpu.server.idempotent.replay`)."""
+        return replay(self.store, caller.uid, keyed, self._reasons)
 
     def _check_could_fit(self, request: Request) -> None:
         """Refuse a request that no GPU of this machine could ever hold, naming the field
@@ -467,4 +509,10 @@ class Service(SchedulingLoop):
         return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
 
 
-__all__ = ["DEFAULT_QUEUE", "Caller", "Service", "claim_state_dir", "default_state_dir"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "Caller",
+    "Service",
+    "claim_state_dir",
+    "default_state_dir",
+]

@@ -18,15 +18,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import InvalidRequestError
 from fgpu.store import convert
-from fgpu.store.engine import make_engine, upgrade, writer
-from fgpu.store.errors import NotFound, StoreConflict
+from fgpu.store.engine import check_integrity, make_engine, storage_fault, upgrade, writer
+from fgpu.store.errors import NotFound, StoreConflict, StoreUnwritable
 from fgpu.store.records import PENDING, EventRecord
 from fgpu.store.schema import EventRow, WorkloadRow
 
@@ -63,6 +63,9 @@ class StoreBase:
         self._clock = clock
         self._new_id = new_id
         self._write_turn = threading.Lock()
+        self.write_fault: str | None = None
+        """Why the latest write failed for want of storage (:class:`StoreUnwritable`); None
+        once a write succeeds again."""
 
     @classmethod
     def open(
@@ -71,6 +74,7 @@ class StoreBase:
         *,
         clock: Clock = time.time,
         new_id: Callable[[], str] = random_id,
+        verify: bool = False,
         **engine_options: Any,
     ) -> Self:
         """Open (creating and migrating as needed) the database at ``target``.
@@ -79,10 +83,17 @@ class StoreBase:
             target: a URL, an SQLite file path, or None for the default file
                 (:func:`fgpu.store.engine.default_db_path`).
             clock, new_id: see the class.
+            verify: check the database before anything is written to it
+                (:func:`fgpu.store.engine.check_integrity`; what a service does at start).
             engine_options: passed to :func:`sqlalchemy.create_engine`.
+
+        Raises:
+            StoreDamaged: with ``verify``, a damaged database (nothing was written to it).
         """
         engine = make_engine(target, **engine_options)
         try:
+            if verify:
+                check_integrity(engine)
             upgrade(engine)
         except BaseException:
             engine.dispose()
@@ -115,8 +126,27 @@ class StoreBase:
                     yield session
             except IntegrityError as exc:
                 raise StoreConflict(f"the change conflicts with stored data: {exc.orig}") from exc
+            except DBAPIError as exc:
+                cause = storage_fault(exc, self.engine.url)
+                if cause is None:
+                    raise
+                self.write_fault = cause
+                raise StoreUnwritable(cause) from exc
+            else:
+                self.write_fault = None
             finally:
                 session.close()
+
+    def probe_write(self) -> str | None:
+        """Try a write that changes nothing of meaning (the migration row rewritten as it
+        is, which still makes the database write a page); None when it commits, else why
+        not (and :attr:`write_fault` says the same)."""
+        try:
+            with self._write() as session:
+                session.execute(text("UPDATE alembic_version SET version_num = version_num"))
+        except StoreUnwritable as exc:
+            return exc.cause
+        return None
 
     @contextmanager
     def _read(self) -> Iterator[Session]:

@@ -146,6 +146,91 @@ def _on_sqlite_begin(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if writing else "BEGIN")
 
 
+SQLITE_STORAGE_CODES = {8: "read-only", 10: "I/O error", 13: "full", 14: "cannot open"}
+"""SQLite primary result codes (the low byte of an extended code) that mean the database
+cannot write for want of storage (SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL,
+SQLITE_CANTOPEN; SQLite documentation, "Result and Error Codes")."""
+
+POSTGRES_STORAGE_CLASSES = ("53", "58")
+"""SQLSTATE classes of PostgreSQL that mean the server cannot write: 53 insufficient
+resources (53100 disk full), 58 system error (58030 I/O error) (PostgreSQL documentation,
+appendix A)."""
+
+
+def storage_fault(exc: BaseException, url: URL | None = None) -> str | None:
+    """Why a database error means the database cannot write now (disk full, I/O error,
+    read-only), with the database named; None for any other error.
+
+    Args:
+        exc: a SQLAlchemy ``DBAPIError`` (its ``orig`` is the driver's error) or a driver
+            error itself.
+        url: the database, to name it.
+    """
+    orig = getattr(exc, "orig", None) or exc
+    where = f" ({url.database if url is not None and is_sqlite(url) else url})" if url else ""
+    if isinstance(orig, sqlite3.Error):
+        code = getattr(orig, "sqlite_errorcode", None)
+        if isinstance(code, int) and (code & 0xFF) in SQLITE_STORAGE_CODES:
+            return f"the database cannot write: {orig}{where}"
+        if code is None and "disk is full" in str(orig):
+            return f"the database cannot write: {orig}{where}"
+        return None
+    state = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if isinstance(state, str) and state[:2] in POSTGRES_STORAGE_CLASSES:
+        first = str(orig).strip().splitlines()[0] if str(orig).strip() else state
+        return f"the database cannot write: {first} (SQLSTATE {state}){where}"
+    return None
+
+
+RECOVERY_STEPS = (
+    "stop here and keep a copy of the file (cp {db} {db}.damaged); then either recover what "
+    "can be read into a new file (sqlite3 {db} '.recover' | sqlite3 {db}.recovered) and serve "
+    "from it (--db {db}.recovered), or move the file away to start with an empty store; "
+    "either way, workloads still running that the store does not know are stopped at start "
+    "before any GPU is handed out"
+)
+"""What to do with a damaged SQLite file (``{db}``: its path)."""
+
+
+def check_integrity(engine: Engine, *, max_problems: int = 10) -> None:
+    """Refuse a damaged database before anything writes to it.
+
+    SQLite: ``PRAGMA quick_check`` (SQLite documentation, "PRAGMA quick_check": the
+    integrity check without the index-content cross-checks, O(N)); a file that is not a
+    database, or any problem it reports, is damage. PostgreSQL: a connection and a read of
+    the migration table; an error there is raised as it is (the server reports its own
+    damage).
+
+    Raises:
+        StoreDamaged: the problems found (at most ``max_problems`` lines), the file named.
+        sqlalchemy.exc.SQLAlchemyError: PostgreSQL (or SQLite) could not be reached.
+    """
+    from sqlalchemy import text
+    from sqlalchemy.exc import DatabaseError
+
+    from fgpu.store.errors import StoreDamaged
+
+    url = engine.url
+    if not is_sqlite(url):
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return
+    name = url.database or ":memory:"
+    try:
+        with engine.connect() as connection:
+            rows = connection.exec_driver_sql(f"PRAGMA quick_check({max_problems})").all()
+            connection.rollback()
+    except DatabaseError as exc:
+        orig = exc.orig
+        code = getattr(orig, "sqlite_errorcode", None)
+        if isinstance(code, int) and (code & 0xFF) in (11, 26):  # SQLITE_CORRUPT, NOTADB
+            raise StoreDamaged(name, [str(orig)]) from exc
+        raise
+    problems = [str(row[0]) for row in rows]
+    if problems != ["ok"]:
+        raise StoreDamaged(name, problems)
+
+
 def writer(engine: Engine) -> Engine:
     """The same engine, its transactions marked as writing (see the module docstring)."""
     return engine.execution_options(**{WRITE_OPTION: True})

@@ -38,3 +38,33 @@ class StoreConflict(StoreError):
 
 class PermissionDenied(StoreError, PermissionError):
     """The caller may not make this change (another user's workload)."""
+
+
+class StoreUnwritable(StoreError):
+    """The database cannot write now: its disk is full, an I/O error, a read-only file or
+    folder (SQLite), or the server's disk or I/O trouble (PostgreSQL SQLSTATE classes 53 and
+    58). Nothing of the change was written; the same change may succeed once the cause is
+    gone.
+
+    Attributes:
+        cause: what the database said, with the database's name.
+    """
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(cause)
+
+
+class StoreDamaged(StoreError):
+    """The database file is damaged (SQLite ``PRAGMA quick_check`` found problems, or the
+    file is not a database); the service must not serve from it.
+
+    Attributes:
+        database: the file (or URL) checked.
+        problems: what the check reported (the first few lines).
+    """
+
+    def __init__(self, database: str, problems: list[str]) -> None:
+        self.database = database
+        self.problems = problems
+        super().__init__(f"{database} is damaged: {'; '.join(problems)}")

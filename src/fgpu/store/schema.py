@@ -44,6 +44,9 @@ NAME_LENGTH = 128
 ID_LENGTH = 32
 """Longest workload id."""
 
+IDEMPOTENCY_KEY_LENGTH = 255
+"""Longest ``Idempotency-Key`` a submission may carry."""
+
 # A 64-bit integer column; on SQLite an INTEGER PRIMARY KEY must be spelt INTEGER to be the
 # rowid (and so auto-increment), which BIGINT is not.
 _EVENT_ID = BigInteger().with_variant(Integer(), "sqlite")
@@ -189,6 +192,20 @@ class GpuRow(Base):
     model: Mapped[str] = mapped_column(String(NAME_LENGTH))
     memory_mib: Mapped[int]
     mig_enabled: Mapped[bool]
+
+
+class IdempotencyKeyRow(Base):
+    """A submission's ``Idempotency-Key`` (per user), the fingerprint of its body and the
+    workload it created (issue 27); kept a bounded time (``created_at``)."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index("ix_idempotency_keys_created_at", "created_at"),)
+
+    owner_uid: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(String(IDEMPOTENCY_KEY_LENGTH), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    workload_id: Mapped[str] = mapped_column(String(ID_LENGTH))
+    created_at: Mapped[float]
 
 
 class HoldRow(Base):

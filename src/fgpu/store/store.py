@@ -31,6 +31,7 @@ from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.workload import PRIORITY_CLASSES, Workload, parse_priority
 from fgpu.store import convert, validate
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict, StoreError
+from fgpu.store.idempotency import IdempotencyStore
 from fgpu.store.inventory import InventoryStore
 from fgpu.store.queues import QueueStore
 from fgpu.store.records import (
@@ -68,7 +69,7 @@ _INSERT_EVENT = insert(Base.metadata.tables[EventRow.__tablename__])
 _ID_TAKEN = select(_WORKLOADS.c.id).where(_WORKLOADS.c.id == bindparam("id"))
 
 
-class Store(SuspensionStore, QueueStore, InventoryStore):
+class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
     """Repository of fgpu's durable state: workloads (here), queues
     (:class:`~fgpu.store.queues.QueueStore`), nodes and holds
     (:class:`~fgpu.store.inventory.InventoryStore`), events
@@ -99,6 +100,7 @@ class Store(SuspensionStore, QueueStore, InventoryStore):
         env: Mapping[str, str] | None = None,
         grace_s: float = DEFAULT_GRACE_S,
         mig_request: StoredMigRequest | None = None,
+        idempotency: tuple[str, str] | None = None,
     ) -> WorkloadRecord:
         """Store a new pending workload, with the event ``submitted``.
 
@@ -114,9 +116,14 @@ class Store(SuspensionStore, QueueStore, InventoryStore):
             grace_s: seconds between SIGTERM and SIGKILL when it is stopped.
             mig_request: for a MIG workload, the instance it asks for (``request`` is then
                 one GPU).
+            idempotency: ``(key, fingerprint of the body)``: the submission's
+                ``Idempotency-Key``, recorded with the workload in the same transaction
+                (:mod:`fgpu.store.idempotency`).
 
         Raises:
             InvalidRequestError: a malformed field, an unknown queue, a queue with children.
+            StoreConflict: ``idempotency`` names a key of this owner that is still kept
+                (nothing is written; :meth:`keyed_workload` finds its workload).
         """
         command, environment, grace = validate.submission(
             workload_name=name,
@@ -192,6 +199,8 @@ class Store(SuspensionStore, QueueStore, InventoryStore):
                     }
                 ],
             )
+            if idempotency is not None:
+                self._claim_key(session, owner_uid, *idempotency, workload_id)
             return convert.workload_record(WorkloadRow(**values))  # transient: values only
 
     def _fresh_id(self, connection: Connection) -> str:

@@ -29,8 +29,10 @@ from pathlib import Path
 MAX_GPUS = 16
 ID_LEN = 64
 UUID_LEN = 96
-STALE_NS = 2_000_000_000
-"""A gate closed by an agent silent for longer than this counts as open (``FGPU_SEG_STALE_NS``)."""
+STALE_NS = 1_500_000_000
+"""A gate closed by an agent silent for longer than this counts as open (``FGPU_SEG_STALE_NS``,
+1.5 s: a held workload resumes within 2 s of the agent's death, with margin for the gate's
+100 ms wait and the beat interval; ``bench/gate_resume.py`` measures it)."""
 
 GATE_OPEN = 0
 GATE_CLOSED = 1

@@ -1,0 +1,107 @@
+"""Idempotent submissions (issue 27): a submission may carry an ``Idempotency-Key``; the store
+keeps, per user and key, the fingerprint of the submission's body and the workload it
+created, for :data:`KEY_TTL_S`. A retry with the same key and body gets that workload back
+instead of a second one; the same key with another body is refused. Keys are per user: two
+users' keys never collide.
+
+The key is written in the same transaction as the workload it names
+(:meth:`fgpu.store.store.Store.submit`), so a key exists exactly when its workload does. The
+semantics follow the IETF HTTPAPI draft "The Idempotency-Key HTTP Header Field"
+(draft-ietf-httpapi-idempotency-key-header): a key reused with another payload is an error
+(422 there), keys expire after a period the resource announces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from fgpu.store.base import StoreBase
+from fgpu.store.errors import StoreConflict
+from fgpu.store.schema import IdempotencyKeyRow
+
+KEY_TTL_S = 24 * 3600.0
+"""How long a submission's key is kept (seconds): a retry within this time returns the first
+answer; after it the key is free again."""
+
+
+class KeyReused(StoreConflict):
+    """The key was used by the same user for a submission with another body.
+
+    Attributes:
+        workload_id: the workload the key names.
+    """
+
+    def __init__(self, key: str, workload_id: str) -> None:
+        self.workload_id = workload_id
+        super().__init__(
+            f"the key {key!r} was used for another submission (workload {workload_id}); a "
+            "retry must send the same body, a new submission a new key"
+        )
+
+
+def fingerprint(body: Mapping[str, Any]) -> str:
+    """SHA-256 (hex, 64 characters) of ``body`` as canonical JSON (sorted keys, no spaces):
+    equal bodies give equal fingerprints whatever the order of their fields."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class IdempotencyStore(StoreBase):
+    """The store's idempotency keys (see the module docstring)."""
+
+    def keyed_workload(self, owner_uid: int, key: str, body_fingerprint: str) -> str | None:
+        """The id of the workload an earlier submission of ``owner_uid`` with ``key``
+        created, while that key is kept; None when the key is new or expired.
+
+        Raises:
+            KeyReused: the key was used with another body.
+        """
+        cutoff = self._clock() - KEY_TTL_S
+        with self._read() as session:
+            row = session.get(IdempotencyKeyRow, (owner_uid, key))
+            if row is None or row.created_at < cutoff:
+                return None
+            if row.fingerprint != body_fingerprint:
+                raise KeyReused(key, row.workload_id)
+            return row.workload_id
+
+    def _claim_key(
+        self, session: Session, owner_uid: int, key: str, body_fingerprint: str, workload_id: str
+    ) -> None:
+        """In the submission's transaction: drop expired keys (an index range on
+        ``created_at``), then record this one (a key still kept conflicts: the caller's
+        transaction fails with :class:`StoreConflict` and writes nothing)."""
+        now = self._clock()
+        connection = session.connection()
+        connection.execute(
+            delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < now - KEY_TTL_S)
+        )
+        connection.execute(
+            insert(IdempotencyKeyRow),
+            [
+                {
+                    "owner_uid": owner_uid,
+                    "key": key,
+                    "fingerprint": body_fingerprint,
+                    "workload_id": workload_id,
+                    "created_at": now,
+                }
+            ],
+        )
+
+    def key_count(self, owner_uid: int | None = None) -> int:
+        """Keys kept (of ``owner_uid``, or of everyone)."""
+        query = select(IdempotencyKeyRow.key)
+        if owner_uid is not None:
+            query = query.where(IdempotencyKeyRow.owner_uid == owner_uid)
+        with self._read() as session:
+            return len(session.scalars(query).all())
+
+
+__all__ = ["KEY_TTL_S", "IdempotencyStore", "KeyReused", "fingerprint"]
