@@ -494,6 +494,20 @@ def nodes_view(nodes: Sequence[NodeView]) -> RenderableType:
         for la in layers:
             lines.add_row(la.name, "on" if la.active else "off", safe(la.why))
         parts += [Text(""), Text(f"Enforcement on {', '.join(names)}:"), lines]
+    shown: list[tuple[str, ...]] = []
+    for n in nodes:
+        key = tuple(f"{la.name}:{la.active}:{la.why}" for la in n.host_limits)
+        if not n.host_limits or key in shown:
+            continue
+        shown.append(key)
+        names = [m.name for m in nodes if m.host_limits == n.host_limits]
+        lines = Table.grid(padding=(0, 2))
+        lines.add_column(style="bold")
+        lines.add_column()
+        lines.add_column(overflow="fold")
+        for la in n.host_limits:
+            lines.add_row(la.name, "on" if la.active else "off", safe(la.why))
+        parts += [Text(""), Text(f"Host limits (--cpu, --memory) on {', '.join(names)}:"), lines]
     return Group(*parts)
 
 
