@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from fgpu.agent.hostlimits import HostLimiter, cpu_stat
+from fgpu.agent.governor.freezer import CgroupFreezer, cgroup2_mount
+from fgpu.agent.hostlimits import HostLimiter, LimitGroup, cpu_stat, own_cgroups
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle, ProcessState
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
@@ -178,3 +179,40 @@ def test_service_records_a_job_killed_by_its_memory_limit_as_failed(tmp_path: Pa
             await svc.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_freezer_governs_the_workload_in_the_cgroup_it_started_in(tmp_path: Path) -> None:
+    # on cgroup v2 a process is in one cgroup only: the freezer must use the host-limits
+    # cgroup the wrapper started the command in, not move it out (which would lift the
+    # limits). The freezer needs no controller, so this runs wherever cgroup v2 is writable.
+    mount = cgroup2_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy is mounted")
+    try:
+        freezer = CgroupFreezer(mount / "fgpu" / f"test-{uuid.uuid4().hex[:8]}")
+    except OSError as exc:
+        pytest.skip(f"cgroup v2 is not writable here: {exc}")
+    own = own_cgroups().get("", "/")
+    group = freezer.root / f"job-l{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    limits = LimitGroup(join=(str(group),), home=(str(mount / own.lstrip("/")),))
+    launcher = Launcher()
+    handle = launcher.launch(
+        LaunchSpec(
+            workload_id="job", argv=[sys.executable, "-c", BUSY], log_dir=tmp_path, limits=limits
+        )
+    )
+    try:
+        assert CgroupFreezer.pids_in(group) == [handle.pgid]  # the wrapper left it
+        freezer.adopt(handle)
+        assert freezer.path(handle) == group
+        assert not (freezer.root / f"job-{handle.pgid}").exists()
+        freezer.freeze(handle)
+        assert freezer.wait_frozen(handle, TIMEOUT_S)
+        assert freezer.pids(handle) == [handle.pgid]
+        freezer.thaw(handle)
+    finally:
+        launcher.terminate(handle, grace_s=5.0)
+        freezer.release(handle)
+        freezer.close()
+    assert not group.exists()

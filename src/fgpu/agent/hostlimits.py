@@ -154,7 +154,7 @@ def _mounts(path: str = "/proc/self/mounts") -> list[tuple[str, str, str]]:
     return found
 
 
-def _own_cgroups(path: str = "/proc/self/cgroup") -> dict[str, str]:
+def own_cgroups(path: str = "/proc/self/cgroup") -> dict[str, str]:
     """This process's cgroup path per hierarchy: ``""`` for v2 (``0::/x``), each controller
     name for v1 (``4:memory:/x``)."""
     out: dict[str, str] = {}
@@ -214,7 +214,7 @@ class HostLimiter:
             why = "off"
             return LimitSupport("none", False, False, why, why)
         table = _mounts(mounts)
-        own = _own_cgroups()
+        own = own_cgroups()
         v2_why = "no cgroup v2 hierarchy is mounted"
         if prefer in ("auto", "v2"):
             v2 = next((m for m in table if m[1] == "cgroup2"), None)
@@ -444,4 +444,5 @@ __all__ = [
     "cpu_stat",
     "memory_text",
     "oom_kills",
+    "own_cgroups",
 ]
