@@ -9,6 +9,7 @@ nodes`` shows (tested without cgroups in tests/unit/test_host_limits.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -36,6 +37,9 @@ HOG = (
     "print('allocated all', flush=True)\n"
 )
 BUSY = "import time\nwhile True:\n    pass\n"
+# four busy processes: the group asks for four cores, so it reaches its half core in some
+# period even when other work keeps this machine's cores busy
+BUSY_FOUR = "import os\nfor _ in range(2):\n    os.fork()\nwhile True:\n    pass\n"
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
@@ -123,7 +127,7 @@ def test_a_busy_process_with_half_a_core_is_throttled(tmp_path: Path, limiter: H
     handle = launcher.launch(
         LaunchSpec(
             workload_id=workload_id,
-            argv=[sys.executable, "-c", BUSY],
+            argv=[sys.executable, "-c", BUSY_FOUR],
             log_dir=tmp_path,
             limits=group,
         )
@@ -131,7 +135,9 @@ def test_a_busy_process_with_half_a_core_is_throttled(tmp_path: Path, limiter: H
     try:
         procs = (where / "cgroup.procs").read_text().split()
         assert str(handle.pgid) in procs
-        assert str(handle.pid) not in procs
+        assert str(handle.pid) not in procs  # not the wrapper
+        # what it forks stays in it
+        wait_for(lambda: len((where / "cgroup.procs").read_text().split()) == 4, "its forks")
 
         # the kernel throttles it in each period in which it used its quota (the time it
         # spent throttled is added when the throttle ends: v2 microseconds, v1 ns)
@@ -216,3 +222,22 @@ def test_the_freezer_governs_the_workload_in_the_cgroup_it_started_in(tmp_path: 
         freezer.release(handle)
         freezer.close()
     assert not group.exists()
+
+
+def test_empty_folders_that_dead_services_left_are_removed_once_old(limiter: HostLimiter) -> None:
+    if not limiter._dirs:
+        pytest.skip(f"no writable cgroups here: {limiter.support.memory_why}")
+    folder = next(iter(limiter._dirs.values()))
+    left = folder.parent / f"test-dead-{uuid.uuid4().hex[:8]}"
+    (left / "job-l0").mkdir(parents=True)
+    try:
+        assert limiter.remove_empty_neighbours() == []  # new: a live service may own it
+        assert left.exists()
+        removed = limiter.remove_empty_neighbours(min_age_s=0)
+        assert left / "job-l0" in removed
+        assert left in removed
+        assert not left.exists()
+    finally:
+        with contextlib.suppress(OSError):
+            (left / "job-l0").rmdir()
+            left.rmdir()

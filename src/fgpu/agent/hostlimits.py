@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -422,6 +423,39 @@ class HostLimiter:
                         with contextlib.suppress(OSError):
                             group.rmdir()
                             removed.append(group)
+        return removed
+
+    def remove_empty_neighbours(self, min_age_s: float = 3600.0) -> list[Path]:
+        """Remove the empty folders that other services left beside this one's under
+        ``fgpu`` (and their empty per-workload cgroups) when unchanged for ``min_age_s``:
+        what a killed service whose state folder is gone leaves behind. A cgroup with
+        processes is never removed (the kernel refuses). Returns what was removed."""
+        removed: list[Path] = []
+        if not self.name:
+            return removed
+        now = time.time()
+
+        def old(path: Path) -> bool:
+            try:
+                return now - path.stat().st_mtime >= min_age_s
+            except OSError:
+                return False
+
+        for folder in self._dirs.values():
+            try:
+                others = [p for p in folder.parent.iterdir() if p.is_dir() and p != folder]
+            except OSError:
+                continue
+            for other in others:
+                with contextlib.suppress(OSError):
+                    for group in [g for g in other.iterdir() if g.is_dir() and old(g)]:
+                        with contextlib.suppress(OSError):
+                            group.rmdir()
+                            removed.append(group)
+                if old(other):
+                    with contextlib.suppress(OSError):
+                        other.rmdir()
+                        removed.append(other)
         return removed
 
     def close(self) -> None:

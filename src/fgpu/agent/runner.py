@@ -434,6 +434,8 @@ class _Wrapper:
                     os.close(fd)
             if limits is not None:
                 limits.leave()  # only the command and what it forks stay limited
+                if self.child is None:  # it never started: nothing will use the cgroups
+                    limits.finish(0)
         if self.relay is not None:
             self.relay.start()
         self.ready(f"ok {self.child.pid}")

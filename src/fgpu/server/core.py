@@ -212,6 +212,7 @@ class ServiceCore(EnforcementHooks):
         # --cpu and --memory as limits where the cgroups allow (fgpu nodes says when not)
         self.host_limits = HostLimiter(cgroup_name)
         self.host_limits.sweep()
+        self.host_limits.remove_empty_neighbours()
 
     # ----------------------------------------------------------------- composition
     @classmethod
