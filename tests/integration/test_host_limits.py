@@ -24,6 +24,7 @@ from fgpu.agent.hostlimits import HostLimiter, LimitGroup, cpu_stat, own_cgroups
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle, ProcessState
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
+from tests.localusers import ALICE, ensure_users, uid_of
 
 TIMEOUT_S = 60.0
 ME = Caller(os.getuid(), admin=True)
@@ -111,18 +112,24 @@ def test_a_process_within_its_memory_limit_runs_to_the_end(
     assert "allocated all" in handle.stdout_path.read_text()
 
 
-def test_a_busy_process_with_half_a_core_is_throttled(tmp_path: Path, limiter: HostLimiter) -> None:
-    need(limiter, "cpu")
+def quota_us(where: Path) -> int:
+    """The CFS quota of a cgroup, microseconds per 100 ms period (v2 or v1)."""
+    if (where / "cpu.max").exists():
+        quota, period = (where / "cpu.max").read_text().split()
+        assert period == "100000"
+        return int(quota)
+    assert (where / "cpu.cfs_period_us").read_text().strip() == "100000"
+    return int((where / "cpu.cfs_quota_us").read_text())
+
+
+def run_busy(
+    tmp_path: Path, limiter: HostLimiter, cpu_milli: int, check: Callable[[Path], None]
+) -> None:
+    """Run four busy processes under ``cpu_milli``; ``check`` their cgroup while they run."""
     workload_id = f"w{uuid.uuid4().hex[:8]}"
-    group = limiter.prepare(workload_id, cpu_milli=500, memory_mib=0)
+    group = limiter.prepare(workload_id, cpu_milli=cpu_milli, memory_mib=0)
     assert group is not None
     where = Path(group.stat_dirs["cpu"])
-    quota = (
-        (where / "cpu.max").read_text().split()
-        if (where / "cpu.max").exists()
-        else [(where / "cpu.cfs_quota_us").read_text().strip()]
-    )
-    assert quota[0] == "50000"  # 50 ms of each 100 ms period: half a core
     launcher = Launcher()
     handle = launcher.launch(
         LaunchSpec(
@@ -138,18 +145,40 @@ def test_a_busy_process_with_half_a_core_is_throttled(tmp_path: Path, limiter: H
         assert str(handle.pid) not in procs  # not the wrapper
         # what it forks stays in it
         wait_for(lambda: len((where / "cgroup.procs").read_text().split()) == 4, "its forks")
-
-        # the kernel throttles it in each period in which it used its quota (the time it
-        # spent throttled is added when the throttle ends: v2 microseconds, v1 ns)
-        def throttled() -> bool:
-            stats = cpu_stat(where)
-            waited = stats.get("throttled_usec", stats.get("throttled_time", 0))
-            return stats.get("nr_throttled", 0) > 1 and waited > 0
-
-        wait_for(throttled, "CPU throttling")
+        check(where)
     finally:
         launcher.terminate(handle, grace_s=5.0)
     wait_for(lambda: not where.exists(), "its cgroup to be removed")
+
+
+def test_half_a_core_is_a_quota_of_50_ms_per_100_ms(tmp_path: Path, limiter: HostLimiter) -> None:
+    need(limiter, "cpu")
+
+    def check(where: Path) -> None:
+        assert quota_us(where) == 50_000  # while its four busy processes run in it
+
+    run_busy(tmp_path, limiter, 500, check)
+
+
+def test_busy_processes_over_their_cpu_limit_are_throttled(
+    tmp_path: Path, limiter: HostLimiter
+) -> None:
+    # The kernel throttles a cgroup in each period in which it used up its quota (the time
+    # spent throttled is added when the throttle ends: v2 microseconds, v1 ns). A small
+    # limit (20 ms per second) is reached even when other work keeps this machine's cores
+    # busy; the limit at half a core is the same mechanism with a larger quota (above).
+    need(limiter, "cpu")
+
+    def throttled(where: Path) -> bool:
+        stats = cpu_stat(where)
+        waited = stats.get("throttled_usec", stats.get("throttled_time", 0))
+        return stats.get("nr_throttled", 0) > 1 and waited > 0
+
+    def check(where: Path) -> None:
+        assert quota_us(where) == 2_000
+        wait_for(lambda: throttled(where), "CPU throttling")
+
+    run_busy(tmp_path, limiter, 20, check)
 
 
 def test_service_records_a_job_killed_by_its_memory_limit_as_failed(tmp_path: Path) -> None:
@@ -241,3 +270,50 @@ def test_empty_folders_that_dead_services_left_are_removed_once_old(limiter: Hos
         with contextlib.suppress(OSError):
             (left / "job-l0").rmdir()
             left.rmdir()
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+ESCAPE = (
+    "import sys\n"
+    "for path, text in ((sys.argv[1], '0'), (sys.argv[2], str(1 << 40))):\n"
+    "    try:\n"
+    "        with open(path, 'w') as handle:\n"
+    "            handle.write(text)\n"
+    "    except OSError as exc:\n"
+    "        print('refused', type(exc).__name__, flush=True)\n"
+    "    else:\n"
+    "        print('escaped', path, flush=True)\n"
+    "chunks = [bytearray(1 << 20) for _ in range(512)]\n"
+)
+
+
+def test_another_users_job_cannot_lift_its_own_limit(tmp_path: Path, limiter: HostLimiter) -> None:
+    need(limiter, "memory")
+    ensure_users()
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"no {SYSTEM_PYTHON} to run as another user")
+    tmp_path.chmod(0o755)
+    workload_id = f"w{uuid.uuid4().hex[:8]}"
+    group = limiter.prepare(workload_id, cpu_milli=0, memory_mib=64)
+    assert group is not None
+    memory_dir = Path(group.join[-1])
+    limit_file = memory_dir / (
+        "memory.max" if (memory_dir / "memory.max").exists() else "memory.limit_in_bytes"
+    )
+    home_procs = str(Path(group.home[-1]) / "cgroup.procs")
+    handle = Launcher().launch(
+        LaunchSpec(
+            workload_id=workload_id,
+            # the system's interpreter: this checkout's may not be readable to alice
+            argv=[SYSTEM_PYTHON, "-c", ESCAPE, home_procs, str(limit_file)],
+            log_dir=tmp_path,
+            uid=uid_of(ALICE),
+            limits=group,
+        )
+    )
+    state = wait_done(handle)
+    assert handle.stdout_path.read_text().split("\n")[:2] == [
+        "refused PermissionError",
+        "refused PermissionError",
+    ]
+    assert (state.exit_code, state.reason) == (-9, "out of host memory (limit 64 MiB)")
