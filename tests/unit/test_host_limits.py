@@ -104,3 +104,65 @@ def test_oom_kill_count_and_cpu_stat_are_read_from_the_kernel_files(tmp_path: Pa
         "2 GiB",
         "1536 MiB",
     )
+
+
+def fake_v2(tmp_path: Path, name: str) -> Path:
+    """A stand-in for a cgroup v2 mount (plain folders and files, named as the kernel
+    names them) down to fgpu's folder ``fgpu/NAME``, with both controllers offered."""
+    root = tmp_path / "v2"
+    for step in (root, root / "fgpu", root / "fgpu" / name):
+        step.mkdir(parents=True)
+        (step / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        (step / "cgroup.subtree_control").write_text("")
+    return root
+
+
+def test_on_cgroup_v2_the_limits_are_written_as_the_kernel_reads_them(tmp_path: Path) -> None:
+    # a stand-in folder tree: what is written, and where (real processes under real limits:
+    # tests/integration/test_host_limits.py, on hosts where cgroup v2 has the controllers)
+    root = fake_v2(tmp_path, "svc")
+    limiter = HostLimiter("svc", mounts=mounts(tmp_path, f"cgroup2 {root} cgroup2 rw 0 0"))
+    assert (limiter.support.kind, limiter.support.cpu, limiter.support.memory) == (
+        "cgroup-v2",
+        True,
+        True,
+    )
+    assert (root / "fgpu" / "svc" / "cgroup.subtree_control").read_text() == "+memory"
+    group = limiter.prepare("job/1", cpu_milli=500, memory_mib=100)
+    assert group is not None
+    (where,) = (Path(d) for d in group.join)
+    assert where.parent == root / "fgpu" / "svc"
+    assert where.name.startswith("job_1-l")
+    assert (where / "cpu.max").read_text() == "50000 100000"
+    assert (where / "memory.max").read_text() == str(100 << 20)
+    assert (where / "memory.oom.group").read_text() == "1"
+    assert group.oom_file == str(where / "memory.events")
+    assert group.memory_limit == "100 MiB"
+    assert limiter.prepare("idle", cpu_milli=0, memory_mib=0) is None
+    cpu_only = limiter.prepare("cpu", cpu_milli=5, memory_mib=0)  # below the kernel's minimum
+    assert cpu_only is not None
+    assert cpu_only.oom_file is None
+    assert (Path(cpu_only.join[0]) / "cpu.max").read_text() == "1000 100000"
+
+
+def test_on_cgroup_v1_each_controller_gets_its_own_cgroup(tmp_path: Path) -> None:
+    table = mounts(
+        tmp_path,
+        f"cgroup {tmp_path}/cpu cgroup rw,cpu 0 0",
+        f"cgroup {tmp_path}/memory cgroup rw,memory 0 0",
+    )
+    limiter = HostLimiter("svc", mounts=table, prefer="v1")
+    assert (limiter.support.kind, limiter.support.cpu, limiter.support.memory) == (
+        "cgroup-v1",
+        True,
+        True,
+    )
+    assert "swap not limited" in limiter.support.memory_why  # no memsw file in the stand-in
+    group = limiter.prepare("job", cpu_milli=1500, memory_mib=2048)
+    assert group is not None
+    cpu, memory = (Path(d) for d in group.join)
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (memory / "memory.limit_in_bytes").read_text() == str(2048 << 20)
+    assert group.oom_file == str(memory / "memory.oom_control")
+    assert group.memory_limit == "2 GiB"

@@ -399,7 +399,15 @@ class HostLimiter:
             for group in reversed(created):
                 with contextlib.suppress(OSError):
                     group.rmdir()
-            raise OSError(exc.errno, f"cannot set host limits: {exc}") from exc
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise OSError(exc.errno, f"{where}{exc.strerror or exc}") from exc
+
+    @staticmethod
+    def discard(group: LimitGroup) -> None:
+        """Remove a prepared group that no process joined (its launch failed)."""
+        for directory in group.join:
+            with contextlib.suppress(OSError):
+                Path(directory).rmdir()
 
     def _mkdir(self, group: Path, created: list[Path]) -> None:
         try:

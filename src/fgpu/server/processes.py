@@ -76,7 +76,9 @@ class ProcessControl(ServiceCore):
                 memory_mib=record.request.memory_mib,
             )
         except OSError as exc:
-            self._tracked.mark_finished(workload_id, FAILED, reason=str(exc))
+            self._tracked.mark_finished(
+                workload_id, FAILED, reason=f"could not set its host limits: {exc.strerror}"
+            )
             return
         spec = LaunchSpec(
             workload_id=workload_id,
@@ -95,9 +97,13 @@ class ProcessControl(ServiceCore):
         try:
             handle = self.launcher.launch(spec)
         except LaunchError as exc:
+            if limits is not None:
+                self.host_limits.discard(limits)
             self._tracked.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
             return
         except Exception as exc:  # never leave a placement without a process
+            if limits is not None:
+                self.host_limits.discard(limits)
             log.exception("launching %s failed", workload_id)
             self._tracked.mark_finished(
                 workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
