@@ -291,7 +291,10 @@ class MigInstanceView(BaseModel):
 class EnforcementLayer(BaseModel):
     """One enforcement mechanism of a GPU, whether it is active there, and why."""
 
-    name: str = Field(description="interposer, mps-limits, freezer, memory-guard or mig")
+    name: str = Field(
+        description="interposer, mps-limits, freezer, memory-guard or mig; for a node's "
+        "host_limits cpu-limit or memory-limit"
+    )
     active: bool
     why: str
 
@@ -324,6 +327,11 @@ class NodeView(BaseModel):
     cpu_milli: int
     memory_mib: int
     gpus: list[GpuView]
+    host_limits: list[EnforcementLayer] = Field(
+        default_factory=list,
+        description="whether a workload's cpu and memory are limits on this node "
+        "(cpu-limit, memory-limit: cgroups), and why not where they cannot be enforced",
+    )
 
 
 class ErrorDetail(BaseModel):

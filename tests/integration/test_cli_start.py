@@ -108,6 +108,30 @@ def test_ls_on_the_socket_loads_only_the_listing(server: ServerProcess) -> None:
     assert heavy(modules, NEVER) == []
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["submit", "-g", "0.1", "--grace", "0", "--", "sleep", "600"],
+        ["describe", "{job}"],
+        ["logs", "{job}"],
+        ["top"],
+        ["nodes"],
+        ["cancel", "{job}"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_everyday_commands_load_what_ls_loads(server: ServerProcess, command: list[str]) -> None:
+    # issue 25, point 8: the answers are read by fgpu.client.plain, the submission is
+    # checked by the server: neither pydantic nor the wire models load
+    job = f"everyday-{command[0]}"
+    server.submit("-g", "0.1", "--name", job, "--grace", "0", command=["sleep", "600"])
+    env = {**os.environ, "FGPU_SOCKET": str(server.socket)}
+    env.pop("FGPU_URL", None)
+    modules = loaded(*(part.format(job=job) for part in command), env=env)
+    assert {"fgpu.client.client", "fgpu.client.plain", "http.client"} <= modules
+    assert heavy(modules, NEVER) == []
+
+
 def test_the_table_lists_every_command_with_its_help() -> None:
     # each module registers exactly the table's commands for it, under the table's names
     for module in sorted({module for module, _ in COMMANDS.values()}):

@@ -14,20 +14,31 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
+from fgpu import wire
 from fgpu.cli import render
 from fgpu.client.plain import (
-    PlainGpuGrant,
-    PlainResourceRequest,
-    PlainWorkloadView,
+    WIRE_NAMES,
+    PlainNodeView,
+    PlainWorkloadDetail,
+    plain_list,
+    plain_of,
     plain_workloads,
 )
-from fgpu.wire import GpuGrant, ResourceRequest, WorkloadView
+from fgpu.wire import (
+    EnforcementLayer,
+    EventView,
+    GpuGrant,
+    GpuHolder,
+    GpuView,
+    MigInstanceView,
+    NodeView,
+    WorkloadDetail,
+    WorkloadView,
+)
 from tests.builders import workload_view
 
 PAIRS: list[tuple[type[Any], type[BaseModel]]] = [
-    (PlainWorkloadView, WorkloadView),
-    (PlainResourceRequest, ResourceRequest),
-    (PlainGpuGrant, GpuGrant),
+    (plain, getattr(wire, name)) for plain, name in WIRE_NAMES.items()
 ]
 WIRE = {plain: wire for plain, wire in PAIRS}
 
@@ -160,3 +171,101 @@ def test_the_table_reads_the_same_from_either(width: int) -> None:
         shown.append(console.export_text())
     assert shown[0] == shown[1]
     assert "3g.40gb" in shown[0]
+
+
+DETAIL = WorkloadDetail(
+    **workload_view(squeezed=True, squeezed_by=["a1"]).model_dump(),
+    events=[
+        EventView(id=1, workload_id="237094bf", time=5, kind="placed", reason="r", message="m"),
+        EventView(id=2, workload_id=None, time=6.5, kind="squeezed", reason="", message="x"),
+    ],
+    enforcement=["interposer: 20 GiB cap"],
+)
+NODES = [
+    NodeView(
+        name="vm",
+        backend="simulated",
+        cpu_milli=2000,
+        memory_mib=4096,
+        gpus=[
+            GpuView(
+                index=0,
+                uuid="GPU-0",
+                model="A100-40GB",
+                memory_mib=40960,
+                allocated_milli=500,
+                allocated_memory_mib=20480,
+                holders=[
+                    GpuHolder(
+                        workload_id="237094bf",
+                        name="job",
+                        compute_milli=500,
+                        memory_mib=20480,
+                        mode="fair",
+                        state="frozen-by-share",
+                        busy=True,
+                        achieved_milli=480,
+                        enforcement="interposer",
+                        squeezed_by=["a1"],
+                    )
+                ],
+                utilization_pct=40,
+                enforcement=[EnforcementLayer(name="freezer", active=True, why="cgroup-v2")],
+            ),
+            GpuView(
+                index=1,
+                uuid="GPU-1",
+                model="A100-80GB",
+                memory_mib=81920,
+                allocated_milli=0,
+                allocated_memory_mib=0,
+                holders=[],
+                mig_enabled=True,
+                mig_instances=[
+                    MigInstanceView(
+                        profile="3g.40gb", start=4, uuid="MIG-a", compute_milli=428, memory_mib=1
+                    )
+                ],
+            ),
+        ],
+        host_limits=[EnforcementLayer(name="cpu-limit", active=False, why="no cgroup")],
+    )
+]
+
+
+def test_a_detail_and_nodes_read_as_pydantic_reads_them() -> None:
+    answer = json.loads(DETAIL.model_dump_json())
+    detail = plain_of(PlainWorkloadDetail, answer)
+    assert dataclasses.asdict(detail) == DETAIL.model_dump()
+    assert type(detail.events[0].time) is float
+    nodes = plain_list(PlainNodeView, [n.model_dump(mode="json") for n in NODES])
+    assert [dataclasses.asdict(n) for n in nodes] == [n.model_dump() for n in NODES]
+    # not plainly typed: pydantic's conversion, then the plain form
+    converted = plain_of(PlainWorkloadDetail, {**answer, "restarts": "2"})
+    assert converted.restarts == 2
+    with pytest.raises(ValidationError):
+        plain_of(PlainWorkloadDetail, {**answer, "events": [{"id": "x"}]})
+
+
+def test_json_output_is_the_same_from_either() -> None:
+    detail = plain_of(PlainWorkloadDetail, json.loads(DETAIL.model_dump_json()))
+    assert render.to_json(detail) == render.to_json(DETAIL)
+    nodes = plain_list(PlainNodeView, [n.model_dump(mode="json") for n in NODES])
+    assert render.to_json(render.top_rows(nodes)) == render.to_json(render.top_rows(NODES))
+    assert render.to_json(nodes) == render.to_json(NODES)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_describe_top_and_nodes_read_the_same_from_either(width: int) -> None:
+    detail = plain_of(PlainWorkloadDetail, json.loads(DETAIL.model_dump_json()))
+    nodes = plain_list(PlainNodeView, [n.model_dump(mode="json") for n in NODES])
+    shown = []
+    for d, n in ((DETAIL, NODES), (detail, nodes)):
+        console = Console(width=width, record=True)
+        console.print(render.detail_view(d))
+        console.print(render.top_table(n))
+        console.print(render.nodes_view(n))
+        shown.append(console.export_text())
+    assert shown[0] == shown[1]
+    assert "squeezed by a1" in shown[0]
+    assert "3g.40gb@4" in shown[0]

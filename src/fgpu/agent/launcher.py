@@ -58,6 +58,7 @@ from typing import Any
 import psutil
 
 import fgpu
+from fgpu.agent.hostlimits import LimitGroup
 from fgpu.agent.process import (
     CREATE_TIME_TOLERANCE_S,
     ProcessHandle,
@@ -111,6 +112,9 @@ class LaunchSpec:
         compute_milli: compute share per GPU, milli-GPU (``FGPU_GPU_COMPUTE_MILLI``).
         memory_mib: memory quota per GPU, MiB (``FGPU_GPU_MEMORY_MIB``).
         agent_socket: path of the agent's activity-hint socket (``FGPU_AGENT_SOCKET``).
+        limits: the cgroup(s) with the workload's ``--cpu``/``--memory`` limits
+            (:meth:`fgpu.agent.hostlimits.HostLimiter.prepare`), which the wrapper starts
+            the command in; None: no host limits.
     """
 
     workload_id: str
@@ -125,6 +129,7 @@ class LaunchSpec:
     compute_milli: int = 0
     memory_mib: int = 0
     agent_socket: str = ""
+    limits: LimitGroup | None = None
 
 
 def _read_ready_line(fd: int, timeout_s: float) -> str:
@@ -325,7 +330,16 @@ class Launcher:
             },
         )
         uid, gid, groups = _identity(spec)
-        return {"cwd": spec.cwd, "env": env, "uid": uid, "gid": gid, "groups": groups}
+        settings: dict[str, Any] = {
+            "cwd": spec.cwd,
+            "env": env,
+            "uid": uid,
+            "gid": gid,
+            "groups": groups,
+        }
+        if spec.limits is not None:
+            settings["cgroups"] = spec.limits.settings()
+        return settings
 
     @staticmethod
     def _runner_env() -> dict[str, str]:

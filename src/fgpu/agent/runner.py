@@ -34,7 +34,10 @@ Options:
   line.
 - ``--spec-stdin``: read the command's settings from stdin as JSON: ``cwd`` (str or null),
   ``env`` (object or null: the command's whole environment), ``uid``, ``gid`` (int or null),
-  ``groups`` (list of int or null: supplementary groups). Without it the command inherits
+  ``groups`` (list of int or null: supplementary groups), ``cgroups`` (object or null:
+  host-limit cgroups to start the command in, :meth:`fgpu.agent.hostlimits.LimitGroup.
+  settings`; when the memory limit killed the command the recorded reason is ``out of host
+  memory (limit X)``). Without it the command inherits
   the wrapper's working directory and environment. The settings come through stdin rather
   than the wrapper's environment or command line so that the workload's environment (which
   may hold secrets) is neither visible in ``ps`` nor able to break the wrapper's own Python
@@ -330,6 +333,91 @@ class _Relay:
             self.thread.join(DRAIN_S)
 
 
+class _Limits:
+    """The host-limit cgroups of ``cgroups`` in the launch settings
+    (:meth:`fgpu.agent.hostlimits.LimitGroup.settings`): the wrapper enters them before
+    starting the command, so the command is limited from its first instruction, and leaves
+    them right after; when the command has ended it reads the out-of-memory count and
+    removes them."""
+
+    def __init__(self, join: list[str], home: list[str], oom_file: str | None, limit: str) -> None:
+        self.join = join
+        self.home = home
+        self.oom_file = oom_file
+        self.limit = limit
+
+    @classmethod
+    def of(cls, value: Any) -> _Limits | None:
+        if not isinstance(value, dict) or not value.get("join"):
+            return None
+        oom = value.get("oom_file")
+        return cls(
+            [str(d) for d in value["join"]],
+            [str(d) for d in value.get("home") or []],
+            str(oom) if oom else None,
+            str(value.get("memory_limit") or "?"),
+        )
+
+    @staticmethod
+    def _move(directory: str) -> None:
+        with open(os.path.join(directory, "cgroup.procs"), "w", encoding="ascii") as handle:
+            handle.write(str(os.getpid()))
+
+    def enter(self) -> str | None:
+        """Join every cgroup; the reason when one cannot be joined (then none is kept)."""
+        for directory in self.join:
+            try:
+                self._move(directory)
+            except OSError as exc:
+                self.leave()
+                return f"could not enter its host-limits cgroup {directory}: {exc.strerror or exc}"
+        return None
+
+    def leave(self) -> None:
+        for directory in self.home:
+            with contextlib.suppress(OSError):
+                self._move(directory)
+
+    def oom_kills(self) -> int:
+        if self.oom_file is None:
+            return 0
+        try:
+            with open(self.oom_file, encoding="ascii") as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def finish(self, code: int) -> str | None:
+        """The reason to record when the memory limit ended the command (None otherwise);
+        removes the cgroups (those still holding exiting processes are retried for a
+        second, then left to the agent's sweep)."""
+        reason = None
+        if code != 0 and self.oom_kills() > 0:
+            reason = f"out of host memory (limit {self.limit})"
+            if code != -signal.SIGKILL:
+                reason += ": one of its processes was killed"
+        deadline = time.monotonic() + 1.0
+        left = list(self.join)
+        while left:
+            for directory in list(left):
+                try:
+                    os.rmdir(directory)
+                except FileNotFoundError:
+                    left.remove(directory)
+                except OSError:
+                    continue
+                else:
+                    left.remove(directory)
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        return reason
+
+
 class _Wrapper:
     def __init__(self, exit_file: Path, ready_fd: int | None, relay: _Relay | None = None) -> None:
         self.exit_file = exit_file
@@ -400,6 +488,11 @@ class _Wrapper:
         # check above and the chdir could take the command where its user may not go.
         as_user = uid is not None and os.geteuid() == 0 and cwd is not None
         target = str(cwd)
+        limits = _Limits.of(settings.get("cgroups"))
+        if limits is not None:
+            failed = limits.enter()
+            if failed is not None:
+                return self.fail(EXIT_WRAPPER_FAILED, failed)
         out_w, err_w = self.relay.open() if self.relay is not None else (None, None)
         try:
             self.child = subprocess.Popen(
@@ -429,6 +522,10 @@ class _Wrapper:
             for fd in (out_w, err_w):
                 if fd is not None:
                     os.close(fd)
+            if limits is not None:
+                limits.leave()  # only the command and what it forks stay limited
+                if self.child is None:  # it never started: nothing will use the cgroups
+                    limits.finish(0)
         if self.relay is not None:
             self.relay.start()
         self.ready(f"ok {self.child.pid}")
@@ -446,7 +543,10 @@ class _Wrapper:
         self.finished = True
         if self.relay is not None:
             self.relay.finish()
-        self.record(ExitRecord(code, _signal_reason(code), self.child.pid))
+        reason = _signal_reason(code)
+        if limits is not None:
+            reason = limits.finish(code) or reason
+        self.record(ExitRecord(code, reason, self.child.pid))
         return code if code >= 0 else 128 - code
 
 

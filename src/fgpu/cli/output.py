@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from fgpu.client.client import Client
-    from fgpu.wire import WorkloadDetail
+    from fgpu.client.plain import PlainWorkloadDetail
     from fgpu.wire_logs import Chunk
 
 FOLLOW_INTERVAL_S = 0.5
@@ -126,7 +126,7 @@ class _Follower:
             chunks.extend(self.reader.feed(data))
 
 
-def _pending_line(detail: WorkloadDetail) -> str:
+def _pending_line(detail: PlainWorkloadDetail) -> str:
     reason = detail.reason or "waiting to be placed"
     again = f" (restart {detail.restarts})" if detail.restarts else ""
     return f"{detail.id} is pending{again}: {reason}"
@@ -163,7 +163,7 @@ def logs(
     """Print a workload's output: stdout and stderr in the order written (--stdout or
     --stderr for one). With -f, the exit code is the workload's once it ends, as a shell gives
     it (128+N when killed by signal N); Ctrl-C exits 130."""
-    from fgpu.wire import TERMINAL_PHASES
+    from fgpu.wire_basics import TERMINAL_PHASES
 
     streams = {"stdout", "stderr"}
     if stdout_only != stderr_only:
@@ -185,7 +185,7 @@ def logs(
 
     with connect(socket, url, _about(workload_id)) as client:
         # a name or prefix is resolved once: a later namesake is not followed
-        detail = client.get_workload(workload_id)
+        detail = client.get_workload_plain(workload_id)
         follower = _Follower(client, detail.id, next(iter(streams)) if len(streams) == 1 else None)
         try:
             first = shown(follower.read())
@@ -205,7 +205,7 @@ def logs(
                 if new:
                     write(new)
                     continue
-                detail = client.get_workload(detail.id)
+                detail = client.get_workload_plain(detail.id)
                 if detail.phase in TERMINAL_PHASES:
                     write(shown(follower.read()))
                     raise typer.Exit(shell_status(detail.exit_code))
@@ -284,7 +284,7 @@ def _follow_run(
     client: Client, workload_id: str, interrupts: _Interrupts, grace_s: float
 ) -> NoReturn:
     from fgpu.client.client import ClientError, ServerUnavailable
-    from fgpu.wire import TERMINAL_PHASES
+    from fgpu.wire_basics import TERMINAL_PHASES
 
     follower = _Follower(client, workload_id)
     sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -306,7 +306,7 @@ def _follow_run(
         if interrupts.count and not cancelled:
             cancelled = True
             try:
-                client.cancel(workload_id)
+                client.cancel_plain(workload_id)
             except ServerUnavailable:
                 raise
             except ClientError as exc:  # it ended meanwhile: the loop shows how
@@ -318,7 +318,7 @@ def _follow_run(
                 )
         if copy():
             continue
-        detail = client.get_workload(workload_id)
+        detail = client.get_workload_plain(workload_id)
         if detail.phase in TERMINAL_PHASES:
             copy()
             raise typer.Exit(_run_status(detail, cancelled))
@@ -334,7 +334,7 @@ def _follow_run(
         interrupts.wake.clear()
 
 
-def _run_status(detail: WorkloadDetail, cancelled_here: bool) -> int:
+def _run_status(detail: PlainWorkloadDetail, cancelled_here: bool) -> int:
     """``run``'s exit code for a workload that ended, saying why on stderr unless it
     succeeded."""
     if cancelled_here:

@@ -6,6 +6,7 @@ MiB, times as ages (``3m``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pwd
 import time
@@ -23,7 +24,15 @@ from fgpu.wire_basics import TERMINAL_PHASES
 if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls's table)
     from pydantic import BaseModel
 
-    from fgpu.client.plain import PlainResourceRequest, PlainWorkloadView
+    from fgpu.client.plain import (
+        PlainEventView,
+        PlainGpuHolder,
+        PlainGpuView,
+        PlainNodeView,
+        PlainResourceRequest,
+        PlainWorkloadDetail,
+        PlainWorkloadView,
+    )
     from fgpu.wire import (
         EventView,
         GpuHolder,
@@ -35,8 +44,14 @@ if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls
         WorkloadView,
     )
 
-    JsonValue: TypeAlias = BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]]
-    """What :func:`to_json` prints: a wire model, a list of them, or a list of plain rows."""
+    JsonValue: TypeAlias = BaseModel | Sequence[BaseModel] | Sequence[dict[str, object]] | object
+    """What :func:`to_json` prints: a wire model or its plain form (:mod:`fgpu.client.plain`),
+    a list of them, or a list of plain rows."""
+    Detail: TypeAlias = WorkloadDetail | PlainWorkloadDetail
+    Node: TypeAlias = NodeView | PlainNodeView
+    Gpu: TypeAlias = GpuView | PlainGpuView
+    Holder: TypeAlias = GpuHolder | PlainGpuHolder
+    Event: TypeAlias = EventView | PlainEventView
 
 PRIORITY_NAMES = {25: "very-low", 40: "low", 50: "normal", 100: "high", 125: "critical"}
 """Priority classes of DESIGN.md section 5, by value."""
@@ -53,14 +68,20 @@ PHASE_STYLES = {
 
 
 def to_json(items: JsonValue) -> str:
-    """Wire models (one or a list) as indented JSON."""
-    from pydantic import BaseModel
+    """Wire models or their plain forms (one or a list) as indented JSON: the same text for
+    a model and its plain form (the same fields in the same order, JSON values)."""
+    return json.dumps(_jsonable(items), indent=2)
 
-    if isinstance(items, BaseModel):
-        data: object = items.model_dump(mode="json")
-    else:
-        data = [i.model_dump(mode="json") if isinstance(i, BaseModel) else i for i in items]
-    return json.dumps(data, indent=2)
+
+def _jsonable(item: object) -> object:
+    if dataclasses.is_dataclass(item) and not isinstance(item, type):
+        return dataclasses.asdict(item)
+    if isinstance(item, list | tuple):
+        return [_jsonable(i) for i in item]
+    dump = getattr(item, "model_dump", None)
+    if dump is not None:  # a wire model (pydantic is loaded: it made it)
+        return dump(mode="json")
+    return item
 
 
 def gpus_text(milli: int) -> str:
@@ -350,7 +371,7 @@ def squeezed_text(by: Sequence[str]) -> str:
     return f"squeezed by {who} (keeps its memory; paused while they are busy)"
 
 
-def detail_view(detail: WorkloadDetail) -> RenderableType:
+def detail_view(detail: Detail) -> RenderableType:
     """``fgpu describe``: request, placement, events, and why it waits while pending."""
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="bold")
@@ -396,7 +417,7 @@ def detail_view(detail: WorkloadDetail) -> RenderableType:
     return Group(facts, Text(""), events_table(detail.events))
 
 
-def events_table(events: Iterable[EventView]) -> Table:
+def events_table(events: Iterable[Event]) -> Table:
     """Events, oldest first."""
     table = Table(title="Events", title_justify="left", box=None, header_style="bold")
     for column in ("TIME", "KIND", "REASON", "MESSAGE"):
@@ -406,9 +427,15 @@ def events_table(events: Iterable[EventView]) -> Table:
     return table
 
 
-def top_rows(nodes: Sequence[NodeView]) -> list[dict[str, object]]:
+def top_rows(nodes: Sequence[Node]) -> list[dict[str, object]]:
     """``fgpu top --json``: one object per GPU, with its node and what it holds."""
-    return [{"node": n.name, **g.model_dump(mode="json")} for n in nodes for g in n.gpus]
+    rows: list[dict[str, object]] = []
+    for n in nodes:
+        for g in n.gpus:
+            fields = _jsonable(g)
+            assert isinstance(fields, dict)
+            rows.append({"node": n.name, **fields})
+    return rows
 
 
 def _bar(milli: int, width: int = 10) -> str:
@@ -416,7 +443,7 @@ def _bar(milli: int, width: int = 10) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def top_table(nodes: Sequence[NodeView]) -> Table:
+def top_table(nodes: Sequence[Node]) -> Table:
     """``fgpu top``: each GPU with the shares it holds, by workload, and live use."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("GPU", "MODEL", "COMPUTE", "MEMORY", "USED", "UTIL"):
@@ -436,7 +463,7 @@ def top_table(nodes: Sequence[NodeView]) -> Table:
     return table
 
 
-def _holders(gpu: GpuView) -> str:
+def _holders(gpu: Gpu) -> str:
     if gpu.mig_enabled:
         return _instances(gpu)
     if not gpu.holders:
@@ -449,7 +476,7 @@ def _holders(gpu: GpuView) -> str:
     )
 
 
-def _governed(holder: GpuHolder) -> str:
+def _governed(holder: Holder) -> str:
     """`` fair, running, got 0.62`` (the governor's view), or nothing when not governed; a
     workload held at kernel launch by the interposer reads ``held-by-share``/``-priority``."""
     if holder.state is None:
@@ -462,7 +489,7 @@ def _governed(holder: GpuHolder) -> str:
     return f" {holder.mode}, {state}{idle}{got}"
 
 
-def _instances(gpu: GpuView) -> str:
+def _instances(gpu: Gpu) -> str:
     """A MIG GPU's instances, one per line: ``3g.40gb@4 MIG-...: ID NAME`` (or ``free``)."""
     if not gpu.mig_instances:
         return "MIG, no instances"
@@ -476,7 +503,7 @@ def _instances(gpu: GpuView) -> str:
     return "\n".join(lines)
 
 
-def nodes_view(nodes: Sequence[NodeView]) -> RenderableType:
+def nodes_view(nodes: Sequence[Node]) -> RenderableType:
     """``fgpu nodes``: the table, then each distinct set of enforcement layers with why."""
     parts: list[RenderableType] = [nodes_table(nodes)]
     seen: list[tuple[str, ...]] = []
@@ -494,15 +521,29 @@ def nodes_view(nodes: Sequence[NodeView]) -> RenderableType:
         for la in layers:
             lines.add_row(la.name, "on" if la.active else "off", safe(la.why))
         parts += [Text(""), Text(f"Enforcement on {', '.join(names)}:"), lines]
+    shown: list[tuple[str, ...]] = []
+    for n in nodes:
+        key = tuple(f"{la.name}:{la.active}:{la.why}" for la in n.host_limits)
+        if not n.host_limits or key in shown:
+            continue
+        shown.append(key)
+        names = [m.name for m in nodes if m.host_limits == n.host_limits]
+        lines = Table.grid(padding=(0, 2))
+        lines.add_column(style="bold")
+        lines.add_column()
+        lines.add_column(overflow="fold")
+        for la in n.host_limits:
+            lines.add_row(la.name, "on" if la.active else "off", safe(la.why))
+        parts += [Text(""), Text(f"Host limits (--cpu, --memory) on {', '.join(names)}:"), lines]
     return Group(*parts)
 
 
-def _enforcing(node: NodeView) -> str:
+def _enforcing(node: Node) -> str:
     layers = node.gpus[0].enforcement if node.gpus else []
     return ", ".join(la.name for la in layers if la.active) or "-"
 
 
-def nodes_table(nodes: Sequence[NodeView]) -> Table:
+def nodes_table(nodes: Sequence[Node]) -> Table:
     """``fgpu nodes`` (the table part)."""
     table = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("NODE", "BACKEND", "CPU", "MEMORY", "GPUS", "ALLOCATED", "ENFORCEMENT"):

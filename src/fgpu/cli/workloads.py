@@ -163,13 +163,12 @@ def submit_with(
     grace: float | None,
     shell: bool,
     verb: str = "submit",
-) -> WorkloadView:
+) -> PlainWorkloadView:
     """Submit what ``submit``'s options (:data:`SUBMIT_FIELDS`) ask for, in this directory
     and environment; a refusal ends the command naming the flag as typed (``verb``: the
     command that asks, for the examples in messages)."""
     from fgpu.cli.flags import flag_message, request_field
     from fgpu.client.client import ClientError, ServerUnavailable
-    from fgpu.wire import SubmitRequest
 
     argv = list(command or [])
     if not argv:
@@ -231,9 +230,8 @@ def submit_with(
         "queue": queue,
         "grace_s": grace,
     }
-    body = SubmitRequest.model_validate(fields)
-    try:
-        return client.submit(body)
+    try:  # the server checks the fields (pydantic is not loaded here: a faster submit)
+        return client.submit_plain(fields)
     except ServerUnavailable:
         raise
     except ClientError as exc:  # name the flag as typed, with the value given
@@ -339,7 +337,7 @@ def describe(
     from fgpu.cli import render
 
     with connect(socket, url, _about(workload_id)) as client:
-        detail = client.get_workload(workload_id)
+        detail = client.get_workload_plain(workload_id)
     show(detail, render.detail_view(detail), json_out)
 
 
@@ -367,13 +365,13 @@ def cancel(
     its grace period. Each id is tried; the exit code is that of the first refusal."""
     from fgpu.cli import render
     from fgpu.client.client import ClientError, ServerUnavailable
-    from fgpu.wire import TERMINAL_PHASES
+    from fgpu.wire_basics import TERMINAL_PHASES
 
     if every == bool(workload_ids):
         fail("give workload ids or names, or --all (not both)")
     if user is not None and not every:
         fail(f"--user {user!r}: only with --all")
-    views: list[WorkloadView] = []
+    views: list[PlainWorkloadView] = []
     first_error: ClientError | None = None
     with connect(socket, url) as client:
         if every:
@@ -386,14 +384,14 @@ def cancel(
                 )
             if owner is None:
                 fail("--all: name the user with --user (over --url the server does not say who)")
-            workload_ids = [w.id for w in client.list_workloads() if w.owner_uid == owner]
+            workload_ids = [w.id for w in client.list_workloads_plain() if w.owner_uid == owner]
             if not workload_ids:
                 err.print(f"no active workloads of {render.user_text(owner)}")
                 return
         assert workload_ids is not None
         for workload_id in workload_ids:
             try:
-                views.append(client.cancel(workload_id))
+                views.append(client.cancel_plain(workload_id))
             except ServerUnavailable:
                 raise
             except ClientError as exc:
@@ -430,9 +428,9 @@ def top(
         fail("--watch: not with --json (scripts poll `fgpu top --json` themselves)")
     with connect(socket, url) as client:
         if watch:
-            watch_loop(lambda: render.top_table(client.nodes()), interval)
+            watch_loop(lambda: render.top_table(client.nodes_plain()), interval)
             return
-        nodes = client.nodes()
+        nodes = client.nodes_plain()
     show(render.top_rows(nodes), render.top_table(nodes), json_out)
 
 
@@ -445,7 +443,7 @@ def nodes(
     from fgpu.cli import render
 
     with connect(socket, url) as client:
-        views = client.nodes()
+        views = client.nodes_plain()
     show(views, render.nodes_view(views), json_out)
 
 

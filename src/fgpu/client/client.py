@@ -4,8 +4,9 @@ Every method returns wire models (:mod:`fgpu.wire`); a refusal from the server i
 :class:`ClientError` with the status, the field and the reason the server gave; a server
 that cannot be reached is :class:`ServerUnavailable`, whose message says how to start one.
 
-The wire models (pydantic) are loaded by the first method that returns one;
-:meth:`Client.list_workloads_plain` (``fgpu ls``) needs none (:mod:`fgpu.client.plain`). On
+The wire models (pydantic) are loaded by the first method that returns one; the ``*_plain``
+methods (``fgpu ls``, ``submit``, ``describe``, ``logs``, ``cancel``, ``top``) need none
+(:mod:`fgpu.client.plain`). On
 the Unix socket the requests go through the standard library (:mod:`http.client`, one
 connection per request), which a short command loads in a fraction of httpx's time; over
 TCP (and TLS) and with an injected transport they go through httpx. Both give the same
@@ -24,7 +25,14 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 from urllib.parse import urlencode
 
 from fgpu.addresses import SOCKET_ENV, SYSTEM_SOCKET, default_socket_path
-from fgpu.client.plain import PlainWorkloadView, plain_workloads
+from fgpu.client.plain import (
+    PlainNodeView,
+    PlainWorkloadDetail,
+    PlainWorkloadView,
+    plain_list,
+    plain_of,
+    plain_workloads,
+)
 from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
 from fgpu.wire_basics import API_PREFIX, IDEMPOTENCY_HEADER, LOG_OFFSET_HEADER
 
@@ -374,6 +382,22 @@ class Client:
                 raise
         return self._json("POST", "/workloads", WorkloadView, json=body, headers=headers)
 
+    def submit_plain(self, body: Mapping[str, Any]) -> PlainWorkloadView:
+        """:meth:`submit` of a request body as JSON values (the fields of
+        :class:`fgpu.wire.SubmitRequest`, which the server checks), answered as a
+        :class:`~fgpu.client.plain.PlainWorkloadView`; neither side loads pydantic here.
+
+        Raises:
+            ClientError: field ``socket`` as :meth:`submit`; 422 naming a field whose value
+                the server refuses, or a number that is not finite (JSON has none).
+        """
+        for name, value in body.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ClientError(422, name, f"must be a finite number (got {value})")
+        self._check_socket_owner()
+        answer = self._request("POST", "/workloads", json=dict(body))
+        return _parsed(answer, lambda data: plain_of(PlainWorkloadView, data))
+
     def _check_socket_owner(self) -> None:
         if self._socket is None:
             return
@@ -407,6 +431,16 @@ class Client:
         from fgpu.wire import WorkloadDetail
 
         return self._json("GET", f"/workloads/{_segment(workload_id)}", WorkloadDetail)
+
+    def get_workload_plain(self, workload_id: str) -> PlainWorkloadDetail:
+        """:meth:`get_workload` as a :class:`~fgpu.client.plain.PlainWorkloadDetail`."""
+        answer = self._request("GET", f"/workloads/{_segment(workload_id)}")
+        return _parsed(answer, lambda data: plain_of(PlainWorkloadDetail, data))
+
+    def cancel_plain(self, workload_id: str) -> PlainWorkloadView:
+        """:meth:`cancel`, answered as a :class:`~fgpu.client.plain.PlainWorkloadView`."""
+        answer = self._request("POST", f"/workloads/{_segment(workload_id)}/cancel")
+        return _parsed(answer, lambda data: plain_of(PlainWorkloadView, data))
 
     def cancel(self, workload_id: str) -> WorkloadView:
         """Cancel a workload."""
@@ -456,6 +490,11 @@ class Client:
         from fgpu.wire import NodeView
 
         return self._json("GET", "/nodes", list[NodeView])
+
+    def nodes_plain(self) -> list[PlainNodeView]:
+        """:meth:`nodes` as :class:`~fgpu.client.plain.PlainNodeView` objects."""
+        answer = self._request("GET", "/nodes")
+        return _parsed(answer, lambda data: plain_list(PlainNodeView, data))
 
     def events(self, after: int | None = None, limit: int = 1000) -> list[EventView]:
         """Events after id ``after``, oldest first."""

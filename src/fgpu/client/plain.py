@@ -1,10 +1,11 @@
-"""The workload listing (``GET /v1/workloads``) read without pydantic, for ``fgpu ls``:
-loading pydantic and building the wire models takes longer than the rest of the command.
+"""The answers the everyday commands read (``ls``, ``submit``, ``describe``, ``logs``,
+``cancel``, ``top``), read without pydantic: loading pydantic and building the wire models
+takes longer than the rest of such a command.
 
-:class:`PlainWorkloadView`, :class:`PlainResourceRequest` and :class:`PlainGpuGrant` have the
-fields of :class:`fgpu.wire.WorkloadView`, :class:`fgpu.wire.ResourceRequest` and
-:class:`fgpu.wire.GpuGrant`, in their order, with their types and defaults
-(``tests/unit/test_client_plain.py`` compares them). :func:`plain_workloads` takes an answer
+Each ``Plain*`` class has the fields of the wire model of the same name in :mod:`fgpu.wire`
+(:data:`WIRE_NAMES`), in their order, with their types and defaults
+(``tests/unit/test_client_plain.py`` compares them). :func:`plain_of` (and
+:func:`plain_workloads`) take an answer
 as it is when every value already has its field's JSON type, which is what pydantic would
 return unchanged; anything else (a missing field, ``"1"`` for a number) goes to pydantic,
 whose conversions and errors therefore stay the rule.
@@ -74,6 +75,110 @@ class PlainWorkloadView:
     suspended_host_mib: int | None = None
 
 
+@dataclass(frozen=True)
+class PlainEventView:
+    """:class:`fgpu.wire.EventView`: something that happened, with its reason."""
+
+    id: int
+    workload_id: str | None
+    time: float
+    kind: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlainWorkloadDetail(PlainWorkloadView):
+    """:class:`fgpu.wire.WorkloadDetail`: the workload plus its events."""
+
+    events: list[PlainEventView]
+    enforcement: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlainGpuHolder:
+    """:class:`fgpu.wire.GpuHolder`: a workload's share of one GPU."""
+
+    workload_id: str
+    name: str
+    compute_milli: int
+    memory_mib: int
+    mode: str | None = None
+    state: str | None = None
+    busy: bool | None = None
+    achieved_milli: int | None = None
+    enforcement: str | None = None
+    used_memory_mib: int | None = None
+    squeezed_by: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class PlainMigInstanceView:
+    """:class:`fgpu.wire.MigInstanceView`: one MIG instance and the workload on it."""
+
+    profile: str
+    start: int
+    uuid: str
+    compute_milli: int
+    memory_mib: int
+    workload_id: str | None = None
+    name: str | None = None
+    in_use_outside: bool = False
+
+
+@dataclass(frozen=True)
+class PlainEnforcementLayer:
+    """:class:`fgpu.wire.EnforcementLayer`: one enforcement mechanism and why."""
+
+    name: str
+    active: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class PlainGpuView:
+    """:class:`fgpu.wire.GpuView`: one GPU and what it holds."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    allocated_milli: int
+    allocated_memory_mib: int
+    holders: list[PlainGpuHolder]
+    used_memory_mib: int | None = None
+    utilization_pct: int | None = None
+    mig_enabled: bool = False
+    mig_instances: list[PlainMigInstanceView] = field(default_factory=list)
+    enforcement: list[PlainEnforcementLayer] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlainNodeView:
+    """:class:`fgpu.wire.NodeView`: a node and its GPUs."""
+
+    name: str
+    backend: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: list[PlainGpuView]
+    host_limits: list[PlainEnforcementLayer] = field(default_factory=list)
+
+
+WIRE_NAMES: dict[type, str] = {
+    PlainResourceRequest: "ResourceRequest",
+    PlainGpuGrant: "GpuGrant",
+    PlainWorkloadView: "WorkloadView",
+    PlainEventView: "EventView",
+    PlainWorkloadDetail: "WorkloadDetail",
+    PlainGpuHolder: "GpuHolder",
+    PlainMigInstanceView: "MigInstanceView",
+    PlainEnforcementLayer: "EnforcementLayer",
+    PlainGpuView: "GpuView",
+    PlainNodeView: "NodeView",
+}
+"""Each plain class and the name of its wire model in :mod:`fgpu.wire`."""
+
 T = TypeVar("T")
 
 
@@ -87,18 +192,46 @@ def plain_workloads(data: Any) -> list[PlainWorkloadView]:
     Raises:
         ValueError: the answer is not a list of workloads (pydantic's message).
     """
+    return plain_list(PlainWorkloadView, data)
+
+
+def plain_of(kind: type[T], data: Any) -> T:
+    """One answer (a JSON object) as the plain class ``kind``: as it is when every value
+    has its field's JSON type, else through the wire model (pydantic's conversions).
+
+    Raises:
+        ValueError: the answer is not such an object (pydantic's message).
+    """
+    try:
+        return _build(kind, data)
+    except _NotPlain:
+        pass
+    from fgpu import wire
+
+    model = getattr(wire, WIRE_NAMES[kind])
+    view = model.model_validate(data)  # raises ValidationError (a ValueError)
+    return _build(kind, view.model_dump())
+
+
+def plain_list(kind: type[T], data: Any) -> list[T]:
+    """:func:`plain_of` for an answer that is a JSON array of such objects.
+
+    Raises:
+        ValueError: the answer is not such an array (pydantic's message).
+    """
     try:
         if type(data) is not list:
             raise _NotPlain
-        return [_build(PlainWorkloadView, item) for item in data]
+        return [_build(kind, item) for item in data]
     except _NotPlain:
         pass
     from pydantic import TypeAdapter
 
-    from fgpu.wire import WorkloadView
+    from fgpu import wire
 
-    views = TypeAdapter(list[WorkloadView]).validate_python(data)  # raises ValidationError
-    return [_build(PlainWorkloadView, view.model_dump()) for view in views]
+    model = getattr(wire, WIRE_NAMES[kind])
+    views: list[Any] = TypeAdapter(list[model]).validate_python(data)  # type: ignore[valid-type]
+    return [_build(kind, view.model_dump()) for view in views]
 
 
 _HINTS: dict[type, dict[str, Any]] = {}

@@ -18,6 +18,7 @@ from typing import IO, Any, Self
 import numpy as np
 
 from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
+from fgpu.agent.hostlimits import HostLimiter
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import ProcessHandle
 from fgpu.mig.device import MigDevice
@@ -198,6 +199,8 @@ class ServiceCore(EnforcementHooks):
         }
         settings = enforcement or EnforcementConfig()
         segments, interposer_note = interposer_segments(settings, backend, state_dir, fake_driver)
+        # one cgroup subtree per state folder: two services never thaw each other's work
+        cgroup_name = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
         self.enforcement = Enforcement(
             backend,
             shared,
@@ -205,13 +208,16 @@ class ServiceCore(EnforcementHooks):
             config=settings,
             record=self._store_agent_event,
             kill=self._kill_over_quota,
-            # one cgroup subtree per state folder: two services never thaw each other's work
-            cgroup_name=hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12],
+            cgroup_name=cgroup_name,
             segments=segments,
             fake_driver=fake_driver,
             interposer_off_reason=interposer_note,
         )
         self.enforcement.events.subscribe(self.metrics.agent_event)
+        # --cpu and --memory as limits where the cgroups allow (fgpu nodes says when not)
+        self.host_limits = HostLimiter(cgroup_name)
+        self.host_limits.sweep()
+        self.host_limits.remove_empty_neighbours()
 
     # ----------------------------------------------------------------- composition
     @classmethod

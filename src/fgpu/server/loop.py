@@ -81,6 +81,7 @@ class SchedulingLoop(Recovery):
                 with contextlib.suppress(Exception):
                     loop.remove_reader(self._pidfds.pop(handle.workload_id, -1))
         self.enforcement.close()  # nothing stays frozen; events are written first
+        self.host_limits.close()
         self.store.close()
         if self._db_claim is not None:
             self._db_claim.release()

@@ -18,6 +18,7 @@ import signal
 import time
 from pathlib import Path
 
+from fgpu.agent.hostlimits import OUT_OF_HOST_MEMORY
 from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
@@ -68,6 +69,17 @@ class ProcessControl(ServiceCore):
                     workload_id, FAILED, reason=f"could not prepare its GPU limits: {exc}"
                 )
                 return
+        try:
+            limits = self.host_limits.prepare(
+                workload_id,
+                cpu_milli=record.request.cpu_milli,
+                memory_mib=record.request.memory_mib,
+            )
+        except OSError as exc:
+            self._tracked.mark_finished(
+                workload_id, FAILED, reason=f"could not set its host limits: {exc.strerror}"
+            )
+            return
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -80,13 +92,18 @@ class ProcessControl(ServiceCore):
             compute_milli=allocation.gpu_milli[0] if allocation.gpu_milli else 0,
             memory_mib=allocation.gpu_memory_mib[0] if allocation.gpu_memory_mib else 0,
             agent_socket=str(self.enforcement.socket or ""),
+            limits=limits,
         )
         try:
             handle = self.launcher.launch(spec)
         except LaunchError as exc:
+            if limits is not None:
+                self.host_limits.discard(limits)
             self._tracked.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
             return
         except Exception as exc:  # never leave a placement without a process
+            if limits is not None:
+                self.host_limits.discard(limits)
             log.exception("launching %s failed", workload_id)
             self._tracked.mark_finished(
                 workload_id, FAILED, reason=f"could not launch: {type(exc).__name__}: {exc}"
@@ -271,6 +288,14 @@ class ProcessControl(ServiceCore):
         elif code is None:
             self._tracked.mark_finished(
                 workload_id, FAILED, reason=why or "ended without an exit code", finished_at=at
+            )
+        elif why is not None and why.startswith(OUT_OF_HOST_MEMORY):
+            self._tracked.mark_finished(
+                workload_id,
+                FAILED,
+                exit_code=code,
+                reason=f"{why}; exit code {code}",
+                finished_at=at,
             )
         else:
             detail = f"exit code {code}" + (f" ({why})" if why else "")

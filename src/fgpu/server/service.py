@@ -470,8 +470,11 @@ class Service(SchedulingLoop):
         live = read_live(self.backend, self.enforcement, dict(self._handles))
         layers = self.enforcement.layers()
         kind = self.backend.kind
+        host = views.host_limit_layers(self.host_limits.support)
         shared = [
-            views.node(node, self.machine.devices[node.name], running, live, kind, layers)
+            views.node(
+                node, self.machine.devices[node.name], running, live, kind, layers
+            ).model_copy(update={"host_limits": host})
             for node in self.machine.nodes
         ]
         if not self.mig.gpus:
@@ -488,6 +491,7 @@ class Service(SchedulingLoop):
                 self.mig, running, live.gpu_used_mib, live.utilization, self.backend.kind
             )
             pool = views.with_enforcement(pool, {g.uuid: mig_layer for g in pool.gpus})
+            pool = pool.model_copy(update={"host_limits": host})
             return [*shared, pool]
         except Exception:  # a device error must not take the whole listing down
             log.exception("reading the MIG instances failed")

@@ -7,6 +7,7 @@ from typing import Any
 
 from fgpu.agent.backend import GpuDevice
 from fgpu.agent.governor.runtime import WorkloadView as GovernorView
+from fgpu.agent.hostlimits import LimitSupport
 from fgpu.mig.catalog import instance_milli
 from fgpu.model.types import Node
 from fgpu.sched.accounting import counted_gpu_milli
@@ -276,6 +277,28 @@ def mig_node(
             )
         )
     return NodeView(name=pool.node_name, backend=backend, cpu_milli=0, memory_mib=0, gpus=gpus)
+
+
+def host_limit_layers(support: LimitSupport) -> list[EnforcementLayer]:
+    """A node's ``host_limits``: whether ``--cpu`` and ``--memory`` are limits there (cgroups,
+    :mod:`fgpu.agent.hostlimits`), and how, or why they cannot be enforced (then they only
+    count for placement)."""
+    placement = " (--cpu counts for placement only)"
+    memory_placement = " (--memory counts for placement only)"
+    return [
+        EnforcementLayer(
+            name="cpu-limit",
+            active=support.cpu,
+            why=support.cpu_why if support.cpu else f"not enforced: {support.cpu_why}{placement}",
+        ),
+        EnforcementLayer(
+            name="memory-limit",
+            active=support.memory,
+            why=support.memory_why
+            if support.memory
+            else f"not enforced: {support.memory_why}{memory_placement}",
+        ),
+    ]
 
 
 def with_enforcement(node: NodeView, layers: Mapping[str, list[EnforcementLayer]]) -> NodeView:

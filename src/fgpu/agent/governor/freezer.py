@@ -363,15 +363,35 @@ class CgroupFreezer:
                 probe.rmdir()
         self._left: set[Path] = set()
         self._files: dict[Path, _GroupFiles] = {}
+        self._placed: dict[tuple[str, int], Path] = {}
 
     @property
     def kind(self) -> str:
         return "cgroup-v2"
 
     def path(self, handle: ProcessHandle) -> Path:
-        """The workload's cgroup directory."""
+        """The workload's cgroup directory: the one it started in when that is a child of
+        ``root`` (its host-limits cgroup, :mod:`fgpu.agent.hostlimits`), else
+        ``<root>/<workload id>-<pgid>``."""
+        placed = self._placed.get((handle.workload_id, handle.pgid))
+        if placed is not None:
+            return placed
         name = _SAFE.sub("_", handle.workload_id) or "workload"
         return self.root / f"{name}-{handle.pgid}"
+
+    def _started_in(self, handle: ProcessHandle) -> Path | None:
+        """The cgroup the workload's command is in when it is a child of ``root`` (the
+        wrapper started it in its host-limits cgroup), else None."""
+        try:
+            text = Path(f"/proc/{handle.pgid}/cgroup").read_text(encoding="utf-8")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("0::"):
+                group = self._mount_root() / line[3:].lstrip("/")
+                if group.parent == self.root and belongs_to(handle.pgid, handle):
+                    return group
+        return None
 
     @staticmethod
     def _write(path: Path, text: str) -> None:
@@ -394,6 +414,9 @@ class CgroupFreezer:
 
     def adopt(self, handle: ProcessHandle) -> None:
         self._sweep()  # cgroups of ended workloads whose last members were still exiting
+        started_in = self._started_in(handle)
+        if started_in is not None:
+            self._placed[(handle.workload_id, handle.pgid)] = started_in
         group = self.path(handle)
         try:
             group.mkdir(exist_ok=True)
@@ -496,6 +519,7 @@ class CgroupFreezer:
     def release(self, handle: ProcessHandle) -> None:
         self.thaw(handle)
         group = self.path(handle)
+        self._placed.pop((handle.workload_id, handle.pgid), None)
         files = self._files.pop(group, None)
         if files is not None:
             files.close()
