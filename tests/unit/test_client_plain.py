@@ -16,18 +16,20 @@ from rich.console import Console
 
 from fgpu.cli import render
 from fgpu.client.plain import (
+    PlainArrayTaskView,
     PlainGpuGrant,
     PlainResourceRequest,
     PlainWorkloadView,
     plain_workloads,
 )
-from fgpu.wire import GpuGrant, ResourceRequest, WorkloadView
+from fgpu.wire import ArrayTaskView, GpuGrant, ResourceRequest, WorkloadView
 from tests.builders import workload_view
 
 PAIRS: list[tuple[type[Any], type[BaseModel]]] = [
     (PlainWorkloadView, WorkloadView),
     (PlainResourceRequest, ResourceRequest),
     (PlainGpuGrant, GpuGrant),
+    (PlainArrayTaskView, ArrayTaskView),
 ]
 WIRE = {plain: wire for plain, wire in PAIRS}
 

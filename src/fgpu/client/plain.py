@@ -48,6 +48,17 @@ class PlainGpuGrant:
 
 
 @dataclass(frozen=True)
+class PlainArrayTaskView:
+    """:class:`fgpu.wire.ArrayTaskView`: the array a workload is a task of."""
+
+    id: str
+    name: str
+    index: int
+    size: int
+    throttle: int | None = None
+
+
+@dataclass(frozen=True)
 class PlainWorkloadView:
     """:class:`fgpu.wire.WorkloadView`: a workload as listed."""
 
@@ -72,6 +83,10 @@ class PlainWorkloadView:
     squeezed_by: list[str] = field(default_factory=list)
     gpu_state: str | None = None
     suspended_host_mib: int | None = None
+    time_limit_s: float | None = None
+    dependency: list[str] = field(default_factory=list)
+    array: PlainArrayTaskView | None = None
+    cancelled_tasks: list[str] = field(default_factory=list)
 
 
 T = TypeVar("T")
