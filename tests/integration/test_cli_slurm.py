@@ -386,6 +386,9 @@ def test_users_depend_on_others_work_but_cancel_only_their_own_arrays(
 ) -> None:
     ensure_users()
     alice, bob = as_user(ALICE), as_user(BOB)
+    # the GPU is taken, so that alice's tasks stay pending for the whole test
+    blocker = server.submit("-g", "1", command=sleeper(600))
+    server.wait_phase(blocker, "running")
     made = server.cli(
         "submit", "-a", "0-1", "--name", "hers", "-g", "0.1", "--json", "--", *sleeper(600),
         user=alice,
@@ -406,6 +409,6 @@ def test_users_depend_on_others_work_but_cancel_only_their_own_arrays(
     assert "no workload with the id, id prefix or name 'hers'" in by_name.stderr
     hers = [w for w in server.workloads().values() if (w["array"] or {}).get("id") == array_id]
     assert len(hers) == 2
-    assert all(w["phase"] in ("pending", "running") for w in hers)
+    assert all(w["phase"] == "pending" for w in hers), [w["reason"] for w in hers]
     mine = server.cli("cancel", "hers", user=alice)
     assert "2 tasks cancelled" in mine.stdout
