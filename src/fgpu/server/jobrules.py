@@ -63,6 +63,9 @@ TIME_LIMIT_REASON = "time limit"
 NEVER_MET = "dependency never satisfied"
 """How the reason of a workload ended for a dependency that can never hold begins."""
 
+GONE = "gone"
+"""The phase :meth:`JobRules._phase_of` gives a workload the store no longer has."""
+
 _TIMER_SLACK_S = 0.02
 """The time-limit timer fires this much after the earliest limit, so that it is passed."""
 
@@ -262,6 +265,8 @@ class JobRules(Recovery):
         waits: list[str] = []
         for kind, target in record.dependency:
             phase, name = self._phase_of(target)
+            if phase == GONE:
+                return "", f"{kind}:{target} is no longer known (its record was pruned)"
             state = _condition_state(kind, phase)
             if state is False:
                 how = f"ended {phase}" if phase in FINAL_PHASES else phase
@@ -272,8 +277,8 @@ class JobRules(Recovery):
 
     def _phase_of(self, workload_id: str) -> tuple[str, str]:
         """``(phase, name)`` of a workload: from the mirror while active, else from the
-        store once (a finished workload's phase never changes); ``("gone", id)`` for one
-        the store no longer has (pruned)."""
+        store once (a finished workload's phase never changes); ``(GONE, id)`` for one the
+        store no longer has (pruned)."""
         with self._mirror_lock:
             active = self._records.get(workload_id)
         if active is not None:
@@ -284,7 +289,7 @@ class JobRules(Recovery):
         try:
             record = self.store.get(workload_id)
         except NotFound:
-            return "gone", workload_id
+            return GONE, workload_id
         outcome = (record.phase, record.name)
         if record.phase in FINAL_PHASES:
             if len(self._outcomes) > 100_000:

@@ -333,14 +333,14 @@ class Service(SchedulingLoop):
             NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
         """
         try:
-            self.store.get(workload_id)
-        except NotFound:  # not a workload's id: an array's id or name?
+            workload_id = self.store.get(workload_id).id
+        except NotFound:  # not a workload's id: an array's id or name, else a name or prefix
             tasks = self._array_refs(caller, workload_id)
             if tasks is not None:
                 done = self._cancel_tasks(caller, tasks)
                 first = self.store.get(done[0])
                 return views.workload(first, None).model_copy(update={"cancelled_tasks": done})
-        workload_id = self._get(workload_id, caller.uid).id
+            workload_id = self._get(workload_id, caller.uid).id
         with self._lock:
             try:
                 record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
