@@ -279,6 +279,11 @@ def test_an_array_runs_each_index_with_its_env_and_at_most_n_at_once(
     }
     assert sorted(tasks) == [f"sweep_{i}" for i in range(6)]
     assert array_id not in {t["id"] for t in tasks.values()}
+    # a dependency on the array's name waits for every task of it
+    after = server.submit("-g", "0.1", "-d", "afterok:sweep", command=["true"])
+    assert sorted(server.describe(after)["dependency"]) == sorted(
+        f"afterok:{t['id']}" for t in tasks.values()
+    )
     # two start; the others wait, saying why
     wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2, "two tasks to start", LONG_S)
     listing = server.workloads(all_=False)
@@ -315,6 +320,7 @@ def test_an_array_runs_each_index_with_its_env_and_at_most_n_at_once(
         assert (tmp_path / f"started-{index}").read_text() == f"{index} {index} {array_id}"
     done = server.cli("ls", "--all").stdout
     assert "6 succeeded" in done
+    assert server.wait_phase(after, "succeeded", timeout_s=LONG_S)["exit_code"] == 0
 
 
 def test_cancel_by_the_arrays_name_cancels_every_task_and_a_task_alone(

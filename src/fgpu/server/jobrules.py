@@ -163,31 +163,32 @@ class JobRules(Recovery):
         return JobPlan(limit, tuple(conditions), array)
 
     def _dependency_targets(self, ref: str, caller: Caller) -> list[WorkloadRecord]:
-        """The workloads a dependency reference means: every task of an array (by the
-        array's id, or the caller's array of that name), else the one workload of an id, id
-        prefix or name (:func:`fgpu.server.naming.resolve`). Users see all work (DESIGN.md
-        section 5), so another user's workload may be waited for.
+        """The workloads a dependency reference means, first fit: every task of an array
+        by the array's id or by the name of the caller's active array; the one workload of
+        an id, id prefix or name (:func:`fgpu.server.naming.resolve`); every task of the
+        caller's latest array of that name. Users see all work (DESIGN.md section 5), so
+        another user's workload may be waited for.
 
         Raises:
             BadRequest: field ``dependency``: nothing or several fit.
         """
-        tasks = self.store.array_tasks(ref)
-        if not tasks:
-            array_id = self.store.array_named(caller.uid, ref)
-            tasks = self.store.array_tasks(array_id) if array_id is not None else []
-        if tasks:
+        tasks = self._array_refs(caller, ref)
+        if tasks is not None:
             return tasks
         try:
             return [self._get(ref, caller.uid)]
         except (NotFoundError, BadRequest) as exc:
+            array_id = self.store.array_named(caller.uid, ref)
+            if array_id is not None:
+                return self.store.array_tasks(array_id)
             raise BadRequest("dependency", exc.reason) from None
 
     def _array_refs(self, caller: Caller, ref: str) -> list[WorkloadRecord] | None:
-        """The tasks of the array ``ref`` means (its id, or the caller's own array of that
-        name), or None when it names no array."""
+        """The tasks of the array ``ref`` means, by its id (anyone's) or as the name of the
+        caller's own active array; None when it means no array."""
         tasks = self.store.array_tasks(ref)
         if not tasks:
-            array_id = self.store.array_named(caller.uid, ref)
+            array_id = self.store.active_array_names(caller.uid, [ref]).get(ref)
             if array_id is None:
                 return None
             tasks = self.store.array_tasks(array_id)
