@@ -309,15 +309,15 @@ class JobRules(Recovery):
             array = record.array
             if array is not None and (record.holds_allocation or record.is_suspended):
                 running[array.id] = running.get(array.id, 0) + 1
-            if record.phase != "pending" or not self._unstarted(record):
-                continue
-            if record.dependency:
+            if record.phase != "pending" or record.is_suspended:
+                continue  # a suspended task is restored where it was: it counts as running
+            if record.dependency and self._unstarted(record):
                 wait, never = self._dependency_wait(record)
                 if wait or never:
                     reasons[record.id] = wait or f"{NEVER_MET}: {never}"
                     continue
-            if record.array is not None and record.array.throttle is not None:
-                pending.setdefault(record.array.id, []).append(record)
+            if array is not None and array.throttle is not None:
+                pending.setdefault(array.id, []).append(record)  # preempted ones too
         for array_id, tasks in pending.items():
             first = tasks[0].array
             assert first is not None
