@@ -83,7 +83,8 @@ class ArrayRow:
         """The row's cells, as :func:`fgpu.cli.render.workloads_table` lays them out: ID (the
         array's), NAME (``NAME[N]``: N tasks), USER, PHASE (the leading one), STATE (tasks per
         phase), QUEUE, PRIORITY, GPUS (held by its tasks, or what each wants), AGE, REASON
-        (why its first pending task waits)."""
+        (why its first pending task waits; else, for an array that ended failed or cancelled,
+        why its first such task did)."""
         from fgpu.cli import render
 
         first = self.tasks[0]
@@ -97,11 +98,17 @@ class ArrayRow:
         held = sum(
             g.compute_milli for t in self.tasks if t.gpus and t.phase in _HOLDING for g in t.gpus
         )
+        each = render.request_text(first.request)
         if held:
             gpus: str | Text = f"{render.gpus_text(held)} GPU held"
+        elif all(t.phase in _ENDED for t in self.tasks):
+            gpus = Text(f"{each} each", style="dim")
         else:
-            gpus = Text(f"wants {render.request_text(first.request)} each", style="dim")
-        waiting = next((t for t in self.tasks if t.phase == "pending"), None)
+            gpus = Text(f"wants {each} each", style="dim")
+        # why its first pending task waits, else why its first task in the leading phase ended
+        shown = next((t for t in self.tasks if t.phase == "pending"), None)
+        if shown is None and phase in ("failed", "cancelled"):
+            shown = next(t for t in self.tasks if t.phase == phase)
         return (
             array.id,
             render.safe(f"{array.name}[{array.size}]"),
@@ -112,11 +119,23 @@ class ArrayRow:
             render.PRIORITY_NAMES.get(first.priority) or str(first.priority),
             gpus,
             render.age_text(min(t.submitted_at for t in self.tasks), now),
-            render.safe(waiting.reason) if waiting is not None else "",
+            render.safe(shown.reason) if shown is not None else "",
         )
 
 
 _HOLDING = ("running", "paused")
+_ENDED = ("succeeded", "failed", "cancelled")
+
+
+def by_index(views: Sequence[AnyView]) -> list[AnyView]:
+    """The listing with each array's tasks in index order (they share a submission time,
+    after which the server orders by id); the rest as listed."""
+    return sorted(
+        views,
+        key=lambda v: (
+            (v.submitted_at, v.array.id, v.array.index) if v.array else (v.submitted_at, "", 0)
+        ),
+    )
 
 
 def fold_arrays(views: Sequence[AnyView]) -> list[AnyView | ArrayRow]:
@@ -164,6 +183,7 @@ __all__ = [
     "DependencyOption",
     "ExpandOption",
     "TimeOption",
+    "by_index",
     "cancelled_line",
     "fold_arrays",
     "submitted_lines",

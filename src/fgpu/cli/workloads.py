@@ -337,10 +337,10 @@ def ls(
             filtered = queues or uids or phases
             hint = "" if include_done or filtered else " (--all shows finished ones)"
             return Text("no workloads" + (" match" if filtered else "") + hint)
-        if expand:
-            return render.workloads_table(views)
-        from fgpu.cli.slurm import fold_arrays
+        from fgpu.cli.slurm import by_index, fold_arrays
 
+        if expand:
+            return render.workloads_table(by_index(views))
         return render.workloads_table(fold_arrays(views))
 
     with connect(socket, url) as client:

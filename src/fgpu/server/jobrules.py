@@ -66,6 +66,9 @@ NEVER_MET = "dependency never satisfied"
 GONE = "gone"
 """The phase :meth:`JobRules._phase_of` gives a workload the store no longer has."""
 
+_WAITS_SHOWN = 3
+"""Conditions a pending reason names before it says how many more there are."""
+
 _TIMER_SLACK_S = 0.02
 """The time-limit timer fires this much after the earliest limit, so that it is passed."""
 
@@ -274,6 +277,8 @@ class JobRules(Recovery):
                 return "", f"{kind}:{target} ({name}) {how}"
             if state is None:
                 waits.append(f"{kind}:{target} ({name}, {phase})")
+        if len(waits) > _WAITS_SHOWN:  # an array's tasks: the first ones, then a count
+            waits = [*waits[:_WAITS_SHOWN], f"{len(waits) - _WAITS_SHOWN} more"]
         return ("waits for " + ", ".join(waits) if waits else ""), ""
 
     def _phase_of(self, workload_id: str) -> tuple[str, str]:
@@ -325,8 +330,8 @@ class JobRules(Recovery):
             room = max(0, first.throttle - running.get(array_id, 0))
             for task in sorted(tasks, key=lambda t: t.array.index if t.array else 0)[room:]:
                 reasons[task.id] = (
-                    f"array {first.name}: {running.get(array_id, 0)} of its tasks run, at most "
-                    f"{first.throttle} at once (%{first.throttle})"
+                    f"array {first.name}: waits for its turn, at most {first.throttle} at once "
+                    f"(%{first.throttle})"
                 )
         self._gate_reasons = reasons
         return [w for w in workloads if w.id not in reasons]
