@@ -288,7 +288,7 @@ def test_an_array_runs_each_index_with_its_env_and_at_most_n_at_once(
     wait_for(lambda: len(list(tmp_path.glob("started-*"))) == 2, "two tasks to start", LONG_S)
     listing = server.workloads(all_=False)
     assert sum(w["phase"] == "running" for w in listing.values()) == 2
-    waiting = [w for w in listing.values() if w["phase"] == "pending"]
+    waiting = [w for w in listing.values() if w["phase"] == "pending" and w["array"]]
     assert len(waiting) == 4
     wait_for(
         lambda: all(
