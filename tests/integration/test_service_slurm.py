@@ -12,7 +12,7 @@ from pathlib import Path
 from fgpu.sched.workload import Wait
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
-from tests.integration.test_service import make, until
+from tests.integration.test_service import crash, make, until
 
 ME = Caller(os.getuid(), admin=True)
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -24,6 +24,15 @@ def _array_phases(svc: Service, array_id: str) -> list[str]:
         for w in svc.list_workloads(include_done=True)
         if w.array is not None and w.array.id == array_id
     ]
+
+
+async def _stop(svc: Service) -> None:
+    """Cancel what is active and wait for it to end, then stop the service (a stopped
+    service leaves running work running, for the next start to adopt)."""
+    for view in svc.list_workloads():
+        svc.cancel(ME, view.id)
+    await until(lambda: not svc.list_workloads(), 60)
+    await svc.stop()
 
 
 def test_the_throttle_holds_after_a_preemption(tmp_path: Path) -> None:
@@ -68,6 +77,38 @@ def test_the_throttle_holds_after_a_preemption(tmp_path: Path) -> None:
             seen = {a.workload for a in decision.actions if isinstance(a, Wait)}
             assert not {w.id for w in waiting} & (seen | set(decision.holds))
         finally:
-            await svc.stop()
+            await _stop(svc)
 
     asyncio.run(scenario())
+
+
+def test_a_time_limit_is_kept_across_a_restart_of_the_service(tmp_path: Path) -> None:
+    """The limit counts from the run's recorded start, so a service that comes back after a
+    crash cancels a re-adopted workload at the same limit."""
+
+    async def first() -> str:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        record = svc.submit(ME, SubmitRequest(command=SLEEP, gpu="0.5", time="0:03", grace_s=30.0))
+        await until(lambda: svc.get_workload(record.id).phase == "running")
+        crash(svc)
+        return record.id
+
+    workload_id = asyncio.run(first())
+
+    async def second() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            await until(lambda: svc.get_workload(workload_id).phase == "cancelled", 60)
+            ended = svc.get_workload(workload_id)
+            assert ended.reason == "time limit"
+            assert ended.exit_code == 143  # SIGTERM from the service that came back
+            assert ended.started_at is not None
+            assert ended.finished_at is not None
+            assert ended.finished_at - ended.started_at >= 3.0
+            assert "watched again after the restart" in " ".join(e.message for e in ended.events)
+        finally:
+            await _stop(svc)
+
+    asyncio.run(second())
