@@ -68,6 +68,37 @@ class SubmitRequest(_Strict):
     )
     cwd: str = Field(default="/", description="an absolute path")
     env: dict[str, str] = Field(default_factory=dict)
+    time: str | None = Field(
+        default=None,
+        description="time limit of a run, as Slurm writes it: minutes (90), MM:SS, "
+        "HH:MM:SS (1:30:00), D-HH, D-HH:MM, D-HH:MM:SS (2-00:00:00); 0 or UNLIMITED for "
+        "none; default: the queue's default time",
+        json_schema_extra={"maxLength": 64},
+    )
+    dependency: str | None = Field(
+        default=None,
+        description="afterok:ID[:ID...], afterany:..., afternotok:..., several joined by ','; "
+        "an ID is a workload id, id prefix or name, or an array's id or name",
+        json_schema_extra={"maxLength": 65536},
+    )
+    array: str | None = Field(
+        default=None,
+        description="one task per index: 0-99, 1,3,5, 0-15:4, then %N for at most N running "
+        "at once; each task gets FGPU_ARRAY_INDEX (and SLURM_ARRAY_TASK_ID)",
+        json_schema_extra={"maxLength": 4096},
+    )
+
+
+class ArrayTaskView(BaseModel):
+    """The array a workload is a task of (``--array``)."""
+
+    id: str = Field(description="the array's id (none of its tasks' ids)")
+    name: str = Field(description="the array's name; its tasks are named NAME_INDEX")
+    index: int = Field(description="this task's index (FGPU_ARRAY_INDEX)")
+    size: int = Field(description="how many tasks the array has")
+    throttle: int | None = Field(
+        default=None, description="at most this many of its tasks run at once (%N)"
+    )
 
 
 class ResourceRequest(BaseModel):
@@ -149,6 +180,23 @@ class WorkloadView(BaseModel):
         "through the CUDA checkpoint API, its processes frozen; restored when its GPU has "
         "room): the host memory it holds, MiB; None when not suspended",
     )
+    time_limit_s: float | None = Field(
+        default=None,
+        description="the longest a run may last, seconds, counted from its latest start "
+        "(pending time does not count); then it is cancelled, reason 'time limit'",
+    )
+    dependency: list[str] = Field(
+        default_factory=list,
+        description="conditions before it may start, TYPE:ID each (afterok, afterany, afternotok)",
+    )
+    array: ArrayTaskView | None = Field(
+        default=None, description="the array it is a task of; None for a plain workload"
+    )
+    cancelled_tasks: list[str] = Field(
+        default_factory=list,
+        description="in the answer to a cancel of an array (by its id or name): the ids of "
+        "every task that request cancelled or began to stop",
+    )
 
 
 class EventView(BaseModel):
@@ -210,6 +258,18 @@ class QueueBody(_Strict):
         description="squeeze before evict for preemption inside the queue: true, false "
         "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
     )
+    default_time: str | None = Field(
+        default=None,
+        description="time limit of its workloads submitted without one (Slurm forms, as "
+        "SubmitRequest.time); null or 0: none",
+        json_schema_extra={"maxLength": 64},
+    )
+    max_time: str | None = Field(
+        default=None,
+        description="the longest time limit its workloads may ask for (a longer one is "
+        "refused at submission); null or 0: no maximum",
+        json_schema_extra={"maxLength": 64},
+    )
 
 
 class QueueView(BaseModel):
@@ -229,6 +289,12 @@ class QueueView(BaseModel):
     max_priority: int = 50
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    default_time_s: float | None = Field(
+        default=None, description="time limit of its workloads without --time, seconds"
+    )
+    max_time_s: float | None = Field(
+        default=None, description="the longest --time its workloads may ask for, seconds"
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

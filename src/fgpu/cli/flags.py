@@ -30,6 +30,9 @@ SUBMIT_FLAGS: Mapping[str, tuple[str, ...]] = {
     "grace_s": ("--grace",),
     "preemptible": ("--preemptible", "--non-preemptible"),
     "shell": ("--shell",),
+    "time": ("-t", "--time"),
+    "dependency": ("-d", "--dependency"),
+    "array": ("-a", "--array"),
 }
 """API field -> the flags that set it, short first (``fgpu submit``)."""
 
@@ -164,6 +167,8 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "priority": ("--priority",),
     "members": ("--member", "--add-member"),
     "max_priority": ("--max-priority",),
+    "default_time": ("--default-time",),
+    "max_time": ("--max-time",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
 

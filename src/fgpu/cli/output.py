@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+import typing
 from collections import deque
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -260,7 +261,8 @@ def run(**options: Any) -> None:
     """
     socket = options.pop("socket")
     url = options.pop("url")
-    fields = {k: options[k] for k in SUBMIT_FIELDS}
+    # every option of submit but --array (one job runs in the foreground)
+    fields: dict[str, Any] = {k: options.get(k) for k in SUBMIT_FIELDS}
     interrupts = _Interrupts()
     with connect(socket, url) as client:
         try:
@@ -349,14 +351,14 @@ def _run_status(detail: PlainWorkloadDetail, cancelled_here: bool) -> int:
 
 
 def _run_signature() -> None:
-    """``run`` takes ``submit``'s options (but ``--json``): Typer reads them from the
-    function's signature and annotations."""
+    """``run`` takes ``submit``'s options (but ``--json`` and ``--array``): Typer reads them
+    from the function's signature and annotations."""
     signature = inspect.signature(submit, eval_str=True)
-    parameters = [p for p in signature.parameters.values() if p.name != "json_out"]
+    left_out = ("json_out", "array")  # one job runs in the foreground, not an array
+    parameters = [p for p in signature.parameters.values() if p.name not in left_out]
     run.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
-    run.__annotations__ = {
-        k: v for k, v in submit.__annotations__.items() if k not in ("json_out", "return")
-    }
+    hints = typing.get_type_hints(submit, include_extras=True)  # evaluated where written
+    run.__annotations__ = {k: v for k, v in hints.items() if k not in (*left_out, "return")}
 
 
 def register(app: typer.Typer) -> None:

@@ -75,6 +75,26 @@ SqueezeOption = Annotated[
 ]
 
 
+DefaultTimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--default-time",
+        help="Time limit of its workloads submitted without --time, as Slurm writes it "
+        "(90, 1:30:00, 2-00:00:00); 0 for none (default: none).",
+        show_default=False,
+    ),
+]
+MaxTimeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-time",
+        help="The longest --time its workloads may ask for (a longer one is refused at "
+        "submission; without --time they get the default, else this); 0 for none.",
+        show_default=False,
+    ),
+]
+
+
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
     from fgpu.cli import render
 
@@ -101,6 +121,8 @@ def create(
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
     squeeze: SqueezeOption = None,
+    default_time: DefaultTimeOption = None,
+    max_time: MaxTimeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -118,6 +140,8 @@ def create(
         ("max_priority", max_priority),
         ("nonpreemptible", nonpreemptible),
         ("squeeze", squeeze),
+        ("default_time", default_time),
+        ("max_time", max_time),
     ):
         if value is not None:
             fields[key] = value
@@ -163,6 +187,8 @@ def update(
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
     squeeze: SqueezeOption = None,
+    default_time: DefaultTimeOption = None,
+    max_time: MaxTimeOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -177,6 +203,7 @@ def update(
     typed: dict[str, object] = {"name": name, "quota": quota, "limit": limit}
     typed |= {"over_quota_weight": over_quota_weight, "priority": priority, "parent": parent}
     typed |= {"members": member or add_member, "max_priority": max_priority}
+    typed |= {"default_time": default_time, "max_time": max_time}
     with connect(socket, url, _explain(typed)) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
@@ -197,9 +224,23 @@ def update(
                 nonpreemptible if nonpreemptible is not None else current.nonpreemptible
             ),
             squeeze=squeeze if squeeze is not None else current.squeeze,
+            default_time=_kept_time(default_time, current.default_time_s),
+            max_time=_kept_time(max_time, current.max_time_s),
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")
+
+
+def _kept_time(given: str | None, current_s: float | None) -> str | None:
+    """A time option of ``queue set``: as given, else the queue's current value (as Slurm
+    writes it), else none."""
+    if given is not None:
+        return given
+    if current_s is None:
+        return None
+    from fgpu.rules.slurm import format_time
+
+    return format_time(current_s)
 
 
 def _explain(values: dict[str, object]) -> Callable[[ClientError], str]:

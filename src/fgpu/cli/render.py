@@ -24,6 +24,7 @@ from fgpu.wire_basics import TERMINAL_PHASES
 if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls's table)
     from pydantic import BaseModel
 
+    from fgpu.cli.slurm import ArrayRow
     from fgpu.client.plain import (
         PlainEventView,
         PlainGpuHolder,
@@ -225,14 +226,21 @@ REASON_WIDTH = 12
 
 
 def workloads_table(
-    views: Sequence[WorkloadView] | Sequence[PlainWorkloadView], now: float | None = None
+    views: Sequence[WorkloadView | PlainWorkloadView | ArrayRow],
+    now: float | None = None,
 ) -> RenderableType:
     """``fgpu ls``: one row per workload. Words are never split: every column but REASON
     keeps its lines whole (long names, users and queues end in an ellipsis) and REASON wraps
     at spaces; where even a narrow REASON does not fit (80 columns), the reasons follow the
-    table, one ``ID: reason`` line each."""
+    table, one ``ID: reason`` line each. An array folded into one row
+    (:class:`fgpu.cli.slurm.ArrayRow`) has its own cells."""
+    from fgpu.cli.slurm import ArrayRow
+
     rows: list[tuple[str | Text, ...]] = []
     for v in views:
+        if isinstance(v, ArrayRow):
+            rows.append(v.cells(now))
+            continue
         held = grants_text(v) or Text(f"wants {request_text(v.request)}", style="dim")
         if v.phase in TERMINAL_PHASES and v.gpus:
             held = Text(f"ran on {grants_text(v)}", style="dim")
@@ -371,6 +379,22 @@ def squeezed_text(by: Sequence[str]) -> str:
     return f"squeezed by {who} (keeps its memory; paused while they are busy)"
 
 
+def _slurm_rows(detail: Detail) -> list[tuple[str, str | Text]]:
+    """``describe``'s lines for a time limit, dependencies and an array, where set."""
+    from fgpu.rules.slurm import format_time
+
+    rows: list[tuple[str, str | Text]] = []
+    if detail.time_limit_s is not None:
+        rows.append(("Time limit", f"{format_time(detail.time_limit_s)} of running time"))
+    if detail.dependency:
+        rows.append(("Dependency", ", ".join(detail.dependency)))
+    a = detail.array
+    if a is not None:
+        cap = f", at most {a.throttle} at once" if a.throttle else ""
+        rows.append(("Array", f"task {a.index} of {safe(a.name)} ({a.id}, {a.size} tasks{cap})"))
+    return rows
+
+
 def detail_view(detail: Detail) -> RenderableType:
     """``fgpu describe``: request, placement, events, and why it waits while pending."""
     facts = Table.grid(padding=(0, 2))
@@ -398,6 +422,7 @@ def detail_view(detail: Detail) -> RenderableType:
         rows.append(("Exit code", str(detail.exit_code)))
     if detail.restarts:
         rows.append(("Restarts", str(detail.restarts)))
+    rows.extend(_slurm_rows(detail))
     state = state_text(detail)
     if state.plain:
         rows.insert(4, ("State", state))
@@ -583,7 +608,20 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "MAX PRIORITY",
     ):
         table.add_column(column, overflow="fold")
+    timed = any(q.default_time_s is not None or q.max_time_s is not None for q in queues)
+    if timed:
+        table.add_column("TIME LIMIT", overflow="fold")
     for q in queues:
+        times: tuple[str, ...] = ()
+        if timed:
+            from fgpu.rules.slurm import format_time
+
+            parts = [
+                f"{word} {format_time(value)}"
+                for word, value in (("default", q.default_time_s), ("max", q.max_time_s))
+                if value is not None
+            ]
+            times = (", ".join(parts) or "-",)
         table.add_row(
             q.name,
             q.parent or "-",
@@ -597,5 +635,6 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.pending),
             ", ".join(q.members) if q.members else "(admins)",
             f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
+            *times,
         )
     return table

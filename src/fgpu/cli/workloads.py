@@ -28,6 +28,7 @@ from fgpu.cli.common import (
     uid_of,
     watch_loop,
 )
+from fgpu.cli.slurm import ArrayOption, DependencyOption, ExpandOption, TimeOption
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -103,6 +104,9 @@ def submit(
     shell: Annotated[
         bool, typer.Option("--shell", help="Run the command line through /bin/sh -c.")
     ] = False,
+    time: TimeOption = None,
+    dependency: DependencyOption = None,
+    array: ArrayOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -117,6 +121,13 @@ def submit(
         view = submit_with(client, **{k: v for k, v in locals().items() if k in SUBMIT_FIELDS})
     if json_out:
         print(render.to_json(view))
+        return
+    if view.array is not None:
+        from fgpu.cli.slurm import submitted_lines
+
+        array_id, said = submitted_lines(view)
+        print(array_id)
+        err.print(escape(said))
         return
     print(view.id)
     line = f"submitted {view.id} ({view.name}) to queue {view.queue}: {view.phase}"
@@ -141,8 +152,12 @@ SUBMIT_FIELDS = (
     "preemptible",
     "grace",
     "shell",
+    "time",
+    "dependency",
+    "array",
 )
-"""The options of ``submit`` that make the request (``run`` takes them too)."""
+"""The options of ``submit`` that make the request (``run`` takes them too, but
+``--array``)."""
 
 
 def submit_with(
@@ -162,6 +177,9 @@ def submit_with(
     preemptible: bool | None,
     grace: float | None,
     shell: bool,
+    time: str | None = None,
+    dependency: str | None = None,
+    array: str | None = None,
     verb: str = "submit",
 ) -> PlainWorkloadView:
     """Submit what ``submit``'s options (:data:`SUBMIT_FIELDS`) ask for, in this directory
@@ -210,6 +228,9 @@ def submit_with(
     }
     if grace is not None:
         fields["grace_s"] = grace
+    for key, value in (("time", time), ("dependency", dependency), ("array", array)):
+        if value is not None:
+            fields[key] = value
     typed_values = {
         "name": name,
         "gpu": gpu,
@@ -229,6 +250,9 @@ def submit_with(
         "priority": priority,
         "queue": queue,
         "grace_s": grace,
+        "time": time,
+        "dependency": dependency,
+        "array": array,
     }
     try:  # the server checks the fields (pydantic is not loaded here: a faster submit)
         return client.submit_plain(fields)
@@ -265,13 +289,16 @@ def ls(
             + "; a finished phase implies --all."
         ),
     ] = None,
+    expand: ExpandOption = False,
     watch: WatchOption = False,
     interval: IntervalOption = 2.0,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """List workloads (active ones; --all for finished too), oldest first."""
+    """List workloads (active ones; --all for finished too), oldest first. An array is one
+    row with its tasks counted by phase (--expand: a row per task; --json: always each
+    task)."""
     from fgpu.cli import render
     from fgpu.cli.flags import typed
 
@@ -308,7 +335,11 @@ def ls(
             filtered = queues or uids or phases
             hint = "" if include_done or filtered else " (--all shows finished ones)"
             return Text("no workloads" + (" match" if filtered else "") + hint)
-        return render.workloads_table(views)
+        from fgpu.cli.slurm import by_index, fold_arrays
+
+        if expand:
+            return render.workloads_table(by_index(views))
+        return render.workloads_table(fold_arrays(views))
 
     with connect(socket, url) as client:
         missing = sorted(queues - {q.name for q in client.list_queues()}) if queues else []
@@ -405,6 +436,11 @@ def cancel(
             print(render.to_json(views[0]))
     else:
         for view in views:
+            if view.cancelled_tasks:  # an array, by its id or name
+                from fgpu.cli.slurm import cancelled_line
+
+                out.print(escape(render.safe(cancelled_line(view))))
+                continue
             phase = view.phase if view.phase in TERMINAL_PHASES else "stopping"
             line = f"{view.id}: {phase}"
             if view.reason:

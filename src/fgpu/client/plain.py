@@ -49,6 +49,17 @@ class PlainGpuGrant:
 
 
 @dataclass(frozen=True)
+class PlainArrayTaskView:
+    """:class:`fgpu.wire.ArrayTaskView`: the array a workload is a task of."""
+
+    id: str
+    name: str
+    index: int
+    size: int
+    throttle: int | None = None
+
+
+@dataclass(frozen=True)
 class PlainWorkloadView:
     """:class:`fgpu.wire.WorkloadView`: a workload as listed."""
 
@@ -73,6 +84,10 @@ class PlainWorkloadView:
     squeezed_by: list[str] = field(default_factory=list)
     gpu_state: str | None = None
     suspended_host_mib: int | None = None
+    time_limit_s: float | None = None
+    dependency: list[str] = field(default_factory=list)
+    array: PlainArrayTaskView | None = None
+    cancelled_tasks: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -168,6 +183,7 @@ class PlainNodeView:
 WIRE_NAMES: dict[type, str] = {
     PlainResourceRequest: "ResourceRequest",
     PlainGpuGrant: "GpuGrant",
+    PlainArrayTaskView: "ArrayTaskView",
     PlainWorkloadView: "WorkloadView",
     PlainEventView: "EventView",
     PlainWorkloadDetail: "WorkloadDetail",
@@ -206,7 +222,7 @@ def plain_of(kind: type[T], data: Any) -> T:
         return _build(kind, data)
     except _NotPlain:
         pass
-    from fgpu import wire
+    import fgpu.wire as wire
 
     model = getattr(wire, WIRE_NAMES[kind])
     view = model.model_validate(data)  # raises ValidationError (a ValueError)
@@ -227,7 +243,7 @@ def plain_list(kind: type[T], data: Any) -> list[T]:
         pass
     from pydantic import TypeAdapter
 
-    from fgpu import wire
+    import fgpu.wire as wire
 
     model = getattr(wire, WIRE_NAMES[kind])
     views: list[Any] = TypeAdapter(list[model]).validate_python(data)  # type: ignore[valid-type]

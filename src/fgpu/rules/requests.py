@@ -21,6 +21,7 @@ from fgpu.model.units import (
 )
 from fgpu.rules.errors import BadRequest
 from fgpu.rules.names import check_name
+from fgpu.rules.slurm import format_time, parse_time
 from fgpu.sched.workload import Resources, parse_priority
 from fgpu.store import validate
 from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
@@ -299,7 +300,9 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
             but below one milli-GPU; ``max_priority`` not a priority up to
-            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
+            :data:`MAX_PRIORITY`; ``members`` malformed or repeated; ``default_time`` or
+            ``max_time`` not a Slurm time (:func:`fgpu.rules.slurm.parse_time`), the default
+            above the maximum.
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -321,6 +324,14 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         members = validate.members(body.members)
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
+    default_time = parse_time(body.default_time, "default_time") if body.default_time else None
+    max_time = parse_time(body.max_time, "max_time") if body.max_time else None
+    if default_time is not None and max_time is not None and default_time > max_time:
+        raise BadRequest(
+            "default_time",
+            f"{body.default_time!r} ({format_time(default_time)}) is above the queue's maximum "
+            f"{body.max_time!r} ({format_time(max_time)})",
+        )
     return QueueConfig(
         name or body.name,
         parent=body.parent,
@@ -332,6 +343,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         max_priority=max_priority,
         nonpreemptible=body.nonpreemptible,
         squeeze=body.squeeze,
+        default_time_s=default_time,
+        max_time_s=max_time,
     )
 
 

@@ -28,8 +28,8 @@ from fgpu.sched.workload import (
     Wait,
     Workload,
 )
+from fgpu.server.jobrules import JobRules
 from fgpu.server.mig_pool import MigCandidate
-from fgpu.server.recovery import Recovery
 from fgpu.server.squeezing import record_squeeze
 from fgpu.store.errors import StoreUnwritable
 from fgpu.store.records import WorkloadRecord
@@ -47,7 +47,7 @@ DEBOUNCE_S = 0.05
 decided in one round instead of one round each."""
 
 
-class SchedulingLoop(Recovery):
+class SchedulingLoop(JobRules):
     """Part of :class:`fgpu.server.service.Service`: the loop and its rounds."""
 
     # ------------------------------------------------------------------- lifecycle
@@ -137,6 +137,7 @@ class SchedulingLoop(Recovery):
     def schedule_once(self) -> Decision:
         """One scheduling round: decide, record, act. Returns the decision."""
         with self._lock:
+            self._apply_job_rules()  # time limits, dependencies that can never hold
             decision = self.plan()
             if self._last is None or decision.warnings != self._last.warnings:
                 for warning in decision.warnings:
@@ -165,7 +166,9 @@ class SchedulingLoop(Recovery):
                 reasons.update(self._schedule_mig())
             except Exception:  # a device error; the core's round stands, the next one retries
                 log.exception("MIG pass failed")
+            reasons.update(self._gate_reasons)  # dependencies, array throttles
             self._reasons = reasons
+            self._arm_time_limits()
             return decision
 
     def _schedule_mig(self) -> dict[str, str]:
@@ -173,7 +176,12 @@ class SchedulingLoop(Recovery):
         places, record the changes it made; returns why the others wait."""
         with self._mirror_lock:
             records = list(self._mig_active.values())
-        pending = [r for r in records if r.phase == "pending" and r.mig_request is not None]
+        gated = self._gate_reasons  # waiting for a dependency or its array's throttle
+        pending = [
+            r
+            for r in records
+            if r.phase == "pending" and r.mig_request is not None and r.id not in gated
+        ]
         if not pending:
             return {}
         held: dict[str, int] = {}
@@ -209,7 +217,7 @@ class SchedulingLoop(Recovery):
     def plan(self) -> Decision:
         """Read the store and ask the decision core, without acting (what a round decides)."""
         now = self.clock()
-        workloads = self._workloads()
+        workloads = self._gated(self._workloads())
         state = state_with(  # a misfit is settled by _recover; never stop deciding
             self.machine.nodes,
             workloads,

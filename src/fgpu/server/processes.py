@@ -23,6 +23,7 @@ from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import LaunchError, LaunchSpec
 from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation
+from fgpu.rules.slurm import array_task_env
 from fgpu.server.core import ServiceCore
 from fgpu.store.errors import NotFound, StoreUnwritable
 from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance, WorkloadRecord
@@ -51,6 +52,7 @@ class ProcessControl(ServiceCore):
             uuids, visible = [mig.gpu_uuid], [mig.uuid]
         self._tracked.mark_running(workload_id, allocation, gpu_uuids=uuids, mig=mig, reason=reason)
         env = dict(record.env)
+        env.update(array_task_env(record.array))  # FGPU_ARRAY_INDEX and Slurm's names
         run_as = record.owner_uid if os.geteuid() == 0 and record.owner_uid != 0 else None
         if mig is None:
             try:

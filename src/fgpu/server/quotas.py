@@ -56,19 +56,28 @@ class SubmissionLimits:
                 f"--max-submission-bytes: {self.max_submission_bytes} must be at least 1024"
             )
 
-    def check_active(self, active: int) -> None:
-        """Refuse one more workload of a user who has ``active`` active ones.
+    def check_active(self, active: int, adding: int = 1) -> None:
+        """Refuse ``adding`` more workloads (an array's tasks each count) of a user who has
+        ``active`` active ones.
 
         Raises:
             LimitReached: field ``workloads``, naming the limit and the count.
         """
-        if active >= self.max_active:
+        if active + adding <= self.max_active:
+            return
+        if adding == 1:
             raise LimitReached(
                 "workloads",
                 f"you have {active} active workloads, the limit per user "
                 f"(--max-active-per-user {self.max_active}); wait for some to finish or "
                 "cancel some",
             )
+        raise LimitReached(
+            "workloads",
+            f"this array has {adding} tasks and you have {active} active workloads: more "
+            f"than the limit per user (--max-active-per-user {self.max_active}), each task "
+            "counting as one; submit fewer tasks, or wait for some to finish or cancel some",
+        )
 
     def check_size(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
         """Refuse a submission whose command and environment store more than the limit.

@@ -45,7 +45,8 @@ from fgpu.rules.errors import (
     InsufficientStorage,
     NotFoundError,
 )
-from fgpu.rules.requests import parse_submission, queue_config
+from fgpu.rules.requests import Submission, parse_submission, queue_config
+from fgpu.rules.slurm import task_name
 from fgpu.sched.decide import request_resources
 from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.reasons import gpus
@@ -54,13 +55,14 @@ from fgpu.server import views
 from fgpu.server.access import check_submission, check_within_quota, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.idempotent import check_key, replay
+from fgpu.server.jobrules import JobPlan
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.idempotency import fingerprint
-from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord, WorkloadRecord
+from fgpu.store.records import EVERYONE, ArrayPlan, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.users import user_text
 from fgpu.wire import (
@@ -165,6 +167,7 @@ class Service(SchedulingLoop):
             preemptible=body.preemptible,
             gpu_milli=counted,
         )
+        plan = self._job_plan(caller, body, queue)  # --time, --dependency, --array
         if sub.mig_request is None:
             self._check_could_fit(request)
         check_within_quota(
@@ -174,11 +177,15 @@ class Service(SchedulingLoop):
         limits.check_size(sub.argv, body.env)
         store = self.store
 
+        adding = len(plan.array.indices) if plan.array is not None else 1
+
         def holders(names: list[str]) -> dict[str, tuple[str, str]]:
-            """The caller's active workloads of ``names``; refuses one over the caller's
-            active limit (one read for both)."""
+            """The caller's active workloads (and arrays) of ``names``; refuses ``adding``
+            more over the caller's active limit (each task of an array counts)."""
             active, found = store.active_holders(caller.uid, names)
-            limits.check_active(active)
+            limits.check_active(active, adding)
+            for array_name, array_id in store.active_array_names(caller.uid, names).items():
+                found.setdefault(array_name, (array_id, "an array"))
             return found
 
         with self._names_lock:  # names are unique among the owner's active workloads
@@ -198,8 +205,14 @@ class Service(SchedulingLoop):
                     holders,
                     lambda prefix: store.active_names(caller.uid, prefix),
                 )
+            if plan.array is not None:
+                return self._submit_array(
+                    caller, body, sub, request, name, plan, holders, keyed
+                )
             try:
                 record = self._tracked.submit(
+                    time_limit_s=plan.time_limit_s,
+                    dependency=plan.dependency,
                     owner_uid=caller.uid,
                     queue=body.queue,
                     request=request,
@@ -228,6 +241,62 @@ class Service(SchedulingLoop):
         """The answer to an earlier submission of the caller with this (key, fingerprint),
         or None (:func:`fgpu.server.idempotent.replay`)."""
         return replay(self.store, caller.uid, keyed, self._reasons)
+
+    def _submit_array(
+        self,
+        caller: Caller,
+        body: SubmitRequest,
+        sub: Submission,
+        request: Request,
+        name: str,
+        plan: JobPlan,
+        holders: Callable[[list[str]], dict[str, tuple[str, str]]],
+        keyed: tuple[str, str] | None = None,
+    ) -> WorkloadView:
+        """Store every task of an array in one transaction (under the names lock), named
+        ``NAME_INDEX``; the view of its first task.
+
+        Raises:
+            Conflict: a task's name is taken by an active workload of the caller.
+            BadRequest: a task name over the longest name.
+        """
+        assert plan.array is not None
+        spec = plan.array
+        names = [task_name(name, i) for i in spec.indices]
+        if max(len(n) for n in names) > NAME_LENGTH:
+            raise BadRequest("name", f"the task names {names[-1]!r} are too long")
+        taken = holders(names)
+        for task in names:
+            check_name_free(task, taken.get(task))
+        size = len(spec.indices)
+        tasks = [
+            (task, body.env, ArrayPlan(name, index, size, spec.throttle))
+            for task, index in zip(names, spec.indices, strict=True)
+        ]
+        try:
+            records = self.store.submit_tasks(
+                owner_uid=caller.uid,
+                queue=body.queue,
+                request=request,
+                argv=sub.argv,
+                tasks=tasks,
+                priority=sub.priority,
+                preemptible=body.preemptible,
+                shell=body.shell,
+                cwd=body.cwd,
+                grace_s=body.grace_s,
+                mig_request=sub.mig_request,
+                time_limit_s=plan.time_limit_s,
+                dependency=plan.dependency,
+                idempotency=keyed,
+            )
+        except InvalidRequestError as exc:
+            raise BadRequest(exc.field, exc.reason) from None
+        for record in records:
+            self._sync(record)
+            self.metrics.wrote("submit", record)
+        self.wake()
+        return views.workload(records[0], None)
 
     def _check_could_fit(self, request: Request) -> None:
         """Refuse a request that no GPU of this machine could ever hold, naming the field
@@ -301,12 +370,22 @@ class Service(SchedulingLoop):
         return detail
 
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
-        """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL).
+        """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL). An
+        array's id, or the name of the caller's own array, cancels every active task of it
+        (the answer is its first task's view, with ``cancelled_tasks``).
 
         Raises:
             NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
         """
-        workload_id = self._get(workload_id, caller.uid).id
+        try:
+            workload_id = self.store.get(workload_id).id
+        except NotFound:  # not a workload's id: an array's id or name, else a name or prefix
+            tasks = self._array_refs(caller, workload_id)
+            if tasks is not None:
+                done = self._cancel_tasks(caller, tasks)
+                first = self.store.get(done[0])
+                return views.workload(first, None).model_copy(update={"cancelled_tasks": done})
+            workload_id = self._get(workload_id, caller.uid).id
         with self._lock:
             try:
                 record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))

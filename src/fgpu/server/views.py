@@ -17,6 +17,7 @@ from fgpu.server.mig_pool import MigPool
 from fgpu.store.records import EventRecord, QueueRecord, WorkloadRecord
 from fgpu.wire import (
     TERMINAL_PHASES,
+    ArrayTaskView,
     EnforcementLayer,
     EventView,
     GpuGrant,
@@ -95,7 +96,18 @@ def workload(
         squeezed=record.holds_allocation and record.squeezed_by is not None,
         squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
         suspended_host_mib=record.suspended_host_mib if record.is_suspended else None,
+        time_limit_s=record.time_limit_s,
+        dependency=[f"{kind}:{target}" for kind, target in record.dependency],
+        array=array_view(record),
     )
+
+
+def array_view(record: WorkloadRecord) -> ArrayTaskView | None:
+    """The array a task belongs to; None for a plain workload."""
+    a = record.array
+    if a is None:
+        return None
+    return ArrayTaskView(id=a.id, name=a.name, index=a.index, size=a.size, throttle=a.throttle)
 
 
 def event(record: EventRecord) -> EventView:
@@ -144,6 +156,8 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
         squeeze=c.squeeze,
+        default_time_s=c.default_time_s,
+        max_time_s=c.max_time_s,
     )
 
 

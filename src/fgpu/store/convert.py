@@ -12,6 +12,7 @@ from fgpu.store.records import (
     QueueLimit,
     QueueRecord,
     StoredAllocation,
+    StoredArrayTask,
     StoredMigRequest,
     WorkloadRecord,
     models_from_text,
@@ -32,6 +33,8 @@ def queue_record(row: QueueRow) -> QueueRecord:
         max_priority=row.max_priority,
         nonpreemptible=row.nonpreemptible,
         squeeze=row.squeeze,
+        default_time_s=row.default_time_s,
+        max_time_s=row.max_time_s,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -48,6 +51,8 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.max_priority = config.max_priority
     row.nonpreemptible = bool(config.nonpreemptible)
     row.squeeze = config.squeeze
+    row.default_time_s = config.default_time_s
+    row.max_time_s = config.max_time_s
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:
@@ -94,6 +99,22 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         squeezed_by=None if row.squeezed_by is None else tuple(row.squeezed_by),
         suspended_on=row.suspended_on,
         suspended_host_mib=row.suspended_host_mib or 0,
+        time_limit_s=row.time_limit_s,
+        dependency=tuple((str(k), str(w)) for k, w in row.dependency or ()),
+        array=_array_task(row),
+    )
+
+
+def _array_task(row: WorkloadRow) -> StoredArrayTask | None:
+    """The array of a task's row; None for a plain workload."""
+    if row.array_id is None:
+        return None
+    return StoredArrayTask(
+        id=row.array_id,
+        name=row.array_name or row.array_id,
+        index=int(row.array_index or 0),
+        size=int(row.array_size or 1),
+        throttle=row.array_throttle,
     )
 
 

@@ -80,6 +80,10 @@ class QueueConfig:
             priority class at or above ``high``, or ``preemptible: false``).
         squeeze: squeeze before evict for preemption inside this queue: True, False (evict
             only), or None (the service's setting, ``fgpu serve --squeeze/--no-squeeze``).
+        default_time_s: time limit of a run of its workloads submitted without ``--time``,
+            seconds; None: none.
+        max_time_s: the longest ``--time`` its workloads may ask for, seconds (a longer one
+            is refused at submission); None: no maximum.
     """
 
     name: str
@@ -92,6 +96,8 @@ class QueueConfig:
     max_priority: int = PRIORITY_CLASSES["normal"]
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    default_time_s: float | None = None
+    max_time_s: float | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -304,6 +310,37 @@ class StoredAllocation:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredArrayTask:
+    """A task of an array (``--array 0-99%N``, :mod:`fgpu.rules.slurm`).
+
+    Attributes:
+        id: the array's id (drawn like a workload id, and none of its tasks' ids).
+        name: the array's name (its tasks are named ``NAME_INDEX``).
+        index: this task's index (``FGPU_ARRAY_INDEX``).
+        size: how many tasks the array has.
+        throttle: at most this many of its tasks run at once; None: no cap.
+    """
+
+    id: str
+    name: str
+    index: int
+    size: int
+    throttle: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayPlan:
+    """A task of an array about to be stored (:meth:`fgpu.store.store.Store.submit_tasks`):
+    the fields of :class:`StoredArrayTask`, with ``array_id`` empty for "a fresh id"."""
+
+    name: str
+    index: int
+    size: int
+    throttle: int | None = None
+    array_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadRecord:
     """A stored workload.
 
@@ -342,6 +379,11 @@ class WorkloadRecord:
             node it waits on to be restored; None otherwise. ``pid`` and ``allocation`` then
             still name its process and the GPUs its memory comes back to.
         suspended_host_mib: host memory it holds on ``suspended_on`` while suspended, MiB.
+        time_limit_s: the longest a run of it may last (from its latest start), seconds;
+            None: no limit.
+        dependency: conditions that must hold before it may start, ``(type, workload id)``
+            pairs (types of :data:`fgpu.rules.slurm.DEPENDENCY_TYPES`).
+        array: the array it is a task of; None for a plain workload.
     """
 
     id: str
@@ -374,6 +416,9 @@ class WorkloadRecord:
     squeezed_by: tuple[str, ...] | None = None
     suspended_on: str | None = None
     suspended_host_mib: int = 0
+    time_limit_s: float | None = None
+    dependency: tuple[tuple[str, str], ...] = ()
+    array: StoredArrayTask | None = None
 
     @property
     def is_suspended(self) -> bool:

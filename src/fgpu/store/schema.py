@@ -87,6 +87,9 @@ class QueueRow(Base):
     nonpreemptible: Mapped[bool]
     # squeeze before evict for this queue's preemptions; NULL: the service's setting
     squeeze: Mapped[bool | None]
+    # time limits of its workloads, seconds (--default-time, --max-time); NULL: none
+    default_time_s: Mapped[float | None]
+    max_time_s: Mapped[float | None]
 
 
 class WorkloadRow(Base):
@@ -102,6 +105,9 @@ class WorkloadRow(Base):
         Index("ix_workloads_queue", "queue"),
         # a submission's name check and its owner's active count (issue 27)
         Index("ix_workloads_owner_phase_name", "owner_uid", "phase", "name"),
+        # the tasks of an array (issue 25)
+        Index("ix_workloads_array_id", "array_id"),
+        Index("ix_workloads_owner_array_name", "owner_uid", "array_name"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -149,6 +155,16 @@ class WorkloadRow(Base):
     # the node it waits on and the host memory it holds there (MiB); NULL otherwise
     suspended_on: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     suspended_host_mib: Mapped[int | None]
+    # Slurm's habits (issue 25; records.WorkloadRecord): the time limit of a run, seconds;
+    # the dependencies as [[type, id], ...]; an array task's array (the array's id is its
+    # own id, none of its tasks'), name, index, task count and how many may run at once. NULL: none.
+    time_limit_s: Mapped[float | None]
+    dependency: Mapped[list[list[str]] | None] = mapped_column(JSON)
+    array_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    array_name: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    array_index: Mapped[int | None]
+    array_size: Mapped[int | None]
+    array_throttle: Mapped[int | None]
 
 
 class EventRow(Base):

@@ -44,6 +44,7 @@ from fgpu.store.records import (
     PAUSED,
     PENDING,
     RUNNING,
+    ArrayPlan,
     StoredAllocation,
     StoredMigInstance,
     StoredMigRequest,
@@ -66,7 +67,10 @@ _QUEUES = Base.metadata.tables[QueueRow.__tablename__]
 _WORKLOAD_COLUMNS = tuple(_WORKLOADS.columns)
 _INSERT_WORKLOAD = insert(_WORKLOADS)
 _INSERT_EVENT = insert(Base.metadata.tables[EventRow.__tablename__])
-_ID_TAKEN = select(_WORKLOADS.c.id).where(_WORKLOADS.c.id == bindparam("id"))
+# an id is taken by a workload or by an array (whose id is none of its tasks')
+_ID_TAKEN = select(_WORKLOADS.c.id).where(
+    or_(_WORKLOADS.c.id == bindparam("id"), _WORKLOADS.c.array_id == bindparam("id"))
+)
 
 
 class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
@@ -101,6 +105,8 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
         grace_s: float = DEFAULT_GRACE_S,
         mig_request: StoredMigRequest | None = None,
         idempotency: tuple[str, str] | None = None,
+        time_limit_s: float | None = None,
+        dependency: Sequence[tuple[str, str]] = (),
     ) -> WorkloadRecord:
         """Store a new pending workload, with the event ``submitted``.
 
@@ -119,23 +125,80 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             idempotency: ``(key, fingerprint of the body)``: the submission's
                 ``Idempotency-Key``, recorded with the workload in the same transaction
                 (:mod:`fgpu.store.idempotency`).
+            time_limit_s: the longest a run may last, seconds (None: no limit).
+            dependency: ``(type, workload id)`` conditions before it may start.
 
         Raises:
             InvalidRequestError: a malformed field, an unknown queue, a queue with children.
             StoreConflict: ``idempotency`` names a key of this owner that is still kept
                 (nothing is written; :meth:`keyed_workload` finds its workload).
         """
-        command, environment, grace = validate.submission(
-            workload_name=name,
+        (record,) = self.submit_tasks(
             owner_uid=owner_uid,
+            queue=queue,
             request=request,
             argv=argv,
-            cwd=cwd,
-            env=env or {},
-            grace_s=grace_s,
+            tasks=[(name, env or {}, None)],
+            priority=priority,
             preemptible=preemptible,
             shell=shell,
+            cwd=cwd,
+            grace_s=grace_s,
+            mig_request=mig_request,
+            time_limit_s=time_limit_s,
+            dependency=dependency,
+            idempotency=idempotency,
         )
+        return record
+
+    def submit_tasks(
+        self,
+        *,
+        owner_uid: int,
+        queue: str,
+        request: Request,
+        argv: Sequence[str],
+        tasks: Sequence[tuple[str, Mapping[str, str], ArrayPlan | None]],
+        priority: int | str = PRIORITY_CLASSES["normal"],
+        preemptible: bool | None = None,
+        shell: bool = False,
+        cwd: str = "/",
+        grace_s: float = DEFAULT_GRACE_S,
+        mig_request: StoredMigRequest | None = None,
+        time_limit_s: float | None = None,
+        dependency: Sequence[tuple[str, str]] = (),
+        idempotency: tuple[str, str] | None = None,
+    ) -> builtins.list[WorkloadRecord]:
+        """Store one or more pending workloads that differ only in name, environment and
+        array task, in one transaction (all or none), each with its event ``submitted``: a
+        plain submission is one task ``(name, env, None)``; an array is one task per index,
+        ``(name, env, ArrayPlan)``, whose ``array_id`` None means "the first task's id".
+
+        Raises:
+            InvalidRequestError: as :meth:`submit`; no tasks; a bad time limit or dependency.
+            StoreConflict: ``idempotency`` names a key of this owner that is still kept (the
+                key is claimed for the first task; nothing is written).
+        """
+        if not tasks:
+            raise InvalidRequestError("array", "no tasks to submit")
+        limit = None if time_limit_s is None else validate.seconds("time", time_limit_s)
+        conditions = [
+            [validate.text("dependency", k), validate.text("dependency", w)] for k, w in dependency
+        ]
+        checked = []
+        for task_name, task_env, plan in tasks:
+            command, environment, grace = validate.submission(
+                workload_name=task_name,
+                owner_uid=owner_uid,
+                request=request,
+                argv=argv,
+                cwd=cwd,
+                env=task_env,
+                grace_s=grace_s,
+                preemptible=preemptible,
+                shell=shell,
+            )
+            checked.append((task_name, environment, plan))
         level = validate.integer("priority", parse_priority(priority))
         if mig_request is not None:
             validate.mig_request(mig_request, request)
@@ -159,53 +222,110 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
                     f"queue {queue} has child queues ({', '.join(children)}); "
                     "submit to one of them",
                 )
-            workload_id = self._fresh_id(connection)
             now = self._clock()
-            values: dict[str, object] = dict.fromkeys(c.key for c in _WORKLOAD_COLUMNS)
-            values.update(
-                id=workload_id,
-                name=name or workload_id,
-                owner_uid=owner_uid,
-                queue=queue,
-                phase=PENDING,
-                priority=level,
-                preemptible=preemptible,
-                cpu_milli=request.cpu_milli,
-                memory_mib=request.memory_mib,
-                gpu_count=request.gpu_count,
-                gpu_milli=request.gpu_milli,
-                gpu_memory_mib=request.gpu_memory_mib,
-                gpu_models=models_to_text(request.gpu_models),
-                argv=list(command),
-                shell=shell,
-                cwd=cwd,
-                env=environment,
-                grace_s=grace,
-                mig_request=None if mig_request is None else mig_request.to_json(),
-                submitted_at=now,
-                reason="submitted",
-                restarts=0,
-            )  # every other column starts empty (NULL)
-            connection.execute(_INSERT_WORKLOAD, [values])
-            connection.execute(
-                _INSERT_EVENT,
-                [
-                    {
-                        "workload_id": workload_id,
-                        "time": now,
-                        "kind": "submitted",
-                        "reason": "submitted",
-                        "message": f"submitted to queue {queue}",
-                    }
-                ],
-            )
+            records: builtins.list[WorkloadRecord] = []
+            array_id = ""
+            if any(plan is not None and not plan.array_id for _, _, plan in checked):
+                array_id = self._fresh_id(connection)
+            for task_name, environment, plan in checked:
+                workload_id = self._fresh_id(connection, (array_id,))
+                values = self._new_row(
+                    workload_id,
+                    task_name,
+                    owner_uid=owner_uid,
+                    queue=queue,
+                    level=level,
+                    preemptible=preemptible,
+                    request=request,
+                    command=command,
+                    shell=shell,
+                    cwd=cwd,
+                    environment=environment,
+                    grace=grace,
+                    mig_request=mig_request,
+                    now=now,
+                )
+                values.update(time_limit_s=limit, dependency=conditions or None)
+                if plan is not None:
+                    values.update(
+                        array_id=plan.array_id or array_id,
+                        array_name=plan.name,
+                        array_index=plan.index,
+                        array_size=plan.size,
+                        array_throttle=plan.throttle,
+                    )
+                connection.execute(_INSERT_WORKLOAD, [values])
+                message = f"submitted to queue {queue}"
+                if plan is not None:
+                    message += f" as task {plan.index} of array {plan.name}"
+                connection.execute(
+                    _INSERT_EVENT,
+                    [
+                        {
+                            "workload_id": workload_id,
+                            "time": now,
+                            "kind": "submitted",
+                            "reason": "submitted",
+                            "message": message,
+                        }
+                    ],
+                )
+                records.append(convert.workload_record(WorkloadRow(**values)))
             if idempotency is not None:
-                self._claim_key(session, owner_uid, *idempotency, workload_id)
-            return convert.workload_record(WorkloadRow(**values))  # transient: values only
+                self._claim_key(session, owner_uid, *idempotency, records[0].id)
+            return records
 
-    def _fresh_id(self, connection: Connection) -> str:
+    @staticmethod
+    def _new_row(
+        workload_id: str,
+        name: str,
+        *,
+        owner_uid: int,
+        queue: str,
+        level: int,
+        preemptible: bool | None,
+        request: Request,
+        command: tuple[str, ...],
+        shell: bool,
+        cwd: str,
+        environment: dict[str, str],
+        grace: float,
+        mig_request: StoredMigRequest | None,
+        now: float,
+    ) -> dict[str, object]:
+        """The column values of a new pending workload (every other column empty)."""
+        values: dict[str, object] = dict.fromkeys(c.key for c in _WORKLOAD_COLUMNS)
+        values.update(
+            id=workload_id,
+            name=name or workload_id,
+            owner_uid=owner_uid,
+            queue=queue,
+            phase=PENDING,
+            priority=level,
+            preemptible=preemptible,
+            cpu_milli=request.cpu_milli,
+            memory_mib=request.memory_mib,
+            gpu_count=request.gpu_count,
+            gpu_milli=request.gpu_milli,
+            gpu_memory_mib=request.gpu_memory_mib,
+            gpu_models=models_to_text(request.gpu_models),
+            argv=list(command),
+            shell=shell,
+            cwd=cwd,
+            env=environment,
+            grace_s=grace,
+            mig_request=None if mig_request is None else mig_request.to_json(),
+            submitted_at=now,
+            reason="submitted",
+            restarts=0,
+        )  # every other column starts empty (NULL)
+        return values
+
+    def _fresh_id(self, connection: Connection, avoid: Collection[str] = ()) -> str:
         for _ in range(_ID_ATTEMPTS):
             candidate = validate.workload_id(self._new_id())
+            if candidate in avoid:
+                continue
             taken = connection.execute(_ID_TAKEN, {"id": candidate}).first()
             if taken is None:
                 return candidate
@@ -453,7 +573,9 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
         session.execute(delete(HoldRow).where(HoldRow.workload_id == row.id))
         self._event(session, now, row.id, phase, reason, f"{phase}: {reason}")
 
-    def cancel(self, workload_id: str, by_uid: int, *, admin: bool = False) -> WorkloadRecord:
+    def cancel(
+        self, workload_id: str, by_uid: int, *, admin: bool = False, reason: str | None = None
+    ) -> WorkloadRecord:
         """Cancel a workload on behalf of ``by_uid``.
 
         A pending workload is cancelled at once (event ``cancelled``). A running or paused one
@@ -462,8 +584,10 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
         ``mark_finished(id, "cancelled")``.
 
         Args:
-            by_uid: the caller's uid.
+            by_uid: the caller's uid (the service's own when it cancels by a rule).
             admin: the caller is root or a configured admin.
+            reason: why, when the service cancels by a rule (``time limit``, a dependency
+                never met); default ``cancelled by USER``.
 
         Raises:
             NotFound: unknown id.
@@ -478,7 +602,7 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
                     f"{user_text(by_uid)} may not cancel it"
                 )
             self._expect(row, ACTIVE_PHASES, "cancel")
-            reason = f"cancelled by {user_text(by_uid)}"
+            reason = reason or f"cancelled by {user_text(by_uid)}"
             if row.phase == PENDING:
                 row.cancelled_by = by_uid
                 self._finish(session, row, CANCELLED, reason, None)
@@ -570,6 +694,43 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
         )
         with self._read() as session:
             return set(session.scalars(query))
+
+    def active_array_names(self, owner_uid: int, names: Collection[str]) -> dict[str, str]:
+        """Which of ``names`` name an active array of ``owner_uid`` (one with an active
+        task): name -> array id (from the ``(owner_uid, array_name)`` index)."""
+        query = (
+            select(WorkloadRow.array_name, WorkloadRow.array_id)
+            .where(WorkloadRow.owner_uid == owner_uid)
+            .where(WorkloadRow.array_name.in_(builtins.list(names)))
+            .where(WorkloadRow.phase.in_(ACTIVE_PHASES))
+        )
+        with self._read() as session:
+            return {str(n): str(a) for n, a in session.execute(query) if n and a}
+
+    def array_named(self, owner_uid: int, name: str) -> str | None:
+        """The id of ``owner_uid``'s array named ``name``: the active one, else the most
+        recently submitted; None when there is none."""
+        query = (
+            select(WorkloadRow.array_id, WorkloadRow.phase)
+            .where(WorkloadRow.owner_uid == owner_uid, WorkloadRow.array_name == name)
+            .order_by(WorkloadRow.submitted_at.desc())
+        )
+        with self._read() as session:
+            rows = session.execute(query).all()
+        for array_id, phase in rows:
+            if phase in ACTIVE_PHASES:
+                return str(array_id)
+        return str(rows[0][0]) if rows else None
+
+    def array_tasks(self, array_id: str) -> builtins.list[WorkloadRecord]:
+        """Every task of the array ``array_id``, by index (none for an unknown id)."""
+        query = (
+            select(WorkloadRow)
+            .where(WorkloadRow.array_id == array_id)
+            .order_by(WorkloadRow.array_index)
+        )
+        with self._read() as session:
+            return [convert.workload_record(r) for r in session.scalars(query)]
 
     def running_records(self) -> builtins.list[WorkloadRecord]:
         """Workloads that hold an allocation (running or paused): after a restart, re-adopt

@@ -121,6 +121,29 @@ def queue_config(config: QueueConfig) -> None:
         raise InvalidRequestError(
             "nonpreemptible", f"must be true or false (got {config.nonpreemptible!r})"
         )
+    time_limits(config.default_time_s, config.max_time_s, queue_name)
+
+
+def time_limits(default_s: object, maximum_s: object, queue_name: str) -> None:
+    """Check a queue's default and maximum time limit (seconds, above 0, or None).
+
+    Raises:
+        InvalidRequestError: field ``default_time`` or ``max_time``: not a positive number
+            of seconds; a default above the maximum.
+    """
+    for field_name, value in (("default_time", default_s), ("max_time", maximum_s)):
+        if value is not None and (seconds(field_name, value) <= 0):
+            raise InvalidRequestError(field_name, f"must be above 0 seconds (got {value!r})")
+    if (
+        isinstance(default_s, int | float)
+        and isinstance(maximum_s, int | float)
+        and default_s > maximum_s
+    ):
+        raise InvalidRequestError(
+            "default_time",
+            f"queue {queue_name}: default time {default_s:g} s is above its maximum "
+            f"{maximum_s:g} s",
+        )
 
 
 def members(entries: object) -> tuple[str, ...]:

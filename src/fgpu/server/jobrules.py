@@ -1,0 +1,372 @@
+"""Slurm's habits in the service (issue 25, point 4; part of
+:class:`fgpu.server.service.Service`): time limits, dependencies and arrays.
+
+- **Time limit** (``--time``; a queue's ``--default-time`` when not given, refused above its
+  ``--max-time``): counts the time of the current run, from its latest start; pending time
+  does not count, and a run after a preemption starts its count afresh (its process starts
+  afresh too). At the limit the workload is cancelled with reason ``time limit``: SIGTERM,
+  then SIGKILL after its grace period, as any cancel. The loop wakes at the earliest limit of
+  the running workloads (a timer on the event loop), not only on its slow tick.
+- **Dependencies** (``--dependency afterok:ID``): a pending workload whose conditions do not
+  hold yet is kept out of the decision core's round (a filter before it, so the core never
+  sees it: it neither waits for capacity nor counts as demand), with the reason ``waits for
+  afterok:ID (NAME, running)``. A condition that can never hold (``afterok`` on work that
+  failed or was cancelled, ``afternotok`` on work that succeeded) ends the workload:
+  cancelled, reason ``dependency never satisfied: ...``. Conditions are checked until the
+  workload first starts; once met they stay met.
+- **Arrays** (``--array 0-99%N``): the throttle is the same kind of filter: of an array's
+  pending tasks, only as many as ``N`` minus its running ones (lowest index first) go to the
+  round.
+
+The submission side (parsing, the queue's times, resolving dependency references, naming
+the tasks) is :meth:`JobRules._job_plan`; the store writes all tasks of an array in one
+transaction (:meth:`fgpu.store.store.Store.submit_tasks`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
+from fgpu.rules.slurm import (
+    ArraySpec,
+    format_time,
+    parse_array,
+    parse_dependency,
+    parse_time,
+)
+from fgpu.sched.workload import Workload
+from fgpu.server.core import Caller
+from fgpu.server.recovery import Recovery
+from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
+from fgpu.store.records import (
+    CANCELLED,
+    FAILED,
+    FINAL_PHASES,
+    SUCCEEDED,
+    QueueConfig,
+    WorkloadRecord,
+)
+from fgpu.wire import SubmitRequest
+
+log = logging.getLogger("fgpu.server")
+
+TIME_LIMIT_REASON = "time limit"
+"""The reason of a workload cancelled at its time limit."""
+
+NEVER_MET = "dependency never satisfied"
+"""How the reason of a workload ended for a dependency that can never hold begins."""
+
+GONE = "gone"
+"""The phase :meth:`JobRules._phase_of` gives a workload the store no longer has."""
+
+_WAITS_SHOWN = 3
+"""Conditions a pending reason names before it says how many more there are."""
+
+_TIMER_SLACK_S = 0.02
+"""The time-limit timer fires this much after the earliest limit, so that it is passed."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """A submission's Slurm habits, checked.
+
+    Attributes:
+        time_limit_s: the time limit of a run, seconds; None: none.
+        dependency: ``(type, workload id)`` conditions.
+        array: the array's tasks; None for a plain workload.
+    """
+
+    time_limit_s: float | None = None
+    dependency: tuple[tuple[str, str], ...] = ()
+    array: ArraySpec | None = None
+
+
+def time_limit(text: str | None, queue: QueueConfig) -> float | None:
+    """The time limit of a submission to ``queue``: ``text`` (Slurm forms) or the queue's
+    default; when the queue has a maximum, a submission without a limit gets the maximum.
+
+    Raises:
+        BadRequest: ``time``: not a Slurm time; above the queue's maximum; no limit asked for
+            (``0``, ``UNLIMITED``) in a queue with a maximum.
+    """
+    if text is None or not text.strip():
+        limit = queue.default_time_s
+        return limit if limit is not None else queue.max_time_s
+    limit = parse_time(text, "time")
+    maximum = queue.max_time_s
+    if maximum is None:
+        return limit
+    if limit is None:
+        raise BadRequest(
+            "time",
+            f"{text!r} asks for no limit; queue {queue.name} allows at most {format_time(maximum)}",
+        )
+    if limit > maximum:
+        raise BadRequest(
+            "time",
+            f"{text!r} ({format_time(limit)}) is above queue {queue.name}'s maximum "
+            f"{format_time(maximum)}",
+        )
+    return limit
+
+
+def _condition_state(kind: str, phase: str) -> bool | None:
+    """Whether a condition of ``kind`` on a workload in ``phase`` holds (True), can never
+    hold (False), or may still (None: the workload is not finished)."""
+    if phase not in FINAL_PHASES:
+        return None
+    if kind == "afterany":
+        return True
+    if kind == "afterok":
+        return phase == SUCCEEDED
+    return phase in (FAILED, CANCELLED)  # afternotok
+
+
+class JobRules(Recovery):
+    """Part of :class:`fgpu.server.service.Service`: time limits, dependencies, arrays."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate_reasons: dict[str, str] = {}
+        self._outcomes: dict[str, tuple[str, str]] = {}  # finished workloads: (phase, name)
+        self._limit_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------- at submission
+    def _job_plan(self, caller: Caller, body: SubmitRequest, queue: QueueConfig) -> JobPlan:
+        """Check a submission's ``time``, ``dependency`` and ``array``.
+
+        Raises:
+            BadRequest: field ``time``, ``dependency`` or ``array``, echoing the value: a
+                malformed value, a time above the queue's maximum, a dependency on nothing
+                or on work whose end already rules it out.
+        """
+        limit = time_limit(body.time, queue)
+        array = parse_array(body.array, "array") if body.array is not None else None
+        conditions: list[tuple[str, str]] = []
+        if body.dependency is not None:
+            for condition in parse_dependency(body.dependency, "dependency"):
+                for target in self._dependency_targets(condition.ref, caller):
+                    state = _condition_state(condition.kind, target.phase)
+                    if state is False:
+                        raise BadRequest(
+                            "dependency",
+                            f"{condition.kind}:{condition.ref}: {target.id} ({target.name}) "
+                            f"already ended {target.phase}; the condition can never hold",
+                        )
+                    pair = (condition.kind, target.id)
+                    if pair not in conditions:
+                        conditions.append(pair)
+        return JobPlan(limit, tuple(conditions), array)
+
+    def _dependency_targets(self, ref: str, caller: Caller) -> list[WorkloadRecord]:
+        """The workloads a dependency reference means, first fit: every task of an array
+        by the array's id or by the name of the caller's active array; the one workload of
+        an id, id prefix or name (:func:`fgpu.server.naming.resolve`); every task of the
+        caller's latest array of that name. Users see all work (DESIGN.md section 5), so
+        another user's workload may be waited for.
+
+        Raises:
+            BadRequest: field ``dependency``: nothing or several fit.
+        """
+        tasks = self._array_refs(caller, ref)
+        if tasks is not None:
+            return tasks
+        try:
+            return [self._get(ref, caller.uid)]
+        except (NotFoundError, BadRequest) as exc:
+            array_id = self.store.array_named(caller.uid, ref)
+            if array_id is not None:
+                return self.store.array_tasks(array_id)
+            raise BadRequest("dependency", exc.reason) from None
+
+    def _array_refs(self, caller: Caller, ref: str) -> list[WorkloadRecord] | None:
+        """The tasks of the array ``ref`` means, by its id (anyone's) or as the name of the
+        caller's own active array; None when it means no array."""
+        tasks = self.store.array_tasks(ref)
+        if not tasks:
+            array_id = self.store.active_array_names(caller.uid, [ref]).get(ref)
+            if array_id is None:
+                return None
+            tasks = self.store.array_tasks(array_id)
+        return tasks or None
+
+    def _cancel_tasks(self, caller: Caller, tasks: Sequence[WorkloadRecord]) -> list[str]:
+        """Cancel every active task of an array for ``caller``; their ids.
+
+        Raises:
+            Forbidden: another user's array (and the caller is no admin).
+            Conflict: no task of it is active any more.
+        """
+        from fgpu.rules.errors import Forbidden
+
+        done: list[str] = []
+        admin = self._is_admin(caller)
+        with self._lock:
+            for task in tasks:
+                try:
+                    record = self._tracked.cancel(task.id, caller.uid, admin=admin)
+                except PermissionDenied as exc:
+                    raise Forbidden("id", str(exc)) from None
+                except (StoreConflict, NotFound):
+                    continue  # finished already
+                done.append(record.id)
+                if record.phase in ("running", "paused"):
+                    self._stop(record.id, record.reason)
+                elif record.suspended_on is not None:
+                    self._kill_suspended(record)
+        if not done:
+            name = tasks[0].array.name if tasks[0].array else tasks[0].name
+            raise Conflict("id", f"array {name}: no task of it is active any more")
+        self.wake()
+        return done
+
+    # ------------------------------------------------------------ in each round
+    def _apply_job_rules(self) -> None:
+        """Before a round (under the service's lock): cancel the running workloads past
+        their time limit and the pending ones whose dependency can never hold."""
+        now = self.clock()
+        me = os.geteuid()
+        for record in self._active_records():
+            if record.holds_allocation:
+                limit, started = record.time_limit_s, record.started_at
+                if (
+                    limit is not None
+                    and started is not None
+                    and record.cancelled_by is None
+                    and now - started >= limit
+                ):
+                    self._cancel_by_rule(record, me, TIME_LIMIT_REASON)
+            elif record.phase == "pending" and record.dependency and self._unstarted(record):
+                _, never = self._dependency_wait(record)
+                if never:
+                    self._cancel_by_rule(record, me, f"{NEVER_MET}: {never}")
+
+    def _cancel_by_rule(self, record: WorkloadRecord, by_uid: int, reason: str) -> None:
+        """Cancel ``record`` with ``reason`` (the service acts, as ``by_uid``)."""
+        try:
+            ended = self._tracked.cancel(record.id, by_uid, admin=True, reason=reason)
+        except (StoreConflict, NotFound):
+            return  # ended meanwhile
+        log.info("workload %s cancelled: %s", record.id, reason)
+        if ended.phase in ("running", "paused"):
+            self._stop(ended.id, ended.reason)
+
+    @staticmethod
+    def _unstarted(record: WorkloadRecord) -> bool:
+        """Pending and never started (dependencies are checked until the first start)."""
+        return record.restarts == 0 and record.suspended_on is None and record.started_at is None
+
+    def _dependency_wait(self, record: WorkloadRecord) -> tuple[str, str]:
+        """Why ``record`` waits for its dependencies (empty: they all hold), and the first
+        condition that can never hold (empty: none)."""
+        waits: list[str] = []
+        for kind, target in record.dependency:
+            phase, name = self._phase_of(target)
+            if phase == GONE:
+                return "", f"{kind}:{target} is no longer known (its record was pruned)"
+            state = _condition_state(kind, phase)
+            if state is False:
+                how = f"ended {phase}" if phase in FINAL_PHASES else phase
+                return "", f"{kind}:{target} ({name}) {how}"
+            if state is None:
+                waits.append(f"{kind}:{target} ({name}, {phase})")
+        if len(waits) > _WAITS_SHOWN:  # an array's tasks: the first ones, then a count
+            waits = [*waits[:_WAITS_SHOWN], f"{len(waits) - _WAITS_SHOWN} more"]
+        return ("waits for " + ", ".join(waits) if waits else ""), ""
+
+    def _phase_of(self, workload_id: str) -> tuple[str, str]:
+        """``(phase, name)`` of a workload: from the mirror while active, else from the
+        store once (a finished workload's phase never changes); ``(GONE, id)`` for one the
+        store no longer has (pruned)."""
+        with self._mirror_lock:
+            active = self._records.get(workload_id)
+        if active is not None:
+            return active.phase, active.name
+        known = self._outcomes.get(workload_id)
+        if known is not None:
+            return known
+        try:
+            record = self.store.get(workload_id)
+        except NotFound:
+            return GONE, workload_id
+        outcome = (record.phase, record.name)
+        if record.phase in FINAL_PHASES:
+            if len(self._outcomes) > 100_000:
+                self._outcomes.clear()
+            self._outcomes[workload_id] = outcome
+        return outcome
+
+    def _gated(self, workloads: list[Workload]) -> list[Workload]:
+        """The workloads the decision core may consider this round: all but the pending
+        ones that wait for a dependency or for their array's throttle (their reasons go to
+        :attr:`_gate_reasons`)."""
+        reasons: dict[str, str] = {}
+        running: dict[str, int] = {}
+        pending: dict[str, list[WorkloadRecord]] = {}
+        for record in self._active_records():
+            array = record.array
+            if array is not None and (record.holds_allocation or record.is_suspended):
+                running[array.id] = running.get(array.id, 0) + 1
+            if record.phase != "pending" or record.is_suspended:
+                continue  # a suspended task is restored where it was: it counts as running
+            if record.dependency and self._unstarted(record):
+                wait, never = self._dependency_wait(record)
+                if wait or never:
+                    reasons[record.id] = wait or f"{NEVER_MET}: {never}"
+                    continue
+            if array is not None and array.throttle is not None:
+                pending.setdefault(array.id, []).append(record)  # preempted ones too
+        for array_id, tasks in pending.items():
+            first = tasks[0].array
+            assert first is not None
+            assert first.throttle is not None
+            room = max(0, first.throttle - running.get(array_id, 0))
+            for task in sorted(tasks, key=lambda t: t.array.index if t.array else 0)[room:]:
+                reasons[task.id] = (
+                    f"array {first.name}: waits for its turn, at most {first.throttle} at once "
+                    f"(%{first.throttle})"
+                )
+        self._gate_reasons = reasons
+        return [w for w in workloads if w.id not in reasons]
+
+    def _arm_time_limits(self) -> None:
+        """Wake the loop at the earliest time limit of the running workloads (thread-safe;
+        replaces the previous timer)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        deadlines = [
+            r.started_at + r.time_limit_s
+            for r in self._active_records()
+            if r.holds_allocation
+            and r.time_limit_s is not None
+            and r.started_at is not None
+            and r.cancelled_by is None
+        ]
+        delay = None if not deadlines else max(0.0, min(deadlines) - self.clock()) + _TIMER_SLACK_S
+
+        def arm() -> None:
+            if self._limit_timer is not None:
+                self._limit_timer.cancel()
+                self._limit_timer = None
+            if delay is not None and not self.stopping:
+                self._limit_timer = loop.call_later(delay, self.wake)
+
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(arm)
+
+
+__all__ = [
+    "NEVER_MET",
+    "TIME_LIMIT_REASON",
+    "JobPlan",
+    "JobRules",
+    "time_limit",
+]
