@@ -234,7 +234,8 @@ def test_afternotok_runs_after_a_failure_and_afterok_on_it_ends(
     # now that it failed, afterok on it is refused at submission: it could never hold
     late = server.cli("submit", "-d", f"afterok:{first}", "--", "true", check=False)
     assert late.returncode != 0
-    assert f"-d: afterok:{first}: {first} (python3) already ended failed" in late.stderr
+    shown = server.describe(first)["name"]  # named after the interpreter that ran it
+    assert f"-d: afterok:{first}: {first} ({shown}) already ended failed" in late.stderr
     assert "the condition can never hold" in late.stderr
 
 

@@ -238,7 +238,7 @@ def _kept_time(given: str | None, current_s: float | None) -> str | None:
         return given
     if current_s is None:
         return None
-    from fgpu.rules.slurm import format_time
+    from fgpu.rules.slurmtime import format_time
 
     return format_time(current_s)
 

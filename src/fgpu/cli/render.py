@@ -381,7 +381,7 @@ def squeezed_text(by: Sequence[str]) -> str:
 
 def _slurm_rows(detail: Detail) -> list[tuple[str, str | Text]]:
     """``describe``'s lines for a time limit, dependencies and an array, where set."""
-    from fgpu.rules.slurm import format_time
+    from fgpu.rules.slurmtime import format_time
 
     rows: list[tuple[str, str | Text]] = []
     if detail.time_limit_s is not None:
@@ -614,7 +614,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
     for q in queues:
         times: tuple[str, ...] = ()
         if timed:
-            from fgpu.rules.slurm import format_time
+            from fgpu.rules.slurmtime import format_time
 
             parts = [
                 f"{word} {format_time(value)}"

@@ -296,9 +296,10 @@ def ls(
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """List workloads (active ones; --all for finished too), oldest first. An array is one
-    row with its tasks counted by phase (--expand: a row per task; --json: always each
-    task)."""
+    """List workloads (active ones; --all for finished too), oldest first.
+
+    An array is one row with its tasks counted by phase (--expand: a row per task; --json:
+    always each task)."""
     from fgpu.cli import render
     from fgpu.cli.flags import typed
 

@@ -382,20 +382,32 @@ class Client:
                 raise
         return self._json("POST", "/workloads", WorkloadView, json=body, headers=headers)
 
-    def submit_plain(self, body: Mapping[str, Any]) -> PlainWorkloadView:
+    def submit_plain(
+        self, body: Mapping[str, Any], *, idempotency_key: str | None = None
+    ) -> PlainWorkloadView:
         """:meth:`submit` of a request body as JSON values (the fields of
         :class:`fgpu.wire.SubmitRequest`, which the server checks), answered as a
         :class:`~fgpu.client.plain.PlainWorkloadView`; neither side loads pydantic here.
+        Sent with an ``Idempotency-Key`` and once more on a lost answer, as :meth:`submit`.
 
         Raises:
             ClientError: field ``socket`` as :meth:`submit`; 422 naming a field whose value
-                the server refuses, or a number that is not finite (JSON has none).
+                the server refuses, or a number that is not finite (JSON has none); the
+                retry's error when that one fails too.
         """
+        import uuid
+
         for name, value in body.items():
             if isinstance(value, float) and not math.isfinite(value):
                 raise ClientError(422, name, f"must be a finite number (got {value})")
         self._check_socket_owner()
-        answer = self._request("POST", "/workloads", json=dict(body))
+        headers = {IDEMPOTENCY_HEADER: idempotency_key or str(uuid.uuid4())}
+        try:
+            answer = self._request("POST", "/workloads", json=dict(body), headers=headers)
+        except ClientError as exc:
+            if not exc.answer_lost:
+                raise
+            answer = self._request("POST", "/workloads", json=dict(body), headers=headers)
         return _parsed(answer, lambda data: plain_of(PlainWorkloadView, data))
 
     def _check_socket_owner(self) -> None:

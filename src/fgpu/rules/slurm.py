@@ -20,11 +20,11 @@ Every refusal is a :class:`BadRequest` naming the field (``time``, ``dependency`
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 from fgpu.rules.errors import BadRequest
+from fgpu.rules.slurmtime import format_time
 from fgpu.store.records import StoredArrayTask
 
 MAX_TIME_S = 365 * 86400.0
@@ -84,17 +84,6 @@ def parse_time(text: str, field: str = "time") -> float | None:
             )
         return seconds
     raise BadRequest(field, f"{text!r} is not a time limit; the forms: {TIME_FORMS_TEXT}")
-
-
-def format_time(seconds: float) -> str:
-    """Seconds as Slurm prints a time: ``HH:MM:SS``, or ``D-HH:MM:SS`` from a day on
-    (``90`` -> ``00:01:30``; fractions of a second are rounded up)."""
-    total = math.ceil(seconds)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -206,9 +206,7 @@ class Service(SchedulingLoop):
                     lambda prefix: store.active_names(caller.uid, prefix),
                 )
             if plan.array is not None:
-                return self._submit_array(
-                    caller, body, sub, request, name, plan, holders, keyed
-                )
+                return self._submit_array(caller, body, sub, request, name, plan, holders, keyed)
             try:
                 record = self._tracked.submit(
                     time_limit_s=plan.time_limit_s,
