@@ -14,7 +14,10 @@ Over quota:
 - policy ``warn``: a :data:`~fgpu.agent.events.MEMORY_WARNING` event once per crossing (again
   only after it has gone under its quota and over again).
 
-The enforcement is after the fact (up to one interval late) and the framework limits of
+The enforcement is after the fact (up to one interval late: :data:`DEFAULT_INTERVAL_S`, so
+that a burst over the quota held for longer than about that is seen, whatever the workload
+wrote into its own part of the interposer's segment; ``bench/segment_bypass.py`` measures it) and
+the framework limits of
 :func:`fgpu.agent.limits.launch_env` are what keep a well-behaved workload under its quota
 in the first place; the guard is for the ones that are not (DESIGN.md section 7).
 """
@@ -38,6 +41,10 @@ from fgpu.agent.process import ProcessHandle, group_pids
 
 log = logging.getLogger(__name__)
 
+
+DEFAULT_INTERVAL_S = 0.1
+"""Seconds between two looks at per-process GPU memory (issue 27: at 1 s, a workload that
+took a whole GPU for 0.6-1 s by lying about its reservations left no trace)."""
 
 NOT_GRANTED_MIB = 1024
 """What a workload may hold on a GPU it was not given: enough for a CUDA context opened by a
@@ -165,7 +172,7 @@ class MemoryGuard:
         backend: GpuBackend,
         *,
         policy: MemoryPolicy = MemoryPolicy.KILL,
-        interval_s: float = 1.0,
+        interval_s: float = DEFAULT_INTERVAL_S,
         events: EventLog | None = None,
         stop: Callable[[GuardedWorkload, MemoryViolation], None] | None = None,
         governor: Thawer | None = None,
@@ -287,6 +294,7 @@ class MemoryGuard:
 
 
 __all__ = [
+    "DEFAULT_INTERVAL_S",
     "GuardedWorkload",
     "MemoryGuard",
     "MemoryPolicy",
