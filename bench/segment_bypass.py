@@ -41,7 +41,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,12 +75,14 @@ int main(void) {
            offsetof(struct fgpu_seg_ctl, agent_beat_ns),
            offsetof(struct fgpu_seg_ctl, gpus[0].memory_limit),
            offsetof(struct fgpu_seg, gpus[0].memory_reserved));
+    printf("%zu\n", offsetof(struct fgpu_seg, gpus[0].gpu_time_ns));
 #else
     printf("{\"agent_file\": \"seg\", \"gate\": %zu, \"beat\": %zu, \"limit0\": %zu,"
            " \"reserved0\": %zu}\n", offsetof(struct fgpu_seg, gate),
            offsetof(struct fgpu_seg, agent_beat_ns),
            offsetof(struct fgpu_seg, gpus[0].memory_limit),
            offsetof(struct fgpu_seg, gpus[0].memory_reserved));
+    printf("%zu\n", offsetof(struct fgpu_seg, gpus[0].gpu_time_ns));
 #endif
     return 0;
 }
@@ -182,7 +183,9 @@ class Bench:
         subprocess.run(
             [cc, f"-I{include}", "-o", str(root / "off"), str(root / "off.c")], check=True
         )
-        self.offsets: dict[str, Any] = json.loads(subprocess.check_output([str(root / "off")]))
+        lines = subprocess.check_output([str(root / "off")], text=True).splitlines()
+        self.offsets: dict[str, Any] = json.loads(lines[0])
+        self.offsets["gpu_time0"] = int(lines[1])
 
     def agent_file(self, segment: Segment) -> Path:
         if self.offsets["agent_file"] == "ctl":
@@ -315,6 +318,8 @@ def share_scenario(b: Bench, attack: str, window_s: float) -> dict[str, Any]:
             out["write"] = b.poke(b.agent_file(seg_a), b.offsets["gate"], 4, 0)
         elif attack == "heartbeat":
             out["write"] = b.poke(b.agent_file(seg_a), b.offsets["beat"], 8, 1)
+        elif attack == "devtime":
+            out["write"] = b.poke(seg_a.path, b.offsets["gpu_time0"], 8, 0)
         time.sleep(1.5)  # settle: the governor reacts, the window then measures
         pids = [neighbour.pgid, attacker.pgid]
         before = device_time(b.state, b.gpu.uuid, pids)
@@ -411,10 +416,16 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=4.0, help="measuring window, s")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--label", default="", help="which tree this is (stored)")
+    parser.add_argument(
+        "--only",
+        default="none,gate,heartbeat,exec,devtime,memory",
+        help="comma-separated scenarios to run (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/segment-bypass.json"))
     args = parser.parse_args()
     if os.geteuid() != 0:
         parser.error("run as root: the workloads run as another user")
+    chosen = set(args.only.split(","))
     ensure_built()
     root = Path(tempfile.mkdtemp(prefix="fgpu-bench-bypass-", dir="/dev/shm"))
     root.chmod(0o755)
@@ -430,9 +441,13 @@ def main() -> None:
             "segment_layout": b.offsets["agent_file"],
             "window_s": args.window,
             "compute": [
-                share_scenario(b, a, args.window) for a in ("none", "gate", "heartbeat", "exec")
+                share_scenario(b, a, args.window)
+                for a in ("none", "gate", "heartbeat", "exec", "devtime")
+                if a in chosen
             ],
-            "memory": memory(b, args.trials, [0.05, 0.15, 0.3, 1.0]),
+            "memory": memory(b, args.trials, [0.05, 0.15, 0.3, 1.0])
+            if "memory" in chosen
+            else None,
         }
         b.backend.close()
     finally:

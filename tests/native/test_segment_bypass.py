@@ -11,7 +11,9 @@ guard) runs here as root, as ``fgpu serve`` does. Each bypass that worked before
   memory guard, which reads per-process memory from (the fake) NVML, stops it;
 - an ``exec`` without ``LD_PRELOAD`` after using CUDA (launches that skip the gate): the
   governor sees its GPU time (NVML per-process utilization) while its gate is closed and
-  freezes it for good, with a ``gate-ignored`` event.
+  freezes it for good, with a ``gate-ignored`` event;
+- writing its own device time down (to be charged less): NVML's figure for its processes
+  is far above what it reported, so the same happens.
 
 The pretend GPUs' NVML is loaded into this process once (module fixture), so every test of
 this module shares one fake driver state file.
@@ -23,6 +25,7 @@ import json
 import os
 import pwd
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -297,6 +300,95 @@ def test_a_workload_that_execs_without_the_interposer_is_frozen_with_an_event(
 
         wait_until(stopped_while_frozen, "the workload stopped by the freezer while held")
     finally:
+        gov.close()
+        seg_a.remove()
+        seg_b.remove()
+
+
+GPU_TIME_OFFSET_C = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include "fgpu_seg.h"
+int main(void) { printf("%zu\n", offsetof(struct fgpu_seg, gpus[0].gpu_time_ns)); return 0; }
+"""
+
+POKER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+print("open", flush=True)
+while True:
+    os.pwrite(fd, bytes(8), int(sys.argv[2]))
+    time.sleep(0.0002)
+"""
+
+
+def test_a_workload_that_writes_its_device_time_down_is_frozen_with_an_event(
+    box: Box, cleanup: None, tmp_path: Path
+) -> None:
+    """alice's workload launches through the interposer, and another of her processes keeps
+    writing 0 into its device time counter (the workload's own part of the segment)."""
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    include = Path(__file__).resolve().parents[2] / "native" / "include"
+    (tmp_path / "off.c").write_text(GPU_TIME_OFFSET_C)
+    subprocess.run([cc, f"-I{include}", "-o", str(tmp_path / "off"), str(tmp_path / "off.c")])
+    offset = int(subprocess.check_output([str(tmp_path / "off")]))
+    (box.root / "poker.py").write_text(POKER)
+    seg_a = box.segment("w-devtime", 8192)
+    seg_b = box.segment("w-devtime-neighbour", 8192)
+    spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
+    a = box.launch("w-devtime", spin, seg_a)
+    b = box.launch("w-devtime-neighbour", spin, seg_b)
+    gov = Governor(
+        [box.gpu.uuid],
+        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
+        freezer=SignalFreezer(),
+        backend=box.backend,
+    )
+    poker = subprocess.Popen(
+        [PYTHON, str(box.root / "poker.py"), str(seg_a.path), str(offset)],
+        user=box.uid,
+        group=box.gid,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert poker.stdout is not None
+        assert poker.stdout.readline().strip() == "open"  # its own part: it may write it
+        gov.update(
+            [
+                GovernedWorkload(
+                    workload_id="w-devtime",
+                    handle=a,
+                    gpu_uuids=(box.gpu.uuid,),
+                    compute_milli=(300,),
+                    segment=seg_a,
+                ),
+                GovernedWorkload(
+                    workload_id="w-devtime-neighbour",
+                    handle=b,
+                    gpu_uuids=(box.gpu.uuid,),
+                    compute_milli=(700,),
+                    segment=seg_b,
+                ),
+            ]
+        )
+        gov.start()
+
+        def ignored() -> list[str]:
+            return [e.workload_id for e in gov.events.since(0) if e.kind == GATE_IGNORED]
+
+        wait_until(lambda: bool(ignored()), "a gate-ignored event")
+        assert ignored() == ["w-devtime"]
+        event = next(e for e in gov.events.since(0) if e.kind == GATE_IGNORED)
+        assert "reported" in event.message
+        view = {w.workload_id: w for w in gov.snapshot().workloads}
+        assert view["w-devtime"].enforcement == "signal"
+        assert view["w-devtime-neighbour"].enforcement == "interposer"
+    finally:
+        poker.kill()
+        poker.wait()
         gov.close()
         seg_a.remove()
         seg_b.remove()

@@ -300,6 +300,8 @@ def test_process_utilization_since_reads_samples_after_a_time_and_keeps_the_curs
         ProcessUtilization(11, uuid, 3),
     ]
     assert backend.process_utilization_since(200) == []  # only samples after the time
+    # the mean of a process's samples, rounded up
+    assert backend.process_utilization_since(0)[0] == ProcessUtilization(10, uuid, 65)
     # the governor's activity cursor is not moved: everything is still new to it
     assert backend.process_utilization() == [
         ProcessUtilization(10, uuid, 90),

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fgpu.agent.backend import GpuBackend, SimulatedBackend
+from fgpu.agent.backend import GpuBackend, ProcessUtilization, SimulatedBackend
 from fgpu.agent.events import (
     FREEZE_SLOW,
     GATE_IGNORED,
@@ -152,6 +152,12 @@ class GovernorConfig:
             long after its gate closed is checked anyway (its segment is its own to write).
         obey_percent: SM utilization, percent of a sample, at which a held workload counts
             as running kernels.
+        obey_window_s: the window over which the device time a workload held at launch
+            reports in its segment is compared with what NVML measured for its processes.
+        obey_busy_fraction: NVML must have seen it busy at least this part of the window for
+            the comparison to count.
+        obey_report_ratio: a workload that reported less than this part of the device time
+            NVML measured under-reports (it wrote its own counter): it goes to the freezer.
     """
 
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -169,6 +175,9 @@ class GovernorConfig:
     obey_grace_s: float = 0.3
     obey_drain_s: float = 5.0
     obey_percent: int = 1
+    obey_window_s: float = 0.5
+    obey_busy_fraction: float = 0.2
+    obey_report_ratio: float = 0.25
 
 
 GATE_POLL_NS = 5_000_000
@@ -262,6 +271,8 @@ class _Record:
     defiant: bool = False  # ran kernels past its closed gate: the freezer holds it for good
     held_us: int | None = None  # wall clock (us) its gate closed, while held at launch
     drained_us: int | None = None  # wall clock (us) its segment first showed none in flight
+    reported_ns: int = 0  # device time its segment reported since window_us
+    window_us: int | None = None  # wall clock (us) the device time comparison began
     steady: bool = False  # neither went busy nor idle since the period began
     oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
     frozen_ns: list[int] = field(default_factory=lambda: [0, 0])  # by share, by priority
@@ -768,6 +779,7 @@ class Governor:
             if not record.cuda:
                 continue
             record.gpu_pending_ns += reading.gpu_time_ns
+            record.reported_ns += reading.gpu_time_ns
             busy = reading.busy or record.hint_busy is True
             self._set_busy(record, busy, now, "interposer")
             alone = all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
@@ -805,6 +817,8 @@ class Governor:
             if not record.cuda or record.defiant or gate is None:
                 continue
             now_us = int(self._wall() * 1e6)
+            if self._under_reports(record, read, now_us):
+                continue
             if record.state is RunState.RUNNING:
                 if record.busy or record.idle_since_ns is None:
                     continue
@@ -835,18 +849,65 @@ class Governor:
             if seen:
                 self._defiant(record, seen[0].pid, seen[0].gpu_uuid, seen[0].sm_percent)
 
-    def _defiant(self, record: _Record, pid: int, uuid: str, percent: int) -> None:
+    def _under_reports(
+        self, record: _Record, read: Callable[[int], list[ProcessUtilization]], now_us: int
+    ) -> bool:
+        """Compare, once per :attr:`GovernorConfig.obey_window_s`, the device time the
+        workload's segment reported with NVML's utilization of its processes over the same
+        window (the mean of the samples, per GPU, summed over its processes; the most on one
+        GPU, as its device time is). A workload busy by NVML that reported too little wrote
+        its own counter down to be charged less: it becomes ``defiant``. True when it did."""
+        cfg = self.config
+        if record.window_us is None:
+            record.window_us, record.reported_ns = now_us, 0
+            return False
+        span_us = now_us - record.window_us
+        if span_us < int(cfg.obey_window_s * 1e6):
+            return False
+        since_us, reported = record.window_us, record.reported_ns
+        record.window_us, record.reported_ns = now_us, 0
+        try:
+            samples = read(since_us)
+        except Exception as exc:
+            log.debug("governor: NVML utilization unavailable: %s", exc)
+            return False
+        pids = set(self.freezer.pids(record.spec.handle))
+        per_gpu: dict[str, int] = {}
+        for s in samples:
+            if s.pid in pids:
+                per_gpu[s.gpu_uuid] = per_gpu.get(s.gpu_uuid, 0) + s.sm_percent
+        if not per_gpu:
+            return False
+        uuid, percent = max(per_gpu.items(), key=lambda kv: kv[1])
+        measured_ns = min(percent, 100) * span_us * 10  # percent of span_us, in ns
+        if measured_ns < cfg.obey_busy_fraction * span_us * 1000:
+            return False
+        if reported >= cfg.obey_report_ratio * measured_ns:
+            return False
+        pid = next(s.pid for s in samples if s.pid in pids and s.gpu_uuid == uuid)
+        self._defiant(
+            record,
+            pid,
+            uuid,
+            min(percent, 100),
+            f"while its segment reported {reported / measured_ns:.0%} of that device time",
+        )
+        return True
+
+    def _defiant(
+        self, record: _Record, pid: int, uuid: str, percent: int, why: str | None = None
+    ) -> None:
         now = self._clock()
         held = record.state is not RunState.RUNNING
         record.defiant = True
         record.cuda = False
-        record.held_us = record.drained_us = None
+        record.held_us = record.drained_us = record.window_us = None
         self._set_busy(record, True, now, "nvml")
         if held:
             self.freezer.freeze(record.spec.handle)
         kind = self.freezer.kind
         log.warning(
-            "governor: %s ran kernels the interposer did not see (pid %d, %s); frozen",
+            "governor: %s ran kernels past the interposer's account (pid %d, %s); frozen",
             record.spec.workload_id,
             pid,
             uuid,
@@ -858,8 +919,9 @@ class Governor:
             GATE_IGNORED,
             "launch gate ignored",
             f"process {pid} kept {uuid} {percent}% busy "
-            f"{'while its launches were held' if held else 'while its launches said idle'}: "
-            f"it does not go through the interposer; held by the freezer ({kind}) from now on",
+            f"{why or ('while its launches were held' if held else 'while its launches said idle')}"
+            f": it does not go through the interposer or rewrites its counters; held by the "
+            f"freezer ({kind}) from now on",
         )
 
     def _report_refusals(self, record: _Record, stats: SegmentStats) -> None:
