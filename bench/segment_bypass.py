@@ -11,6 +11,8 @@ user, the attacker then tries, one scenario at a time:
   heartbeat, every 0.2 ms;
 - ``exec``: its workload uses CUDA through the interposer, then execs a kernel loop without
   ``LD_PRELOAD`` (``env -u LD_PRELOAD -u FGPU_SEG``).
+- ``devtime``: write 0 into its own device-time counter (its part of the segment), every
+  0.2 ms, to be charged less.
 
 ``share`` is the attacker's part of the device time over a window (the fake driver's own
 per-process count: the ground truth), target 0.3; ``events`` the governor's ``gate-ignored``
@@ -26,7 +28,8 @@ fraction of trials the guard saw (``detected``), per L.
 The offsets written come from the ``fgpu_seg.h`` of the tree whose ``fgpu`` is imported, so
 the same script measures an older tree (``PYTHONPATH=<old>/src``) for a before/after pair.
 Run as root. Prints one JSON object and writes it to ``--out``. Usage:
-``python bench/segment_bypass.py [--window S] [--label TEXT] [--out PATH]``.
+``python bench/segment_bypass.py [--window S] [--trials N] [--only LIST] [--label TEXT]
+[--out PATH]``.
 """
 
 from __future__ import annotations
