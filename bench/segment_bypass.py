@@ -43,6 +43,7 @@ import platform
 import pwd
 import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -414,6 +415,43 @@ def memory(b: Bench, trials: int, bursts: list[float]) -> dict[str, Any]:
     return out
 
 
+def guard_cost(b: Bench, counts: tuple[int, ...] = (1, 8), looks: int = 50) -> dict[str, Any]:
+    """CPU time of one look of the memory guard (its default ``pids_of``: a scan of /proc per
+    workload), with n workloads spinning on the GPU; and its part of one core at the default
+    interval."""
+    interval = inspect.signature(MemoryGuard).parameters["interval_s"].default
+    out: dict[str, Any] = {"guard_interval_s": interval}
+    cudemo = str(lib_dir() / "bin" / "fgpu-cudemo")
+    for n in counts:
+        segs, guarded = [], []
+        for i in range(n):
+            seg = b.segment(f"cost{n}-{i}", 8)
+            segs.append(seg)
+            handle = b.launch(f"cost{n}-{i}", [cudemo, "spin", "1000000", "100000000"], seg)
+            guarded.append(
+                GuardedWorkload(
+                    workload_id=f"cost{n}-{i}", handle=handle, quotas_mib={b.gpu.uuid: 8192}
+                )
+            )
+        guard = MemoryGuard(b.backend, stop=lambda _w, _v: None)
+        guard.update(guarded)
+        wait_until(lambda n=n: len(b.backend.process_memory()) >= n, "the workloads on the GPU")
+        spent = []
+        for _ in range(looks):
+            start = time.thread_time_ns()
+            guard.check()
+            spent.append((time.thread_time_ns() - start) / 1e6)
+        ms = statistics.median(spent)
+        out[f"{n}_workloads"] = {
+            "look_cpu_ms_median": round(ms, 2),
+            "core_share": round(ms / (interval * 1000), 3),
+        }
+        b.stop_all()
+        for seg in segs:
+            seg.remove()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=4.0, help="measuring window, s")
@@ -421,7 +459,7 @@ def main() -> None:
     parser.add_argument("--label", default="", help="which tree this is (stored)")
     parser.add_argument(
         "--only",
-        default="none,gate,heartbeat,exec,devtime,memory",
+        default="none,gate,heartbeat,exec,devtime,memory,guardcost",
         help="comma-separated scenarios to run (default: all)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/segment-bypass.json"))
@@ -451,6 +489,7 @@ def main() -> None:
             "memory": memory(b, args.trials, [0.05, 0.15, 0.3, 1.0])
             if "memory" in chosen
             else None,
+            "guard_cost": guard_cost(b) if "guardcost" in chosen else None,
         }
         b.backend.close()
     finally:

@@ -37,7 +37,7 @@ from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
 from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, EventLog
 from fgpu.agent.governor.freezer import stat_fields
 from fgpu.agent.launcher import Launcher
-from fgpu.agent.process import ProcessHandle, group_pids
+from fgpu.agent.process import DEAD_STATES, ProcessHandle, group_pids, proc_stat
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,27 @@ def find_violations(
     return found
 
 
+def _group_owners(
+    usage: Sequence[GpuProcess], workloads: Mapping[str, GuardedWorkload]
+) -> dict[int, str]:
+    """pid -> workload id for the processes holding GPU memory, by process group: what
+    :func:`~fgpu.agent.process.group_pids` of every workload gives for them, reading
+    ``/proc/<pid>/stat`` of each instead of a scan of ``/proc`` per workload (the guard
+    looks every 0.1 s)."""
+    by_group = {w.handle.pgid: w for w in workloads.values()}
+    owners: dict[int, str] = {}
+    for pid in {p.pid for p in usage}:
+        stat = proc_stat(pid)
+        if stat is None or stat.state in DEAD_STATES:
+            continue
+        w = by_group.get(stat.pgid)
+        if w is not None and (
+            w.handle.start_ticks is None or stat.start_ticks >= w.handle.start_ticks
+        ):
+            owners[pid] = w.workload_id
+    return owners
+
+
 class Thawer(Protocol):
     """What the guard needs of the governor: thaw a workload before it is signalled."""
 
@@ -217,9 +238,12 @@ class MemoryGuard:
             return []
         self._forget_dead(usage)
         owners: dict[int, str] = {}
-        for wid, w in workloads.items():
-            for pid in self._pids_of(w.handle):
-                owners[pid] = wid
+        if self._pids_of is group_pids:
+            owners = _group_owners(usage, workloads)  # the same answer, one stat per GPU user
+        else:
+            for wid, w in workloads.items():
+                for pid in self._pids_of(w.handle):
+                    owners[pid] = wid
         quotas = {wid: w.quotas_mib for wid, w in workloads.items()}
         found = find_violations(usage, owners, quotas)
         over_now = {(v.workload_id, v.gpu_uuid) for v in found}
