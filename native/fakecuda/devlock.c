@@ -1,7 +1,9 @@
 /*
  * devlock.c - fake driver (a STAND-IN for tests, see fake.h): the cross-process device lock
  * (one kernel, copy or memset at a time per device across processes, in arrival order; a
- * holder or waiter killed with -9 is detected by pid and start time and moved aside) and
+ * holder or waiter killed with -9 is detected by pid and start time and moved aside; one
+ * stopped or frozen by a freezer is passed over, as a real GPU runs a frozen process's kernel
+ * to its end and goes on with the others' - its own thread cannot, here) and
  * the busy-time counters and samples that device time and NVML utilization are read from.
  * Compiled into both fake libraries.
  */
@@ -48,17 +50,27 @@ static void drop_waiter(struct fk_gpu *d, int i)
     atomic_store_explicit(&d->waiters[i].pid, 0, memory_order_release);
 }
 
-/* After a wait that saw no progress: a dead holder or dead first waiter is moved aside. */
-static void clear_dead(struct fk_gpu *d)
+/* After a wait that saw no progress (1 ms; idle such waits in a row): a dead holder or dead
+ * first waiter is moved aside. A stopped holder loses the lock (its slot stays claimed until
+ * its own unlock; the operation ends when it sees the lock gone, charging nothing more), a
+ * stopped first waiter goes to the back of the queue. Stopped by a signal is seen at once; in
+ * a frozen cgroup, every 5 ms (it takes two more file reads). */
+static void clear_dead(struct fk_gpu *d, unsigned idle)
 {
+    int cgroup = idle % 5 == 0;
     uint32_t h = atomic_load(&d->holder);
     if (h != 0) {
         struct fk_waiter *w = &d->waiters[h - 1];
-        if (!fk_alive(atomic_load(&w->pid), atomic_load(&w->start)) &&
-            atomic_compare_exchange_strong(&d->holder, &h, 0)) {
-            fk_debug("device %s: holder %d died, lock taken back", d->uuid,
-                     (int)atomic_load(&w->pid));
-            drop_waiter(d, (int)h - 1);
+        int32_t pid = atomic_load(&w->pid);
+        if (!fk_alive(pid, atomic_load(&w->start))) {
+            if (atomic_compare_exchange_strong(&d->holder, &h, 0)) {
+                fk_debug("device %s: holder %d died, lock taken back", d->uuid, (int)pid);
+                drop_waiter(d, (int)h - 1);
+                wake_all(d);
+            }
+        } else if (fk_stopped(pid, cgroup) && atomic_compare_exchange_strong(&d->holder, &h, 0)) {
+            fk_debug("device %s: holder %d is stopped, lock passed on", d->uuid, (int)pid);
+            atomic_store_explicit(&w->seq, 0, memory_order_release);
             wake_all(d);
         }
         return;
@@ -66,11 +78,21 @@ static void clear_dead(struct fk_gpu *d)
     int first = first_waiter(d);
     if (first >= 0) {
         struct fk_waiter *w = &d->waiters[first];
-        if (!fk_alive(atomic_load(&w->pid), atomic_load(&w->start))) {
+        int32_t pid = atomic_load(&w->pid);
+        if (!fk_alive(pid, atomic_load(&w->start))) {
             drop_waiter(d, first);
+            wake_all(d);
+        } else if (fk_stopped(pid, cgroup)) {
+            uint64_t seq = atomic_fetch_add(&d->arrivals, 1) + 1;
+            atomic_store_explicit(&w->seq, seq, memory_order_release);
             wake_all(d);
         }
     }
+}
+
+int fk_dev_held(int gpu, int waiter)
+{
+    return atomic_load(&fk_sh->gpus[gpu].holder) == (uint32_t)waiter + 1;
 }
 
 void fk_dev_lock(int gpu, int *waiter_out)
@@ -94,6 +116,7 @@ void fk_dev_lock(int gpu, int *waiter_out)
     atomic_store(&w->start, fk_self_start());
     uint64_t seq = atomic_fetch_add(&d->arrivals, 1) + 1;
     atomic_store_explicit(&w->seq, seq, memory_order_release);
+    unsigned idle = 0;
     for (;;) {
         uint32_t wake = atomic_load_explicit(&d->wake, memory_order_acquire);
         if (atomic_load(&d->holder) == 0 && first_waiter(d) == mine) {
@@ -102,10 +125,12 @@ void fk_dev_lock(int gpu, int *waiter_out)
                 break;
             continue;
         }
-        struct timespec ts = {0, 20000000}; /* 20 ms, then look for a dead holder */
+        struct timespec ts = {0, 1000000}; /* 1 ms, then look for a dead or stopped holder */
         long rc = futex(&d->wake, FUTEX_WAIT, wake, &ts);
         if (rc != 0 && errno == ETIMEDOUT)
-            clear_dead(d);
+            clear_dead(d, ++idle);
+        else
+            idle = 0;
     }
     *waiter_out = mine;
 }

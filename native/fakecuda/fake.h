@@ -148,6 +148,8 @@ int fk_state_open(void);       /* 0 or -1 (reason logged with FGPU_FAKE_DEBUG=1)
                                   unmakeable, or corrupt state file */
 uint64_t fk_proc_start(pid_t pid);       /* start time in clock ticks; 0 if no such process */
 int fk_alive(int32_t pid, uint64_t start); /* 1 alive (not a zombie, same start time) */
+/* 1: stopped by a signal (SIGSTOP), or (with cgroup) in a frozen cgroup v2 */
+int fk_stopped(int32_t pid, int cgroup);
 uint64_t fk_self_start(void);
 int fk_my_slot(void);          /* this process's slot, claimed on first use; -1 if full */
 void fk_slot_release_self(void);
@@ -160,6 +162,7 @@ void fk_release(int gpu, uint64_t bytes);      /* never below zero (clamped, log
 int fk_device_used(int gpu, uint64_t *used);   /* 0, or -1 when above the total (corrupt) */
 void fk_dev_lock(int gpu, int *waiter_out);
 void fk_dev_unlock(int gpu, int waiter);
+int fk_dev_held(int gpu, int waiter); /* 1 while waiter still holds the device lock */
 void fk_dev_busy(int gpu, int slot, uint64_t ns); /* add busy time; caller holds the lock */
 uint64_t fk_ring_since(const struct fk_ring *ring, uint64_t busy_now, uint64_t now_ns,
                        uint64_t from_ns, uint64_t *window_start_ns);

@@ -115,6 +115,48 @@ int fk_alive(int32_t pid, uint64_t start)
     return start == 0 || start == now_start;
 }
 
+/* Whether the process is held off the CPU by fgpu's freezers: stopped by a signal (state T
+ * or t) or in a frozen cgroup v2 (its cgroup.events says "frozen 1"). */
+int fk_stopped(int32_t pid, int cgroup)
+{
+    char state;
+    uint64_t start;
+    if (pid <= 0 || read_stat(pid, &state, &start) != 0)
+        return 0;
+    if (state == 'T' || state == 't')
+        return 1;
+    if (!cgroup)
+        return 0;
+    char path[96], line[512];
+    snprintf(path, sizeof path, "/proc/%d/cgroup", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return 0;
+    int found = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "0::", 3) == 0) { /* the v2 hierarchy */
+            line[strcspn(line, "\n")] = '\0';
+            found = 1;
+            break;
+        }
+    }
+    fclose(f);
+    if (!found)
+        return 0;
+    char events[640];
+    snprintf(events, sizeof events, "/sys/fs/cgroup%s/cgroup.events", line + 3);
+    f = fopen(events, "re");
+    if (f == NULL)
+        return 0;
+    int frozen = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strcmp(line, "frozen 1\n") == 0)
+            frozen = 1;
+    }
+    fclose(f);
+    return frozen;
+}
+
 /* ------------------------------------------------------------------ creation */
 
 static int parse_gpus(const char *spec, struct fk_shared *sh)

@@ -97,6 +97,8 @@ static void run_op(struct fk_stream *s, struct fk_op *op)
         while (last < end) {
             uint64_t next = end - last > FK_SLICE_NS ? last + FK_SLICE_NS : end;
             sleep_until(next);
+            if (!fk_dev_held(gpu, waiter))
+                break; /* stopped past its turn: the device went on without it */
             uint64_t now = fk_now_ns();
             fk_dev_busy(gpu, slot, now - last);
             last = now;

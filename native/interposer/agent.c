@@ -1,8 +1,10 @@
 /*
  * agent.c - libfgpu-agent.so: the agent's side of a workload's segment, for Python ctypes.
  *
- * Owns: creating a segment file (written to a temporary name, then renamed, mode 0600,
- * chown to the workload's user), mapping and unmapping it, the agent's writes (gate and
+ * Owns: creating a segment's two files (each written to a temporary name, then renamed):
+ * the workload part (mode 0600, chown to the workload's user) and the control part
+ * (<path>.ctl, mode 0644, owned by the agent's user: the workload can only read it),
+ * mapping and unmapping both (one handle, struct fgpu_agent_seg), the agent's writes (gate and
  * heartbeat, max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same
  * code the interposer runs, plus the host's view of other pid namespaces below) and a
  * consistent-enough snapshot of the counters in a plain struct.
@@ -30,6 +32,15 @@
 #include "seg.h"
 
 #define FGPU_API __attribute__((visibility("default")))
+
+/* The agent's handle of one segment: both parts, mapped read-write; or the control part
+ * read-only when this process may not write it (not the agent's user: a sweep or a look as
+ * the workload's user), and then the agent's writes answer -EPERM. */
+struct fgpu_agent_seg {
+    struct fgpu_seg *s;
+    struct fgpu_seg_ctl *c;
+    int ctl_readonly;
+};
 
 struct fgpu_agent_gpu {
     char uuid[FGPU_SEG_UUID_LEN];
@@ -71,21 +82,11 @@ FGPU_API uint32_t fgpu_agent_snapshot_size(void)
     return (uint32_t)sizeof(struct fgpu_agent_snapshot);
 }
 
-FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32_t ngpus,
-                               const char *const *uuids, const uint64_t *limits, uint32_t flags,
-                               uint32_t max_inflight, int32_t uid, int32_t gid)
+/* Write size bytes made by fill(m, arg) to path atomically: a temporary file (mode, chown
+ * to uid/gid unless both are -1) renamed into place. 0 or -errno. */
+static int write_file(const char *path, size_t size, mode_t mode, int32_t uid, int32_t gid,
+                      void (*fill)(void *m, const void *arg), const void *arg)
 {
-    if (path == NULL || workload_id == NULL || ngpus > FGPU_SEG_MAX_GPUS ||
-        (ngpus > 0 && (uuids == NULL || limits == NULL)))
-        return -EINVAL;
-    if (strlen(workload_id) >= FGPU_SEG_ID_LEN)
-        return -ENAMETOOLONG;
-    for (uint32_t g = 0; g < ngpus; g++) {
-        if (uuids[g] == NULL || uuids[g][0] == '\0')
-            return -EINVAL;
-        if (strlen(uuids[g]) >= FGPU_SEG_UUID_LEN)
-            return -ENAMETOOLONG;
-    }
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
         return -ENAMETOOLONG;
@@ -93,8 +94,7 @@ FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32
     if (fd < 0)
         return -errno;
     int rc = 0;
-    struct fgpu_seg *s = NULL;
-    if (ftruncate(fd, (off_t)sizeof(struct fgpu_seg)) != 0) {
+    if (ftruncate(fd, (off_t)size) != 0) {
         rc = -errno;
         goto fail;
     }
@@ -102,31 +102,18 @@ FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32
         rc = -errno;
         goto fail;
     }
-    if (fchmod(fd, 0600) != 0) {
+    if (fchmod(fd, mode) != 0) {
         rc = -errno;
         goto fail;
     }
-    /* the file is zero-filled by ftruncate: fill the header through a shared mapping */
-    void *m = mmap(NULL, sizeof(struct fgpu_seg), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* the file is zero-filled by ftruncate: fill it through a shared mapping */
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         rc = -errno;
         goto fail;
     }
-    s = m;
-    s->magic = FGPU_SEG_MAGIC;
-    s->version = FGPU_SEG_VERSION;
-    s->size = (uint32_t)sizeof(struct fgpu_seg);
-    s->ngpus = ngpus;
-    s->flags = flags;
-    snprintf(s->workload_id, sizeof s->workload_id, "%s", workload_id);
-    atomic_store(&s->gate, FGPU_GATE_OPEN);
-    atomic_store(&s->max_inflight, max_inflight);
-    atomic_store(&s->agent_beat_ns, now_ns());
-    for (uint32_t g = 0; g < ngpus; g++) {
-        snprintf(s->gpus[g].uuid, sizeof s->gpus[g].uuid, "%s", uuids[g]);
-        atomic_store(&s->gpus[g].memory_limit, limits[g]);
-    }
-    fgpu_seg_unmap(s);
+    fill(m, arg);
+    munmap(m, size);
     if (fsync(fd) != 0 || close(fd) != 0) {
         rc = -errno;
         unlink(tmp);
@@ -144,7 +131,76 @@ fail:
     return rc;
 }
 
-FGPU_API struct fgpu_seg *fgpu_agent_open(const char *path, char *why, size_t why_len)
+struct create_args {
+    const char *workload_id;
+    uint32_t ngpus;
+    const char *const *uuids;
+    const uint64_t *limits;
+    uint32_t flags;
+    uint32_t max_inflight;
+};
+
+static void fill_ctl(void *m, const void *arg)
+{
+    const struct create_args *a = arg;
+    struct fgpu_seg_ctl *c = m;
+    c->magic = FGPU_SEG_CTL_MAGIC;
+    c->version = FGPU_SEG_VERSION;
+    c->size = (uint32_t)sizeof(struct fgpu_seg_ctl);
+    c->ngpus = a->ngpus;
+    c->flags = a->flags;
+    snprintf(c->workload_id, sizeof c->workload_id, "%s", a->workload_id);
+    atomic_store(&c->gate, FGPU_GATE_OPEN);
+    atomic_store(&c->max_inflight, a->max_inflight);
+    atomic_store(&c->agent_beat_ns, now_ns());
+    for (uint32_t g = 0; g < a->ngpus; g++) {
+        snprintf(c->gpus[g].uuid, sizeof c->gpus[g].uuid, "%s", a->uuids[g]);
+        atomic_store(&c->gpus[g].memory_limit, a->limits[g]);
+    }
+}
+
+static void fill_seg(void *m, const void *arg)
+{
+    const struct create_args *a = arg;
+    struct fgpu_seg *s = m;
+    s->magic = FGPU_SEG_MAGIC;
+    s->version = FGPU_SEG_VERSION;
+    s->size = (uint32_t)sizeof(struct fgpu_seg);
+    s->ngpus = a->ngpus;
+}
+
+FGPU_API int fgpu_agent_create(const char *path, const char *workload_id, uint32_t ngpus,
+                               const char *const *uuids, const uint64_t *limits, uint32_t flags,
+                               uint32_t max_inflight, int32_t uid, int32_t gid)
+{
+    if (path == NULL || workload_id == NULL || ngpus > FGPU_SEG_MAX_GPUS ||
+        (ngpus > 0 && (uuids == NULL || limits == NULL)))
+        return -EINVAL;
+    if (strlen(workload_id) >= FGPU_SEG_ID_LEN)
+        return -ENAMETOOLONG;
+    for (uint32_t g = 0; g < ngpus; g++) {
+        if (uuids[g] == NULL || uuids[g][0] == '\0')
+            return -EINVAL;
+        if (strlen(uuids[g]) >= FGPU_SEG_UUID_LEN)
+            return -ENAMETOOLONG;
+    }
+    char ctl[PATH_MAX];
+    if (fgpu_seg_ctl_path(path, ctl, sizeof ctl) != 0)
+        return -ENAMETOOLONG;
+    struct create_args a = {workload_id, ngpus, uuids, limits, flags, max_inflight};
+    /* the control part first: an interposer that finds the workload part finds it too. Its
+     * owner is the agent's user (no chown), readable by all: the workload's user cannot write
+     * it, whatever it does to its own mapping */
+    int rc = write_file(ctl, sizeof(struct fgpu_seg_ctl), 0644, -1, -1, fill_ctl, &a);
+    if (rc != 0)
+        return rc;
+    rc = write_file(path, sizeof(struct fgpu_seg), 0600, uid, gid, fill_seg, &a);
+    if (rc != 0)
+        unlink(ctl);
+    return rc;
+}
+
+FGPU_API struct fgpu_agent_seg *fgpu_agent_open(const char *path, char *why, size_t why_len)
 {
     char dummy[8];
     if (why == NULL || why_len == 0) {
@@ -155,28 +211,57 @@ FGPU_API struct fgpu_seg *fgpu_agent_open(const char *path, char *why, size_t wh
         snprintf(why, why_len, "path is NULL");
         return NULL;
     }
-    return fgpu_seg_map(path, why, why_len);
+    struct fgpu_seg *s = fgpu_seg_map(path, why, why_len);
+    if (s == NULL)
+        return NULL;
+    int readonly = 0;
+    char ctl[PATH_MAX];
+    if (fgpu_seg_ctl_path(path, ctl, sizeof ctl) == 0 && faccessat(AT_FDCWD, ctl, W_OK, AT_EACCESS) != 0 &&
+        (errno == EACCES || errno == EPERM || errno == EROFS))
+        readonly = 1; /* not ours to write: look, sweep, but decide nothing */
+    struct fgpu_seg_ctl *c = fgpu_seg_ctl_map(path, !readonly, why, why_len);
+    if (c == NULL) {
+        fgpu_seg_unmap(s);
+        return NULL;
+    }
+    struct fgpu_agent_seg *h = malloc(sizeof *h);
+    if (h == NULL) {
+        snprintf(why, why_len, "out of memory");
+        fgpu_seg_unmap(s);
+        fgpu_seg_ctl_unmap(c);
+        return NULL;
+    }
+    h->s = s;
+    h->c = c;
+    h->ctl_readonly = readonly;
+    return h;
 }
 
-FGPU_API int fgpu_agent_close(struct fgpu_seg *s)
+FGPU_API int fgpu_agent_close(struct fgpu_agent_seg *h)
 {
-    if (s == NULL)
+    if (h == NULL)
         return -EINVAL;
-    fgpu_seg_unmap(s);
+    fgpu_seg_unmap(h->s);
+    fgpu_seg_ctl_unmap(h->c);
+    free(h);
     return 0;
 }
 
-FGPU_API int fgpu_agent_set_gate(struct fgpu_seg *s, uint32_t gate)
+FGPU_API int fgpu_agent_set_gate(struct fgpu_agent_seg *h, uint32_t gate)
 {
-    if (s == NULL || (gate != FGPU_GATE_OPEN && gate != FGPU_GATE_CLOSED))
+    if (h == NULL || (gate != FGPU_GATE_OPEN && gate != FGPU_GATE_CLOSED))
         return -EINVAL;
-    atomic_store_explicit(&s->agent_beat_ns, now_ns(), memory_order_relaxed);
+    if (h->ctl_readonly)
+        return -EPERM;
+    struct fgpu_seg_ctl *c = h->c;
+    atomic_store_explicit(&c->agent_beat_ns, now_ns(), memory_order_relaxed);
     /* release: whatever the agent wrote before (limits) is visible to a launcher that sees
      * the new gate value with its acquire load */
-    atomic_store_explicit(&s->gate, gate, memory_order_release);
+    atomic_store_explicit(&c->gate, gate, memory_order_release);
     if (gate == FGPU_GATE_OPEN) {
-        /* shared futex (not PRIVATE): the waiters are in other processes */
-        if (syscall(SYS_futex, (uint32_t *)&s->gate, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) < 0)
+        /* shared futex (not PRIVATE): the waiters are in other processes, on their read-only
+         * mappings of the same file (the futex is keyed by the file's page, not the map) */
+        if (syscall(SYS_futex, (uint32_t *)&c->gate, FUTEX_WAKE, INT_MAX, NULL, NULL, 0) < 0)
             return -errno;
     }
     return 0;
@@ -184,27 +269,33 @@ FGPU_API int fgpu_agent_set_gate(struct fgpu_seg *s, uint32_t gate)
 
 /* The agent's heartbeat (CLOCK_MONOTONIC now): a closed gate whose agent stayed silent for
  * more than FGPU_SEG_STALE_NS counts as open in the interposer. */
-FGPU_API int fgpu_agent_beat(struct fgpu_seg *s)
+FGPU_API int fgpu_agent_beat(struct fgpu_agent_seg *h)
 {
-    if (s == NULL)
+    if (h == NULL)
         return -EINVAL;
-    atomic_store_explicit(&s->agent_beat_ns, now_ns(), memory_order_relaxed);
+    if (h->ctl_readonly)
+        return -EPERM;
+    atomic_store_explicit(&h->c->agent_beat_ns, now_ns(), memory_order_relaxed);
     return 0;
 }
 
-FGPU_API int fgpu_agent_set_max_inflight(struct fgpu_seg *s, uint32_t max_inflight)
+FGPU_API int fgpu_agent_set_max_inflight(struct fgpu_agent_seg *h, uint32_t max_inflight)
 {
-    if (s == NULL)
+    if (h == NULL)
         return -EINVAL;
-    atomic_store_explicit(&s->max_inflight, max_inflight, memory_order_relaxed);
+    if (h->ctl_readonly)
+        return -EPERM;
+    atomic_store_explicit(&h->c->max_inflight, max_inflight, memory_order_relaxed);
     return 0;
 }
 
-FGPU_API int fgpu_agent_set_memory_limit(struct fgpu_seg *s, uint32_t gpu, uint64_t bytes)
+FGPU_API int fgpu_agent_set_memory_limit(struct fgpu_agent_seg *h, uint32_t gpu, uint64_t bytes)
 {
-    if (s == NULL || gpu >= s->ngpus)
+    if (h == NULL || gpu >= h->c->ngpus)
         return -EINVAL;
-    atomic_store_explicit(&s->gpus[gpu].memory_limit, bytes, memory_order_relaxed);
+    if (h->ctl_readonly)
+        return -EPERM;
+    atomic_store_explicit(&h->c->gpus[gpu].memory_limit, bytes, memory_order_relaxed);
     return 0;
 }
 
@@ -330,10 +421,11 @@ static uint64_t sweep_other_namespaces(struct fgpu_seg *s, struct fgpu_pidns me)
 /* The agent's sweep: the entries of its own pid namespace (fgpu_seg_sweep, as in every
  * interposer), and, only from the host's pid namespace with the host's /proc (the one place
  * that sees every namespace whole), the entries of the others. */
-FGPU_API uint64_t fgpu_agent_sweep(struct fgpu_seg *s)
+FGPU_API uint64_t fgpu_agent_sweep(struct fgpu_agent_seg *h)
 {
-    if (s == NULL)
+    if (h == NULL)
         return 0;
+    struct fgpu_seg *s = h->s;
     uint64_t total = fgpu_seg_sweep(s);
     struct fgpu_pidns me = fgpu_pidns_self();
     if (me.ino == FGPU_PIDNS_INIT_INO && fgpu_procfs_is_own())
@@ -341,26 +433,30 @@ FGPU_API uint64_t fgpu_agent_sweep(struct fgpu_seg *s)
     return total;
 }
 
-FGPU_API int fgpu_agent_snapshot(struct fgpu_seg *s, struct fgpu_agent_snapshot *out)
+FGPU_API int fgpu_agent_snapshot(struct fgpu_agent_seg *h, struct fgpu_agent_snapshot *out)
 {
-    if (s == NULL || out == NULL)
+    if (h == NULL || out == NULL)
         return -EINVAL;
+    struct fgpu_seg *s = h->s;
+    const struct fgpu_seg_ctl *c = h->c;
     memset(out, 0, sizeof *out);
-    out->ngpus = s->ngpus;
-    out->flags = s->flags;
+    /* the shape and the decisions from the control part (the agent's); the counters from
+     * the workload part (the workload's own account) */
+    out->ngpus = c->ngpus;
+    out->flags = c->flags;
     /* relaxed loads: each counter is read once; the snapshot is not one atomic instant */
-    out->gate = atomic_load_explicit(&s->gate, memory_order_relaxed);
-    out->max_inflight = atomic_load_explicit(&s->max_inflight, memory_order_relaxed);
+    out->gate = atomic_load_explicit(&c->gate, memory_order_relaxed);
+    out->max_inflight = atomic_load_explicit(&c->max_inflight, memory_order_relaxed);
     out->launches = atomic_load_explicit(&s->launches, memory_order_relaxed);
     out->gate_waits = atomic_load_explicit(&s->gate_waits, memory_order_relaxed);
     out->last_launch_ns = atomic_load_explicit(&s->last_launch_ns, memory_order_relaxed);
     out->processes = atomic_load_explicit(&s->processes, memory_order_relaxed);
-    for (uint32_t g = 0; g < s->ngpus && g < FGPU_SEG_MAX_GPUS; g++) {
+    for (uint32_t g = 0; g < c->ngpus && g < FGPU_SEG_MAX_GPUS; g++) {
         struct fgpu_seg_gpu *src = &s->gpus[g];
         struct fgpu_agent_gpu *dst = &out->gpus[g];
-        memcpy(dst->uuid, src->uuid, sizeof dst->uuid);
+        memcpy(dst->uuid, c->gpus[g].uuid, sizeof dst->uuid);
         dst->uuid[sizeof dst->uuid - 1] = '\0';
-        dst->memory_limit = atomic_load_explicit(&src->memory_limit, memory_order_relaxed);
+        dst->memory_limit = atomic_load_explicit(&c->gpus[g].memory_limit, memory_order_relaxed);
         dst->memory_reserved = atomic_load_explicit(&src->memory_reserved, memory_order_relaxed);
         dst->memory_peak = atomic_load_explicit(&src->memory_peak, memory_order_relaxed);
         dst->gpu_time_ns = atomic_load_explicit(&src->gpu_time_ns, memory_order_relaxed);

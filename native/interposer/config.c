@@ -131,12 +131,21 @@ static void map_segment(void)
         fgpu_log(FGPU_LOG_WARN, "FGPU_SEG: %s; every call passes through", why);
         return;
     }
+    /* the agent's part: read-only (its file is not the workload's, so neither open for
+     * writing nor mprotect can make this mapping writable) */
+    const struct fgpu_seg_ctl *c = fgpu_seg_ctl_map(path, 0, why, sizeof why);
+    if (c == NULL) {
+        fgpu_seg_unmap(s);
+        fgpu_log(FGPU_LOG_WARN, "FGPU_SEG: %s; every call passes through", why);
+        return;
+    }
     fgpu_g.seg = s;
-    fgpu_g.gating = (s->flags & FGPU_SEG_GATING) != 0;
-    fgpu_g.capping = (s->flags & FGPU_SEG_MEMORY_CAP) != 0;
+    fgpu_g.ctl = c;
+    fgpu_g.gating = (c->flags & FGPU_SEG_GATING) != 0;
+    fgpu_g.capping = (c->flags & FGPU_SEG_MEMORY_CAP) != 0;
     fgpu_g.active = 1;
     fgpu_log(FGPU_LOG_DEBUG, "segment %s mapped: workload %.64s, %u GPUs, flags 0x%x", path,
-             s->workload_id, s->ngpus, s->flags);
+             c->workload_id, c->ngpus, c->flags);
 }
 
 void fgpu_init(void) { pthread_once(&seg_once, map_segment); }

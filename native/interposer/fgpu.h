@@ -40,9 +40,10 @@ struct fgpu_state {
     int disabled;          /* FGPU_INTERPOSER=off */
     int active;            /* a valid segment is mapped: hooks do their work */
     int log_level;         /* FGPU_LOG */
-    struct fgpu_seg *seg;  /* NULL when not active */
-    int gating;            /* seg->flags & FGPU_SEG_GATING */
-    int capping;           /* seg->flags & FGPU_SEG_MEMORY_CAP */
+    struct fgpu_seg *seg;  /* the workload part (read-write); NULL when not active */
+    const struct fgpu_seg_ctl *ctl; /* the agent's part, mapped read-only; NULL when not active */
+    int gating;            /* ctl->flags & FGPU_SEG_GATING */
+    int capping;           /* ctl->flags & FGPU_SEG_MEMORY_CAP */
     char real_libcuda[512];  /* FGPU_REAL_LIBCUDA or "libcuda.so.1" */
     char real_libnvml[512];  /* FGPU_REAL_LIBNVML or "libnvidia-ml.so.1" */
     char self_dir[512];      /* the folder libfgpu.so was loaded from (for the shims) */

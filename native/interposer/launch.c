@@ -48,13 +48,13 @@
 /* Closed and its agent alive. Where the segment carries the agent's heartbeat
  * (FGPU_SEG_STALE_NS), a gate whose agent has been silent longer than that counts as open:
  * a dead agent must not hold its workloads forever. */
-static int gate_closed(struct fgpu_seg *s)
+static int gate_closed(const struct fgpu_seg_ctl *c)
 {
     /* acquire: pairs with the agent's release store when it opens the gate */
-    if (atomic_load_explicit(&s->gate, memory_order_acquire) == FGPU_GATE_OPEN)
+    if (atomic_load_explicit(&c->gate, memory_order_acquire) == FGPU_GATE_OPEN)
         return 0;
 #ifdef FGPU_SEG_STALE_NS
-    uint64_t beat = atomic_load_explicit(&s->agent_beat_ns, memory_order_relaxed);
+    uint64_t beat = atomic_load_explicit(&c->agent_beat_ns, memory_order_relaxed);
     uint64_t now = fgpu_now_ns();
     if (now > beat && now - beat > FGPU_SEG_STALE_NS)
         return 0;
@@ -70,7 +70,7 @@ static __attribute__((noinline, cold)) void gate_wait(int p)
         atomic_fetch_add_explicit(&s->procs[p].waiting, 1, memory_order_relaxed);
     CUcontext ctx = current_ctx();
     int closed = 0;
-    while (gate_closed(s)) {
+    while (gate_closed(fgpu_g.ctl)) {
         pthread_mutex_lock(&ring_lock);
         joins_flush();
         if (!closed) /* so the agent sees the tails drain like any entry */
@@ -81,7 +81,9 @@ static __attribute__((noinline, cold)) void gate_wait(int p)
         pthread_mutex_unlock(&ring_lock);
         struct timespec ts = {0, busy ? 1000000L : 100000000L};
         /* shared futex (no FUTEX_PRIVATE_FLAG): the waker is the agent, another process */
-        syscall(SYS_futex, (uint32_t *)&s->gate, FUTEX_WAIT, FGPU_GATE_CLOSED, &ts, NULL, 0);
+        /* on the read-only control page: FUTEX_WAIT only reads the word */
+        syscall(SYS_futex, (const uint32_t *)&fgpu_g.ctl->gate, FUTEX_WAIT, FGPU_GATE_CLOSED,
+                &ts, NULL, 0);
     }
     if (p >= 0)
         atomic_fetch_sub_explicit(&s->procs[p].waiting, 1, memory_order_relaxed);
@@ -152,7 +154,7 @@ void fgpu_launch_before(struct fgpu_tok *t, CUstream stream, int ptsz)
     if (!fgpu_g.active)
         return;
     struct fgpu_seg *s = fgpu_g.seg;
-    if (fgpu_g.gating && gate_closed(s))
+    if (fgpu_g.gating && gate_closed(fgpu_g.ctl))
         gate_wait(fgpu_proc());
     if (fgpu_real.cuEventRecord == NULL || fgpu_real.cuEventQuery == NULL ||
         fgpu_real.cuEventElapsedTime == NULL || fgpu_real.cuCtxGetCurrent == NULL) {
@@ -167,7 +169,7 @@ void fgpu_launch_before(struct fgpu_tok *t, CUstream stream, int ptsz)
     int ptd = (ptsz && stream == NULL) || stream == CU_STREAM_PER_THREAD;
     /* relaxed: one value the agent sets; a call that reads the old one is as if it came
      * just before the change */
-    uint32_t max = atomic_load_explicit(&s->max_inflight, memory_order_relaxed);
+    uint32_t max = atomic_load_explicit(&fgpu_g.ctl->max_inflight, memory_order_relaxed);
     if (!ptd && (t->lane = tail_join_fast(ctx, stream, t)) != NULL) {
         t->go = FGPU_TOK_JOINED;
         t->ctx = ctx;

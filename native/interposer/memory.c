@@ -91,10 +91,10 @@ int fgpu_gpu_of_device(CUdevice dev)
         return -1; /* not cached: the device may not be valid yet */
     char text[FGPU_SEG_UUID_LEN];
     format_uuid(text, sizeof text, "GPU", &u);
-    int g = fgpu_seg_find_gpu(fgpu_g.seg, text);
+    int g = fgpu_seg_find_gpu(fgpu_g.ctl, text);
     if (g < 0) {
         format_uuid(text, sizeof text, "MIG", &u);
-        g = fgpu_seg_find_gpu(fgpu_g.seg, text);
+        g = fgpu_seg_find_gpu(fgpu_g.ctl, text);
     }
     if (g < 0)
         fgpu_log(FGPU_LOG_DEBUG, "device %d (%s) was not granted to this workload", dev, text);
@@ -119,9 +119,10 @@ static void count_oom(int gpu, uint64_t bytes)
     atomic_fetch_add_explicit(&g->oom_count, 1, memory_order_relaxed);
     atomic_store_explicit(&g->oom_last_bytes, bytes, memory_order_relaxed);
     fgpu_log(FGPU_LOG_INFO, "refused %llu bytes on %.96s: %llu reserved of the %llu-byte cap",
-             (unsigned long long)bytes, g->uuid,
+             (unsigned long long)bytes, fgpu_g.ctl->gpus[gpu].uuid,
              (unsigned long long)atomic_load_explicit(&g->memory_reserved, memory_order_relaxed),
-             (unsigned long long)atomic_load_explicit(&g->memory_limit, memory_order_relaxed));
+             (unsigned long long)atomic_load_explicit(&fgpu_g.ctl->gpus[gpu].memory_limit,
+                                                      memory_order_relaxed));
 }
 
 /* Reserve bytes on *gpu before the driver call. *gpu < 0: nothing to count (set to -1 too
@@ -149,10 +150,10 @@ CUresult fgpu_mem_take(int *gpu, uint64_t bytes)
         count_oom(*gpu, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (fgpu_seg_reserve(fgpu_g.seg, p, (uint32_t)*gpu, bytes) == 0)
+    if (fgpu_seg_reserve(fgpu_g.seg, fgpu_g.ctl, p, (uint32_t)*gpu, bytes) == 0)
         return CUDA_SUCCESS;
     fgpu_seg_sweep(fgpu_g.seg); /* a dead process may still hold part of the cap */
-    if (fgpu_seg_reserve(fgpu_g.seg, p, (uint32_t)*gpu, bytes) == 0)
+    if (fgpu_seg_reserve(fgpu_g.seg, fgpu_g.ctl, p, (uint32_t)*gpu, bytes) == 0)
         return CUDA_SUCCESS;
     count_oom(*gpu, bytes);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -372,7 +373,7 @@ FGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes)
     if (g < 0)
         return r;
     struct fgpu_seg_gpu *gpu = &fgpu_g.seg->gpus[g];
-    uint64_t limit = atomic_load_explicit(&gpu->memory_limit, memory_order_relaxed);
+    uint64_t limit = atomic_load_explicit(&fgpu_g.ctl->gpus[g].memory_limit, memory_order_relaxed);
     if (!fgpu_g.capping || limit == 0)
         return r;
     uint64_t used = atomic_load_explicit(&gpu->memory_reserved, memory_order_relaxed);

@@ -253,7 +253,7 @@ FGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
     int g = fgpu_gpu_of_device(dev);
     if (g < 0)
         return r;
-    uint64_t limit = atomic_load_explicit(&fgpu_g.seg->gpus[g].memory_limit, memory_order_relaxed);
+    uint64_t limit = atomic_load_explicit(&fgpu_g.ctl->gpus[g].memory_limit, memory_order_relaxed);
     if (limit != 0 && limit < *bytes)
         *bytes = (size_t)limit;
     return r;

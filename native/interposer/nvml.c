@@ -18,10 +18,10 @@ static int capped_gpu(nvmlDevice_t dev, uint64_t *limit, uint64_t *reserved)
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (fgpu_real.nvmlDeviceGetUUID(dev, uuid, sizeof uuid) != NVML_SUCCESS)
         return -1;
-    int g = fgpu_seg_find_gpu(fgpu_g.seg, uuid);
+    int g = fgpu_seg_find_gpu(fgpu_g.ctl, uuid);
     if (g < 0)
         return -1;
-    *limit = atomic_load_explicit(&fgpu_g.seg->gpus[g].memory_limit, memory_order_relaxed);
+    *limit = atomic_load_explicit(&fgpu_g.ctl->gpus[g].memory_limit, memory_order_relaxed);
     *reserved = atomic_load_explicit(&fgpu_g.seg->gpus[g].memory_reserved, memory_order_relaxed);
     return *limit == 0 ? -1 : g;
 }

@@ -13,6 +13,10 @@
  * namespaces, so a sweeper judges only entries of its own namespace: a pid of another one
  * names some other process here (or none) and must not make a live entry look dead.
  *
+ * The control part (the agent's decisions) is a second file, mapped read-only here in the
+ * interposer (fgpu_seg.h says why); the workload part's header fields (ngpus) are the
+ * workload's to write, so no index into gpus[] or procs[] is taken from them unchecked.
+ *
  * Order of the two counters: reserve adds to gpus[g] first and to procs[p] second; give
  * back subtracts from procs[p] first and gpus[g] second. A process killed between the two
  * steps leaves gpus[g] too high by that one amount (stricter than the cap, never looser).
@@ -59,9 +63,39 @@ int fgpu_seg_check(const struct fgpu_seg *s, size_t mapped_size, char *why, size
     return 0;
 }
 
-struct fgpu_seg *fgpu_seg_map(const char *path, char *why, size_t why_len)
+int fgpu_seg_ctl_check(const struct fgpu_seg_ctl *c, size_t mapped_size, char *why,
+                       size_t why_len)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (mapped_size < sizeof(struct fgpu_seg_ctl)) {
+        snprintf(why, why_len, "size %zu is smaller than the control part (%zu bytes)",
+                 mapped_size, sizeof(struct fgpu_seg_ctl));
+        return -1;
+    }
+    if (c->magic != FGPU_SEG_CTL_MAGIC) {
+        snprintf(why, why_len, "magic 0x%08x is not 0x%08x", c->magic, FGPU_SEG_CTL_MAGIC);
+        return -1;
+    }
+    if (c->version != FGPU_SEG_VERSION) {
+        snprintf(why, why_len, "version %u, this library reads version %u", c->version,
+                 FGPU_SEG_VERSION);
+        return -1;
+    }
+    if (c->size != sizeof(struct fgpu_seg_ctl)) {
+        snprintf(why, why_len, "size field %u, this library's control part is %zu bytes",
+                 c->size, sizeof(struct fgpu_seg_ctl));
+        return -1;
+    }
+    if (c->ngpus > FGPU_SEG_MAX_GPUS) {
+        snprintf(why, why_len, "ngpus %u is over the maximum %d", c->ngpus, FGPU_SEG_MAX_GPUS);
+        return -1;
+    }
+    return 0;
+}
+
+/* Map size bytes of path (read-write or read-only); NULL with the reason in why. */
+static void *map_file(const char *path, size_t size, int writable, char *why, size_t why_len)
+{
+    int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
     if (fd < 0) {
         snprintf(why, why_len, "cannot open %s: %s", path, strerror(errno));
         return NULL;
@@ -72,19 +106,28 @@ struct fgpu_seg *fgpu_seg_map(const char *path, char *why, size_t why_len)
         close(fd);
         return NULL;
     }
-    if ((size_t)st.st_size < sizeof(struct fgpu_seg)) {
+    if ((size_t)st.st_size < size) {
         snprintf(why, why_len, "%s: file size %lld is smaller than the segment (%zu bytes)",
-                 path, (long long)st.st_size, sizeof(struct fgpu_seg));
+                 path, (long long)st.st_size, size);
         close(fd);
         return NULL;
     }
-    void *m = mmap(NULL, sizeof(struct fgpu_seg), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
+    void *m = mmap(NULL, size, prot, MAP_SHARED, fd, 0);
     int err = errno;
     close(fd);
     if (m == MAP_FAILED) {
         snprintf(why, why_len, "cannot map %s: %s", path, strerror(err));
         return NULL;
     }
+    return m;
+}
+
+struct fgpu_seg *fgpu_seg_map(const char *path, char *why, size_t why_len)
+{
+    struct fgpu_seg *m = map_file(path, sizeof(struct fgpu_seg), 1, why, why_len);
+    if (m == NULL)
+        return NULL;
     char reason[160];
     if (fgpu_seg_check(m, sizeof(struct fgpu_seg), reason, sizeof reason) != 0) {
         snprintf(why, why_len, "%s: %s", path, reason);
@@ -94,10 +137,41 @@ struct fgpu_seg *fgpu_seg_map(const char *path, char *why, size_t why_len)
     return m;
 }
 
+int fgpu_seg_ctl_path(const char *path, char *out, size_t out_len)
+{
+    int n = snprintf(out, out_len, "%s%s", path, FGPU_SEG_CTL_SUFFIX);
+    return n < 0 || (size_t)n >= out_len ? -1 : 0;
+}
+
+struct fgpu_seg_ctl *fgpu_seg_ctl_map(const char *path, int writable, char *why, size_t why_len)
+{
+    char ctl[4096];
+    if (fgpu_seg_ctl_path(path, ctl, sizeof ctl) != 0) {
+        snprintf(why, why_len, "segment path too long (%zu bytes)", strlen(path));
+        return NULL;
+    }
+    struct fgpu_seg_ctl *m = map_file(ctl, sizeof(struct fgpu_seg_ctl), writable, why, why_len);
+    if (m == NULL)
+        return NULL;
+    char reason[160];
+    if (fgpu_seg_ctl_check(m, sizeof(struct fgpu_seg_ctl), reason, sizeof reason) != 0) {
+        snprintf(why, why_len, "%s: %s", ctl, reason);
+        munmap(m, sizeof(struct fgpu_seg_ctl));
+        return NULL;
+    }
+    return m;
+}
+
 void fgpu_seg_unmap(struct fgpu_seg *s)
 {
     if (s != NULL)
         munmap(s, sizeof(struct fgpu_seg));
+}
+
+void fgpu_seg_ctl_unmap(const struct fgpu_seg_ctl *c)
+{
+    if (c != NULL)
+        munmap((void *)c, sizeof(struct fgpu_seg_ctl));
 }
 
 struct fgpu_pidns fgpu_pidns_self(void)
@@ -200,7 +274,7 @@ static uint64_t drain_entry(struct fgpu_seg *s, struct fgpu_seg_proc *e)
     for (uint32_t g = 0; g < FGPU_SEG_MAX_GPUS; g++) {
         /* exchange: relaxed is enough, the owner of the entry is the only writer now */
         uint64_t r = atomic_exchange_explicit(&e->reserved[g], 0, memory_order_relaxed);
-        if (r != 0 && g < s->ngpus)
+        if (r != 0) /* every g < FGPU_SEG_MAX_GPUS is in gpus[]: s->ngpus is not trusted */
             total += sub_sat(&s->gpus[g].memory_reserved, r);
     }
     atomic_store_explicit(&e->inflight, 0, memory_order_relaxed);
@@ -317,17 +391,18 @@ int fgpu_seg_claim(struct fgpu_seg *s, pid_t pid, uint64_t start_ticks, struct f
     return -1;
 }
 
-int fgpu_seg_reserve(struct fgpu_seg *s, int p, uint32_t g, uint64_t bytes)
+int fgpu_seg_reserve(struct fgpu_seg *s, const struct fgpu_seg_ctl *c, int p, uint32_t g,
+                     uint64_t bytes)
 {
-    if (p < 0 || p >= FGPU_SEG_MAX_PROCS || g >= s->ngpus)
+    if (p < 0 || p >= FGPU_SEG_MAX_PROCS || g >= c->ngpus)
         return -1;
     struct fgpu_seg_gpu *gpu = &s->gpus[g];
-    int capped = (s->flags & FGPU_SEG_MEMORY_CAP) != 0;
+    int capped = (c->flags & FGPU_SEG_MEMORY_CAP) != 0;
     uint64_t cur = atomic_load_explicit(&gpu->memory_reserved, memory_order_relaxed);
     uint64_t next;
     do {
         /* the limit may move (agent); read it on every try, relaxed: it is one value */
-        uint64_t limit = atomic_load_explicit(&gpu->memory_limit, memory_order_relaxed);
+        uint64_t limit = atomic_load_explicit(&c->gpus[g].memory_limit, memory_order_relaxed);
         if (capped && limit != 0 && (bytes > limit || cur > limit - bytes))
             return -1;
         next = cur + bytes;
@@ -346,16 +421,16 @@ int fgpu_seg_reserve(struct fgpu_seg *s, int p, uint32_t g, uint64_t bytes)
 
 void fgpu_seg_unreserve(struct fgpu_seg *s, int p, uint32_t g, uint64_t bytes)
 {
-    if (p < 0 || p >= FGPU_SEG_MAX_PROCS || g >= s->ngpus)
+    if (p < 0 || p >= FGPU_SEG_MAX_PROCS || g >= FGPU_SEG_MAX_GPUS)
         return;
     uint64_t took = sub_sat(&s->procs[p].reserved[g], bytes);
     sub_sat(&s->gpus[g].memory_reserved, took);
 }
 
-int fgpu_seg_find_gpu(const struct fgpu_seg *s, const char *uuid)
+int fgpu_seg_find_gpu(const struct fgpu_seg_ctl *c, const char *uuid)
 {
-    for (uint32_t g = 0; g < s->ngpus && g < FGPU_SEG_MAX_GPUS; g++) {
-        if (strncmp(s->gpus[g].uuid, uuid, FGPU_SEG_UUID_LEN) == 0)
+    for (uint32_t g = 0; g < c->ngpus && g < FGPU_SEG_MAX_GPUS; g++) {
+        if (strncmp(c->gpus[g].uuid, uuid, FGPU_SEG_UUID_LEN) == 0)
             return (int)g;
     }
     return -1;

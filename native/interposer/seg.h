@@ -20,16 +20,31 @@
 
 #define FGPU_HIDDEN __attribute__((visibility("hidden")))
 
-/* Check a mapped segment of mapped_size bytes. Returns 0, or -1 with a reason in why. */
+/* Check a mapped workload part of mapped_size bytes. Returns 0, or -1 with a reason in why. */
 FGPU_HIDDEN int fgpu_seg_check(const struct fgpu_seg *s, size_t mapped_size, char *why,
                                size_t why_len);
 
-/* Map a segment file read-write. Returns the mapping, or NULL with a reason in why
- * (which names the path, and the errno text or the field that does not match). */
+/* Check a mapped control part of mapped_size bytes. Returns 0, or -1 with a reason in why. */
+FGPU_HIDDEN int fgpu_seg_ctl_check(const struct fgpu_seg_ctl *c, size_t mapped_size, char *why,
+                                   size_t why_len);
+
+/* Map the workload part (the file path) read-write. Returns the mapping, or NULL with a
+ * reason in why (which names the path, and the errno text or the field that does not match). */
 FGPU_HIDDEN struct fgpu_seg *fgpu_seg_map(const char *path, char *why, size_t why_len);
 
-/* Unmap a segment mapped by fgpu_seg_map. */
+/* Map the control part of the segment path (path + FGPU_SEG_CTL_SUFFIX): read-only
+ * (O_RDONLY, PROT_READ: the interposer) unless writable (the agent). Returns the mapping, or
+ * NULL with a reason in why. The interposer's mapping cannot be made writable: the file is
+ * not the workload's. */
+FGPU_HIDDEN struct fgpu_seg_ctl *fgpu_seg_ctl_map(const char *path, int writable, char *why,
+                                                  size_t why_len);
+
+/* The control part's file name of segment path into out (out_len bytes); -1 if too long. */
+FGPU_HIDDEN int fgpu_seg_ctl_path(const char *path, char *out, size_t out_len);
+
+/* Unmap a segment mapped by fgpu_seg_map / fgpu_seg_ctl_map (NULL: nothing). */
 FGPU_HIDDEN void fgpu_seg_unmap(struct fgpu_seg *s);
+FGPU_HIDDEN void fgpu_seg_ctl_unmap(const struct fgpu_seg_ctl *c);
 
 /* A pid namespace: st_dev and st_ino of its nsfs file (/proc/<pid>/ns/pid). Both 0: not
  * known (no procfs, or a kernel without namespace files). */
@@ -72,9 +87,10 @@ FGPU_HIDDEN uint64_t fgpu_seg_reclaim_own(struct fgpu_seg *s, pid_t pid, uint64_
 /* Give back every reservation of entry p and free it (p must be owned by the caller). */
 FGPU_HIDDEN uint64_t fgpu_seg_release(struct fgpu_seg *s, int p);
 
-/* Reserve bytes on GPU g for entry p. Returns 0, or -1 when the segment caps memory and
- * memory_reserved + bytes would pass memory_limit (nothing is changed then). */
-FGPU_HIDDEN int fgpu_seg_reserve(struct fgpu_seg *s, int p, uint32_t g, uint64_t bytes);
+/* Reserve bytes on GPU g for entry p. Returns 0, or -1 when the control part caps memory and
+ * memory_reserved + bytes would pass its memory_limit (nothing is changed then). */
+FGPU_HIDDEN int fgpu_seg_reserve(struct fgpu_seg *s, const struct fgpu_seg_ctl *c, int p,
+                                 uint32_t g, uint64_t bytes);
 
 /* Give back bytes reserved by entry p on GPU g (never below zero). */
 FGPU_HIDDEN void fgpu_seg_unreserve(struct fgpu_seg *s, int p, uint32_t g, uint64_t bytes);
@@ -94,6 +110,6 @@ FGPU_HIDDEN uint64_t fgpu_seg_reclaim_dead(struct fgpu_seg *s, int p, int32_t pi
                                            uint64_t start_ticks, struct fgpu_pidns ns);
 
 /* Index of the GPU whose uuid equals uuid, or -1. */
-FGPU_HIDDEN int fgpu_seg_find_gpu(const struct fgpu_seg *s, const char *uuid);
+FGPU_HIDDEN int fgpu_seg_find_gpu(const struct fgpu_seg_ctl *c, const char *uuid);
 
 #endif /* FGPU_SEG_IMPL_H */

@@ -199,7 +199,8 @@ def test_a_workload_over_its_memory_quota_is_stopped_and_its_neighbour_runs_on(
             memory_events = [e for e in detail.events if e.kind == "memory-exceeded"]
             assert "used 5000 MiB, allowed 4096 MiB" in memory_events[0].message
             assert phases(svc)[modest.id] == "running"
-            assert ready(tmp_path, modest.id)
+            # the guard (every 0.1 s) may stop the greedy one before the modest one is up
+            await until(lambda: ready(tmp_path, modest.id))
             svc.cancel(ME, modest.id)
             await until(lambda: phases(svc)[modest.id] == "cancelled")
         finally:

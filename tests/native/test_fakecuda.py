@@ -309,6 +309,31 @@ def test_a_lock_holder_killed_with_sigkill_does_not_stop_the_device(fake_gpus: F
     assert out["launches"] == 3
 
 
+def test_a_lock_holder_stopped_by_a_freezer_does_not_stop_the_device(fake_gpus: FakeGpus) -> None:
+    """A real GPU runs a stopped (SIGSTOP, frozen cgroup) process's kernel to its end and goes
+    on with the others; the fake's kernel runs in the stopped process's own thread, so the
+    others pass it over, and it is charged no device time while stopped."""
+    hog = fake_gpus.start("spin", str(2_000_000_000), "5")  # 2 s kernels: stopped mid-kernel
+    try:
+        wait_for(lambda: fake_gpus.probe("devtime", GPU_A, str(hog.pid))["ns"] > 0, "a kernel")
+        os.kill(hog.pid, signal.SIGSTOP)
+        wait_for(lambda: stat_state(hog.pid) in "Tt", "the holder to be stopped")
+        charged = fake_gpus.probe("devtime", GPU_A, str(hog.pid))["ns"]
+        out = fake_gpus.run("spin", str(1_000_000), "3")
+        assert out["launches"] == 3
+        # at most the slice it was in when stopped (busy time is published per 5 ms slice)
+        assert fake_gpus.probe("devtime", GPU_A, str(hog.pid))["ns"] <= charged + 5_000_000
+    finally:
+        hog.kill()
+        hog.wait(timeout=DEADLINE_S)
+
+
+def stat_state(pid: int) -> str:
+    """Field 3 of /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2]
+
+
 def test_device_time_of_an_unknown_device_or_process_is_an_error(fake_gpus: FakeGpus) -> None:
     fake_gpus.run("meminfo")  # creates the state file
     assert fake_gpus.probe("devtime", "GPU-nope", "0")["result"] == CUDA_ERROR_INVALID_DEVICE

@@ -168,7 +168,7 @@ def write_bad(path: Path, how: str, native: Path) -> None:
     [
         ("missing", "cannot open"),
         ("short", "file size 4 is smaller than the segment"),
-        ("version", "version 99, this library reads version 2"),
+        ("version", "version 99, this library reads version 3"),
     ],
 )
 def test_a_missing_or_bad_segment_passes_through_and_says_why_once(

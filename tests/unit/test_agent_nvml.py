@@ -288,3 +288,24 @@ def test_process_utilization_reads_only_new_samples() -> None:
     assert backend.process_utilization() == [ProcessUtilization(11, str(uuid), 55)]
     gpu.broken_queries = True
     assert backend.process_utilization() == []
+
+
+def test_process_utilization_since_reads_samples_after_a_time_and_keeps_the_cursor() -> None:
+    gpu = FakeGpu(samples=[(10, 100, 40), (10, 200, 90), (11, 150, 3)])
+    backend = NvmlBackend(FakeNvml([gpu]))
+    uuid = str(gpu.uuid)
+
+    assert backend.process_utilization_since(120) == [
+        ProcessUtilization(10, uuid, 90),
+        ProcessUtilization(11, uuid, 3),
+    ]
+    assert backend.process_utilization_since(200) == []  # only samples after the time
+    # the mean of a process's samples, rounded up
+    assert backend.process_utilization_since(0)[0] == ProcessUtilization(10, uuid, 65)
+    # the governor's activity cursor is not moved: everything is still new to it
+    assert backend.process_utilization() == [
+        ProcessUtilization(10, uuid, 90),
+        ProcessUtilization(11, uuid, 3),
+    ]
+    gpu.broken_queries = True
+    assert backend.process_utilization_since(0) == []

@@ -28,6 +28,10 @@ MEMORY_REFUSED = "memory-refused"
 CUDA's out-of-memory error)."""
 FREEZE_SLOW = "freeze-slow"
 """A freeze was not confirmed within the timeout (the next lease was granted anyway)."""
+GATE_IGNORED = "gate-ignored"
+"""A workload held at launch kept running kernels (NVML per-process utilization) after its
+gate closed and its launches drained: it went around the interposer (an ``exec`` without
+``LD_PRELOAD``, its own driver calls). It is held by the freezer from then on."""
 
 
 @dataclass(frozen=True, slots=True)

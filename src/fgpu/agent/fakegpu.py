@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fgpu.agent.backend import GpuProcess, SimulatedBackend
+from fgpu.agent.backend import GpuProcess, ProcessUtilization, SimulatedBackend
 from fgpu.agent.interposer.preload import FakeGpu, fake_gpus_spec
 
 if TYPE_CHECKING:
@@ -95,6 +95,12 @@ class FakeDriverBackend(SimulatedBackend):
         if nvml is not None:
             found.extend(nvml.process_memory())
         return found
+
+    def process_utilization_since(self, since_us: int) -> list[ProcessUtilization]:
+        """What the fake NVML reports (:meth:`NvmlBackend.process_utilization_since`): the
+        fake driver's per-process kernel time, in NVML's shape."""
+        nvml = self._nvml
+        return [] if nvml is None else nvml.process_utilization_since(since_us)
 
     def close(self) -> None:
         nvml = self._nvml

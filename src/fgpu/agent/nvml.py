@@ -302,6 +302,29 @@ class NvmlBackend:
                 found[key] = max(found.get(key, 0), int(sample.smUtil))
         return [ProcessUtilization(pid, uuid, sm) for (pid, uuid), sm in sorted(found.items())]
 
+    def process_utilization_since(self, since_us: int) -> list[ProcessUtilization]:
+        """Per process and GPU, the mean SM utilization of the samples NVML took after
+        ``since_us`` (wall clock, microseconds since the epoch: NVML's sample timestamps),
+        rounded up (a process seen busy at all is never 0).
+        Leaves the cursor of :meth:`process_utilization` alone. A GPU without such samples
+        ("not found"), or whose query fails, contributes nothing. The governor's check that a
+        workload held at launch runs no kernels (DESIGN.md section 7)."""
+        nvml = self._nvml
+        found: dict[tuple[int, str], list[int]] = {}
+        for uuid, handle in self._handles if self._open else []:
+            try:
+                samples = nvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+            except nvml.NVMLError:
+                continue
+            for sample in samples:
+                if int(sample.timeStamp) <= since_us:
+                    continue
+                found.setdefault((int(sample.pid), uuid), []).append(int(sample.smUtil))
+        return [
+            ProcessUtilization(pid, uuid, -(-sum(sm) // len(sm)))
+            for (pid, uuid), sm in sorted(found.items())
+        ]
+
     def close(self) -> None:
         if not self._open:
             return

@@ -58,7 +58,13 @@ from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
-from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy, MemoryViolation
+from fgpu.agent.memguard import (
+    DEFAULT_INTERVAL_S,
+    GuardedWorkload,
+    MemoryGuard,
+    MemoryPolicy,
+    MemoryViolation,
+)
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.podcgroup import PodCgroupFreezer, pod_handle
 
@@ -101,7 +107,7 @@ class GovernorEnforcer:
         compute_mode: ComputeMode = ComputeMode.FAIR,
         priority_policy: PriorityPolicy = PriorityPolicy.PAUSE,
         memory_policy: MemoryPolicy = MemoryPolicy.WARN,
-        memory_interval_s: float = 1.0,
+        memory_interval_s: float = DEFAULT_INTERVAL_S,
         config: GovernorConfig | None = None,
         agent_socket: Path | None = None,
     ) -> None:

@@ -60,7 +60,13 @@ from fgpu.agent.interposer.preload import (
 )
 from fgpu.agent.interposer.segment import Segment, SegmentError
 from fgpu.agent.limits import GpuGrant, MpsSettings, launch_env, mps_pipe_directory
-from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy, MemoryViolation
+from fgpu.agent.memguard import (
+    DEFAULT_INTERVAL_S,
+    GuardedWorkload,
+    MemoryGuard,
+    MemoryPolicy,
+    MemoryViolation,
+)
 from fgpu.agent.process import ProcessHandle, group_pids
 from fgpu.server.interposing import FakeDriver, InterposerMode
 from fgpu.wire import EnforcementLayer
@@ -99,7 +105,7 @@ class EnforcementConfig:
     compute_mode: ComputeMode = ComputeMode.FAIR
     priority_policy: PriorityPolicy = PriorityPolicy.PAUSE
     memory_policy: MemoryPolicy = MemoryPolicy.KILL
-    memory_interval_s: float = 1.0
+    memory_interval_s: float = DEFAULT_INTERVAL_S
     governor: bool = True
     interposer: InterposerMode = InterposerMode.AUTO
     max_inflight: int = 2

@@ -34,8 +34,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fgpu.agent.backend import GpuBackend, SimulatedBackend
-from fgpu.agent.events import FREEZE_SLOW, MEMORY_REFUSED, PAUSED, RESUMED, EventLog
+from fgpu.agent.backend import GpuBackend, ProcessUtilization, SimulatedBackend
+from fgpu.agent.events import (
+    FREEZE_SLOW,
+    GATE_IGNORED,
+    MEMORY_REFUSED,
+    PAUSED,
+    RESUMED,
+    EventLog,
+)
 from fgpu.agent.governor.activity import Hint, HintListener
 from fgpu.agent.governor.freezer import Freezer, detect_freezer
 from fgpu.agent.governor.gate import LaunchGate
@@ -135,6 +142,22 @@ class GovernorConfig:
             kernels); a workload alone on a ``fair`` GPU is not bounded.
         launch_idle_s: a workload held at launch counts as idle once it has not launched
             for this long and has nothing in flight or waiting.
+        obey_poll_s: how often the governor checks, with the backend's per-process GPU
+            utilization (NVML; the fake driver's figures in its shape), that workloads held
+            at launch run no kernels. A backend without per-process figures (pretend GPUs)
+            is not checked.
+        obey_grace_s: samples up to this long after a held workload's launches drained are
+            not held against it (NVML averages over sample periods of about 1/6 s).
+        obey_drain_s: a held workload whose segment still says launches are in flight this
+            long after its gate closed is checked anyway (its segment is its own to write).
+        obey_percent: SM utilization, percent of a sample, at which a held workload counts
+            as running kernels.
+        obey_window_s: the window over which the device time a workload held at launch
+            reports in its segment is compared with what NVML measured for its processes.
+        obey_busy_fraction: NVML must have seen it busy at least this part of the window for
+            the comparison to count.
+        obey_report_ratio: a workload that reported less than this part of the device time
+            NVML measured under-reports (it wrote its own counter): it goes to the freezer.
     """
 
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -148,6 +171,13 @@ class GovernorConfig:
     achieved_window_s: float = 60.0
     max_inflight: int = 2
     launch_idle_s: float = 0.05
+    obey_poll_s: float = 0.1
+    obey_grace_s: float = 0.3
+    obey_drain_s: float = 5.0
+    obey_percent: int = 1
+    obey_window_s: float = 0.5
+    obey_busy_fraction: float = 0.2
+    obey_report_ratio: float = 0.25
 
 
 GATE_POLL_NS = 5_000_000
@@ -238,6 +268,11 @@ class _Record:
     cuda: bool = False  # held at launch (a process of it uses the interposer)
     hint_busy: bool | None = None  # the last hint, for workloads held at launch
     gpu_pending_ns: int = 0  # device time read from the segment, not yet charged
+    defiant: bool = False  # ran kernels past its closed gate: the freezer holds it for good
+    held_us: int | None = None  # wall clock (us) its gate closed, while held at launch
+    drained_us: int | None = None  # wall clock (us) its segment first showed none in flight
+    reported_ns: int = 0  # device time its segment reported since window_us
+    window_us: int | None = None  # wall clock (us) the device time comparison began
     steady: bool = False  # neither went busy nor idle since the period began
     oom_seen: dict[str, int] = field(default_factory=dict)  # refusals already reported
     frozen_ns: list[int] = field(default_factory=lambda: [0, 0])  # by share, by priority
@@ -325,6 +360,7 @@ class Governor:
         self._period_start = clock()
         self._shared_at = self._period_start
         self._next_poll = 0
+        self._next_obey = 0
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -517,6 +553,9 @@ class Governor:
         if self.listener is not None:
             self._apply_hints(self.listener.receive(), now)
         self._poll_gates(now)
+        if now >= self._next_obey:
+            self._check_obeyed()
+            self._next_obey = now + int(self.config.obey_poll_s * 1e9)
         if now >= self._next_poll:
             self._poll_nvml(now)
             self._next_poll = now + int(self.config.activity_poll_s * 1e9)
@@ -694,6 +733,8 @@ class Governor:
     def _hold(self, record: _Record) -> None:
         if record.cuda and record.gate is not None:
             record.gate.hold()
+            record.held_us = int(self._wall() * 1e6)
+            record.drained_us = None
         else:
             self.freezer.freeze(record.spec.handle)
 
@@ -703,6 +744,7 @@ class Governor:
         return self.freezer.wait_frozen(record.spec.handle, timeout_s)
 
     def _release(self, record: _Record) -> None:
+        record.held_us = record.drained_us = None
         if record.gate is not None:
             with contextlib.suppress(SegmentError, ValueError):
                 record.gate.release()
@@ -728,7 +770,7 @@ class Governor:
                 continue
             spec = record.spec
             self._report_refusals(record, reading.stats)
-            if reading.active and not record.cuda:
+            if reading.active and not record.cuda and not record.defiant:
                 record.charge(now)  # wall time until now; device time from here on
                 record.cuda = True
                 if record.state is not RunState.RUNNING:  # held: from the freezer to the gate
@@ -737,6 +779,7 @@ class Governor:
             if not record.cuda:
                 continue
             record.gpu_pending_ns += reading.gpu_time_ns
+            record.reported_ns += reading.gpu_time_ns
             busy = reading.busy or record.hint_busy is True
             self._set_busy(record, busy, now, "interposer")
             alone = all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
@@ -744,6 +787,142 @@ class Governor:
             )
             with contextlib.suppress(SegmentError, ValueError):
                 gate.set_max_inflight(0 if alone else self.config.max_inflight)
+
+    def _check_obeyed(self) -> None:
+        """Freeze, for good, a workload held at launch whose processes run kernels that its
+        segment does not show.
+
+        The gate only holds, and the segment only shows, what goes through the interposer;
+        a process that does not (an ``exec`` without ``LD_PRELOAD``, its own driver calls)
+        keeps running, and looks idle, so the planner would even leave it thawed. So the
+        backend's per-process utilization (NVML) of a workload held at launch must show
+        nothing, :attr:`GovernorConfig.obey_grace_s` after
+
+        - its launches drained, while its gate is closed (as its segment says, or
+          :attr:`GovernorConfig.obey_drain_s` after the gate closed if it never does);
+        - it went idle, while it runs and its segment says it is idle.
+
+        A process seen at :attr:`GovernorConfig.obey_percent` or more makes the workload
+        ``defiant``: a ``gate-ignored`` event, frozen at once if its gate was closed, and
+        from then on held by the freezer whenever the plan holds it, counted busy (its hints
+        and segment are no longer believed) and charged wall time.
+        """
+        read = getattr(self.backend, "process_utilization_since", None)
+        if read is None:
+            return
+        cfg = self.config
+        grace_us = int(cfg.obey_grace_s * 1e6)
+        for record in list(self._records.values()):
+            gate = record.gate
+            if not record.cuda or record.defiant or gate is None:
+                continue
+            now_us = int(self._wall() * 1e6)
+            if self._under_reports(record, read, now_us):
+                continue
+            if record.state is RunState.RUNNING:
+                if record.busy or record.idle_since_ns is None:
+                    continue
+                idle_for_us = max(0, self._clock() - record.idle_since_ns) // 1000
+                since_us = now_us - idle_for_us + grace_us
+            else:
+                held_us = record.held_us
+                if held_us is None:
+                    continue
+                if record.drained_us is None:
+                    try:
+                        drained = gate.segment.stats().inflight == 0
+                    except (SegmentError, ValueError):
+                        drained = True
+                    if drained or now_us - held_us >= int(cfg.obey_drain_s * 1e6):
+                        record.drained_us = now_us
+                    continue
+                since_us = record.drained_us + grace_us
+            if now_us <= since_us:
+                continue
+            try:
+                samples = read(since_us)
+            except Exception as exc:
+                log.debug("governor: NVML utilization unavailable: %s", exc)
+                return
+            pids = set(self.freezer.pids(record.spec.handle))
+            seen = [s for s in samples if s.pid in pids and s.sm_percent >= cfg.obey_percent]
+            if seen:
+                self._defiant(record, seen[0].pid, seen[0].gpu_uuid, seen[0].sm_percent)
+
+    def _under_reports(
+        self, record: _Record, read: Callable[[int], list[ProcessUtilization]], now_us: int
+    ) -> bool:
+        """Compare, once per :attr:`GovernorConfig.obey_window_s`, the device time the
+        workload's segment reported with NVML's utilization of its processes over the same
+        window (the mean of the samples, per GPU, summed over its processes; the most on one
+        GPU, as its device time is). A workload busy by NVML that reported too little wrote
+        its own counter down to be charged less: it becomes ``defiant``. True when it did."""
+        cfg = self.config
+        if record.window_us is None:
+            record.window_us, record.reported_ns = now_us, 0
+            return False
+        span_us = now_us - record.window_us
+        if span_us < int(cfg.obey_window_s * 1e6):
+            return False
+        since_us, reported = record.window_us, record.reported_ns
+        record.window_us, record.reported_ns = now_us, 0
+        try:
+            samples = read(since_us)
+        except Exception as exc:
+            log.debug("governor: NVML utilization unavailable: %s", exc)
+            return False
+        pids = set(self.freezer.pids(record.spec.handle))
+        per_gpu: dict[str, int] = {}
+        for s in samples:
+            if s.pid in pids:
+                per_gpu[s.gpu_uuid] = per_gpu.get(s.gpu_uuid, 0) + s.sm_percent
+        if not per_gpu:
+            return False
+        uuid, percent = max(per_gpu.items(), key=lambda kv: kv[1])
+        measured_ns = min(percent, 100) * span_us * 10  # percent of span_us, in ns
+        if measured_ns < cfg.obey_busy_fraction * span_us * 1000:
+            return False
+        if reported >= cfg.obey_report_ratio * measured_ns:
+            return False
+        pid = next(s.pid for s in samples if s.pid in pids and s.gpu_uuid == uuid)
+        self._defiant(
+            record,
+            pid,
+            uuid,
+            min(percent, 100),
+            f"while its segment reported {reported / measured_ns:.0%} of that device time",
+        )
+        return True
+
+    def _defiant(
+        self, record: _Record, pid: int, uuid: str, percent: int, why: str | None = None
+    ) -> None:
+        now = self._clock()
+        held = record.state is not RunState.RUNNING
+        record.defiant = True
+        record.cuda = False
+        record.held_us = record.drained_us = record.window_us = None
+        self._set_busy(record, True, now, "nvml")
+        if held:
+            self.freezer.freeze(record.spec.handle)
+        kind = self.freezer.kind
+        log.warning(
+            "governor: %s ran kernels past the interposer's account (pid %d, %s); frozen",
+            record.spec.workload_id,
+            pid,
+            uuid,
+        )
+        self.events.add(
+            self._wall(),
+            now,
+            record.spec.workload_id,
+            GATE_IGNORED,
+            "launch gate ignored",
+            f"process {pid} kept {uuid} {percent}% busy "
+            f"{why or ('while its launches were held' if held else 'while its launches said idle')}"
+            f": it does not go through the interposer or rewrites its counters; held by the "
+            f"freezer ({kind}) from now on",
+        )
 
     def _report_refusals(self, record: _Record, stats: SegmentStats) -> None:
         """One ``memory-refused`` event per look at the segment that found new refusals."""
@@ -789,6 +968,8 @@ class Governor:
                 continue
             if record.cuda:  # launches count too: merged at the next look at the segment
                 record.hint_busy = message.kind == "busy"
+                continue
+            if record.defiant:  # counted busy: its word is no longer taken
                 continue
             self._set_busy(record, message.kind == "busy", now, "hints")
 

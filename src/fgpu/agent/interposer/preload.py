@@ -25,7 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fgpu.agent.interposer.segment import FLAG_GATING, FLAG_MEMORY_CAP, Segment, SegmentError
+from fgpu.agent.interposer.segment import (
+    FLAG_GATING,
+    FLAG_MEMORY_CAP,
+    Segment,
+    SegmentError,
+    control_path,
+)
 
 LIBRARY = "libfgpu.so"
 """The interposer's file name in the native library folder."""
@@ -166,6 +172,8 @@ class SegmentDir:
                 with contextlib.suppress(OSError):
                     entry.unlink()
                     removed.append(entry.stem)
+                with contextlib.suppress(OSError):
+                    control_path(entry).unlink()
         return removed
 
 

@@ -1,10 +1,17 @@
 """The agent's side of a workload's interposer segment (``native/include/fgpu_seg.h``).
 
-One segment per workload: a small file (under ``/run/fgpu`` as root) that the agent creates
-before launch and every process of the workload maps through the interposer (``FGPU_SEG``).
-The agent writes the workload's memory caps, its gate (may it launch now?), the bound on
-launches in flight and a heartbeat; the interposers write their memory reservations, the GPU
-time of their completed work and when they last launched.
+One segment per workload, in two small files (under ``/run/fgpu`` as root) that the agent
+creates before launch and every process of the workload maps through the interposer
+(``FGPU_SEG`` names the first):
+
+- the **control part** (``<path>.ctl``, :func:`control_path`): the workload's memory caps,
+  its gate (may it launch now?), the bound on launches in flight and the agent's heartbeat.
+  Owned by the agent's user, mode 0644: the workload maps it read-only and, running as
+  another user, can neither open it for writing nor make its mapping writable (issue 27);
+- the **workload part** (``<path>``, owned by the workload's user, mode 0600): the
+  interposers' memory reservations, the GPU time of their completed work and when they last
+  launched. The workload writes it, so the agent never trusts it for enforcement: the memory
+  guard and the governor check what the driver (NVML) says of each process.
 
 :class:`Segment` does all of it through ``libfgpu-agent.so`` (``native/interposer/agent.c``),
 which is compiled from the same segment code as the interposer itself (``seg.c``): creating
@@ -72,6 +79,15 @@ class Snapshot(ctypes.Structure):
         ("pad0", ctypes.c_uint32),
         ("gpus", AgentGpu * MAX_GPUS),
     ]
+
+
+CONTROL_SUFFIX = ".ctl"
+"""The control part's file is the segment's path with this added (``FGPU_SEG_CTL_SUFFIX``)."""
+
+
+def control_path(path: Path) -> Path:
+    """The control part's file of the segment ``path``."""
+    return path.with_name(path.name + CONTROL_SUFFIX)
 
 
 class SegmentError(RuntimeError):
@@ -239,8 +255,9 @@ class Segment:
         uid: int | None = None,
         gid: int | None = None,
     ) -> Segment:
-        """Write a new segment file atomically (a temporary file renamed into place, mode 0600)
-        and map it.
+        """Write a new segment atomically (each file a temporary one renamed into place: the
+        control part mode 0644 owned by this process's user, the workload part mode 0600 owned
+        by ``uid``/``gid``) and map it.
 
         Args:
             path: the file; its folder must exist.
@@ -249,8 +266,9 @@ class Segment:
             memory_limits: its cap on each GPU, bytes (0: none).
             flags: :data:`FLAG_MEMORY_CAP` and/or :data:`FLAG_GATING`.
             max_inflight: launches a process may keep in flight (0: unbounded).
-            uid, gid: owner of the file (the workload's user; needs root to differ from ours):
-                only that user (and root) can map it.
+            uid, gid: owner of the workload part (the workload's user; needs root to differ
+                from ours): only that user (and root) can map it. The control part stays
+                ours: a workload of another user can only read it.
 
         Raises:
             ValueError: a bad argument (names the argument and the value).
@@ -313,12 +331,13 @@ class Segment:
                 self._handle = None
 
     def remove(self) -> None:
-        """Open the gate (nothing stays held), unmap and delete the file."""
+        """Open the gate (nothing stays held), unmap and delete both files."""
         with contextlib.suppress(SegmentError):
             self.set_gate(closed=False)
         self.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        for path in (self.path, control_path(self.path)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     @property
     def closed(self) -> bool:
@@ -407,6 +426,7 @@ class Segment:
 
 
 __all__ = [
+    "CONTROL_SUFFIX",
     "FLAG_GATING",
     "FLAG_MEMORY_CAP",
     "GATE_CLOSED",
@@ -417,4 +437,5 @@ __all__ = [
     "SegmentStats",
     "Snapshot",
     "agent_library",
+    "control_path",
 ]

@@ -126,6 +126,8 @@ def claim_spec(
         share: compute milli and memory MiB per GPU.
         segment: the claim's segment file on the host.
     """
+    from fgpu.agent.interposer.segment import control_path
+
     uuids = ",".join(g.uuid for g in gpus)
     nodes = sorted({str(layout.dev_root / f"nvidia{g.minor}") for g in gpus})
     nodes += [str(layout.dev_root / Path(n).name) for n in CONTROL_NODES]
@@ -159,6 +161,11 @@ def claim_spec(
                             "hostPath": str(segment),
                             "containerPath": str(segment),
                             "options": ["rw", "nosuid", "nodev", "bind"],
+                        },
+                        {  # the agent's part: caps and gate, read-only to the containers
+                            "hostPath": str(control_path(segment)),
+                            "containerPath": str(control_path(segment)),
+                            "options": ["ro", "nosuid", "nodev", "bind"],
                         },
                         {
                             "hostPath": hint,

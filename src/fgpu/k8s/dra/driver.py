@@ -241,8 +241,11 @@ class DraDriver:
         Raises:
             OSError: a file could not be removed.
         """
+        from fgpu.agent.interposer.segment import control_path
+
         removed = cdi.remove_spec(self.layout, uid)
         (self.segment_dir / f"claim-{uid}.seg").unlink(missing_ok=True)
+        control_path(self.segment_dir / f"claim-{uid}.seg").unlink(missing_ok=True)
         if removed:
             log.info("unprepared claim %s", uid)
 
