@@ -59,7 +59,12 @@ class SubmitRequest(_Strict):
         default="normal",
         description="a class (very-low, low, normal, high, critical) or a number 0..1000",
     )
-    queue: str = Field(default="default", json_schema_extra={"maxLength": 128})
+    queue: str | None = Field(
+        default=None,
+        description="the queue; null: the caller's default queue (the queue whose "
+        "default_for names the caller or one of the caller's groups), else 'default'",
+        json_schema_extra={"maxLength": 128},
+    )
     preemptible: StrictBool | None = None
     grace_s: float = Field(
         default=30.0,
@@ -210,6 +215,12 @@ class QueueBody(_Strict):
         description="squeeze before evict for preemption inside the queue: true, false "
         "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
     )
+    default_for: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="whose default queue it is (submissions without a queue): user names or "
+        "uids and '@group' entries; each at most one queue's default",
+    )
 
 
 class QueueView(BaseModel):
@@ -229,6 +240,7 @@ class QueueView(BaseModel):
     max_priority: int = 50
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    default_for: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

@@ -299,7 +299,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
             but below one milli-GPU; ``max_priority`` not a priority up to
-            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
+            :data:`MAX_PRIORITY`; ``members`` or ``default_for`` malformed or repeated
+            (``default_for`` may not hold ``*``).
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -319,6 +320,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         raise BadRequest("max_priority", f"{max_priority} is above {MAX_PRIORITY}")
     try:
         members = validate.members(body.members)
+        default_for = validate.default_for(body.default_for)
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
     return QueueConfig(
@@ -332,6 +334,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         max_priority=max_priority,
         nonpreemptible=body.nonpreemptible,
         squeeze=body.squeeze,
+        default_for=default_for,
     )
 
 

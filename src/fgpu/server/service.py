@@ -45,7 +45,13 @@ from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.reasons import gpus
 from fgpu.sched.workload import Resources
 from fgpu.server import views
-from fgpu.server.access import check_submission, check_within_quota, unknown_members
+from fgpu.server.access import (
+    check_submission,
+    check_within_quota,
+    default_queue_of,
+    identity_of,
+    unknown_members,
+)
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
@@ -113,15 +119,20 @@ class Service(SchedulingLoop):
             request = self.mig.request_for(sub.mig_request)
         assert request is not None
         tree = self._queue_tree()
-        if body.queue not in tree:
+        queue_name = body.queue
+        if queue_name is None:  # the caller's default queue
+            queue_name = default_queue_of(
+                self.store.list_queues(), identity_of(caller.uid), DEFAULT_QUEUE
+            )
+        if queue_name not in tree:
             known = ", ".join(sorted(tree.specs))
-            raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
-        if body.queue not in tree.leaves:
-            raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
+            raise BadRequest("queue", f"unknown queue {queue_name!r}; queues: {known}")
+        if queue_name not in tree.leaves:
+            raise BadRequest("queue", f"queue {queue_name!r} has child queues; submit to a leaf")
         try:
-            queue = self.store.get_queue(body.queue).config
+            queue = self.store.get_queue(queue_name).config
         except NotFound:  # removed since the tree was read
-            raise BadRequest("queue", f"unknown queue {body.queue!r}") from None
+            raise BadRequest("queue", f"unknown queue {queue_name!r}") from None
         check_submission(
             queue,
             caller.uid,
@@ -171,7 +182,7 @@ class Service(SchedulingLoop):
             try:
                 record = self._tracked.submit(
                     owner_uid=caller.uid,
-                    queue=body.queue,
+                    queue=queue_name,
                     request=request,
                     argv=sub.argv,
                     name=name,
@@ -320,13 +331,11 @@ class Service(SchedulingLoop):
             raise Forbidden(
                 "queue", f"{user_text(caller.uid)} may not manage queues (root or --admin)"
             )
-        unknown = unknown_members(config.members) if config is not None else []
-        if unknown:
-            raise BadRequest(
-                "members",
-                f"no user or group {', '.join(unknown)} on this machine (a group is written "
-                "@name; numeric uids and gids are taken as they are)",
-            )
+        for field_name, entries in (
+            ("members", config.members if config is not None else ()),
+            ("default_for", config.default_for if config is not None else ()),
+        ):
+            self._check_known(field_name, entries)
         try:
             with self._lock:
                 self._tree = None
@@ -339,6 +348,17 @@ class Service(SchedulingLoop):
         except StoreConflict as exc:
             raise Conflict("name", str(exc)) from None
         self.wake()
+
+    @staticmethod
+    def _check_known(field_name: str, entries: tuple[str, ...]) -> None:
+        """Refuse names of no user or group here (``field_name``: members, default_for)."""
+        unknown = unknown_members(entries)
+        if unknown:
+            raise BadRequest(
+                field_name,
+                f"no user or group {', '.join(unknown)} on this machine (a group is written "
+                "@name; numeric uids and gids are taken as they are)",
+            )
 
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""

@@ -143,6 +143,7 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
         squeeze=c.squeeze,
+        default_for=list(c.default_for),
     )
 
 

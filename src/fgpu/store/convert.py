@@ -32,6 +32,7 @@ def queue_record(row: QueueRow) -> QueueRecord:
         max_priority=row.max_priority,
         nonpreemptible=row.nonpreemptible,
         squeeze=row.squeeze,
+        default_for=tuple(row.default_for or ()),
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -48,6 +49,7 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.max_priority = config.max_priority
     row.nonpreemptible = bool(config.nonpreemptible)
     row.squeeze = config.squeeze
+    row.default_for = list(config.default_for) or None
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:

@@ -80,6 +80,10 @@ class QueueConfig:
             priority class at or above ``high``, or ``preemptible: false``).
         squeeze: squeeze before evict for preemption inside this queue: True, False (evict
             only), or None (the service's setting, ``fgpu serve --squeeze/--no-squeeze``).
+        default_for: whose default queue it is (``fgpu queue set Q --default-for
+            alice,@team``): user names or uids and ``@group`` entries (as in ``members``, but
+            not ``*``); a submission without a queue goes here. One user or group is the
+            default of at most one queue (the store refuses a second, naming both).
     """
 
     name: str
@@ -92,6 +96,7 @@ class QueueConfig:
     max_priority: int = PRIORITY_CLASSES["normal"]
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    default_for: tuple[str, ...] = ()
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -422,6 +427,7 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         squeezed_by=record.squeezed_by or () if holding else (),
         suspended_on=record.suspended_on if record.is_suspended else None,
         suspended_host_mib=record.suspended_host_mib if record.is_suspended else 0,
+        user=str(record.owner_uid),
     )
 
 

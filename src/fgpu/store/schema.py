@@ -84,6 +84,8 @@ class QueueRow(Base):
     nonpreemptible: Mapped[bool]
     # squeeze before evict for this queue's preemptions; NULL: the service's setting
     squeeze: Mapped[bool | None]
+    # whose default queue it is (records.QueueConfig.default_for); NULL: nobody's
+    default_for: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class WorkloadRow(Base):
