@@ -144,15 +144,31 @@ class WorkloadView(BaseModel):
     )
     gpu_state: str | None = Field(
         default=None,
-        description="while it runs on a governed GPU, what the governor does with it: "
-        "running, frozen-by-priority (paused: a higher-priority workload is busy) or "
-        "frozen-by-share (waits for its share of the period); None elsewhere",
+        description="while it runs on a governed GPU, what the governor does with it, in "
+        "the words of 'state': running, paused-by-priority or waiting-for-share; None "
+        "elsewhere",
     )
     suspended_host_mib: int | None = Field(
         default=None,
         description="while pending and suspended to host memory (its GPU memory copied out "
         "through the CUDA checkpoint API, its processes frozen; restored when its GPU has "
         "room): the host memory it holds, MiB; None when not suspended",
+    )
+    state: str | None = Field(
+        default=None,
+        description="what happens to it beyond its phase, one word of the states table "
+        "(docs/states.md): stopping, squeezed, suspended, paused-by-priority, "
+        "waiting-for-share, preempted, reclaimed; None: nothing",
+    )
+    state_text: str = Field(
+        default="",
+        description="the state as fgpu ls and the dashboard write it: the word, then its "
+        "details ('preempted by NAME (restart n)')",
+    )
+    preempted_by: str | None = Field(
+        default=None,
+        description="pending again after preemption or reclaim, until it runs again: the "
+        "id of the workload that took its place (None: not known, or not preempted)",
     )
 
 
@@ -263,8 +279,11 @@ class GpuHolder(BaseModel):
     memory_mib: int
     mode: str | None = Field(default=None, description="strict or fair")
     state: str | None = Field(
-        default=None, description="running, frozen-by-share or frozen-by-priority"
+        default=None,
+        description="the governor's state in the words of the states table: running, "
+        "paused-by-priority or waiting-for-share",
     )
+    owner_uid: int | None = Field(default=None, description="who submitted the workload")
     busy: bool | None = Field(default=None, description="counts as busy now")
     achieved_milli: int | None = Field(
         default=None,

@@ -72,6 +72,9 @@ class PlainWorkloadView:
     squeezed_by: list[str] = field(default_factory=list)
     gpu_state: str | None = None
     suspended_host_mib: int | None = None
+    state: str | None = None
+    state_text: str = ""
+    preempted_by: str | None = None
 
 
 T = TypeVar("T")

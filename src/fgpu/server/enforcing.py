@@ -27,6 +27,9 @@ class EnforcementHooks:
     _terminating: set[str]
     _fail_reasons: dict[str, str]
 
+    def _listed(self, text: str) -> str:  # ServiceCore's
+        raise NotImplementedError
+
     def _enforce(self) -> None:
         """Hand the governor and the memory guard the running shared-GPU workloads."""
         running = []
@@ -61,7 +64,9 @@ class EnforcementHooks:
         self.launcher.signal(handle, signal.SIGKILL)
 
     def _store_agent_event(self, event: AgentEvent) -> None:
-        self.store.record_event(event.workload_id, event.kind, event.reason, event.message)
+        self.store.record_event(
+            event.workload_id, event.kind, event.reason, self._listed(event.message)
+        )
 
 
 __all__ = ["EnforcementHooks"]

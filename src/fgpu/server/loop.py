@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fgpu.sched.budget import QueueBudget
 from fgpu.sched.decide import Decision, OutsideUse, allocation_resources
@@ -118,10 +119,11 @@ class SchedulingLoop(Recovery):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._evict_kinds[action.victim] = action.kind
-                    self._stop(action.victim, action.reason)
+                    self._evict_by[action.victim] = action.preemptor
+                    self._stop(action.victim, self._listed(action.reason))
                     self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Suspend):
-                    self._suspend(action)
+                    self._suspend(replace(action, reason=self._listed(action.reason)))
                 elif isinstance(action, Restore):
                     self._restore(action)
                 elif isinstance(action, Squeeze | Unsqueeze):

@@ -33,6 +33,7 @@ the API routes call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +58,7 @@ from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
+from fgpu.states import governor_word
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
@@ -246,12 +248,16 @@ class Service(SchedulingLoop):
         reasons = self._reasons
         states = self._gpu_states()
         records = self.store.list_workloads() if include_done else self._active_records()
-        return [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+        names = {r.id: r.name for r in records}
+        return [views.workload(r, reasons.get(r.id), states.get(r.id), names) for r in records]
 
     def _gpu_states(self) -> dict[str, str]:
-        """The governor's state of each governed workload (running, frozen-by-share,
-        frozen-by-priority), by id."""
-        return {wid: str(v.state) for wid, v in self.enforcement.views().items()}
+        """The governor's state of each governed workload in the words of
+        :mod:`fgpu.states` (running, paused-by-priority, waiting-for-share), by id."""
+        return {
+            wid: governor_word(str(v.state)) or "running"
+            for wid, v in self.enforcement.views().items()
+        }
 
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail:
         """One workload with its events and, while pending, why it waits. ``workload_id``
@@ -263,8 +269,16 @@ class Service(SchedulingLoop):
         """
         record = self._get(workload_id, caller.uid if caller else None)
         events = self.store.events(record.id)
+        names: dict[str, str] = {}
+        if record.preempted_by is not None:
+            with contextlib.suppress(NotFound):
+                names[record.preempted_by] = self.store.get(record.preempted_by).name
         detail = views.detail(
-            record, self._reasons.get(record.id), events, self._gpu_states().get(record.id)
+            record,
+            self._reasons.get(record.id),
+            events,
+            self._gpu_states().get(record.id),
+            names,
         )
         if record.phase in ("running", "paused"):
             detail.enforcement = self.enforcement.describe(record.id)

@@ -96,6 +96,8 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         squeezed_by=None if row.squeezed_by is None else tuple(row.squeezed_by),
         suspended_on=row.suspended_on,
         suspended_host_mib=row.suspended_host_mib or 0,
+        preempted_by=row.preempted_by,
+        preempted_kind=row.preempted_kind,
     )
 
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.workload import QueueTree
+from fgpu.states import priority_word
 from fgpu.store import convert, validate
 from fgpu.store.base import StoreBase
 from fgpu.store.errors import NotFound, StoreConflict
@@ -192,5 +193,6 @@ def _describe_queue(verb: str, config: QueueConfig) -> str:
     return (
         f"queue {config.name}{parent} {verb}: quota {gpus:g} GPU(s), {cap}, "
         f"over-quota weight {config.over_quota_weight:g}, priority {config.priority}; "
-        f"members {members} (up to priority {config.max_priority}{grant}){default}"
+        f"members {members} (up to priority {priority_word(config.max_priority)}{grant})"
+        f"{default}"
     )

@@ -347,6 +347,11 @@ class WorkloadRecord:
             node it waits on to be restored; None otherwise. ``pid`` and ``allocation`` then
             still name its process and the GPUs its memory comes back to.
         suspended_host_mib: host memory it holds on ``suspended_on`` while suspended, MiB.
+        preempted_by: pending again after the decision core stopped it for another
+            workload, and not run since: that workload's id (None when not known, or not
+            preempted).
+        preempted_kind: with ``preempted_by``: ``preemption`` (same queue) or ``reclaim``
+            (across queues); None otherwise.
     """
 
     id: str
@@ -379,6 +384,8 @@ class WorkloadRecord:
     squeezed_by: tuple[str, ...] | None = None
     suspended_on: str | None = None
     suspended_host_mib: int = 0
+    preempted_by: str | None = None
+    preempted_kind: str | None = None
 
     @property
     def is_suspended(self) -> bool:

@@ -148,6 +148,10 @@ class WorkloadRow(Base):
     # the node it waits on and the host memory it holds there (MiB); NULL otherwise
     suspended_on: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     suspended_host_mib: Mapped[int | None]
+    # back to pending by preemption or reclaim and not run since: the preemptor's id and
+    # the kind (records.WorkloadRecord.preempted_by); NULL otherwise
+    preempted_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    preempted_kind: Mapped[str | None] = mapped_column(String(16))
 
 
 class EventRow(Base):

@@ -1,7 +1,9 @@
-"""Queues: ``default_for``, whose default queue it is (users and ``@groups``; issue 25).
+"""Queues: ``default_for``, whose default queue it is (users and ``@groups``); workloads:
+``preempted_by`` and ``preempted_kind``, who put a pending workload back and how (issue 25).
 
-Additive: one nullable JSON column; existing queues are nobody's default (NULL), so plain
-submissions keep going to ``default`` until an admin sets ``fgpu queue set Q --default-for``.
+Additive: nullable columns only. Existing queues are nobody's default (NULL), so plain
+submissions keep going to ``default`` until an admin sets ``fgpu queue set Q --default-for``;
+existing workloads name no preemptor.
 
 Revision ID: r0010
 Revises: r0006
@@ -20,12 +22,18 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    """Add the column (NULL: nobody's default)."""
+    """Add the columns (NULL: nobody's default; no preemptor known)."""
     with op.batch_alter_table("queues") as batch:
         batch.add_column(sa.Column("default_for", sa.JSON(), nullable=True))
+    with op.batch_alter_table("workloads") as batch:
+        batch.add_column(sa.Column("preempted_by", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("preempted_kind", sa.String(16), nullable=True))
 
 
 def downgrade() -> None:
-    """Drop the column."""
+    """Drop the columns."""
+    with op.batch_alter_table("workloads") as batch:
+        batch.drop_column("preempted_kind")
+        batch.drop_column("preempted_by")
     with op.batch_alter_table("queues") as batch:
         batch.drop_column("default_for")
