@@ -161,3 +161,28 @@ def test_every_view_says_the_same_word(server: ServerProcess) -> None:
     assert listing[train]["preempted_by"] is None
     assert listing[train]["state"] in (None, "paused-by-priority", "waiting-for-share")
     assert "preempted" not in ls_row(server, train)
+
+
+def test_reclaimed_by_names_the_reclaimer_until_it_runs_again(server: ServerProcess) -> None:
+    # alice's queue borrows the GPU while bob's, which holds the quota, is idle; bob's work
+    # then takes it back across queues (reclaim)
+    server.cli("queue", "set", "default", "--quota", "0")
+    server.cli("queue", "create", "lab", "--quota", "0", "--member", "*")
+    server.cli("queue", "create", "team", "--quota", "1", "--member", "*")
+    borrowed = submit(server, ALICE, "borrowed", "-q", "lab", "-g", "1")
+    server.wait_phase(borrowed, "running")
+    owner = submit(server, BOB, "owner", "-q", "team", "-g", "1")
+    server.wait_phase(owner, "running")
+    listing = server.wait_listing(
+        lambda ls: ls[borrowed]["state"] == "reclaimed", "borrowed reclaimed"
+    )
+    words = "reclaimed by owner (restart 1)"
+    assert listing[borrowed]["state_text"] == words
+    assert listing[borrowed]["preempted_by"] == owner
+    assert words in ls_row(server, borrowed)
+    (listed,) = [w for w in api(server, "/v1/workloads") if w["id"] == borrowed]
+    assert (listed["state"], listed["state_text"]) == ("reclaimed", words)
+    overview = dashboard(server, "/ui")
+    assert words in overview.split(f'<tr data-workload="{borrowed}">', 1)[1].split("</tr>")[0]
+    events = server.describe(borrowed)["events"]
+    assert any(f"reclaim by owner ({owner})" in e["message"] for e in events), events

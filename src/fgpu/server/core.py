@@ -372,13 +372,18 @@ class ServiceCore(EnforcementHooks):
     def _listed(self, text: str) -> str:
         """``text`` in the words of ``fgpu ls``: GPUs as ``node/index``, active workloads as
         ``NAME (ID)``, priorities by class name (:func:`fgpu.server.eventwords.as_listed`)."""
+        return self._lister()(text)
+
+    def _lister(self) -> Callable[[str], str]:
+        """:meth:`_listed` with the names of GPUs and workloads read once (for a round's
+        many texts)."""
         gpus = {
             device.uuid: f"{node}/{index}"
             for node, devices in self.machine.devices.items()
             for index, device in enumerate(devices)
         }
         names = {r.id: r.name for r in self._active_records()}
-        return as_listed(text, gpus, names)
+        return lambda text: as_listed(text, gpus, names)
 
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None

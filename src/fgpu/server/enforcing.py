@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 
 from fgpu.agent.events import AgentEvent
 from fgpu.agent.launcher import Launcher
@@ -28,6 +29,9 @@ class EnforcementHooks:
     _fail_reasons: dict[str, str]
 
     def _listed(self, text: str) -> str:  # ServiceCore's
+        raise NotImplementedError
+
+    def _lister(self) -> Callable[[str], str]:  # ServiceCore's
         raise NotImplementedError
 
     def _enforce(self) -> None:

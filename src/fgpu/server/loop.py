@@ -112,7 +112,11 @@ class SchedulingLoop(Recovery):
                     log.warning("queues: %s", warning)
             self.store.save_holds(decision.holds)
             self._last = decision
-            reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            # what users read, in the words of fgpu ls (GPUs, workloads, priorities by name)
+            listed = self._lister()
+            reasons = {
+                a.workload: listed(a.reason) for a in decision.actions if isinstance(a, Wait)
+            }
             squeezes = False
             for action in decision.actions:
                 if isinstance(action, Place):
@@ -120,14 +124,14 @@ class SchedulingLoop(Recovery):
                 elif isinstance(action, Preempt):
                     self._evict_kinds[action.victim] = action.kind
                     self._evict_by[action.victim] = action.preemptor
-                    self._stop(action.victim, self._listed(action.reason))
+                    self._stop(action.victim, listed(action.reason))
                     self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Suspend):
-                    self._suspend(replace(action, reason=self._listed(action.reason)))
+                    self._suspend(replace(action, reason=listed(action.reason)))
                 elif isinstance(action, Restore):
                     self._restore(action)
                 elif isinstance(action, Squeeze | Unsqueeze):
-                    record_squeeze(self._tracked, action)
+                    record_squeeze(self._tracked, replace(action, reason=listed(action.reason)))
                     squeezes = True
             if squeezes:  # the governor pauses squeezed work, and lets released work run
                 self._enforce()
