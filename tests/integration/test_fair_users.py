@@ -102,3 +102,9 @@ def test_default_queue_per_user_and_group(server: ServerProcess) -> None:
     assert "no user or group nobody-here-x on this machine" in nobody.stderr, nobody.stderr
     server.cli("queue", "set", "solo", "--no-default-for")
     assert lands(BOB)[0] == "default"
+    # a default queue that does not admit the user: the refusal says where the queue came from
+    server.cli("queue", "create", "closed", "--member", BOB, "--default-for", CAROL)
+    closed = server.cli("submit", "-g", "0.1", "--", "true", user=as_user(CAROL), check=False)
+    assert closed.returncode == 1, closed.stderr
+    assert "is not a member of queue closed" in closed.stderr, closed.stderr
+    assert "(queue closed is your default queue; -q chooses)" in closed.stderr, closed.stderr

@@ -135,13 +135,20 @@ class Service(SchedulingLoop):
             queue = self.store.get_queue(queue_name).config
         except NotFound:  # removed since the tree was read
             raise BadRequest("queue", f"unknown queue {queue_name!r}") from None
-        check_submission(
-            queue,
-            caller.uid,
-            admin=self._is_admin(caller),
-            priority=sub.priority,
-            preemptible=body.preemptible,
-        )
+        try:
+            check_submission(
+                queue,
+                caller.uid,
+                admin=self._is_admin(caller),
+                priority=sub.priority,
+                preemptible=body.preemptible,
+            )
+        except Forbidden as exc:
+            if body.queue is not None or queue_name == DEFAULT_QUEUE:
+                raise
+            raise Forbidden(  # not asked for by name: say where it came from
+                exc.field, f"{exc.reason} (queue {queue_name} is your default queue; -q chooses)"
+            ) from None
         if sub.mig_request is None:
             self._check_could_fit(request)
         # a memory-only share counts as its share of the largest GPU it may run on
