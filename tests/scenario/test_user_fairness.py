@@ -145,3 +145,49 @@ def test_queue_order_charges_as_it_goes(
     assert out == expected
     with pytest.raises(IndexError, match="no pending workload left in queue 'q'"):
         order.pop("q")
+
+
+def _reference_order(
+    items: list[Workload], used: dict[tuple[str, str], int], charges: list[int]
+) -> list[str]:
+    """The rule written plainly: at each step the highest priority, then the least held,
+    then the oldest, then the id; the i-th workload handed out is charged charges[i]."""
+    left = list(items)
+    out: list[str] = []
+    held = dict(used)
+    while left:
+        best = min(
+            left,
+            key=lambda w: (-w.priority, held.get(("q", w.user), 0), w.submitted_at, w.id),
+        )
+        left.remove(best)
+        held[("q", best.user)] = held.get(("q", best.user), 0) + charges[len(out)]
+        out.append(best.id)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_queue_order_is_the_rule_with_and_without_the_heap(seed: int) -> None:
+    import random
+
+    from fgpu.sched.queueorder import UserUse
+
+    rng = random.Random(seed)
+    users = ["alice", "bob", "carol", "dave"][: rng.randint(1, 4)]
+    items = [
+        _w(f"w{i:02d}", rng.choice(users), float(rng.randint(0, 9)), rng.choice([40, 50, 50]))
+        for i in range(rng.randint(1, 25))
+    ]
+    start = {("q", u): rng.choice([0, 500, 1000]) for u in users}
+    # most workloads are not placed (charge 0), some are
+    charges = [rng.choice([0, 0, 0, 250, 1000]) for _ in items]
+    expected = _reference_order(items, start, charges)
+    for used in (dict(start), UserUse(start)):
+        order = QueueOrder({"q": items}, lambda w: (-w.priority, False), used)
+        got = []
+        while order.has_next("q"):
+            w = order.pop("q")
+            if charges[len(got)]:
+                order.charge(w, charges[len(got)])
+            got.append(w.id)
+        assert got == expected, type(used).__name__

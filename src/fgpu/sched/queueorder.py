@@ -23,12 +23,15 @@ user on one machine, the namespace on Kubernetes; the simulator's workloads carr
 trace's user column where it has one, else all share the empty user, and then the order is
 exactly the previous priority-then-submission order.
 
-Pure: no clock, no I/O. Cost per :meth:`QueueOrder.pop`: O(users waiting in the band of that
-queue); the per-user lists are built once per round (O(n log n)).
+Pure: no clock, no I/O. Cost: the per-user lists are built once per round (O(n log n)); a
+:meth:`QueueOrder.pop` is O(log users) from a heap of the band's users, rebuilt (O(users))
+only after an allocation changed (:class:`UserUse` counts the changes), so the many pops of
+a round that places nothing cost no more than with one user.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 
@@ -39,9 +42,20 @@ UserKey = tuple[str, str]
 """``(queue, user)``: whose allocation in which queue."""
 
 
+class UserUse(dict[UserKey, int]):
+    """``{(queue, user): milli-GPU}`` that counts its writes (:attr:`version`), so that a
+    :class:`QueueOrder` knows when its heaps are stale."""
+
+    version: int = 0
+
+    def __setitem__(self, key: UserKey, value: int) -> None:
+        super().__setitem__(key, value)
+        self.version += 1
+
+
 def user_allocation(
     workloads: Iterable[Workload], held: Iterable[tuple[Workload, int]] = ()
-) -> dict[UserKey, int]:
+) -> UserUse:
     """GPU compute each user holds in each queue now, in milli-GPU.
 
     Counts running workloads that are not terminating (a victim on its way out no longer
@@ -55,7 +69,8 @@ def user_allocation(
             preemptor's user, as it counts for the preemptor's queue.
 
     Returns:
-        ``{(queue, user): milli}`` for every pair with running work (missing pairs hold 0).
+        ``{(queue, user): milli}`` for every pair with running work (missing pairs hold 0),
+        as a :class:`UserUse`.
     """
     used: dict[UserKey, int] = defaultdict(int)
     for w in workloads:
@@ -65,7 +80,7 @@ def user_allocation(
         used[(w.queue, w.user)] += counted_gpu_milli(a.gpu_milli, w.squeezed)
     for w, milli in held:
         used[(w.queue, w.user)] += milli
-    return dict(used)
+    return UserUse(used)
 
 
 class QueueOrder:
@@ -76,7 +91,9 @@ class QueueOrder:
         band: a workload's band key; smaller goes first (the scheduler passes
             ``(-effective priority, not suspended)``).
         used: ``{(queue, user): milli-GPU}`` allocated now; read at every :meth:`pop`, so
-            the caller keeps it current with :meth:`charge` (or by writing it directly).
+            the caller keeps it current with :meth:`charge` (or by writing it directly). A
+            :class:`UserUse` lets pops reuse a heap until it changes; any other mapping is
+            read afresh at every pop.
     """
 
     def __init__(
@@ -104,6 +121,8 @@ class QueueOrder:
                     }
                 )
             self._bands[q] = bands
+        # per queue: the heap of its first band's users and the UserUse version it reflects
+        self._heaps: dict[str, tuple[int, list[tuple[int, float, str, str]]]] = {}
 
     def queues(self) -> list[str]:
         """The queues with pending work given at construction."""
@@ -125,16 +144,29 @@ class QueueOrder:
             raise IndexError(f"no pending workload left in queue {queue!r}")
         band = bands[0]
         used = self.used
-        best_user = min(
-            band,
-            key=lambda u: (used.get((queue, u), 0), band[u][0].submitted_at, band[u][0].id),
-        )
-        waiting = band[best_user]
+        version = used.version if isinstance(used, UserUse) else -1
+        cached = self._heaps.get(queue)
+        if cached is None or cached[0] != version or version < 0:
+            heap = [
+                (used.get((queue, u), 0), ws[0].submitted_at, ws[0].id, u) for u, ws in band.items()
+            ]
+            heapq.heapify(heap)
+        else:
+            heap = cached[1]
+        user = heapq.heappop(heap)[3]
+        waiting = band[user]
         w = waiting.popleft()
-        if not waiting:
-            del band[best_user]
-            if not band:
+        if waiting:
+            nxt = waiting[0]
+            heapq.heappush(heap, (used.get((queue, user), 0), nxt.submitted_at, nxt.id, user))
+            self._heaps[queue] = (version, heap)
+        else:
+            del band[user]
+            if band:
+                self._heaps[queue] = (version, heap)
+            else:
                 bands.pop(0)
+                self._heaps.pop(queue, None)
         return w
 
     def charge(self, workload: Workload, gpu_milli: int) -> None:
@@ -143,4 +175,4 @@ class QueueOrder:
         self.used[key] = self.used.get(key, 0) + gpu_milli
 
 
-__all__ = ["QueueOrder", "UserKey", "user_allocation"]
+__all__ = ["QueueOrder", "UserKey", "UserUse", "user_allocation"]
