@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fgpu import states
 from fgpu.model.catalog import canonical_name, gpu_model
 from fgpu.model.types import Node, Request
 from fgpu.model.units import parse_gpu_request, parse_memory_mib
@@ -98,7 +99,9 @@ def cluster(*nodes: NodeBuilder) -> ClusterState:
 
 
 def workload_view(**fields: object) -> WorkloadView:
-    """A running half-GPU workload as the API lists it, with ``fields`` replaced."""
+    """A running half-GPU workload as the API lists it, with ``fields`` replaced; its
+    ``state`` and ``state_text`` as the service derives them (:mod:`fgpu.states`) unless
+    given."""
     base: dict[str, object] = {
         "id": "237094bf",
         "name": "fgpu-test-bob",
@@ -124,4 +127,21 @@ def workload_view(**fields: object) -> WorkloadView:
         "reason": "",
         "restarts": 0,
     }
-    return WorkloadView.model_validate({**base, **fields})
+    view = WorkloadView.model_validate({**base, **fields})
+    if "state" in fields:
+        return view
+    state = states.workload_state(
+        phase=view.phase,
+        stopping=view.stopping,
+        squeezed=view.squeezed,
+        suspended=view.suspended_host_mib is not None,
+        gpu_state=view.gpu_state,
+        preempted_kind=None,
+    )
+    text = states.state_text(
+        state,
+        restarts=view.restarts,
+        squeezed_by=view.squeezed_by,
+        suspended_host_mib=view.suspended_host_mib,
+    )
+    return view.model_copy(update={"state": state, "state_text": text})

@@ -1,5 +1,5 @@
-"""Real local users for the multi-user tests: ``fgpu-test-alice`` and ``fgpu-test-bob``, and
-the group ``fgpu-test-team`` that only alice belongs to.
+"""Real local users for the multi-user tests: ``fgpu-test-alice``, ``fgpu-test-bob`` and
+``fgpu-test-carol``, and the group ``fgpu-test-team`` that only alice belongs to.
 
 They are created with ``groupadd``/``useradd`` when missing (the tests run as root) and left
 in place (creating them again on every run would only churn ``/etc/passwd``). Tests that need
@@ -18,6 +18,7 @@ import pytest
 
 ALICE = "fgpu-test-alice"
 BOB = "fgpu-test-bob"
+CAROL = "fgpu-test-carol"
 TEAM = "fgpu-test-team"
 """A Unix group with alice as a supplementary member, bob not."""
 
@@ -34,7 +35,7 @@ def ensure_users() -> None:
         pytest.skip(f"multi-user tests need {', '.join(missing)} (package passwd, util-linux)")
     if subprocess.run(["getent", "group", TEAM], capture_output=True).returncode != 0:
         subprocess.run(["groupadd", TEAM], check=True)
-    for user in (ALICE, BOB):
+    for user in (ALICE, BOB, CAROL):
         try:
             pwd.getpwnam(user)
         except KeyError:

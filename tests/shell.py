@@ -65,6 +65,7 @@ class Shell:
         preemptible: bool | None = None,
         nodes: frozenset[str] | None = None,
         suspendable: bool = False,
+        user: str = "",
     ) -> None:
         self.workloads[id_] = Workload(
             id_,
@@ -75,6 +76,7 @@ class Shell:
             preemptible,
             nodes=nodes,
             suspendable=suspendable,
+            user=user,
         )
 
     def run(
@@ -88,6 +90,7 @@ class Shell:
         started: float = 0.0,
         preemptible: bool | None = None,
         suspendable: bool = False,
+        user: str = "",
     ) -> None:
         """A workload already running at a given spot."""
         allocation = self.state.allocate(request, node, gpus)
@@ -101,6 +104,7 @@ class Shell:
             allocation,
             started,
             suspendable=suspendable,
+            user=user,
         )
 
     def finish(self, id_: str) -> None:

@@ -59,7 +59,12 @@ class SubmitRequest(_Strict):
         default="normal",
         description="a class (very-low, low, normal, high, critical) or a number 0..1000",
     )
-    queue: str = Field(default="default", json_schema_extra={"maxLength": 128})
+    queue: str | None = Field(
+        default=None,
+        description="the queue; null: the caller's default queue (the queue whose "
+        "default_for names the caller or one of the caller's groups), else 'default'",
+        json_schema_extra={"maxLength": 128},
+    )
     preemptible: StrictBool | None = None
     grace_s: float = Field(
         default=30.0,
@@ -170,9 +175,9 @@ class WorkloadView(BaseModel):
     )
     gpu_state: str | None = Field(
         default=None,
-        description="while it runs on a governed GPU, what the governor does with it: "
-        "running, frozen-by-priority (paused: a higher-priority workload is busy) or "
-        "frozen-by-share (waits for its share of the period); None elsewhere",
+        description="while it runs on a governed GPU, what the governor does with it, in "
+        "the words of 'state': running, paused-by-priority or waiting-for-share; None "
+        "elsewhere",
     )
     suspended_host_mib: int | None = Field(
         default=None,
@@ -196,6 +201,22 @@ class WorkloadView(BaseModel):
         default_factory=list,
         description="in the answer to a cancel of an array (by its id or name): the ids of "
         "every task that request cancelled or began to stop",
+    )
+    state: str | None = Field(
+        default=None,
+        description="what happens to it beyond its phase, one word of the states table "
+        "(docs/states.md): stopping, squeezed, suspended, paused-by-priority, "
+        "waiting-for-share, preempted, reclaimed; None: nothing",
+    )
+    state_text: str = Field(
+        default="",
+        description="the state as fgpu ls and the dashboard write it: the word, then its "
+        "details ('preempted by NAME (restart n)')",
+    )
+    preempted_by: str | None = Field(
+        default=None,
+        description="pending again after preemption or reclaim, until it runs again: the "
+        "id of the workload that took its place (None: not known, or not preempted)",
     )
 
 
@@ -270,6 +291,12 @@ class QueueBody(_Strict):
         "refused at submission); null or 0: no maximum",
         json_schema_extra={"maxLength": 64},
     )
+    default_for: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="whose default queue it is (submissions without a queue): user names or "
+        "uids and '@group' entries; each at most one queue's default",
+    )
 
 
 class QueueView(BaseModel):
@@ -295,6 +322,7 @@ class QueueView(BaseModel):
     max_time_s: float | None = Field(
         default=None, description="the longest --time its workloads may ask for, seconds"
     )
+    default_for: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "
@@ -317,8 +345,11 @@ class GpuHolder(BaseModel):
     memory_mib: int
     mode: str | None = Field(default=None, description="strict or fair")
     state: str | None = Field(
-        default=None, description="running, frozen-by-share or frozen-by-priority"
+        default=None,
+        description="the governor's state in the words of the states table: running, "
+        "paused-by-priority or waiting-for-share",
     )
+    owner_uid: int | None = Field(default=None, description="who submitted the workload")
     busy: bool | None = Field(default=None, description="counts as busy now")
     achieved_milli: int | None = Field(
         default=None,

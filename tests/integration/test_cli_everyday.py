@@ -234,9 +234,11 @@ def test_ls_watch_refreshes_in_place_until_ctrl_c(
 def test_the_table_words_the_governor_states_beyond_the_phase() -> None:
     view = workload_view
 
-    assert render.state_text(view(gpu_state="frozen-by-priority")).plain.startswith("paused")
+    # one vocabulary (fgpu.states): the words of the API are the words of the table
+    assert render.state_text(view(gpu_state="paused-by-priority")).plain == "paused-by-priority"
+    assert render.state_text(view(gpu_state="waiting-for-share")).plain == "waiting-for-share"
     assert render.state_text(view(gpu_state="running")).plain == ""
-    assert render.state_text(view(gpu_state="squeezed")).plain == "squeezed"
+    assert render.state_text(view(squeezed=True)).plain == "squeezed"
     assert render.state_text(view(stopping=True, gpu_state="running")).plain == "stopping"
     assert render.phase_text(view(stopping=True).phase).plain == "running"
 

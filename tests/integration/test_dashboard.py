@@ -8,6 +8,7 @@ another user, a workload page refuses the log as the API does. Screenshots are s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.localusers import ALICE, ensure_users, uid_of
+from tests.localusers import ALICE, as_user, ensure_users, uid_of
 from tests.serverproc import FGPU, ServerProcess, sleeper, started_server, wait_for
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -174,4 +175,72 @@ def test_another_users_log_is_refused_where_the_api_refuses_it(
     assert marker not in page.content()
     assert str(uid_of(ALICE)) not in refusal.inner_text()  # it names the owner (root)
     shot(page, "dashboard-refused-log.png")
+    page.close()
+
+
+STREAMS = ["/bin/sh", "-c", "echo out 1; echo err 2 >&2; sleep 0.2; echo out 3; exec sleep 300"]
+CONTRAST = """e => {
+  const rgb = s => s.match(/[0-9.]+/g).slice(0, 3).map(Number);
+  const lum = c => {
+    const [r, g, b] = c.map(v => {
+      v /= 255;
+      return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4;
+    });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  const style = getComputedStyle(e);
+  const a = lum(rgb(style.color)), b = lum(rgb(style.backgroundColor));
+  let opacity = 1;
+  for (let n = e; n; n = n.parentElement) opacity *= Number(getComputedStyle(n).opacity);
+  return {ratio: (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), opacity};
+}"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run alice's workload")
+def test_both_streams_the_user_on_each_share_and_a_legible_paused_mark(
+    server: tuple[ServerProcess, int], browser: object
+) -> None:
+    """Issue 25, point 6: the workload page shows stdout and stderr in the order written; each
+    share on the GPU map names its user; a share paused by priority is marked with a label
+    whose contrast (computed by the browser from the page's CSS) meets WCAG AA, 4.5:1. On
+    TCP the token acts as alice, whose workload it is."""
+    proc, tcp = server
+    expect = playwright_api.expect
+    h100 = ("--gpu-model", "H100-80GB")
+    out = proc.cli(
+        "submit", "-g", "0.25", "--name", "streams", *h100, "--json", "--", *STREAMS,
+        user=as_user(ALICE),
+    ).stdout  # fmt: skip
+    w = json.loads(out)["id"]
+    wait_for(
+        lambda: "out 3" in proc.cli("logs", "--stdout", w).stdout,
+        "both streams written",
+        timeout_s=WAIT_MS / 1000,
+    )
+    page = browser.new_page(viewport={"width": 1200, "height": 900})  # type: ignore[attr-defined]
+    base = f"http://127.0.0.1:{tcp}"
+    page.goto(f"{base}/ui/login")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button[type=submit]")
+    expect(page.locator(".gpu")).to_have_count(2, timeout=WAIT_MS)
+    page.goto(f"{base}/ui/workloads/{w}")
+    log = page.locator("#log pre")
+    expect(log).to_contain_text("out 3", timeout=WAIT_MS)
+    text = log.inner_text()
+    assert text.index("out 1") < text.index("err 2") < text.index("out 3"), text
+    expect(page.locator("#log pre .stderr").first).to_contain_text("err 2")
+    expect(page.locator("#log pre .stdout").first).to_contain_text("out 1")
+    shot(page, "dashboard-both-streams.png")
+
+    # a critical service beside it is busy (no hint): alice's share is paused by priority
+    crit = proc.submit("-g", "0.25", "--name", "svc", "-p", "critical", *h100, command=sleeper(300))
+    page.goto(f"{base}/ui")
+    share = page.locator(f'.share[data-workload="{w}"]')
+    expect(share).to_have_attribute("data-marks", re.compile("paused-by-priority"), timeout=WAIT_MS)
+    expect(share.locator(".label")).to_contain_text(f"streams {ALICE} 0.25")
+    expect(page.locator(f'.share[data-workload="{crit}"] .label')).to_contain_text("svc root")
+    seen = share.locator(".label").evaluate(CONTRAST)
+    assert seen["opacity"] == 1, seen
+    assert seen["ratio"] >= 4.5, seen
+    shot(page, "dashboard-paused-mark.png")
     page.close()

@@ -131,7 +131,7 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     assert governed_top[crit]["mode"] == "fair"
     assert server.describe(crit)["enforcement"], server.describe(crit)
     server.wait_listing(
-        lambda ls: all(ls[wid]["gpu_state"] == "frozen-by-priority" for wid in low_ids),
+        lambda ls: all(ls[wid]["gpu_state"] == "paused-by-priority" for wid in low_ids),
         "both low jobs paused by priority",
         timeout_s=LONG_S,
     )
@@ -146,7 +146,7 @@ def test_two_low_jobs_are_squeezed_not_evicted_and_resume_with_their_progress(
     # by priority any more and that each makes progress.
     idle.touch()
     resumed = server.wait_listing(
-        lambda ls: all(ls[wid]["gpu_state"] in ("running", "frozen-by-share") for wid in low_ids),
+        lambda ls: all(ls[wid]["gpu_state"] in ("running", "waiting-for-share") for wid in low_ids),
         "both low jobs no longer paused by priority",
         timeout_s=LONG_S,
     )
@@ -284,7 +284,7 @@ def test_under_the_interposer_squeezed_and_neighbour_are_held_while_the_squeezer
             srv,
             lambda h: (
                 h[high].get("state") == "running"
-                and all(h[w].get("state") == "frozen-by-priority" for w in lows)
+                and all(h[w].get("state") == "paused-by-priority" for w in lows)
             ),
             "the squeezer governed, both low jobs held by priority",
         )

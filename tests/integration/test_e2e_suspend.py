@@ -5,10 +5,10 @@ driver (a stand-in for the CUDA driver's checkpoint API).
 A low-priority CUDA workload writes a pattern into its device memory and keeps launching
 kernels; a critical one needs the whole GPU. The low one is suspended, not evicted: its
 device memory is freed in the fake driver's ledger, its processes are stopped, ``fgpu ls``
-says ``suspended (host N GiB)``, ``describe`` has the event with the copy time. The critical
-one runs and ends; the low one is restored on its GPU (event with the copy time), goes on
-with the same process and ends succeeded, which it does only when its memory still holds the
-pattern. A suspended workload that is cancelled ends at once and its processes go.
+says ``suspended (N GiB in host memory)``, ``describe`` has the event with the copy time.
+The critical one runs and ends; the low one is restored on its GPU (event with the copy
+time), goes on with the same process and ends succeeded, which it does only when its memory
+still holds the pattern. A suspended workload that is cancelled ends at once and its processes go.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from fgpu import states
 from fgpu.agent.interposer.preload import default_segment_root
 from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 from tests.integration.test_metrics import scrape, value
@@ -115,7 +116,10 @@ def test_low_work_is_suspended_for_critical_work_and_restored_with_its_memory(
     assert stopped(pid)  # frozen, and its device memory is free in the driver's ledger
     assert fake_used(server).get(pid, 0) == 0
     wide = {"COLUMNS": "300"}
-    assert "suspended (host" in server.cli("ls", env_extra=wide).stdout
+    # the state's word and its detail, as every view says it (fgpu.states)
+    words = states.state_text("suspended", suspended_host_mib=listing[low]["suspended_host_mib"])
+    assert listing[low]["state_text"] == words
+    assert words in server.cli("ls", env_extra=wide).stdout
 
     server.wait_phase(crit, "succeeded")
     server.wait_phase(low, "running")

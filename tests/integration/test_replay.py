@@ -253,6 +253,28 @@ def test_reclaim_across_queues_is_counted_as_a_reclaim() -> None:
     assert runs["a2"] == ([1.0, 140.0], 640.0)
 
 
+def test_the_replay_shares_a_queue_between_the_trace_users() -> None:
+    """Issue 25: the simulator runs the same core, so a trace's users share their queue: on
+    two GPUs alice runs two of her four jobs; bob's one, submitted after all of hers, starts
+    at the first free GPU because alice holds more than he does (the rule weighs what each
+    user holds now, so at equal holdings the older submission goes first)."""
+    nodes = [gpu_node("n1", 2)]
+    day = [replace(work(f"a{i}", i, 100), user="alice") for i in range(4)]
+    day.append(replace(work("b0", 5, 100), user="bob"))
+    runs = starts(replay(nodes, day, 1000))
+    assert {w: runs[w][0] for w in runs} == {
+        "a0": [0.0],
+        "a1": [1.0],
+        "b0": [100.0],  # alice holds a1 then, bob nothing
+        "a2": [101.0],
+        "a3": [200.0],
+    }
+    # the same day without users: strict submission order, as before
+    plain = starts(replay(nodes, [replace(w, user="") for w in day], 1000))
+    assert plain["b0"][0] == [200.0]
+    assert (plain["a2"][0], plain["a3"][0]) == ([100.0], [101.0])
+
+
 class FifoCore:
     """Test stand-in for the decision core: places pending work first come, first served
     (best-fit), and preempts as scripted: ``{time: [(victim, preemptor), ...]}``."""

@@ -116,7 +116,7 @@ def test_a_busy_critical_workload_pauses_low_ones_which_resume_after_it_idles(
             await until(lambda: holder_state(svc, low_a.id) is not None)
             assert {holder_state(svc, w.id) for w in (low_a, low_b)} <= {
                 "running",
-                "frozen-by-share",
+                "waiting-for-share",
             }
             critical = svc.submit(
                 ME,
@@ -125,7 +125,7 @@ def test_a_busy_critical_workload_pauses_low_ones_which_resume_after_it_idles(
             await until(lambda: ready(tmp_path, critical.id))
             # busy (no hint yet): the low ones are paused
             await until(lambda: all(stopped(p) for p in low_pids))
-            assert holder_state(svc, low_a.id) == "frozen-by-priority"
+            assert holder_state(svc, low_a.id) == "paused-by-priority"
             assert holder_state(svc, critical.id) == "running"
             # a frozen workload can still be cancelled: it is thawed, then gets SIGTERM
             svc.cancel(ME, low_a.id)

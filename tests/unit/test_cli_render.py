@@ -110,13 +110,13 @@ def test_ls_user_grows_to_the_longest_user_name_where_the_width_allows() -> None
 
 
 def test_ls_keeps_every_column_when_long_states_fill_80_columns() -> None:
-    """A re-trial saw AGE (or GPUS) vanish at 80 columns with three rows "waits for its share",
-    and an empty REASO column at 90: long states wrap at spaces, and REASON is there only
-    when it fits."""
+    """A re-trial saw AGE (or GPUS) vanish at 80 columns with three rows of a long state
+    ("waiting-for-share" now), and an empty REASO column at 90: long states wrap at spaces,
+    and REASON is there only when it fits."""
     views = [
-        view(id=f"{i}2ea5ef4", name=f"train-{i}", gpu_state="frozen-by-share") for i in range(3)
+        view(id=f"{i}2ea5ef4", name=f"train-{i}", gpu_state="waiting-for-share") for i in range(3)
     ] + [
-        view(id="32ea5ef4", name="svc", gpu_state="frozen-by-priority"),
+        view(id="32ea5ef4", name="svc", gpu_state="paused-by-priority"),
         view(id="11111111", name="fgpu-test-alice", phase="pending", gpus=[], reason=REASON),
     ]
     for width in (80, 90, 100):
@@ -136,5 +136,5 @@ def test_ls_keeps_every_column_when_long_states_fill_80_columns() -> None:
         ], (width, lines)
         assert "REASO" not in lines[0] or "REASON" in header, (width, lines)
         found = words(lines)
-        assert {"waits", "share", "higher-priority", "1m", "normal"} <= found, (width, lines)
+        assert {"waiting-for-share", "paused-by-priority", "1m", "normal"} <= found, (width, lines)
         assert set(REASON.split()) <= found, (width, lines)

@@ -76,7 +76,7 @@ def test_the_fields_are_the_wire_models(plain: type[Any], wire: type[BaseModel])
 VIEWS = [
     workload_view(),
     workload_view(phase="pending", gpus=[], reason="waits for capacity"),
-    workload_view(squeezed=True, squeezed_by=["a1", "b2"], gpu_state="frozen-by-priority"),
+    workload_view(squeezed=True, squeezed_by=["a1", "b2"], gpu_state="paused-by-priority"),
     workload_view(
         phase="failed",
         finished_at=12.5,

@@ -121,8 +121,8 @@ def test_mark_running_records_allocation_process_and_logs(store: Store) -> None:
     assert store.get(w.id) == running
     last = store.events(w.id)[-1]
     assert (last.kind, last.reason) == ("started", "placed by fgd")
-    assert "gpu-box" in last.message
-    assert "GPU 2: 1000 milli, 81920 MiB" in last.message
+    # the GPUs as fgpu ls names them (issue 25, point 6)
+    assert last.message == "started on gpu-box/1: 1 (80GiB), gpu-box/2: 1 (80GiB)"
 
 
 def test_attach_process_after_the_placement_is_committed(store: Store) -> None:
@@ -542,6 +542,7 @@ def test_to_core_round_trip(store: Store) -> None:
         priority=40,
         submitted_at=pending.submitted_at,
         preemptible=None,
+        user=str(pending.owner_uid),  # whose allocation the queue order weighs
     )
     placed = Allocation(2, "box", (3,), (125,), (5120,), 500, 1024)
     running = store.mark_running(pending.id, placed)
@@ -554,6 +555,7 @@ def test_to_core_round_trip(store: Store) -> None:
         submitted_at=pending.submitted_at,
         allocation=placed,
         started_at=running.started_at,
+        user=str(pending.owner_uid),
     )
     assert core.is_preemptible
     assert core.is_running

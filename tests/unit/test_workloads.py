@@ -319,3 +319,26 @@ def test_a_generated_day_reads_back_unchanged(tmp_path: Path) -> None:
     path = tmp_path / "day.csv"
     write_workloads(path, day)
     assert load_workloads(path) == day
+
+
+def test_an_optional_user_column_is_read_and_written(tmp_path: Path) -> None:
+    # issue 25: inside a queue the user with less allocated goes first; a workload file may
+    # say whose each workload is (no column: every workload has the empty user)
+    path = write(
+        tmp_path,
+        f"{HEADER},user\na,0,10,team,,1,,,,alice\nb,1,10,team,,1,,,, bob \nc,2,10,team,,1,,,,\n",
+    )
+    loaded = load_workloads(path)
+    assert [(w.id, w.user) for w in loaded] == [("a", "alice"), ("b", "bob"), ("c", "")]
+    again = tmp_path / "again.csv"
+    write_workloads(again, loaded)
+    assert again.read_text().splitlines()[0] == ",".join((*WORKLOAD_COLUMNS, "user"))
+    assert load_workloads(again) == loaded
+    # without users the layout is the old one
+    plain = [
+        SimWorkload(w.id, w.queue, w.request, w.priority, w.submit_s, w.duration_s) for w in loaded
+    ]
+    write_workloads(again, plain)
+    assert again.read_text().splitlines()[0] == ",".join(WORKLOAD_COLUMNS)
+    with pytest.raises(WorkloadFileError, match="unknown column"):
+        load_workloads(write(tmp_path, f"{HEADER},owner\na,0,10,team,,1,,,,x\n"))

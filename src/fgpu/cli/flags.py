@@ -169,6 +169,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "max_priority": ("--max-priority",),
     "default_time": ("--default-time",),
     "max_time": ("--max-time",),
+    "default_for": ("--default-for",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
 

@@ -65,6 +65,17 @@ NonPreemptibleOption = Annotated[
     ),
 ]
 
+DefaultForOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--default-for",
+        help="Make it the default queue (for submissions without -q) of these users and "
+        "@groups: alice,@team (comma-separated or repeated; replaces the list). A user or "
+        "group has one default queue.",
+        show_default=False,
+    ),
+]
+
 SqueezeOption = Annotated[
     bool | None,
     typer.Option(
@@ -123,6 +134,7 @@ def create(
     squeeze: SqueezeOption = None,
     default_time: DefaultTimeOption = None,
     max_time: MaxTimeOption = None,
+    default_for: DefaultForOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -142,6 +154,7 @@ def create(
         ("squeeze", squeeze),
         ("default_time", default_time),
         ("max_time", max_time),
+        ("default_for", _split(default_for)),
     ):
         if value is not None:
             fields[key] = value
@@ -189,6 +202,10 @@ def update(
     squeeze: SqueezeOption = None,
     default_time: DefaultTimeOption = None,
     max_time: MaxTimeOption = None,
+    default_for: DefaultForOption = None,
+    no_default_for: Annotated[
+        bool, typer.Option("--no-default-for", help="Make it nobody's default queue.")
+    ] = False,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -198,12 +215,15 @@ def update(
 
     if limit is not None and no_limit:
         fail("--limit and --no-limit exclude each other")
+    if default_for is not None and no_default_for:
+        fail("--default-for and --no-default-for exclude each other")
     if member is not None and (add_member or remove_member):
         fail("--member replaces the list; --add-member and --remove-member change it")
     typed: dict[str, object] = {"name": name, "quota": quota, "limit": limit}
     typed |= {"over_quota_weight": over_quota_weight, "priority": priority, "parent": parent}
     typed |= {"members": member or add_member, "max_priority": max_priority}
     typed |= {"default_time": default_time, "max_time": max_time}
+    typed |= {"default_for": default_for}
     with connect(socket, url, _explain(typed)) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
@@ -226,6 +246,13 @@ def update(
             squeeze=squeeze if squeeze is not None else current.squeeze,
             default_time=_kept_time(default_time, current.default_time_s),
             max_time=_kept_time(max_time, current.max_time_s),
+            default_for=(
+                []
+                if no_default_for
+                else _split(default_for) or []
+                if default_for is not None
+                else current.default_for
+            ),
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")
@@ -257,6 +284,13 @@ def _explain(values: dict[str, object]) -> Callable[[ClientError], str]:
         return flag_message(error.field, error.reason, values, QUEUE_FLAGS)
 
     return explain
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    """``--default-for alice,@team --default-for bob`` -> ``[alice, @team, bob]``."""
+    if values is None:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
 def _members(

@@ -19,6 +19,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from fgpu.states import PRIORITY_CLASSES, priority_word
 from fgpu.wire_basics import TERMINAL_PHASES
 
 if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls's table)
@@ -54,8 +55,8 @@ if TYPE_CHECKING:  # the wire models load when a command reads them (not fgpu ls
     Holder: TypeAlias = GpuHolder | PlainGpuHolder
     Event: TypeAlias = EventView | PlainEventView
 
-PRIORITY_NAMES = {25: "very-low", 40: "low", 50: "normal", 100: "high", 125: "critical"}
-"""Priority classes of DESIGN.md section 5, by value."""
+PRIORITY_NAMES = {value: name for name, value in PRIORITY_CLASSES.items()}
+"""Priority classes of DESIGN.md section 5, by value (:mod:`fgpu.states`)."""
 
 PHASE_STYLES = {
     "pending": "yellow",
@@ -182,26 +183,18 @@ def phase_text(phase: str) -> Text:
     return Text(phase, style=PHASE_STYLES.get(phase, ""))
 
 
-GPU_STATE_TEXT = {
-    "frozen-by-priority": "paused (a higher-priority workload is busy)",
-    "frozen-by-share": "waits for its share",
-}
-"""How ``fgpu ls`` words the governor's states (others, e.g. ``squeezed``, as they are)."""
+STATE_STYLES = {"stopping": PHASE_STYLES["stopping"], "preempted": "yellow", "reclaimed": "yellow"}
+"""Colours of the STATE column by state word (others: as ``paused``)."""
 
 
 def state_text(view: WorkloadView | PlainWorkloadView) -> Text:
-    """What happens to a workload beyond its phase: being stopped, or what the governor does
-    with it (paused by priority, waiting for its share); empty when nothing."""
-    if view.stopping:
-        return Text("stopping", style=PHASE_STYLES["stopping"])
-    if view.squeezed:
-        return Text("squeezed", style=PHASE_STYLES["paused"])
-    if view.suspended_host_mib is not None:
-        return Text(suspended_text(view.suspended_host_mib), style=PHASE_STYLES["paused"])
-    state = view.gpu_state
-    if state is None or state == "running":
+    """What happens to a workload beyond its phase, as the service words it for every view
+    (:mod:`fgpu.states`: ``preempted by NAME (restart n)``, ``paused-by-priority``...);
+    empty when nothing."""
+    if view.state is None:
         return Text("")
-    return Text(GPU_STATE_TEXT.get(state, state), style=PHASE_STYLES["paused"])
+    style = STATE_STYLES.get(view.state, PHASE_STYLES["paused"])
+    return Text(view.state_text or view.state, style=style)
 
 
 def safe(text: str) -> str:
@@ -502,16 +495,14 @@ def _holders(gpu: Gpu) -> str:
 
 
 def _governed(holder: Holder) -> str:
-    """`` fair, running, got 0.62`` (the governor's view), or nothing when not governed; a
-    workload held at kernel launch by the interposer reads ``held-by-share``/``-priority``."""
+    """`` fair, running, got 0.62`` (the governor's view, in the words of
+    :mod:`fgpu.states`: running, paused-by-priority, waiting-for-share), or nothing when not
+    governed."""
     if holder.state is None:
         return ""
     got = "" if holder.achieved_milli is None else f", got {gpus_text(holder.achieved_milli)}"
     idle = "" if holder.busy is not False else ", idle"
-    state = holder.state
-    if holder.enforcement == "interposer":  # held at kernel launch, its processes run on
-        state = state.replace("frozen-by-", "held-by-")
-    return f" {holder.mode}, {state}{idle}{got}"
+    return f" {holder.mode}, {holder.state}{idle}{got}"
 
 
 def _instances(gpu: Gpu) -> str:
@@ -606,6 +597,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "PENDING",
         "MEMBERS",
         "MAX PRIORITY",
+        "DEFAULT FOR",
     ):
         table.add_column(column, overflow="fold")
     timed = any(q.default_time_s is not None or q.max_time_s is not None for q in queues)
@@ -634,7 +626,8 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.running),
             str(q.pending),
             ", ".join(q.members) if q.members else "(admins)",
-            f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
+            f"{priority_word(q.max_priority)}{' +non-preemptible' if q.nonpreemptible else ''}",
+            ", ".join(q.default_for) or "-",
             *times,
         )
     return table

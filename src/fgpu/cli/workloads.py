@@ -85,7 +85,16 @@ def submit(
         str,
         typer.Option("-p", "--priority", help="very-low, low, normal, high, critical or a number."),
     ] = "normal",
-    queue: Annotated[str, typer.Option("-q", "--queue", help="The queue (tenant).")] = "default",
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "-q",
+            "--queue",
+            help="The queue (tenant); default: your default queue (fgpu queue ls shows whose "
+            "default each is), else the queue named default.",
+            show_default=False,
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="A name to show (default: the command).")] = None,
     preemptible: Annotated[
         bool | None,
@@ -130,7 +139,8 @@ def submit(
         err.print(escape(said))
         return
     print(view.id)
-    line = f"submitted {view.id} ({view.name}) to queue {view.queue}: {view.phase}"
+    used = view.queue if queue is not None else f"{view.queue} (your default; -q to choose)"
+    line = f"submitted {view.id} ({view.name}) to queue {used}: {view.phase}"
     if view.phase == "pending" and view.reason and view.reason != "submitted":
         line += f" ({view.reason})"
     err.print(escape(line))
@@ -172,7 +182,7 @@ def submit_with(
     cpu: str | None,
     memory: str | None,
     priority: str,
-    queue: str,
+    queue: str | None,
     name: str | None,
     preemptible: bool | None,
     grace: float | None,

@@ -88,6 +88,9 @@ class PlainWorkloadView:
     dependency: list[str] = field(default_factory=list)
     array: PlainArrayTaskView | None = None
     cancelled_tasks: list[str] = field(default_factory=list)
+    state: str | None = None
+    state_text: str = ""
+    preempted_by: str | None = None
 
 
 @dataclass(frozen=True)

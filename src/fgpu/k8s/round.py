@@ -254,6 +254,7 @@ class RoundBuilder:
                     submitted_at=created_at(pod),
                     preemptible=ask.preemptible,
                     nodes=allowed.nodes,
+                    user=meta.get("namespace", "default"),
                 )
             )
         # forget what was remembered of objects that are gone
@@ -491,6 +492,7 @@ class RoundBuilder:
                 terminating=terminating,
                 squeezed=squeezed is not None,
                 squeezed_by=wire.squeezed_by(squeezed),
+                user=meta.get("namespace", "default"),
             )
         )
 

@@ -302,7 +302,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             but below one milli-GPU; ``max_priority`` not a priority up to
             :data:`MAX_PRIORITY`; ``members`` malformed or repeated; ``default_time`` or
             ``max_time`` not a Slurm time (:func:`fgpu.rules.slurm.parse_time`), the default
-            above the maximum.
+            above the maximum; ``default_for`` malformed or repeated (it may not hold
+            ``*``).
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -322,6 +323,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         raise BadRequest("max_priority", f"{max_priority} is above {MAX_PRIORITY}")
     try:
         members = validate.members(body.members)
+        default_for = validate.default_for(body.default_for)
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
     default_time = parse_time(body.default_time, "default_time") if body.default_time else None
@@ -345,6 +347,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         squeeze=body.squeeze,
         default_time_s=default_time,
         max_time_s=max_time,
+        default_for=default_for,
     )
 
 

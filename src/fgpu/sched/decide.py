@@ -14,8 +14,10 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 2. **Order.** Queues furthest below their fair share go first: the key is the dominant ratio
    ``max over resources of allocated / fair share`` (a queue with no fair share goes last),
    then queue priority (higher first), then name. After every placement the queue's ratio is
-   updated. Inside a queue: effective priority (higher first), then suspended work before
-   new work (rule 11), then submission time, then id. The round runs this order twice: first
+   updated. Inside a queue (:mod:`fgpu.sched.queueorder`): effective priority (higher
+   first), then suspended work before new work (rule 11), then the user with less GPU
+   compute allocated in that queue (kept current through the round), then submission time,
+   then id. The round runs this order twice: first
    over non-preemptible work only, then over the rest (rule 12).
 3. **Admission.** A placement must keep the queue and its ancestors within their limits, and
    non-preemptible work (by default priority >= 100) of a queue within the queue's GPU quota,
@@ -119,6 +121,7 @@ from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
 from fgpu.sched.policy import PlacementPolicy
+from fgpu.sched.queueorder import QueueOrder, user_allocation
 from fgpu.sched.reasons import WaitReasons, limit_text
 from fgpu.sched.reasons import gpus as gpu_text
 from fgpu.sched.squeeze import SqueezeBook, can_squeeze
@@ -501,7 +504,19 @@ class Scheduler:
             for a in ancestors(q):
                 subtree_alloc[a] = _add(subtree_alloc[a], vec)
 
-        def charge(q: str, res: Vec, sign: int = 1) -> None:
+        user_used = user_allocation(  # rule 2, inside a queue; held capacity counts too
+            workloads,
+            [
+                (by_id[h.workload], request_resources(by_id[h.workload].request, largest_mem)[0])
+                for h in valid_holds.values()
+                if h.victims
+            ],
+        )
+
+        def charge(q: str, res: Vec, sign: int = 1, who: Workload | None = None) -> None:
+            if who is not None:
+                key = (who.queue, who.user)
+                user_used[key] = user_used.get(key, 0) + sign * res[0]
             allocated[q] = _add(allocated[q], res, sign)
             for a in ancestors(q):
                 subtree_alloc[a] = _add(subtree_alloc[a], res, sign)
@@ -639,17 +654,13 @@ class Scheduler:
         # index in actions -> what a waiting preemptor's reason ends with (rule 10)
         wait_notes: dict[int, str] = {}
         for per_queue in (first, rest):
-            # rule 11: a suspended workload goes before new work of its priority
-            for items in per_queue.values():
-                items.sort(
-                    key=lambda w: (
-                        -self.effective_priority(w, now),
-                        w.suspended_on is None,
-                        w.submitted_at,
-                        w.id,
-                    )
-                )
-            cursor = dict.fromkeys(per_queue, 0)
+            # inside a queue: priority, suspended first (rule 11), the user with less
+            # allocated, submission time (fgpu.sched.queueorder)
+            order = QueueOrder(
+                per_queue,
+                lambda w: (-self.effective_priority(w, now), w.suspended_on is None),
+                user_used,
+            )
             heap = [(ratio(q), -queues[q].priority, q) for q in per_queue]
             heapq.heapify(heap)
             # rule 12: each pass has its own budget of victim searches
@@ -657,11 +668,9 @@ class Scheduler:
             searches = 0
             while heap:
                 _, neg_prio, q = heapq.heappop(heap)
-                items = per_queue[q]
-                if cursor[q] >= len(items):
+                if not order.has_next(q):
                     continue
-                w = items[cursor[q]]
-                cursor[q] += 1
+                w = order.pop(q)
                 cached = resources_of.get(w.request)
                 if cached is None:
                     cached = resources_of[w.request] = request_resources(w.request, largest_mem)
@@ -674,7 +683,7 @@ class Scheduler:
                 if w.suspended_on is not None:  # rule 11: only a restore, only on its node
                     actions.append(self._restore(work, placer, w, reserved))
                     if isinstance(actions[-1], Restore):
-                        charge(q, allocation_resources(actions[-1].allocation))
+                        charge(q, allocation_resources(actions[-1].allocation), who=w)
                     heapq.heappush(heap, (ratio(q), neg_prio, q))
                     continue
                 own_reservation = w.id in new_holds and new_holds[w.id].is_reservation
@@ -725,7 +734,7 @@ class Scheduler:
                         continue
                 if isinstance(result, Allocation):
                     actions.append(Place(w.id, result))
-                    charge(q, allocation_resources(result))
+                    charge(q, allocation_resources(result), who=w)
                     if not w.is_preemptible:
                         nonpreempt[q] += allocation_resources(result)[0]
                     new_holds.pop(w.id, None)
@@ -757,7 +766,7 @@ class Scheduler:
                     else:
                         for sv in plan.squeezed:
                             assert sv.allocation is not None
-                            charge(sv.queue, [sv.allocation.gpu_milli[0], 0, 0], -1)
+                            charge(sv.queue, [sv.allocation.gpu_milli[0], 0, 0], -1, sv)
                         squeezed_alloc, squeezes = book.apply(w, plan)
                         actions.extend(squeezes)
                         actions.append(
@@ -768,7 +777,7 @@ class Scheduler:
                                 + ", ".join(sv.id for sv in plan.squeezed + plan.compressed),
                             )
                         )
-                        charge(q, allocation_resources(squeezed_alloc))
+                        charge(q, allocation_resources(squeezed_alloc), who=w)
                         if not w.is_preemptible:
                             nonpreempt[q] += allocation_resources(squeezed_alloc)[0]
                         new_holds.pop(w.id, None)
@@ -817,7 +826,7 @@ class Scheduler:
                     node = chosen.node
                     for victim in chosen.victims:
                         victimized.add(victim.id)
-                        charge(victim.queue, counted(victim), -1)
+                        charge(victim.queue, counted(victim), -1, victim)
                         work.release(book.held(victim))
                         why = (
                             f"{kind} by {w.id} (queue {w.queue}, priority {w.priority}) "
@@ -842,7 +851,7 @@ class Scheduler:
                     gpus = self.policy.select_gpus(work, w.request, need, node, gpus_ok)
                     taken = work.allocate(w.request, node, gpus)
                     _withhold_leftover(work, [book.held(v) for v in chosen.victims], taken)
-                    charge(q, res)
+                    charge(q, res, who=w)
                     new_holds[w.id] = Hold(
                         w.id, work.node_names[node], gpus, tuple(x.id for x in chosen.victims), now
                     )

@@ -436,6 +436,7 @@ class SqueezeBook:
                 v.nodes,
                 True,
                 (preemptor.id,),
+                user=v.user,
             )
             self.by[v.id] = (preemptor.id,)
             self.occupancy[v.id] = 0

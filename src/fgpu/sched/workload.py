@@ -240,6 +240,10 @@ class Workload:
         suspended_host_mib: host memory (MiB) a suspended workload holds on
             ``suspended_on``, charged to that node's ``suspend_host_memory_mib`` budget
             (the :attr:`Suspend.host_memory_mib` it was suspended with); 0 otherwise.
+        user: who submitted it, an opaque name (the Unix uid on one machine, the namespace
+            on Kubernetes, the trace's user in the simulator; "" when unknown). Inside a
+            queue, at equal priority, the user with less allocated goes first
+            (:mod:`fgpu.sched.queueorder`).
 
     Raises:
         InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``);
@@ -262,6 +266,7 @@ class Workload:
     suspendable: bool = False
     suspended_on: str | None = None
     suspended_host_mib: int = 0
+    user: str = ""
 
     def __post_init__(self) -> None:
         nodes: object = self.nodes

@@ -23,12 +23,13 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fgpu.rules.errors import BadRequest, Forbidden
 from fgpu.sched.reasons import gpus
 from fgpu.sched.workload import NON_PREEMPTIBLE_FROM, PRIORITY_CLASSES
-from fgpu.store.records import EVERYONE, QueueConfig
+from fgpu.store.records import EVERYONE, QueueConfig, QueueRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,40 @@ def is_member(queue: QueueConfig, who: Identity) -> bool:
         elif entry == who.user or (entry.isdigit() and int(entry) == who.uid):
             return True
     return False
+
+
+def default_queue_of(queues: Iterable[QueueRecord], who: Identity, fallback: str) -> str:
+    """The queue a submission of ``who`` without a queue goes to.
+
+    The rule: the queue whose ``default_for`` names the user (user name or uid) wins; else
+    the one queue whose ``default_for`` names one of the user's groups (``@name`` or
+    ``@gid``); else ``fallback`` (``default``).
+
+    Raises:
+        BadRequest: field ``queue``: the user's groups name several different default queues
+            (each is named, with the group; give ``-q``, or an admin names the user on one).
+    """
+    by_group: dict[str, list[str]] = {}
+    for record in queues:
+        config = record.config
+        for entry in config.default_for:
+            if entry.startswith("@"):
+                group = entry[1:]
+                if group in who.groups or (group.isdigit() and int(group) in who.gids):
+                    by_group.setdefault(config.name, []).append(entry)
+            elif entry == who.user or (entry.isdigit() and int(entry) == who.uid):
+                return config.name
+    if len(by_group) == 1:
+        return next(iter(by_group))
+    if by_group:
+        named = "; ".join(f"{', '.join(g)} -> queue {q}" for q, g in sorted(by_group.items()))
+        raise BadRequest(
+            "queue",
+            f"no queue given and the groups of {who.shown} have different default queues "
+            f"({named}); give -q/--queue, or an admin makes one the default of "
+            f"{who.user or who.uid} by name (fgpu queue set QUEUE --default-for NAME)",
+        )
+    return fallback
 
 
 def unknown_members(members: tuple[str, ...]) -> list[str]:
@@ -254,6 +289,7 @@ __all__ = [
     "Identity",
     "check_submission",
     "check_within_quota",
+    "default_queue_of",
     "identity_of",
     "is_member",
     "priority_name",

@@ -31,6 +31,7 @@ from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import QueueTree, Resources, Workload
 from fgpu.server.enforcement import Enforcement, EnforcementConfig
 from fgpu.server.enforcing import EnforcementHooks
+from fgpu.server.eventwords import as_listed
 from fgpu.server.interposing import FakeDriver, fake_driver_for, interposer_segments
 from fgpu.server.machine import Machine, discover
 from fgpu.server.metrics import ServiceMetrics
@@ -162,6 +163,7 @@ class ServiceCore(EnforcementHooks):
         self.machine: Machine = discover(backend, suspend_host_memory_mib=suspend_host_memory_mib)
         self._workloads_suspendable = False  # the workloads' driver can checkpoint them
         self._evict_kinds: dict[str, str] = {}  # victims being evicted: preemption or reclaim
+        self._evict_by: dict[str, str] = {}  # victims being evicted: their preemptor's id
         self.mig = MigPool(self.machine.mig_gpus, mig_devices, self.machine.mig_node)
         self._lock = threading.RLock()
         self._handles: dict[str, ProcessHandle] = {}
@@ -379,6 +381,22 @@ class ServiceCore(EnforcementHooks):
             records = list(self._records.values())
         records.sort(key=lambda r: (r.submitted_at, r.id))
         return records
+
+    def _listed(self, text: str) -> str:
+        """``text`` in the words of ``fgpu ls``: GPUs as ``node/index``, active workloads as
+        ``NAME (ID)``, priorities by class name (:func:`fgpu.server.eventwords.as_listed`)."""
+        return self._lister()(text)
+
+    def _lister(self) -> Callable[[str], str]:
+        """:meth:`_listed` with the names of GPUs and workloads read once (for a round's
+        many texts)."""
+        gpus = {
+            device.uuid: f"{node}/{index}"
+            for node, devices in self.machine.devices.items()
+            for index, device in enumerate(devices)
+        }
+        names = {r.id: r.name for r in self._active_records()}
+        return lambda text: as_listed(text, gpus, names)
 
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Callable
 
 from fgpu.agent.events import AgentEvent
 from fgpu.agent.launcher import Launcher
@@ -26,6 +27,12 @@ class EnforcementHooks:
     _handles: dict[str, ProcessHandle]
     _terminating: set[str]
     _fail_reasons: dict[str, str]
+
+    def _listed(self, text: str) -> str:  # ServiceCore's
+        raise NotImplementedError
+
+    def _lister(self) -> Callable[[str], str]:  # ServiceCore's
+        raise NotImplementedError
 
     def _enforce(self) -> None:
         """Hand the governor and the memory guard the running shared-GPU workloads."""
@@ -61,7 +68,9 @@ class EnforcementHooks:
         self.launcher.signal(handle, signal.SIGKILL)
 
     def _store_agent_event(self, event: AgentEvent) -> None:
-        self.store.record_event(event.workload_id, event.kind, event.reason, event.message)
+        self.store.record_event(
+            event.workload_id, event.kind, event.reason, self._listed(event.message)
+        )
 
 
 __all__ = ["EnforcementHooks"]

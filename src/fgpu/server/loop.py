@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from fgpu.sched.budget import QueueBudget
 from fgpu.sched.decide import Decision, OutsideUse, allocation_resources
@@ -144,21 +145,26 @@ class SchedulingLoop(JobRules):
                     log.warning("queues: %s", warning)
             self.store.save_holds(decision.holds)
             self._last = decision
-            reasons = {a.workload: a.reason for a in decision.actions if isinstance(a, Wait)}
+            # what users read, in the words of fgpu ls (GPUs, workloads, priorities by name)
+            listed = self._lister()
+            reasons = {
+                a.workload: listed(a.reason) for a in decision.actions if isinstance(a, Wait)
+            }
             squeezes = False
             for action in decision.actions:
                 if isinstance(action, Place):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._evict_kinds[action.victim] = action.kind
-                    self._stop(action.victim, action.reason)
+                    self._evict_by[action.victim] = action.preemptor
+                    self._stop(action.victim, listed(action.reason))
                     self.metrics.events.preempted(action.kind)
                 elif isinstance(action, Suspend):
-                    self._suspend(action)
+                    self._suspend(replace(action, reason=listed(action.reason)))
                 elif isinstance(action, Restore):
                     self._restore(action)
                 elif isinstance(action, Squeeze | Unsqueeze):
-                    record_squeeze(self._tracked, action)
+                    record_squeeze(self._tracked, replace(action, reason=listed(action.reason)))
                     squeezes = True
             if squeezes:  # the governor pauses squeezed work, and lets released work run
                 self._enforce()

@@ -280,7 +280,10 @@ class ProcessControl(ServiceCore):
             )
         elif record.stop_requested_at is not None:
             kind = self._evict_kinds.pop(workload_id, "preemption")
-            self._tracked.mark_preempted(workload_id, record.reason or "preempted")
+            by = self._evict_by.pop(workload_id, None)
+            self._tracked.mark_preempted(
+                workload_id, record.reason or "preempted", None if by is None else (by, kind)
+            )
             ended = at if at is not None else self.clock()
             self.metrics.events.lost(record.queue, kind, gpu_seconds(record, ended))
         elif code == 0:

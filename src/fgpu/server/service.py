@@ -33,6 +33,7 @@ the API routes call.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +53,13 @@ from fgpu.sched.fairshare import config_warnings
 from fgpu.sched.reasons import gpus
 from fgpu.sched.workload import Resources
 from fgpu.server import views
-from fgpu.server.access import check_submission, check_within_quota, unknown_members
+from fgpu.server.access import (
+    check_submission,
+    check_within_quota,
+    default_queue_of,
+    identity_of,
+    unknown_members,
+)
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.idempotent import check_key, replay
 from fgpu.server.jobrules import JobPlan
@@ -60,6 +67,7 @@ from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
+from fgpu.states import governor_word
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, ArrayPlan, QueueConfig, QueueRecord, WorkloadRecord
@@ -142,15 +150,20 @@ class Service(SchedulingLoop):
             request = self.mig.request_for(sub.mig_request)
         assert request is not None
         tree = self._queue_tree()
-        if body.queue not in tree:
+        queue_name = body.queue
+        if queue_name is None:  # the caller's default queue
+            queue_name = default_queue_of(
+                self.store.list_queues(), identity_of(caller.uid), DEFAULT_QUEUE
+            )
+        if queue_name not in tree:
             known = ", ".join(sorted(tree.specs))
-            raise BadRequest("queue", f"unknown queue {body.queue!r}; queues: {known}")
-        if body.queue not in tree.leaves:
-            raise BadRequest("queue", f"queue {body.queue!r} has child queues; submit to a leaf")
+            raise BadRequest("queue", f"unknown queue {queue_name!r}; queues: {known}")
+        if queue_name not in tree.leaves:
+            raise BadRequest("queue", f"queue {queue_name!r} has child queues; submit to a leaf")
         try:
-            queue = self.store.get_queue(body.queue).config
+            queue = self.store.get_queue(queue_name).config
         except NotFound:  # removed since the tree was read
-            raise BadRequest("queue", f"unknown queue {body.queue!r}") from None
+            raise BadRequest("queue", f"unknown queue {queue_name!r}") from None
         # a memory-only share counts as its share of the largest GPU it may run on
         eligible = [
             n
@@ -159,14 +172,21 @@ class Service(SchedulingLoop):
         ]
         largest = max((n.gpu_memory_mib for n in eligible), default=0)
         counted = request_resources(request, largest)[0]
-        check_submission(
-            queue,
-            caller.uid,
-            admin=self._is_admin(caller),
-            priority=sub.priority,
-            preemptible=body.preemptible,
-            gpu_milli=counted,
-        )
+        try:
+            check_submission(
+                queue,
+                caller.uid,
+                admin=self._is_admin(caller),
+                priority=sub.priority,
+                preemptible=body.preemptible,
+                gpu_milli=counted,
+            )
+        except Forbidden as exc:
+            if body.queue is not None or queue_name == DEFAULT_QUEUE:
+                raise
+            raise Forbidden(  # not asked for by name: say where it came from
+                exc.field, f"{exc.reason} (queue {queue_name} is your default queue; -q chooses)"
+            ) from None
         plan = self._job_plan(caller, body, queue)  # --time, --dependency, --array
         if sub.mig_request is None:
             self._check_could_fit(request)
@@ -206,13 +226,23 @@ class Service(SchedulingLoop):
                     lambda prefix: store.active_names(caller.uid, prefix),
                 )
             if plan.array is not None:
-                return self._submit_array(caller, body, sub, request, name, plan, holders, keyed)
+                return self._submit_array(
+                    caller,
+                    body,
+                    sub,
+                    request,
+                    name,
+                    plan,
+                    holders,
+                    queue_name=queue_name,
+                    keyed=keyed,
+                )
             try:
                 record = self._tracked.submit(
                     time_limit_s=plan.time_limit_s,
                     dependency=plan.dependency,
                     owner_uid=caller.uid,
-                    queue=body.queue,
+                    queue=queue_name,
                     request=request,
                     argv=sub.argv,
                     name=name,
@@ -249,6 +279,8 @@ class Service(SchedulingLoop):
         name: str,
         plan: JobPlan,
         holders: Callable[[list[str]], dict[str, tuple[str, str]]],
+        *,
+        queue_name: str,
         keyed: tuple[str, str] | None = None,
     ) -> WorkloadView:
         """Store every task of an array in one transaction (under the names lock), named
@@ -274,7 +306,7 @@ class Service(SchedulingLoop):
         try:
             records = self.store.submit_tasks(
                 owner_uid=caller.uid,
-                queue=body.queue,
+                queue=queue_name,
                 request=request,
                 argv=sub.argv,
                 tasks=tasks,
@@ -343,12 +375,16 @@ class Service(SchedulingLoop):
         reasons = self._reasons
         states = self._gpu_states()
         records = self.store.list_workloads() if include_done else self._active_records()
-        return [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+        names = {r.id: r.name for r in records}
+        return [views.workload(r, reasons.get(r.id), states.get(r.id), names) for r in records]
 
     def _gpu_states(self) -> dict[str, str]:
-        """The governor's state of each governed workload (running, frozen-by-share,
-        frozen-by-priority), by id."""
-        return {wid: str(v.state) for wid, v in self.enforcement.views().items()}
+        """The governor's state of each governed workload in the words of
+        :mod:`fgpu.states` (running, paused-by-priority, waiting-for-share), by id."""
+        return {
+            wid: governor_word(str(v.state)) or "running"
+            for wid, v in self.enforcement.views().items()
+        }
 
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail:
         """One workload with its events and, while pending, why it waits. ``workload_id``
@@ -360,8 +396,16 @@ class Service(SchedulingLoop):
         """
         record = self._get(workload_id, caller.uid if caller else None)
         events = self.store.events(record.id)
+        names: dict[str, str] = {}
+        if record.preempted_by is not None:
+            with contextlib.suppress(NotFound):
+                names[record.preempted_by] = self.store.get(record.preempted_by).name
         detail = views.detail(
-            record, self._reasons.get(record.id), events, self._gpu_states().get(record.id)
+            record,
+            self._reasons.get(record.id),
+            events,
+            self._gpu_states().get(record.id),
+            names,
         )
         if record.phase in ("running", "paused"):
             detail.enforcement = self.enforcement.describe(record.id)
@@ -438,13 +482,11 @@ class Service(SchedulingLoop):
             raise Forbidden(
                 "queue", f"{user_text(caller.uid)} may not manage queues (root or --admin)"
             )
-        unknown = unknown_members(config.members) if config is not None else []
-        if unknown:
-            raise BadRequest(
-                "members",
-                f"no user or group {', '.join(unknown)} on this machine (a group is written "
-                "@name; numeric uids and gids are taken as they are)",
-            )
+        for field_name, entries in (
+            ("members", config.members if config is not None else ()),
+            ("default_for", config.default_for if config is not None else ()),
+        ):
+            self._check_known(field_name, entries)
         try:
             with self._lock:
                 self._tree = None
@@ -457,6 +499,17 @@ class Service(SchedulingLoop):
         except StoreConflict as exc:
             raise Conflict("name", str(exc)) from None
         self.wake()
+
+    @staticmethod
+    def _check_known(field_name: str, entries: tuple[str, ...]) -> None:
+        """Refuse names of no user or group here (``field_name``: members, default_for)."""
+        unknown = unknown_members(entries)
+        if unknown:
+            raise BadRequest(
+                field_name,
+                f"no user or group {', '.join(unknown)} on this machine (a group is written "
+                "@name; numeric uids and gids are taken as they are)",
+            )
 
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView:
         """Create a queue (admins). Raises BadRequest, Conflict, Forbidden."""

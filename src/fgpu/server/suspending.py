@@ -188,7 +188,9 @@ class Suspension(ProcessControl):
         handle = self._handles.get(victim)
         if self._suspender is None or handle is None or record.cancelled_by is not None:
             why = "no checkpoint API" if self._suspender is None else "no process to suspend"
-            self._evict_instead(victim, f"{action.reason} (not suspended: {why})", action.kind)
+            self._evict_instead(
+                victim, f"{action.reason} (not suspended: {why})", action.kind, action.preemptor
+            )
             return
         if record.stop_requested_at is None:
             self._tracked.mark_stopping(victim, f"suspending: {action.reason}")
@@ -204,7 +206,12 @@ class Suspension(ProcessControl):
         except (CheckpointError, ValueError, OSError) as exc:
             with self._lock:
                 self._busy.discard(victim)
-                self._evict_instead(victim, f"{action.reason} (suspend failed: {exc})", action.kind)
+                self._evict_instead(
+                    victim,
+                    f"{action.reason} (suspend failed: {exc})",
+                    action.kind,
+                    action.preemptor,
+                )
             self.wake()
             return
         with self._lock:
@@ -229,11 +236,12 @@ class Suspension(ProcessControl):
         gpus = sum(record.allocation.gpu_milli) / 1000.0 if record.allocation else 0.0
         return gpus * copy_s
 
-    def _evict_instead(self, victim: str, reason: str, kind: str) -> None:
+    def _evict_instead(self, victim: str, reason: str, kind: str, preemptor: str) -> None:
         """Suspend is not possible: say so, then stop the victim as an eviction."""
         with contextlib.suppress(StoreConflict, InvalidRequestError):
             self.store.record_event(victim, "suspend-failed", reason, f"evicting: {reason}")
         self._evict_kinds[victim] = kind
+        self._evict_by[victim] = preemptor
         self._stop_if_held(victim, reason)
         self.metrics.events.preempted(kind)
 

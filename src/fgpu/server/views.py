@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fgpu import states
 from fgpu.agent.backend import GpuDevice
 from fgpu.agent.governor.runtime import WorkloadView as GovernorView
 from fgpu.agent.hostlimits import LimitSupport
@@ -33,11 +34,16 @@ from fgpu.wire import (
 
 
 def workload(
-    record: WorkloadRecord, wait_reason: str | None, gpu_state: str | None = None
+    record: WorkloadRecord,
+    wait_reason: str | None,
+    gpu_state: str | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> WorkloadView:
     """The list view; a pending workload's reason is why it waits (last round). A finished
     workload shows where it last ran. ``gpu_state``: the governor's state of a running one
-    (:class:`fgpu.agent.governor.plan.RunState`), where it is governed."""
+    in the words of :mod:`fgpu.states` (:func:`fgpu.states.governor_word`), where it is
+    governed. ``names``: workload names by id, to name a preemptor as ``fgpu ls`` does
+    (its id where it is missing)."""
     r = record.request
     grants: list[GpuGrant] = []
     a = record.allocation
@@ -65,6 +71,24 @@ def workload(
         if record.preemptible is not None
         else record.priority < NON_PREEMPTIBLE_FROM
     )
+    holding = record.holds_allocation
+    stopping = holding and record.stop_requested_at is not None
+    squeezed = holding and record.squeezed_by is not None
+    squeezed_by = list(record.squeezed_by or ()) if holding else []
+    shown_gpu_state = gpu_state if holding else None
+    suspended_mib = record.suspended_host_mib if record.is_suspended else None
+    preempted_by = record.preempted_by if record.phase == "pending" else None
+    state = states.workload_state(
+        phase=record.phase,
+        stopping=stopping,
+        squeezed=squeezed,
+        suspended=suspended_mib is not None,
+        gpu_state=shown_gpu_state,
+        preempted_kind=record.preempted_kind if record.phase == "pending" else None,
+    )
+    by_name = None
+    if preempted_by is not None:
+        by_name = (names or {}).get(preempted_by) or preempted_by
     return WorkloadView(
         id=record.id,
         name=record.name,
@@ -89,13 +113,22 @@ def workload(
         started_at=record.started_at,
         finished_at=record.finished_at,
         exit_code=record.exit_code,
-        stopping=record.holds_allocation and record.stop_requested_at is not None,
-        gpu_state=gpu_state if record.holds_allocation else None,
+        stopping=stopping,
+        gpu_state=shown_gpu_state,
         reason=reason,
         restarts=record.restarts,
-        squeezed=record.holds_allocation and record.squeezed_by is not None,
-        squeezed_by=list(record.squeezed_by or ()) if record.holds_allocation else [],
-        suspended_host_mib=record.suspended_host_mib if record.is_suspended else None,
+        squeezed=squeezed,
+        squeezed_by=squeezed_by,
+        suspended_host_mib=suspended_mib,
+        state=state,
+        state_text=states.state_text(
+            state,
+            restarts=record.restarts,
+            by=by_name,
+            squeezed_by=squeezed_by,
+            suspended_host_mib=suspended_mib,
+        ),
+        preempted_by=preempted_by,
         time_limit_s=record.time_limit_s,
         dependency=[f"{kind}:{target}" for kind, target in record.dependency],
         array=array_view(record),
@@ -127,9 +160,11 @@ def detail(
     wait_reason: str | None,
     events: Sequence[EventRecord],
     gpu_state: str | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> WorkloadDetail:
-    """The describe view: the workload and its events."""
-    base = workload(record, wait_reason, gpu_state)
+    """The describe view: the workload and its events (``gpu_state``, ``names``: as
+    :func:`workload`)."""
+    base = workload(record, wait_reason, gpu_state, names)
     return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
 
 
@@ -158,6 +193,7 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         squeeze=c.squeeze,
         default_time_s=c.default_time_s,
         max_time_s=c.max_time_s,
+        default_for=list(c.default_for),
     )
 
 
@@ -211,6 +247,7 @@ def node(
                     memory_mib=mm,
                     used_memory_mib=live.holder_used_mib.get((w.id, uuid), 0),
                     squeezed_by=None if w.squeezed_by is None else list(w.squeezed_by),
+                    owner_uid=w.owner_uid,
                     **governor_fields(v, uuid),
                 )
             )
@@ -237,7 +274,7 @@ def governor_fields(view: GovernorView | None, uuid: str) -> dict[str, Any]:
         return {}
     return {
         "mode": str(view.modes[view.gpu_uuids.index(uuid)]),
-        "state": str(view.state),
+        "state": states.governor_word(str(view.state)),
         "busy": view.busy,
         "achieved_milli": view.achieved_milli,
         "enforcement": view.enforcement or None,
@@ -282,7 +319,13 @@ def mig_node(
             )
             if w is not None:
                 holders.append(
-                    GpuHolder(workload_id=w.id, name=w.name, compute_milli=milli, memory_mib=memory)
+                    GpuHolder(
+                        workload_id=w.id,
+                        name=w.name,
+                        compute_milli=milli,
+                        memory_mib=memory,
+                        owner_uid=w.owner_uid,
+                    )
                 )
         device = gpu.device
         gpus.append(

@@ -471,6 +471,7 @@ class _Engine:
                 priority=w.priority,
                 submitted_at=w.submit_s,
                 suspendable=self.suspendable,
+                user=w.user,
             )
             self.pending += 1
             return

@@ -76,6 +76,10 @@ WORKLOAD_COLUMNS: tuple[str, ...] = (
 )
 """Columns of a workload file, in the order :func:`write_workloads` writes them."""
 
+OPTIONAL_COLUMNS: tuple[str, ...] = ("user",)
+"""Columns a workload file may have besides :data:`WORKLOAD_COLUMNS` (written last when
+any workload has a user)."""
+
 TIME_DECIMALS = 3
 """Generated submission and run times are rounded to the millisecond, so that a saved file
 (:func:`write_workloads`) reads back to the same values."""
@@ -93,6 +97,8 @@ class SimWorkload:
         submit_s: submission time, seconds from the start of the simulation (>= 0).
         duration_s: run time in seconds once started (> 0); a workload stopped by
             preemption starts over and needs the whole run time again.
+        user: who submitted it ("" when the file has no ``user`` column); inside a queue
+            the user with less allocated goes first (:mod:`fgpu.sched.queueorder`).
     """
 
     id: str
@@ -101,6 +107,7 @@ class SimWorkload:
     priority: int
     submit_s: float
     duration_s: float
+    user: str = ""
 
 
 class WorkloadFileError(TraceFormatError):
@@ -332,9 +339,13 @@ def write_workloads(path: str | os.PathLike[str], workloads: Sequence[SimWorkloa
                 format_mib(r.memory_mib) if r.memory_mib else "0",
             ]
         )
+    with_user = any(w.user for w in workloads)
+    if with_user:
+        for row, w in zip(rows, workloads, strict=True):
+            row.append(w.user)
     with open(path, "w", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(WORKLOAD_COLUMNS)
+        writer.writerow((*WORKLOAD_COLUMNS, "user") if with_user else WORKLOAD_COLUMNS)
         writer.writerows(rows)
 
 
@@ -394,7 +405,9 @@ def _header(path: str, header: list[str]) -> dict[str, int]:
         if name in index:
             raise WorkloadFileError(path, 1, f"duplicate column {name!r} in the header")
         index[name] = position
-    unknown = [name for name in header if name not in WORKLOAD_COLUMNS]
+    unknown = [
+        name for name in header if name not in WORKLOAD_COLUMNS and name not in OPTIONAL_COLUMNS
+    ]
     missing = [name for name in WORKLOAD_COLUMNS if name not in index]
     problems = []
     if unknown:
@@ -409,13 +422,15 @@ def _header(path: str, header: list[str]) -> dict[str, int]:
 def load_workloads(path: str | os.PathLike[str]) -> list[SimWorkload]:
     """Load a workload file: a CSV with a header and one workload per row.
 
-    Columns (all required, in any order; no others):
+    Columns (all required but ``user``, in any order; no others):
         ``id``: unique, not empty.
         ``submit_s``: submission time in seconds, a finite number >= 0.
         ``duration_s``: run time in seconds, a finite number > 0.
         ``queue``: the leaf queue, not empty.
         ``priority``: a number (``50``) or a class name (``normal``, ``high``, ...);
             empty means ``normal``.
+        ``user`` (optional, the only optional column): who submitted it; empty or absent
+            means no user (every such workload shares the empty user).
         ``gpu``: ``-g`` syntax: ``0.5`` (a fraction of one GPU), ``1``, ``2`` (whole GPUs);
             empty or ``0`` for no GPU share (CPU-only, or a share derived from
             ``gpu_memory``).
@@ -480,7 +495,8 @@ def load_workloads(path: str | os.PathLike[str]) -> list[SimWorkload]:
             request = _request(
                 where, line, value["gpu"], value["gpu_memory"], value["cpu"], value["memory"]
             )
-            loaded.append(SimWorkload(wid, queue, request, priority, submit_s, duration_s))
+            user = fields[index["user"]].strip() if "user" in index else ""
+            loaded.append(SimWorkload(wid, queue, request, priority, submit_s, duration_s, user))
     except WorkloadFileError:
         raise
     except TraceFormatError as exc:  # from the shared CSV reader

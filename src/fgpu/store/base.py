@@ -169,10 +169,19 @@ class StoreBase:
             wanted = " or ".join(sorted(phases))
             raise StoreConflict(f"workload {row.id} is {row.phase}; {action} needs it {wanted}")
 
-    def _requeue(self, session: Session, row: WorkloadRow, reason: str, message: str) -> None:
+    def _requeue(
+        self,
+        session: Session,
+        row: WorkloadRow,
+        reason: str,
+        message: str,
+        by: tuple[str, str] | None = None,
+    ) -> None:
         """``row`` back to pending from scratch: restarts + 1; its run, place and process
-        cleared (suspension too); event ``preempted`` with ``message`` and the restart count.
-        The caller has locked the row and checked its phase."""
+        cleared (suspension too); event ``preempted`` with ``message`` and the restart count;
+        ``by``: ``(preemptor id, kind)`` where known, kept until it runs again. The caller
+        has locked the row and checked its phase."""
+        row.preempted_by, row.preempted_kind = by if by is not None else (None, None)
         row.phase = PENDING
         row.restarts += 1
         row.started_at = None

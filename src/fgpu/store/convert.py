@@ -35,6 +35,7 @@ def queue_record(row: QueueRow) -> QueueRecord:
         squeeze=row.squeeze,
         default_time_s=row.default_time_s,
         max_time_s=row.max_time_s,
+        default_for=tuple(row.default_for or ()),
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -53,6 +54,7 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.squeeze = config.squeeze
     row.default_time_s = config.default_time_s
     row.max_time_s = config.max_time_s
+    row.default_for = list(config.default_for) or None
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:
@@ -102,6 +104,8 @@ def workload_record(row: WorkloadRow) -> WorkloadRecord:
         time_limit_s=row.time_limit_s,
         dependency=tuple((str(k), str(w)) for k, w in row.dependency or ()),
         array=_array_task(row),
+        preempted_by=row.preempted_by,
+        preempted_kind=row.preempted_kind,
     )
 
 

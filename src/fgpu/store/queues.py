@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.workload import QueueTree
+from fgpu.states import priority_word
 from fgpu.store import convert, validate
 from fgpu.store.base import StoreBase
 from fgpu.store.errors import NotFound, StoreConflict
@@ -152,11 +153,32 @@ class QueueStore(StoreBase):
         specs = {n: convert.queue_record(r).to_spec() for n, r in rows.items()}
         specs[config.name] = config.to_spec()
         QueueTree(specs.values())
+        _check_defaults(rows, config)
         parent = config.parent
         if parent is not None and self._active_count(session, parent):
             raise InvalidRequestError(
                 "parent",
                 f"queue {parent} has active workloads of its own and cannot get child queues",
+            )
+
+
+def _check_defaults(rows: Mapping[str, QueueRow], config: QueueConfig) -> None:
+    """A user or group is the default of one queue at most.
+
+    Raises:
+        InvalidRequestError: field ``default_for``, naming the entry and both queues.
+    """
+    for other, row in sorted(rows.items()):
+        if other == config.name:
+            continue
+        taken = [e for e in config.default_for if e in (row.default_for or ())]
+        if taken:
+            who = ", ".join(taken)
+            raise InvalidRequestError(
+                "default_for",
+                f"{who} already has queue {other} as default; one default queue each: "
+                f"remove it there first (fgpu queue set {other} --default-for ...) or leave "
+                f"it out of queue {config.name}",
             )
 
 
@@ -167,8 +189,10 @@ def _describe_queue(verb: str, config: QueueConfig) -> str:
     parent = f" under {config.parent}" if config.parent else ""
     members = ", ".join(config.members) if config.members else "admins only"
     grant = ", non-preemptible work" if config.nonpreemptible else ""
+    default = f"; default queue of {', '.join(config.default_for)}" if config.default_for else ""
     return (
         f"queue {config.name}{parent} {verb}: quota {gpus:g} GPU(s), {cap}, "
         f"over-quota weight {config.over_quota_weight:g}, priority {config.priority}; "
-        f"members {members} (up to priority {config.max_priority}{grant})"
+        f"members {members} (up to priority {priority_word(config.max_priority)}{grant})"
+        f"{default}"
     )

@@ -84,6 +84,10 @@ class QueueConfig:
             seconds; None: none.
         max_time_s: the longest ``--time`` its workloads may ask for, seconds (a longer one
             is refused at submission); None: no maximum.
+        default_for: whose default queue it is (``fgpu queue set Q --default-for
+            alice,@team``): user names or uids and ``@group`` entries (as in ``members``, but
+            not ``*``); a submission without a queue goes here. One user or group is the
+            default of at most one queue (the store refuses a second, naming both).
     """
 
     name: str
@@ -98,6 +102,7 @@ class QueueConfig:
     squeeze: bool | None = None
     default_time_s: float | None = None
     max_time_s: float | None = None
+    default_for: tuple[str, ...] = ()
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -384,6 +389,11 @@ class WorkloadRecord:
         dependency: conditions that must hold before it may start, ``(type, workload id)``
             pairs (types of :data:`fgpu.rules.slurm.DEPENDENCY_TYPES`).
         array: the array it is a task of; None for a plain workload.
+        preempted_by: pending again after the decision core stopped it for another
+            workload, and not run since: that workload's id (None when not known, or not
+            preempted).
+        preempted_kind: with ``preempted_by``: ``preemption`` (same queue) or ``reclaim``
+            (across queues); None otherwise.
     """
 
     id: str
@@ -419,6 +429,8 @@ class WorkloadRecord:
     time_limit_s: float | None = None
     dependency: tuple[tuple[str, str], ...] = ()
     array: StoredArrayTask | None = None
+    preempted_by: str | None = None
+    preempted_kind: str | None = None
 
     @property
     def is_suspended(self) -> bool:
@@ -467,6 +479,7 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         squeezed_by=record.squeezed_by or () if holding else (),
         suspended_on=record.suspended_on if record.is_suspended else None,
         suspended_host_mib=record.suspended_host_mib if record.is_suspended else 0,
+        user=str(record.owner_uid),
     )
 
 

@@ -90,6 +90,8 @@ class QueueRow(Base):
     # time limits of its workloads, seconds (--default-time, --max-time); NULL: none
     default_time_s: Mapped[float | None]
     max_time_s: Mapped[float | None]
+    # whose default queue it is (records.QueueConfig.default_for); NULL: nobody's
+    default_for: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class WorkloadRow(Base):
@@ -165,6 +167,10 @@ class WorkloadRow(Base):
     array_index: Mapped[int | None]
     array_size: Mapped[int | None]
     array_throttle: Mapped[int | None]
+    # back to pending by preemption or reclaim and not run since: the preemptor's id and
+    # the kind (records.WorkloadRecord.preempted_by); NULL otherwise
+    preempted_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+    preempted_kind: Mapped[str | None] = mapped_column(String(16))
 
 
 class EventRow(Base):

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.workload import PRIORITY_CLASSES, Workload, parse_priority
+from fgpu.states import memory_text
 from fgpu.store import convert, validate
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict, StoreError
 from fgpu.store.idempotency import IdempotencyStore
@@ -382,19 +383,21 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             row.started_at = now
             row.node_name = stored.node_name
             row.allocation = stored.to_json()
+            row.preempted_by = row.preempted_kind = None  # runs again
             row.pid = process_pid
             row.create_time = create_time
             row.stdout_path = stdout_path if stdout_path is not None else row.stdout_path
             row.stderr_path = stderr_path if stderr_path is not None else row.stderr_path
             row.reason = reason
             session.execute(delete(HoldRow).where(HoldRow.workload_id == workload_id))
+            # as fgpu ls names the GPUs it holds: node/0: 0.5 (20GiB)
             shares = ", ".join(
-                f"GPU {g}: {m} milli, {mib} MiB"
+                f"{stored.node_name}/{g}: {m / 1000:g} ({memory_text(mib)})"
                 for g, m, mib in zip(
                     stored.gpus, stored.gpu_milli, stored.gpu_memory_mib, strict=True
                 )
             )
-            where = f"{stored.node_name}" + (f" ({shares})" if shares else "")
+            where = shares or stored.node_name
             if mig is not None:
                 where += f" on MIG {mig.profile}@{mig.start} of GPU {mig.gpu_index} ({mig.uuid})"
             self._event(session, now, workload_id, "started", reason, f"started on {where}")
@@ -497,10 +500,13 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             self._event(session, now, workload_id, "stopping", reason, f"stopping: {reason}")
             return convert.workload_record(row)
 
-    def mark_preempted(self, workload_id: str, reason: str) -> WorkloadRecord:
+    def mark_preempted(
+        self, workload_id: str, reason: str, by: tuple[str, str] | None = None
+    ) -> WorkloadRecord:
         """running or paused -> pending: its process is gone, it waits to run again from the
         same command (restarts + 1; allocation, process and hold cleared; event
-        ``preempted``).
+        ``preempted``). ``by``: ``(preemptor id, preemption|reclaim)`` where known
+        (:attr:`WorkloadRecord.preempted_by`, kept until it runs again).
 
         Raises:
             NotFound, StoreConflict: unknown id, not running or paused, or cancelled by a user
@@ -514,7 +520,7 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
                     f"workload {workload_id} was cancelled by {user_text(row.cancelled_by)}; "
                     "finish it as cancelled"
                 )
-            self._requeue(session, row, reason, f"preempted ({reason})")
+            self._requeue(session, row, reason, f"preempted ({reason})", by)
             return convert.workload_record(row)
 
     def mark_finished(

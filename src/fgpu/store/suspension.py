@@ -126,6 +126,7 @@ class SuspensionStore(StoreBase):
             row.allocation = stored.to_json()
             row.suspended_on = None
             row.suspended_host_mib = None
+            row.preempted_by = row.preempted_kind = None  # runs again
             row.reason = reason or "restored"
             session.execute(delete(HoldRow).where(HoldRow.workload_id == workload_id))
             self._event(

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
-from fgpu.store.records import UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
+from fgpu.store.records import EVERYONE, UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
 QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -116,6 +116,7 @@ def queue_config(config: QueueConfig) -> None:
         )
     integer("priority", config.priority)
     members(config.members)
+    default_for(config.default_for)
     integer("max_priority", config.max_priority, maximum=MAX_WORKLOAD_PRIORITY)
     if not isinstance(config.nonpreemptible, bool):
         raise InvalidRequestError(
@@ -172,6 +173,26 @@ def members(entries: object) -> tuple[str, ...]:
             raise InvalidRequestError("members", f"{entry!r} is listed twice")
         seen.add(entry)
     return tuple(entries)
+
+
+def default_for(entries: object) -> tuple[str, ...]:
+    """Check whose default a queue is: entries as in :func:`members`, but not ``*`` (plain
+    submissions of everyone else go to ``default``).
+
+    Raises:
+        InvalidRequestError: field ``default_for``: as :func:`members`, or ``*``.
+    """
+    try:
+        checked = members(entries)
+    except InvalidRequestError as exc:
+        raise InvalidRequestError("default_for", exc.reason) from None
+    if EVERYONE in checked:
+        raise InvalidRequestError(
+            "default_for",
+            "'*' cannot be a default: name users or @groups (submissions of everyone else "
+            "without a queue go to the queue named default)",
+        )
+    return checked
 
 
 def submission(

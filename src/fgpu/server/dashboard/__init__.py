@@ -40,7 +40,9 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from fgpu.rules.errors import NotFoundError, ServiceError
+from fgpu import states
+from fgpu.rules.errors import BadRequest, NotFoundError, ServiceError
+from fgpu.server.dashboard.logtail import tail_chunks
 from fgpu.server.dashboard.sessions import (
     SESSION_LIFETIME_S,
     LoginThrottle,
@@ -78,14 +80,15 @@ def user_name(uid: int) -> str:
 
 
 def holder_marks(holder: GpuHolder) -> list[str]:
-    """What the GPU map marks on a share: ``paused`` while a higher priority holds it back
-    (the governor's ``frozen-by-priority``), ``squeezed`` while workloads that squeezed it
-    borrow its compute (issue 17)."""
+    """What the GPU map marks on a share, in the words of :mod:`fgpu.states` (also its CSS
+    classes): ``paused-by-priority`` while a higher priority holds it back,
+    ``waiting-for-share`` while it waits for the next period, ``squeezed`` while workloads
+    that squeezed it borrow its compute (issue 17)."""
     marks = []
-    if holder.state == "frozen-by-priority":
-        marks.append("paused")
+    if holder.state in (states.PAUSED_BY_PRIORITY, states.WAITING_FOR_SHARE):
+        marks.append(holder.state)
     if holder.squeezed_by:
-        marks.append("squeezed")
+        marks.append(states.SQUEEZED)
     return marks
 
 
@@ -128,6 +131,7 @@ class ShareCell:
     has a thousand of them; the template only prints)."""
 
     workload_id: str
+    user: str
     milli: int
     width_pct: float
     colour: str
@@ -138,20 +142,23 @@ class ShareCell:
 
 
 def share_cell(holder: GpuHolder, queue: str | None) -> ShareCell:
-    """The cell of ``holder`` on its GPU's bar; ``queue`` None: not known (drawn grey)."""
+    """The cell of ``holder`` on its GPU's bar; ``queue`` None: not known (drawn grey).
+    Its label names the workload and its user (``train alice 0.5``)."""
     marks = holder_marks(holder)
     quota_gib = f"{holder.memory_mib / 1024:.1f}"
+    user = user_name(holder.owner_uid) if holder.owner_uid is not None else "?"
     title = (
-        f"{holder.name} ({holder.workload_id}) queue {queue or '?'}: "
+        f"{holder.name} ({holder.workload_id}) of {user}, queue {queue or '?'}: "
         f"{holder.compute_milli / 10}% compute, {quota_gib} GiB quota"
     )
-    label = f"{holder.name} {holder.compute_milli / 1000}"
+    label = f"{holder.name} {user} {holder.compute_milli / 1000}"
     if marks:
         title += ", " + ", ".join(marks)
         label += " \u00b7 " + ", ".join(marks)
     used = holder.used_memory_mib or 0
     return ShareCell(
         workload_id=holder.workload_id,
+        user=user,
         milli=holder.compute_milli,
         width_pct=holder.compute_milli / 10,
         colour=queue_colour(queue or ""),
@@ -232,6 +239,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     env.globals.update(marks=holder_marks, colour=queue_colour, refresh_s=REFRESH_S)
     env.filters["gib"] = lambda mib: f"{(mib or 0) / 1024:.1f}"
     env.filters["user"] = user_name
+    env.filters["priority"] = states.priority_word
     env.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t))
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")
 
@@ -269,15 +277,28 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     def workload_context(workload_id: str, caller: Caller) -> dict[str, Any]:
         detail = service.get_workload(workload_id)
         refused: str | None = None
+        log: list[tuple[str, str]] = []  # (stream, text), both streams in the order written
         try:
+            path = service.log_path(caller, workload_id, "all")
+        except BadRequest:  # started before fgpu kept the ordered log: stdout alone
             path = service.log_path(caller, workload_id, "stdout")
-        except ServiceError as exc:
-            log, refused = "", exc.reason
-        else:
             size = path.stat().st_size if path.exists() else 0
             data, _ = read_from(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES)
-            log = data.decode("utf-8", "replace")
-        return {"w": detail, "log": log, "log_refused": refused, "now": time.time()}
+            log = [("stdout", data.decode("utf-8", "replace"))]
+        except ServiceError as exc:
+            refused = exc.reason
+        else:
+            log = [
+                (c.stream, c.data.decode("utf-8", "replace"))
+                for c in tail_chunks(path, LOG_TAIL_BYTES)
+            ]
+        return {
+            "w": detail,
+            "log": log,
+            "log_refused": refused,
+            "log_kib": LOG_TAIL_BYTES // 1024,
+            "now": time.time(),
+        }
 
     def workload_body(workload_id: str, caller: Caller) -> tuple[str, dict[str, Any]]:
         context = workload_context(workload_id, caller)
