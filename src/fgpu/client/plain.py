@@ -123,6 +123,7 @@ class PlainGpuHolder:
     memory_mib: int
     mode: str | None = None
     state: str | None = None
+    owner_uid: int | None = None
     busy: bool | None = None
     achieved_milli: int | None = None
     enforcement: str | None = None
