@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 # the API's constants, kept where the client reads them without pydantic
 from fgpu.wire_basics import API_PREFIX as API_PREFIX
 from fgpu.wire_basics import LOG_OFFSET_HEADER as LOG_OFFSET_HEADER
+from fgpu.wire_basics import NEXT_CURSOR_HEADER as NEXT_CURSOR_HEADER
 from fgpu.wire_basics import TERMINAL_PHASES as TERMINAL_PHASES
 
 
@@ -160,6 +161,14 @@ class EventView(BaseModel):
     kind: str
     reason: str
     message: str
+    count: int = Field(
+        default=1,
+        description="how many like events (same workload and kind, close together) this one "
+        "stands for: repeats within the service's coalescing interval add to it",
+    )
+    last_time: float | None = Field(
+        default=None, description="when the last of them happened (seconds since the epoch)"
+    )
 
 
 class WorkloadDetail(WorkloadView):
@@ -210,6 +219,19 @@ class QueueBody(_Strict):
         description="squeeze before evict for preemption inside the queue: true, false "
         "(evict), or null (the service's setting, fgpu serve --squeeze/--no-squeeze)",
     )
+    max_active_per_user: int | None = Field(
+        default=None,
+        description="most active (pending, running, paused) workloads one user may have in "
+        "this queue; null: only the machine's limit (fgpu serve --max-active-per-user)",
+        json_schema_extra={"minimum": 1},
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        description="most bytes of commands and environments one user's workloads of this "
+        "queue may store (active and finished ones not yet pruned); null: only the "
+        "machine's limit (fgpu serve --max-stored-bytes)",
+        json_schema_extra={"minimum": 1024},
+    )
 
 
 class QueueView(BaseModel):
@@ -229,6 +251,8 @@ class QueueView(BaseModel):
     max_priority: int = 50
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    max_active_per_user: int | None = None
+    max_stored_bytes: int | None = None
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

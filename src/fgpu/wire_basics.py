@@ -10,7 +10,11 @@ LOG_OFFSET_HEADER = "X-Fgpu-Log-Offset"
 """``GET /v1/workloads/{id}/logs`` answers the log bytes from ``offset``; this header holds the
 offset to ask for next (``offset`` + the bytes sent)."""
 
+NEXT_CURSOR_HEADER = "X-Fgpu-Next-Cursor"
+"""``GET /v1/workloads?limit=N`` answers one page; this header holds the ``cursor`` of the
+next page (absent on the last)."""
+
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
 """Phases a workload never leaves (DESIGN.md section 8)."""
 
-__all__ = ["API_PREFIX", "LOG_OFFSET_HEADER", "TERMINAL_PHASES"]
+__all__ = ["API_PREFIX", "LOG_OFFSET_HEADER", "NEXT_CURSOR_HEADER", "TERMINAL_PHASES"]

@@ -144,6 +144,8 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "priority": ("--priority",),
     "members": ("--member",),
     "max_priority": ("--max-priority",),
+    "max_active_per_user": ("--max-active-per-user",),
+    "max_stored_bytes": ("--max-stored-bytes",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
 

@@ -540,6 +540,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "PENDING",
         "MEMBERS",
         "MAX PRIORITY",
+        "PER USER",
     ):
         table.add_column(column, overflow="fold")
     for q in queues:
@@ -556,5 +557,23 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.pending),
             ", ".join(q.members) if q.members else "(admins)",
             f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
+            _per_user(q),
         )
     return table
+
+
+def _per_user(queue: QueueView) -> str:
+    """A queue's per-user limits: ``5 active, 64 MiB``; ``-`` for the machine's only."""
+    parts = []
+    if queue.max_active_per_user is not None:
+        parts.append(f"{queue.max_active_per_user} active")
+    if queue.max_stored_bytes is not None:
+        parts.append(_size(queue.max_stored_bytes))
+    return ", ".join(parts) or "-"
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"

@@ -299,7 +299,9 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
             but below one milli-GPU; ``max_priority`` not a priority up to
-            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
+            :data:`MAX_PRIORITY`; ``members`` malformed or repeated;
+            ``max_active_per_user`` below 1, ``max_stored_bytes`` below
+            :data:`fgpu.store.validate.MIN_STORED_BYTES` (either above the largest amount).
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -321,6 +323,16 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         members = validate.members(body.members)
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
+    for field_name, value, least in (
+        ("max_active_per_user", body.max_active_per_user, 1),
+        ("max_stored_bytes", body.max_stored_bytes, validate.MIN_STORED_BYTES),
+    ):
+        if value is not None and not least <= value <= validate.MAX_AMOUNT:
+            raise BadRequest(
+                field_name,
+                f"{value} is out of range: give {least} to {validate.MAX_AMOUNT}, or null for "
+                "the machine's limit",
+            )
     return QueueConfig(
         name or body.name,
         parent=body.parent,
@@ -332,6 +344,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         max_priority=max_priority,
         nonpreemptible=body.nonpreemptible,
         squeeze=body.squeeze,
+        max_active_per_user=body.max_active_per_user,
+        max_stored_bytes=body.max_stored_bytes,
     )
 
 

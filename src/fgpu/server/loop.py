@@ -30,6 +30,7 @@ from fgpu.sched.workload import (
 )
 from fgpu.server.mig_pool import MigCandidate
 from fgpu.server.recovery import Recovery
+from fgpu.server.retention import Pruner, RetentionPolicy
 from fgpu.server.squeezing import record_squeeze
 from fgpu.store.records import WorkloadRecord
 
@@ -44,7 +45,11 @@ decided in one round instead of one round each."""
 
 
 class SchedulingLoop(Recovery):
-    """Part of :class:`fgpu.server.service.Service`: the loop and its rounds."""
+    """Part of :class:`fgpu.server.service.Service`: the loop and its rounds, and (beside
+    them) retention's pruning (:mod:`fgpu.server.retention`, set by :attr:`retention`)."""
+
+    retention: RetentionPolicy = RetentionPolicy()
+    pruner: Pruner | None = None
 
     # ------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -56,6 +61,11 @@ class SchedulingLoop(Recovery):
         await asyncio.to_thread(self._recover)
         await asyncio.to_thread(self._enforce)
         self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
+        self.store.event_coalesce_s = self.retention.event_interval_s
+        self.pruner = Pruner(self.store.prune, self.log_dir, self.clock, self.retention.retention_s)
+        pruning = asyncio.create_task(self.pruner.run(), name="fgpu-retention")
+        self._background.add(pruning)
+        pruning.add_done_callback(self._background.discard)
         self.wake()
 
     async def stop(self) -> None:

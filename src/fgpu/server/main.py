@@ -30,6 +30,7 @@ import typer
 from fgpu.addresses import SOCKET_ENV, default_socket_path
 from fgpu.server.connlimit import ConnectionLimits, LimitError
 from fgpu.server.quotas import SubmissionLimits
+from fgpu.server.retention import RetentionPolicy, parse_duration
 
 TOKEN_ENV = "FGPU_TOKEN"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -304,6 +305,31 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = 256 * 1024,
+    max_stored_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Bytes of commands and environments one user's stored workloads (active, "
+            "and finished until pruned) may take, all queues (a size: 256MiB); a queue may "
+            "set less for its own (fgpu queue set --max-stored-bytes); more gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = "256MiB",
+    retention: Annotated[
+        str,
+        typer.Option(
+            help="How long finished workloads, their events and logs are kept (7d, 12h, "
+            "30m, 90s); older ones are deleted in the background.",
+            rich_help_panel="Limits",
+        ),
+    ] = "7d",
+    event_interval: Annotated[
+        str,
+        typer.Option(
+            help="Like events of one workload (same kind) within this interval are kept as "
+            "one with a count (60s; 0 keeps each).",
+            rich_help_panel="Limits",
+        ),
+    ] = "60s",
     suspend_host_memory: Annotated[
         str,
         typer.Option(
@@ -342,9 +368,8 @@ def serve(
                 request_timeout_s=request_timeout,
                 idle_timeout_s=idle_timeout,
             ),
-            submission_limits=SubmissionLimits(
-                max_active=max_active_per_user, max_submission_bytes=max_submission_bytes
-            ),
+            submission_limits=(max_active_per_user, max_submission_bytes, max_stored_bytes),
+            retention=(retention, event_interval),
             suspend_host_memory=suspend_host_memory,
         )
     )
@@ -374,7 +399,8 @@ def run_serve(
     metrics_listen: str | None = None,
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
-    submission_limits: SubmissionLimits | None = None,
+    submission_limits: SubmissionLimits | tuple[int, int, str] | None = None,
+    retention: RetentionPolicy | tuple[str, str] | None = None,
     suspend_host_memory: str = "25%",
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
@@ -475,11 +501,7 @@ def run_serve(
             connection_limits.check()
         except LimitError as exc:
             raise ServeOptionError(str(exc)) from None
-        submission_limits = submission_limits or SubmissionLimits()
-        try:
-            submission_limits.check()
-        except ValueError as exc:
-            raise ServeOptionError(str(exc)) from None
+        submission_limits, retention = _limits(submission_limits, retention)
         import psutil
 
         from fgpu.server.suspending import suspend_budget_mib
@@ -514,7 +536,46 @@ def run_serve(
         connection_limits,
         submission_limits,
         suspend_mib,
+        retention,
     )
+
+
+def _limits(
+    submission: SubmissionLimits | tuple[int, int, str] | None,
+    retention: RetentionPolicy | tuple[str, str] | None,
+) -> tuple[SubmissionLimits, RetentionPolicy]:
+    """The per-user limits and the retention from their flags (``--max-active-per-user``,
+    ``--max-submission-bytes``, ``--max-stored-bytes``; ``--retention``,
+    ``--event-interval``), checked.
+
+    Raises:
+        ServeOptionError: naming the flag and echoing the value.
+    """
+    from fgpu.model.units import UnitError, parse_bytes
+
+    try:
+        if isinstance(submission, tuple):
+            active, per_submission, stored_text = submission
+            try:
+                stored = parse_bytes(stored_text, "--max-stored-bytes")
+            except UnitError as exc:
+                raise ValueError(f"--max-stored-bytes: {stored_text!r}: {exc.reason}") from None
+            submission = SubmissionLimits(active, per_submission, stored)
+        submission = submission or SubmissionLimits()
+        submission.check()
+        if isinstance(retention, tuple):
+            keep_text, interval_text = retention
+            interval = (
+                0.0
+                if interval_text.strip() in ("0", "0s")
+                else parse_duration("--event-interval", interval_text)
+            )
+            retention = RetentionPolicy(parse_duration("--retention", keep_text), interval)
+        retention = retention or RetentionPolicy()
+        retention.check()
+    except ValueError as exc:
+        raise ServeOptionError(str(exc)) from None
+    return submission, retention
 
 
 def is_loopback(host: str) -> bool:
@@ -588,6 +649,7 @@ def _start(
     connection_limits: ConnectionLimits | None = None,
     submission_limits: SubmissionLimits | None = None,
     suspend_mib: int = 0,
+    retention: RetentionPolicy | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -644,6 +706,8 @@ def _start(
         raise
     if submission_limits is not None:
         service.submission_limits = submission_limits
+    if retention is not None:
+        service.retention = retention
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

@@ -34,6 +34,7 @@ the API routes call.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,6 +69,35 @@ from fgpu.wire import (
 
 log = logging.getLogger("fgpu.server")
 
+MAX_PAGE = 10_000
+"""Most workloads one page of a listing holds."""
+
+
+def format_cursor(cursor: tuple[float, str] | None) -> str | None:
+    """A page's end as text for the API: ``<submitted_at>~<id>`` (None stays None)."""
+    return None if cursor is None else f"{cursor[0]!r}~{cursor[1]}"
+
+
+def parse_cursor(text: str | None) -> tuple[float, str] | None:
+    """The page end :func:`format_cursor` wrote.
+
+    Raises:
+        BadRequest: field ``cursor``, echoing the text, when it is not one.
+    """
+    if text is None:
+        return None
+    time_text, sep, workload_id = text.partition("~")
+    try:
+        submitted = float(time_text)
+    except ValueError:
+        submitted = float("nan")
+    if not sep or not workload_id or not math.isfinite(submitted):
+        shown = text if len(text) <= 80 else f"{text[:80]}..."
+        raise BadRequest(
+            "cursor", f"{shown!r} is not a cursor: pass the X-Fgpu-Next-Cursor of a page as it is"
+        )
+    return submitted, workload_id
+
 
 class Service(SchedulingLoop):
     """Use-cases of the single-machine service and its scheduling loop.
@@ -101,7 +131,8 @@ class Service(SchedulingLoop):
                 ``--max-submission-bytes``.
             BadRequest: ``preemptible``: non-preemptible work above its queue's GPU quota,
                 which could never start (:func:`fgpu.server.access.check_within_quota`).
-            LimitReached: the caller has ``--max-active-per-user`` active workloads.
+            LimitReached: the caller is at a per-user limit of the queue or the machine
+                (active workloads, stored bytes; :mod:`fgpu.server.quotas`).
             Conflict: the caller has an active workload of the name asked for.
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
@@ -145,14 +176,18 @@ class Service(SchedulingLoop):
             preemptible=body.preemptible,
         )
         limits = self.submission_limits
-        limits.check_size(sub.argv, body.env)
+        size = limits.check_size(sub.argv, body.env)
         store = self.store
+        checked = False
 
         def holders(names: list[str]) -> dict[str, tuple[str, str]]:
-            """The caller's active workloads of ``names``; refuses one over the caller's
-            active limit (one read for both)."""
-            active, found = store.active_holders(caller.uid, names)
-            limits.check_active(active)
+            """The caller's active workloads of ``names``; the first time, refuses one over
+            the caller's limits (the queue's and the machine's)."""
+            nonlocal checked
+            if not checked:
+                limits.check_usage(store.owner_usage(caller.uid, body.queue), queue, size)
+                checked = True
+            _, found = store.active_holders(caller.uid, names, count=False)
             return found
 
         with self._names_lock:  # names are unique among the owner's active workloads
@@ -236,6 +271,55 @@ class Service(SchedulingLoop):
         states = self._gpu_states()
         records = self.store.list_workloads() if include_done else self._active_records()
         return [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+
+    def workload_page(
+        self,
+        caller: Caller,
+        *,
+        include_done: bool = False,
+        mine: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[WorkloadView], str | None]:
+        """A page of workloads, oldest first, and the cursor of the next page (None: last).
+
+        Args:
+            caller: who asks.
+            include_done: finished ones too (read from the store, a page at a time).
+            mine: only the caller's work and others' running or paused work (others'
+                pending work is theirs to watch: one user's backlog costs others nothing).
+            limit: most workloads (1..:data:`MAX_PAGE`; None: all).
+            cursor: where the previous page ended (its ``next`` cursor).
+
+        Raises:
+            BadRequest: ``limit`` out of range, or a malformed ``cursor`` (echoed).
+        """
+        if limit is not None and not 1 <= limit <= MAX_PAGE:
+            raise BadRequest("limit", f"{limit} must be between 1 and {MAX_PAGE}")
+        after = parse_cursor(cursor)
+        owner = caller.uid if mine else None
+        if include_done:
+            records, following = self.store.workload_page(
+                after=after,
+                limit=limit if limit is not None else 2**62,
+                owner_uid=owner,
+                with_others_running=mine,
+            )
+        else:
+            records = [
+                r
+                for r in self._active_records()
+                if (owner is None or r.owner_uid == owner or r.holds_allocation)
+                and (after is None or (r.submitted_at, r.id) > after)
+            ]
+            following = None
+            if limit is not None and len(records) > limit:
+                records = records[:limit]
+                following = (records[-1].submitted_at, records[-1].id)
+        reasons = self._reasons
+        states = self._gpu_states()
+        shown = [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+        return shown, format_cursor(following)
 
     def _gpu_states(self) -> dict[str, str]:
         """The governor's state of each governed workload (running, frozen-by-share,
@@ -453,11 +537,33 @@ class Service(SchedulingLoop):
         reasons = sorted(self._reasons.items())
         return (self.metrics.writes, self._queue_tree(), tuple(reasons), tuple(fair))
 
-    def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
-        """Events after ``after_id`` (all when None), oldest first."""
+    def events(
+        self,
+        after_id: int | None = None,
+        limit: int = 1000,
+        caller: Caller | None = None,
+        all_users: bool = False,
+    ) -> list[EventView]:
+        """Events after ``after_id`` (all when None), oldest first, at most ``limit``.
+
+        A caller who is not an admin gets the events of their own workloads and those of no
+        workload (queue and node changes) unless ``all_users``: users see all work
+        (DESIGN.md section 5), but one user's event flood is not pushed to every other
+        user. Admins (and ``caller`` None: the dashboard) get everyone's. Like events of
+        one workload close together come as one with a count (``fgpu serve
+        --event-interval``).
+
+        Raises:
+            BadRequest: ``limit`` outside 1..10000.
+        """
         if limit < 1 or limit > 10_000:
             raise BadRequest("limit", "must be between 1 and 10000")
-        return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
+        scoped = caller is not None and not all_users and not self._is_admin(caller)
+        visible = caller.uid if scoped and caller is not None else None
+        return [
+            views.event(e)
+            for e in self.store.events(after_id=after_id, limit=limit, visible_to=visible)
+        ]
 
 
 __all__ = ["DEFAULT_QUEUE", "Caller", "Service", "claim_state_dir", "default_state_dir"]

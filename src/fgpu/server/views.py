@@ -106,6 +106,8 @@ def event(record: EventRecord) -> EventView:
         kind=record.kind,
         reason=record.reason,
         message=record.message,
+        count=record.count,
+        last_time=record.last_time,
     )
 
 
@@ -143,6 +145,8 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
         squeeze=c.squeeze,
+        max_active_per_user=c.max_active_per_user,
+        max_stored_bytes=c.max_stored_bytes,
     )
 
 

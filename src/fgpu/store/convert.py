@@ -32,6 +32,8 @@ def queue_record(row: QueueRow) -> QueueRecord:
         max_priority=row.max_priority,
         nonpreemptible=row.nonpreemptible,
         squeeze=row.squeeze,
+        max_active_per_user=row.max_active_per_user,
+        max_stored_bytes=row.max_stored_bytes,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -48,6 +50,8 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.max_priority = config.max_priority
     row.nonpreemptible = bool(config.nonpreemptible)
     row.squeeze = config.squeeze
+    row.max_active_per_user = config.max_active_per_user
+    row.max_stored_bytes = config.max_stored_bytes
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:
@@ -106,6 +110,8 @@ def event_record(row: EventRow) -> EventRecord:
         kind=row.kind,
         reason=row.reason,
         message=row.message,
+        count=row.count or 1,
+        last_time=row.last_time if row.last_time is not None else row.time,
     )
 
 

@@ -80,6 +80,12 @@ class QueueConfig:
             priority class at or above ``high``, or ``preemptible: false``).
         squeeze: squeeze before evict for preemption inside this queue: True, False (evict
             only), or None (the service's setting, ``fgpu serve --squeeze/--no-squeeze``).
+        max_active_per_user: most active (pending, running, paused) workloads one user may
+            have in this queue; None: only the machine's limit (``fgpu serve
+            --max-active-per-user``) over all queues.
+        max_stored_bytes: most bytes of commands and environments one user's workloads of
+            this queue may store (active ones and finished ones not yet pruned); None: only
+            the machine's limit (``fgpu serve --max-stored-bytes``) over all queues.
     """
 
     name: str
@@ -92,6 +98,8 @@ class QueueConfig:
     max_priority: int = PRIORITY_CLASSES["normal"]
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    max_active_per_user: int | None = None
+    max_stored_bytes: int | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -450,6 +458,9 @@ class EventRecord:
             ``queue-deleted``, ``node-updated``, ``node-removed``.
         reason: why, in a few words.
         message: a sentence for users.
+        count: how many like events (same workload and kind) this one stands for: they were
+            coalesced into it (``Store.record_event(coalesce_s=...)``); 1 for most.
+        last_time: when the last of them happened (``time`` when ``count`` is 1).
     """
 
     id: int
@@ -458,6 +469,8 @@ class EventRecord:
     kind: str
     reason: str
     message: str
+    count: int = 1
+    last_time: float | None = None
 
 
 # -------------------------------------------------------------------------- inventory

@@ -84,6 +84,9 @@ class QueueRow(Base):
     nonpreemptible: Mapped[bool]
     # squeeze before evict for this queue's preemptions; NULL: the service's setting
     squeeze: Mapped[bool | None]
+    # per-user limits of this queue (issue 27); NULL: only the machine's (fgpu serve flags)
+    max_active_per_user: Mapped[int | None]
+    max_stored_bytes: Mapped[int | None]
 
 
 class WorkloadRow(Base):
@@ -99,6 +102,10 @@ class WorkloadRow(Base):
         Index("ix_workloads_queue", "queue"),
         # a submission's name check and its owner's active count (issue 27)
         Index("ix_workloads_owner_phase_name", "owner_uid", "phase", "name"),
+        # a user's active count and stored bytes per queue, from the index alone (issue 27)
+        Index("ix_workloads_owner_queue_phase", "owner_uid", "queue", "phase", "stored_bytes"),
+        # retention: finished workloads oldest first
+        Index("ix_workloads_finished_at", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -146,6 +153,9 @@ class WorkloadRow(Base):
     # the node it waits on and the host memory it holds there (MiB); NULL otherwise
     suspended_on: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     suspended_host_mib: Mapped[int | None]
+    # bytes its command and environment take as stored (fgpu.store.validate.stored_bytes);
+    # NULL only for rows written before revision r0007 and not backfilled
+    stored_bytes: Mapped[int | None]
 
 
 class EventRow(Base):
@@ -163,6 +173,10 @@ class EventRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str]
     message: Mapped[str]
+    # coalescing (issue 27): how many like events this row stands for (NULL: one) and when
+    # the last of them happened (NULL: at ``time``)
+    count: Mapped[int | None]
+    last_time: Mapped[float | None]
 
 
 class NodeRow(Base):

@@ -6,6 +6,7 @@ answer with a 4xx carrying the message as it is.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,10 @@ MAX_MEMBERS = 256
 """Most entries in a queue's member list."""
 MAX_WORKLOAD_PRIORITY = 1000
 """Highest workload priority there is (submissions above it are refused)."""
+
+MIN_STORED_BYTES = 1024
+"""Smallest per-user stored-bytes limit a queue may set (a submission stores at least a few
+dozen bytes; less would refuse everything)."""
 
 MAX_AMOUNT = UNCAPPED - 1
 """Largest amount the store keeps (fits a signed 64-bit column with room to spare)."""
@@ -121,6 +126,17 @@ def queue_config(config: QueueConfig) -> None:
         raise InvalidRequestError(
             "nonpreemptible", f"must be true or false (got {config.nonpreemptible!r})"
         )
+    if config.max_active_per_user is not None:
+        integer("max_active_per_user", config.max_active_per_user, minimum=1)
+    if config.max_stored_bytes is not None:
+        integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
+
+
+def stored_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Bytes a command and an environment take in the store (compact UTF-8 JSON of
+    ``[argv, env]``): what the per-submission and per-user byte limits count."""
+    dump = json.dumps([list(argv), dict(env)], ensure_ascii=False, separators=(",", ":"))
+    return len(dump.encode("utf-8", errors="surrogatepass"))
 
 
 def members(entries: object) -> tuple[str, ...]:
