@@ -402,8 +402,17 @@ def events_table(events: Iterable[EventView]) -> Table:
     for column in ("TIME", "KIND", "REASON", "MESSAGE"):
         table.add_column(column, overflow="fold")
     for e in events:
-        table.add_row(clock_text(e.time), e.kind, safe(e.reason), safe(e.message))
+        table.add_row(clock_text(e.time), e.kind, safe(e.reason), safe(e.message) + repeats(e))
     return table
+
+
+def repeats(event: EventView) -> str:
+    """`` (x 2,676 in 20 s)`` for an event that stands for several like ones (coalesced by
+    the service), else empty."""
+    if event.count <= 1:
+        return ""
+    span = max(0.0, (event.last_time or event.time) - event.time)
+    return f" (x {event.count:,} in {span:.0f} s)"
 
 
 def top_rows(nodes: Sequence[NodeView]) -> list[dict[str, object]]:

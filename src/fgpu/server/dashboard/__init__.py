@@ -64,6 +64,9 @@ LOG_TAIL_BYTES = 4096
 MAX_URL_BYTES = 8192
 """Longest path plus query string a dashboard page answers (its own links are far shorter);
 a longer one gets 414 at once."""
+PENDING_SHOWN = 50
+"""Pending workloads the overview lists (the oldest; the rest are counted): one user's
+backlog of thousands must not make every viewer's page megabytes (issue 27)."""
 EVENTS_SHOWN = 20
 
 _templates = Jinja2Templates(directory=HERE / "templates")
@@ -171,10 +174,12 @@ def _context(service: "ServiceApi", events: list[EventView]) -> dict[str, Any]:
         for n in nodes
         for g in n.gpus
     ]
+    pending = [w for w in workloads if w.phase == "pending"]
     return {
         "gpus": gpus,
         "queues": service.list_queues(),
-        "pending": [w for w in workloads if w.phase == "pending"],
+        "pending": pending[:PENDING_SHOWN],
+        "pending_more": max(0, len(pending) - PENDING_SHOWN),
         "events": events,
         "now": time.time(),
     }
