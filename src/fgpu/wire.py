@@ -11,19 +11,45 @@ answers 422 with ``{"detail": {"field": ..., "reason": ...}}`` when they are wro
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic.config import JsonDict
 
 # the API's constants, kept where the client reads them without pydantic
 from fgpu.wire_basics import API_PREFIX as API_PREFIX
 from fgpu.wire_basics import LOG_OFFSET_HEADER as LOG_OFFSET_HEADER
 from fgpu.wire_basics import NEXT_CURSOR_HEADER as NEXT_CURSOR_HEADER
 from fgpu.wire_basics import TERMINAL_PHASES as TERMINAL_PHASES
+from fgpu.wire_limits import (
+    ENV_NAME_PATTERN,
+    MAX_AMOUNT,
+    MAX_ARGUMENT_BYTES,
+    MAX_GRACE_S,
+    MAX_MEMBERS,
+    MAX_PRIORITY,
+    MAX_QUOTA_GPUS,
+    MEMBER_PATTERN,
+    MIN_STORED_BYTES,
+    NAME_LENGTH,
+    QUEUE_NAME_PATTERN,
+    TEXT_PATTERN,
+    anchored,
+    workload_name_schema,
+)
+
+_ARGUMENT_CHARS = MAX_ARGUMENT_BYTES - 1
+"""Most characters of one argument (its bytes with the NUL at most MAX_ARGUMENT_BYTES; an
+ASCII argument reaches this, others less)."""
+_QUEUE_NAME: JsonDict = {
+    "minLength": 1,
+    "maxLength": NAME_LENGTH,
+    "pattern": anchored(QUEUE_NAME_PATTERN),
+}
 
 
 class _Strict(BaseModel):
     """A request body: unknown fields are refused. Limits the server checks itself (with
     its own field and reason) are declared for the OpenAPI document in
     ``json_schema_extra``, so that the document lists them without pydantic answering
-    first."""
+    first. Their values come from :mod:`fgpu.wire_limits`, as the server's checks' do."""
 
     # strict: JSON types as the document says (no false for a number, no 1 for true)
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -35,14 +61,23 @@ class SubmitRequest(_Strict):
     command: list[str] = Field(
         description="argv; with shell=true one shell command line. Each argument (and each "
         "env NAME=value) at most 131072 bytes in UTF-8 with its NUL, command and env together "
-        "at most 1048576 bytes; no NUL characters"
+        "at most 1048576 bytes; no NUL characters",
+        json_schema_extra={
+            "minItems": 1,
+            "items": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": _ARGUMENT_CHARS,
+                "pattern": anchored(TEXT_PATTERN),
+            },
+        },
     )
     shell: bool = False
     name: str | None = Field(
         default=None,
-        description="display name: not empty or only spaces, no leading '-', no control, "
-        "format (Cf) or line/paragraph separator characters",
-        json_schema_extra={"maxLength": 128},
+        description="display name: not empty or only spaces, no leading '-', no '/', not "
+        "'.' or '..', no control, format (Cf) or line/paragraph separator characters",
+        json_schema_extra=workload_name_schema,
     )
     gpu: str | None = Field(None, description="-g: a fraction '0.5' or a count '2'")
     gpu_fraction: str | None = Field(None, description="share on each of several GPUs")
@@ -60,15 +95,31 @@ class SubmitRequest(_Strict):
         default="normal",
         description="a class (very-low, low, normal, high, critical) or a number 0..1000",
     )
-    queue: str = Field(default="default", json_schema_extra={"maxLength": 128})
+    queue: str = Field(default="default", json_schema_extra=_QUEUE_NAME)
     preemptible: StrictBool | None = None
     grace_s: float = Field(
         default=30.0,
         description="SIGTERM to SIGKILL, seconds",
-        json_schema_extra={"minimum": 0, "maximum": 3600},
+        json_schema_extra={"minimum": 0, "maximum": MAX_GRACE_S},
     )
-    cwd: str = Field(default="/", description="an absolute path")
-    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = Field(
+        default="/",
+        description="an absolute path",
+        json_schema_extra={"pattern": anchored("/" + TEXT_PATTERN)},
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": anchored(ENV_NAME_PATTERN)},
+            "additionalProperties": {
+                "type": "string",
+                # NAME=value with its NUL: a one-character name leaves this much for the
+                # value (a longer name less, which a schema cannot tie to the name)
+                "maxLength": MAX_ARGUMENT_BYTES - 3,
+                "pattern": anchored(TEXT_PATTERN),
+            },
+        },
+    )
 
 
 class ResourceRequest(BaseModel):
@@ -188,28 +239,37 @@ class QueueBody(_Strict):
 
     name: str = Field(
         description="an ASCII letter or digit, then letters, digits, '.', '_' or '-'",
-        json_schema_extra={"minLength": 1, "maxLength": 128},
+        json_schema_extra=_QUEUE_NAME,
     )
-    parent: str | None = Field(default=None, json_schema_extra={"maxLength": 128})
+    parent: str | None = Field(
+        default=None, json_schema_extra={"minLength": 1, "maxLength": NAME_LENGTH}
+    )
     quota: float = Field(
-        default=0.0, description="GPUs", json_schema_extra={"minimum": 0, "maximum": 1_000_000}
+        default=0.0,
+        description="GPUs",
+        json_schema_extra={"minimum": 0, "maximum": MAX_QUOTA_GPUS},
     )
     limit: float | None = Field(
         default=None,
         description="GPUs (none: no limit), at least the quota",
-        json_schema_extra={"minimum": 0, "maximum": 1_000_000},
+        json_schema_extra={"minimum": 0, "maximum": MAX_QUOTA_GPUS},
     )
     over_quota_weight: float = Field(default=1.0, json_schema_extra={"minimum": 0})
-    priority: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": 2**62 - 1})
+    priority: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": MAX_AMOUNT})
     members: list[str] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=MAX_MEMBERS,
         description="who may submit besides admins: user names or uids, '@group' (name or "
         "gid), '*' for everyone; empty: admins only",
+        json_schema_extra={
+            "uniqueItems": True,
+            "items": {"type": "string", "pattern": anchored(MEMBER_PATTERN)},
+        },
     )
     max_priority: int | str = Field(
         default="normal",
         description="highest workload priority non-admin members may use (number or class)",
+        json_schema_extra={"minimum": 0, "maximum": MAX_PRIORITY},
     )
     nonpreemptible: StrictBool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
@@ -223,14 +283,14 @@ class QueueBody(_Strict):
         default=None,
         description="most active (pending, running, paused) workloads one user may have in "
         "this queue; null: only the machine's limit (fgpu serve --max-active-per-user)",
-        json_schema_extra={"minimum": 1},
+        json_schema_extra={"minimum": 1, "maximum": MAX_AMOUNT},
     )
     max_stored_bytes: int | None = Field(
         default=None,
         description="most bytes of commands and environments one user's workloads of this "
         "queue may store (active and finished ones not yet pruned); null: only the "
         "machine's limit (fgpu serve --max-stored-bytes)",
-        json_schema_extra={"minimum": 1024},
+        json_schema_extra={"minimum": MIN_STORED_BYTES, "maximum": MAX_AMOUNT},
     )
 
 

@@ -27,17 +27,15 @@ from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import QueueBody, SubmitRequest
 
+# the bounds the OpenAPI document states too (one source: fgpu.wire_limits)
+from fgpu.wire_limits import MAX_ARGUMENT_BYTES as MAX_ARGUMENT_BYTES
+from fgpu.wire_limits import MAX_COMMAND_BYTES as MAX_COMMAND_BYTES
+from fgpu.wire_limits import MAX_GRACE_S as MAX_GRACE_S
+from fgpu.wire_limits import MAX_PRIORITY as MAX_PRIORITY
+from fgpu.wire_limits import MAX_QUOTA_GPUS
+
 ISOLATIONS = ("share", "mig")
 """``isolation`` values: a share of a GPU (the default) or a MIG instance."""
-
-MAX_GRACE_S = 3600.0
-MAX_PRIORITY = 1000
-"""Highest numeric priority a submission may ask for (the classes end at critical, 125)."""
-MAX_ARGUMENT_BYTES = 131_072
-"""Longest single argument or ``NAME=value``, with its NUL (Linux ``MAX_ARG_STRLEN``)."""
-MAX_COMMAND_BYTES = 1_048_576
-"""Command and environment together (half of Linux's default ``ARG_MAX`` of 2 MiB, which
-also has to hold the wrapper's own arguments and pointers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,8 +302,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             :data:`fgpu.store.validate.MIN_STORED_BYTES` (either above the largest amount).
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
-        if value is not None and (value != value or value < 0 or value > 1e6):
-            raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
+        if value is not None and (value != value or value < 0 or value > MAX_QUOTA_GPUS):
+            raise BadRequest(field_name, f"must be a number of GPUs between 0 and {MAX_QUOTA_GPUS}")
         if value is not None and value > 0 and round(value * 1000) == 0:
             raise BadRequest(
                 field_name, f"{value:g} GPUs is below the smallest amount, 0.001 (one milli-GPU)"

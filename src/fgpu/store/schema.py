@@ -26,6 +26,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# longest workload id and name: the API's bounds (one source)
+from fgpu.wire_limits import ID_LENGTH as ID_LENGTH
+from fgpu.wire_limits import NAME_LENGTH as NAME_LENGTH
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -38,11 +42,6 @@ NAMING = {
 PHASES = ("pending", "running", "paused", "succeeded", "failed", "cancelled")
 """Workload phases (DESIGN.md section 8)."""
 
-NAME_LENGTH = 128
-"""Longest queue, node or workload name."""
-
-ID_LENGTH = 32
-"""Longest workload id."""
 
 # A 64-bit integer column; on SQLite an INTEGER PRIMARY KEY must be spelt INTEGER to be the
 # rowid (and so auto-increment), which BIGINT is not.

@@ -11,26 +11,22 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
+from fgpu import wire_limits
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.store.records import UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
-QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-"""Queue names: a letter or digit, then letters, digits, ``.``, ``_`` or ``-``."""
-MEMBER = re.compile(r"\*|@?[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
-"""A queue member: ``*``, a user name or uid, or ``@`` and a group name or gid (the
-characters of portable Unix user and group names, at most 32 of them)."""
-MAX_MEMBERS = 256
-"""Most entries in a queue's member list."""
-MAX_WORKLOAD_PRIORITY = 1000
+QUEUE_NAME = re.compile(wire_limits.QUEUE_NAME_PATTERN)
+"""Queue names (:data:`fgpu.wire_limits.QUEUE_NAME_PATTERN`)."""
+MEMBER = re.compile(wire_limits.MEMBER_PATTERN)
+"""A queue member (:data:`fgpu.wire_limits.MEMBER_PATTERN`)."""
+MAX_MEMBERS = wire_limits.MAX_MEMBERS
+MAX_WORKLOAD_PRIORITY = wire_limits.MAX_PRIORITY
 """Highest workload priority there is (submissions above it are refused)."""
-
-MIN_STORED_BYTES = 1024
-"""Smallest per-user stored-bytes limit a queue may set (a submission stores at least a few
-dozen bytes; less would refuse everything)."""
-
-MAX_AMOUNT = UNCAPPED - 1
-"""Largest amount the store keeps (fits a signed 64-bit column with room to spare)."""
+MIN_STORED_BYTES = wire_limits.MIN_STORED_BYTES
+MAX_AMOUNT = wire_limits.MAX_AMOUNT
+"""Largest amount the store keeps (below :data:`fgpu.store.records.UNCAPPED`)."""
+assert MAX_AMOUNT < UNCAPPED
 
 
 def integer(field_name: str, value: object, *, minimum: int = 0, maximum: int = MAX_AMOUNT) -> int:
