@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
+from fgpu.log_files import read_log
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
@@ -537,18 +538,11 @@ def create_app(
 
 
 def read_from(path: FilePath, offset: int, limit: int) -> tuple[bytes, int]:
-    """At most ``limit`` bytes of ``path`` from ``offset``, and the offset to read next.
+    """At most ``limit`` bytes of the log ``path`` from ``offset``, and the offset to read
+    next (:func:`fgpu.log_files.read_log`: a capped log's head and tail, and the notice of
+    the cut where bytes were dropped).
 
-    A missing file reads as empty. When the file is shorter than ``offset`` (it was started
-    again), the next offset is its current size, so a follower goes on with new output.
+    A missing file reads as empty. When the log is shorter than ``offset`` (it was started
+    again), the next offset is its current end, so a follower goes on with new output.
     """
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if offset > size:
-                return b"", size
-            handle.seek(offset)
-            data = handle.read(limit)
-    except FileNotFoundError:
-        return b"", offset
-    return data, offset + len(data)
+    return read_log(path, offset, limit)

@@ -20,6 +20,7 @@ import numpy as np
 from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig_devices_of
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import ProcessHandle
+from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
@@ -224,15 +225,18 @@ class ServiceCore(EnforcementHooks):
         fake_driver: bool = False,
         launcher: Launcher | None = None,
         suspend_host_memory_mib: int = 0,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
     ) -> Self:
         """The composition root: store, GPU backend, launcher (default: a new
         :class:`Launcher`), service.
 
         ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
-        socket instead). ``fake_driver``: workloads on the simulated GPUs run against the
-        fake CUDA driver and NVML (``native/fakecuda``), with the interposer, and the memory
-        guard reads the fake NVML.
+        socket instead). ``max_log_bytes``: each log of a workload keeps about that many
+        bytes (:mod:`fgpu.log_files`; a given ``launcher`` keeps its own).
+        ``fake_driver``: workloads on the simulated GPUs run against the fake CUDA driver
+        and NVML (``native/fakecuda``), with the interposer, and the memory guard reads the
+        fake NVML.
 
         Raises:
             ValueError: a bad ``simulate_gpus`` spec or policy name, or ``fake_driver``
@@ -268,7 +272,7 @@ class ServiceCore(EnforcementHooks):
         service = cls(
             store,
             backend,
-            launcher or Launcher(),
+            launcher or Launcher(max_log_bytes=max_log_bytes),
             folder,
             policy=policy,
             admins=admins,

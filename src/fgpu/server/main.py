@@ -322,6 +322,15 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "7d",
+    max_log_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Each log of a workload (stdout, stderr, both in order) keeps about this many "
+            "bytes: its first half and its latest quarter to half; what is between is "
+            "dropped and `fgpu logs` says where and how much (a size; 0: no cap).",
+            rich_help_panel="Limits",
+        ),
+    ] = "64MiB",
     event_interval: Annotated[
         str,
         typer.Option(
@@ -370,6 +379,7 @@ def serve(
             ),
             submission_limits=(max_active_per_user, max_submission_bytes, max_stored_bytes),
             retention=(retention, event_interval),
+            max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
         )
     )
@@ -402,6 +412,7 @@ def run_serve(
     submission_limits: SubmissionLimits | tuple[int, int, str] | None = None,
     retention: RetentionPolicy | tuple[str, str] | None = None,
     suspend_host_memory: str = "25%",
+    max_log_bytes: str = "64MiB",
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -502,6 +513,7 @@ def run_serve(
         except LimitError as exc:
             raise ServeOptionError(str(exc)) from None
         submission_limits, retention = _limits(submission_limits, retention)
+        log_cap = _log_cap(max_log_bytes)
         import psutil
 
         from fgpu.server.suspending import suspend_budget_mib
@@ -537,7 +549,31 @@ def run_serve(
         submission_limits,
         suspend_mib,
         retention,
+        log_cap,
     )
+
+
+def _log_cap(text: str) -> int:
+    """``--max-log-bytes`` in bytes (0: no cap).
+
+    Raises:
+        ServeOptionError: not a size, or a cap below the smallest.
+    """
+    from fgpu.log_files import MIN_LOG_BYTES
+    from fgpu.model.units import UnitError, parse_bytes
+
+    if text.strip() in ("0", "0B", "0b"):
+        return 0
+    try:
+        cap = parse_bytes(text, "--max-log-bytes")
+    except UnitError as exc:
+        raise ServeOptionError(f"--max-log-bytes: {text!r}: {exc.reason}") from None
+    if cap < MIN_LOG_BYTES:
+        raise ServeOptionError(
+            f"--max-log-bytes: {text!r} is {cap} bytes; give 0 (no cap) or at least "
+            f"{MIN_LOG_BYTES} (a log keeps whole records of up to 64 KiB)"
+        )
+    return cap
 
 
 def _limits(
@@ -650,11 +686,13 @@ def _start(
     submission_limits: SubmissionLimits | None = None,
     suspend_mib: int = 0,
     retention: RetentionPolicy | None = None,
+    max_log_bytes: int | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
+    from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
     from fgpu.sched.decide import SchedulerConfig
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
@@ -692,6 +730,7 @@ def _start(
             fake_driver=fake_driver,
             config=SchedulerConfig(squeeze=squeeze),
             suspend_host_memory_mib=suspend_mib,
+            max_log_bytes=DEFAULT_MAX_LOG_BYTES if max_log_bytes is None else max_log_bytes,
         )
     except (ValueError, ArgumentError) as exc:
         server.release()

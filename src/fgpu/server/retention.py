@@ -28,7 +28,8 @@ DEFAULT_RETENTION_S = 7 * 86_400.0
 DEFAULT_EVENT_INTERVAL_S = 60.0
 """Like events of one workload within a minute are one row with a count."""
 PRUNE_EVERY_S = 60.0
-"""How often pruning looks for work."""
+"""How often pruning looks for work (more often for a retention under four minutes: a
+quarter of it, at least every second)."""
 PRUNE_BATCH = 200
 """Workloads per pruning transaction."""
 PRUNE_PAUSE_S = 0.05
@@ -127,9 +128,12 @@ class Pruner:
                 return deleted
             await asyncio.sleep(PRUNE_PAUSE_S)
 
-    async def run(self, every_s: float = PRUNE_EVERY_S) -> None:
-        """Prune now, then every ``every_s`` seconds, until cancelled; a failing pass is
-        logged and tried again at the next."""
+    async def run(self, every_s: float | None = None) -> None:
+        """Prune now, then every ``every_s`` seconds (default :data:`PRUNE_EVERY_S`, or a
+        quarter of a short retention), until cancelled; a failing pass is logged and tried
+        again at the next."""
+        if every_s is None:
+            every_s = min(PRUNE_EVERY_S, max(1.0, self.retention_s / 4))
         while True:
             try:
                 deleted = await self.pass_once()

@@ -221,6 +221,7 @@ def _version(body: str) -> str:
 
 def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     """Add the dashboard's routes (``/ui``, ``/ui/login``, ``/ui/static``) to ``app``."""
+    from fgpu.log_files import log_end
     from fgpu.server.app import current_caller, read_from
     from fgpu.server.service import Caller
 
@@ -279,7 +280,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         except ServiceError as exc:
             log, refused = "", exc.reason
         else:
-            size = path.stat().st_size if path.exists() else 0
+            size = log_end(path)
             data, _ = read_from(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES)
             log = data.decode("utf-8", "replace")
         return {"w": detail, "log": log, "log_refused": refused, "now": time.time()}
