@@ -190,3 +190,39 @@ def test_events_visible_to_a_user_are_their_workloads_and_those_of_none(store: S
     seen = {e.workload_id for e in store.events(visible_to=ALICE)}
     assert seen == {alice.id, None}
     assert bob.id in {e.workload_id for e in store.events()}
+
+
+# ------------------------------------------------------------- the service's ledger
+def test_the_ledger_starts_from_the_store_and_follows_the_services_writes(
+    store: Store, clock: Clock
+) -> None:
+    from fgpu.server.usage import UsageLedger
+
+    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
+    done = submit(store, owner=BOB)
+    submit(store, owner=BOB, queue="team")
+    finish(store, done.id)
+    loads = []
+
+    def load() -> dict[tuple[int, str], tuple[int, int]]:
+        loads.append(1)
+        return store.usage_totals()
+
+    ledger = UsageLedger(load)
+    assert ledger.usage(BOB, "team") == store.owner_usage(BOB, "team")
+    ledger.submitted(BOB, "team", 100)
+    assert ledger.usage(BOB, "team") == OwnerUsage(2, 2, 2 * size + 100, size + 100)
+    ledger.ended(BOB, "team")
+    ledger.pruned([((BOB, "default"), size)])
+    assert ledger.usage(BOB, "default") == OwnerUsage(1, 0, size + 100, 0)
+    assert ledger.usage(ALICE, "team") == OwnerUsage()
+    assert loads == [1]  # read once
+
+
+def test_prune_says_whose_bytes_it_freed(store: Store, clock: Clock) -> None:
+    record = submit(store, owner=BOB, queue="team")
+    finish(store, record.id)
+    clock.now += 10
+    pruned = store.prune(clock.now)
+    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
+    assert pruned.freed == (((BOB, "team"), size),)

@@ -36,6 +36,7 @@ from fgpu.server.machine import Machine, discover
 from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
+from fgpu.server.usage import UsageLedger
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, StoreConflict
@@ -181,6 +182,8 @@ class ServiceCore(EnforcementHooks):
         self._mirror_lock = threading.Lock()
         self._names_lock = threading.Lock()  # a name's check and its submission, together
         self._tracked = _Tracked(self)
+        self.usage = UsageLedger(store.usage_totals)
+        """What each user holds (active workloads, stored bytes), kept with the mirror."""
         self._state_lock: IO[str] | None = None
         self._db_claim: DatabaseClaim | None = None
         self._tree: QueueTree | None = None
@@ -375,8 +378,8 @@ class ServiceCore(EnforcementHooks):
         assert self._active is not None
         if record.is_active:
             self._records[record.id] = record
-        else:
-            self._records.pop(record.id, None)
+        elif self._records.pop(record.id, None) is not None:
+            self.usage.ended(record.owner_uid, record.queue)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
                 self._mig_active[record.id] = record

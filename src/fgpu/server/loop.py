@@ -62,7 +62,14 @@ class SchedulingLoop(Recovery):
         await asyncio.to_thread(self._enforce)
         self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
         self.store.event_coalesce_s = self.retention.event_interval_s
-        self.pruner = Pruner(self.store.prune, self.log_dir, self.clock, self.retention.retention_s)
+        ledger = self.usage
+        self.pruner = Pruner(
+            self.store.prune,
+            self.log_dir,
+            self.clock,
+            self.retention.retention_s,
+            on_pruned=lambda pruned: ledger.pruned(pruned.freed),
+        )
         pruning = asyncio.create_task(self.pruner.run(), name="fgpu-retention")
         self._background.add(pruning)
         pruning.add_done_callback(self._background.discard)

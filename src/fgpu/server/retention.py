@@ -89,6 +89,8 @@ class Pruner:
         log_dir: the workloads' log folders (``<log_dir>/<id>``), removed with them.
         clock: seconds since the epoch.
         retention_s: see :class:`RetentionPolicy`.
+        on_pruned: told what each batch deleted (the service's usage ledger frees the
+            bytes).
     """
 
     def __init__(
@@ -97,8 +99,10 @@ class Pruner:
         log_dir: Path,
         clock: Callable[[], float],
         retention_s: float,
+        on_pruned: Callable[[Pruned], None] | None = None,
     ) -> None:
         self._prune = prune
+        self._on_pruned = on_pruned
         self._log_dir = log_dir
         self._clock = clock
         self.retention_s = retention_s
@@ -111,6 +115,8 @@ class Pruner:
         """One batch (blocking: call it from a worker thread): delete, then remove the log
         folders of the workloads deleted."""
         pruned = self._prune(self._clock() - self.retention_s)
+        if self._on_pruned is not None:
+            self._on_pruned(pruned)
         for workload_id in pruned.workload_ids:
             shutil.rmtree(self._log_dir / workload_id, ignore_errors=True)
         self.workloads += len(pruned.workload_ids)

@@ -178,14 +178,15 @@ class Service(SchedulingLoop):
         limits = self.submission_limits
         size = limits.check_size(sub.argv, body.env)
         store = self.store
+        self._workloads()  # the mirror, which keeps the usage ledger current, is loaded
         checked = False
 
         def holders(names: list[str]) -> dict[str, tuple[str, str]]:
             """The caller's active workloads of ``names``; the first time, refuses one over
-            the caller's limits (the queue's and the machine's)."""
+            the caller's limits (the queue's and the machine's, from the usage ledger)."""
             nonlocal checked
             if not checked:
-                limits.check_usage(store.owner_usage(caller.uid, body.queue), queue, size)
+                limits.check_usage(self.usage.usage(caller.uid, body.queue), queue, size)
                 checked = True
             _, found = store.active_holders(caller.uid, names, count=False)
             return found
@@ -220,6 +221,7 @@ class Service(SchedulingLoop):
                 )
             except InvalidRequestError as exc:
                 raise BadRequest(exc.field, exc.reason) from None
+            self.usage.submitted(caller.uid, body.queue, size)
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 

@@ -53,6 +53,8 @@ class Pruned:
 
     workload_ids: tuple[str, ...] = ()
     events: int = 0
+    freed: tuple[tuple[tuple[int, str], int], ...] = ()
+    """((owner uid, queue), stored bytes) of each workload deleted."""
 
     @property
     def done(self) -> bool:
@@ -92,6 +94,25 @@ class UsageStore(StoreBase):
                 stored += size
                 stored_in_queue += size if here else 0
         return OwnerUsage(active, active_in_queue, stored, stored_in_queue)
+
+    def usage_totals(self) -> dict[tuple[int, str], tuple[int, int]]:
+        """Every user's figures: (owner uid, queue) -> (active workloads, stored bytes),
+        one grouped read of the ``(owner_uid, queue, phase, stored_bytes)`` index (the
+        service reads it once and keeps it current, :mod:`fgpu.server.usage`)."""
+        query = select(
+            WorkloadRow.owner_uid,
+            WorkloadRow.queue,
+            WorkloadRow.phase,
+            func.count(),
+            func.coalesce(func.sum(WorkloadRow.stored_bytes), 0),
+        ).group_by(WorkloadRow.owner_uid, WorkloadRow.queue, WorkloadRow.phase)
+        totals: dict[tuple[int, str], tuple[int, int]] = {}
+        with self._read() as session:
+            for owner, queue, phase, counted, summed in session.execute(query):
+                active, size = totals.get((owner, queue), (0, 0))
+                count = int(counted or 0) if phase in ACTIVE_PHASES else 0
+                totals[(owner, queue)] = (active + count, size + int(summed or 0))
+        return totals
 
     def workload_page(
         self,
@@ -156,7 +177,16 @@ class UsageStore(StoreBase):
             .limit(batch)
         )
         with self._write() as session:
-            ids = tuple(session.scalars(finished))
+            rows = session.execute(
+                select(
+                    WorkloadRow.id,
+                    WorkloadRow.owner_uid,
+                    WorkloadRow.queue,
+                    WorkloadRow.stored_bytes,
+                ).where(WorkloadRow.id.in_(finished.scalar_subquery()))
+            ).all()
+            ids = tuple(r[0] for r in rows)
+            freed = tuple(((r[1], r[2]), int(r[3] or 0)) for r in rows)
             events = 0
             if ids:
                 gone = session.execute(delete(EventRow).where(EventRow.workload_id.in_(ids)))
@@ -169,7 +199,7 @@ class UsageStore(StoreBase):
                 events += int(getattr(gone, "rowcount", 0) or 0)
         for key in [k for k in self._coalescing if k[0] in ids]:
             self._coalescing.pop(key, None)
-        return Pruned(ids, events)
+        return Pruned(ids, events, freed)
 
 
 __all__ = ["Cursor", "OwnerUsage", "Pruned", "UsageStore"]
