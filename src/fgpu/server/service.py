@@ -34,7 +34,6 @@ the API routes call.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from fgpu.sched.workload import Resources
 from fgpu.server import views
 from fgpu.server.access import check_submission, check_within_quota, unknown_members
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
+from fgpu.server.listing import MAX_PAGE, format_cursor, parse_cursor
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
@@ -68,35 +68,6 @@ from fgpu.wire import (
 )
 
 log = logging.getLogger("fgpu.server")
-
-MAX_PAGE = 10_000
-"""Most workloads one page of a listing holds."""
-
-
-def format_cursor(cursor: tuple[float, str] | None) -> str | None:
-    """A page's end as text for the API: ``<submitted_at>~<id>`` (None stays None)."""
-    return None if cursor is None else f"{cursor[0]!r}~{cursor[1]}"
-
-
-def parse_cursor(text: str | None) -> tuple[float, str] | None:
-    """The page end :func:`format_cursor` wrote.
-
-    Raises:
-        BadRequest: field ``cursor``, echoing the text, when it is not one.
-    """
-    if text is None:
-        return None
-    time_text, sep, workload_id = text.partition("~")
-    try:
-        submitted = float(time_text)
-    except ValueError:
-        submitted = float("nan")
-    if not sep or not workload_id or not math.isfinite(submitted):
-        shown = text if len(text) <= 80 else f"{text[:80]}..."
-        raise BadRequest(
-            "cursor", f"{shown!r} is not a cursor: pass the X-Fgpu-Next-Cursor of a page as it is"
-        )
-    return submitted, workload_id
 
 
 class Service(SchedulingLoop):
