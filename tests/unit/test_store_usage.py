@@ -226,3 +226,27 @@ def test_prune_says_whose_bytes_it_freed(store: Store, clock: Clock) -> None:
     pruned = store.prune(clock.now)
     size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
     assert pruned.freed == (((BOB, "team"), size),)
+
+
+def test_r0007_fills_the_stored_size_of_workloads_already_stored(tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    from fgpu.store.engine import make_engine, upgrade
+
+    engine = make_engine(tmp_path / "old.db")
+    upgrade(engine, "r0006")
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO workloads (id, name, owner_uid, queue, phase, priority, cpu_milli, "
+                "memory_mib, gpu_count, gpu_models, argv, shell, cwd, env, grace_s, "
+                "submitted_at, reason, restarts) VALUES ('w1', 'w1', 7, 'default', "
+                "'pending', 50, 0, 0, 1, '', :argv, 0, '/', :env, 30, 1.0, 'submitted', 0)"
+            ),
+            {"argv": '["echo", "é"]', "env": '{"K": "v"}'},
+        )
+    upgrade(engine)
+    with engine.connect() as connection:
+        size = connection.execute(text("SELECT stored_bytes FROM workloads")).scalar_one()
+    engine.dispose()
+    assert size == stored_bytes(["echo", "é"], {"K": "v"})
