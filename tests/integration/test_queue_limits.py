@@ -15,6 +15,7 @@ and 5).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -249,3 +250,30 @@ def test_the_listing_pages_with_limit_and_cursor(server: ServerProcess) -> None:
     too_many = api_as(server, ALICE, "GET", "/v1/workloads?limit=0")
     assert too_many["status"] == 422
     assert too_many["body"]["detail"]["field"] == "limit"
+
+
+def test_the_dashboard_lists_the_oldest_pending_work_and_counts_the_rest() -> None:
+    import httpx
+
+    from fgpu.client import Client
+    from fgpu.server.dashboard import PENDING_SHOWN
+    from fgpu.wire import SubmitRequest
+
+    token = "dashboard-token-0123456789abcdef"
+    with started_server("fgpu-dashcap-", "1xA100-40GB", token=token, token_user="nobody") as server:
+        with Client(server.socket) as client:
+            ids = [
+                client.submit(SubmitRequest(command=["sleep", "600"], gpu="1")).id
+                for _ in range(PENDING_SHOWN + 11)
+            ]
+        server.wait_phase(ids[0], "running")
+        answer = httpx.get(
+            f"http://127.0.0.1:{server.tcp_port}/ui/fragment/overview",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert answer.status_code == 200, answer.text[:300]
+        pending = answer.text.split('<section id="pending">', 1)[1].split("</section>", 1)[0]
+        shown = re.findall(r'data-workload="([0-9a-f]+)"', pending)
+        assert shown == ids[1 : PENDING_SHOWN + 1]  # the oldest first
+        assert f"and {10} more" in pending, pending[-400:]
