@@ -182,8 +182,8 @@ class ServerProcess:
         return ids
 
     def workloads(self, *, all_: bool = True) -> dict[str, dict[str, Any]]:
-        """``fgpu ls --json [--all]`` by id (fails on a duplicated id)."""
-        listed = self.json("ls", *(["--all"] if all_ else []))
+        """``fgpu ls --json --all-users [--all]`` by id (fails on a duplicated id)."""
+        listed = self.json("ls", "--all-users", *(["--all"] if all_ else []))
         ids = [w["id"] for w in listed]
         assert len(ids) == len(set(ids)), f"duplicated ids in fgpu ls: {ids}"
         return {w["id"]: w for w in listed}

@@ -11,18 +11,45 @@ answers 422 with ``{"detail": {"field": ..., "reason": ...}}`` when they are wro
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic.config import JsonDict
 
 # the API's constants, kept where the client reads them without pydantic
 from fgpu.wire_basics import API_PREFIX as API_PREFIX
 from fgpu.wire_basics import LOG_OFFSET_HEADER as LOG_OFFSET_HEADER
+from fgpu.wire_basics import NEXT_CURSOR_HEADER as NEXT_CURSOR_HEADER
 from fgpu.wire_basics import TERMINAL_PHASES as TERMINAL_PHASES
+from fgpu.wire_limits import (
+    ENV_NAME_PATTERN,
+    MAX_AMOUNT,
+    MAX_ARGUMENT_BYTES,
+    MAX_GRACE_S,
+    MAX_MEMBERS,
+    MAX_PRIORITY,
+    MAX_QUOTA_GPUS,
+    MEMBER_PATTERN,
+    MIN_STORED_BYTES,
+    NAME_LENGTH,
+    QUEUE_NAME_PATTERN,
+    TEXT_PATTERN,
+    anchored,
+    workload_name_schema,
+)
+
+_ARGUMENT_CHARS = MAX_ARGUMENT_BYTES - 1
+"""Most characters of one argument (its bytes with the NUL at most MAX_ARGUMENT_BYTES; an
+ASCII argument reaches this, others less)."""
+_QUEUE_NAME: JsonDict = {
+    "minLength": 1,
+    "maxLength": NAME_LENGTH,
+    "pattern": anchored(QUEUE_NAME_PATTERN),
+}
 
 
 class _Strict(BaseModel):
     """A request body: unknown fields are refused. Limits the server checks itself (with
     its own field and reason) are declared for the OpenAPI document in
     ``json_schema_extra``, so that the document lists them without pydantic answering
-    first."""
+    first. Their values come from :mod:`fgpu.wire_limits`, as the server's checks' do."""
 
     # strict: JSON types as the document says (no false for a number, no 1 for true)
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -34,14 +61,23 @@ class SubmitRequest(_Strict):
     command: list[str] = Field(
         description="argv; with shell=true one shell command line. Each argument (and each "
         "env NAME=value) at most 131072 bytes in UTF-8 with its NUL, command and env together "
-        "at most 1048576 bytes; no NUL characters"
+        "at most 1048576 bytes; no NUL characters",
+        json_schema_extra={
+            "minItems": 1,
+            "items": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": _ARGUMENT_CHARS,
+                "pattern": anchored(TEXT_PATTERN),
+            },
+        },
     )
     shell: bool = False
     name: str | None = Field(
         default=None,
-        description="display name: not empty or only spaces, no leading '-', no control, "
-        "format (Cf) or line/paragraph separator characters",
-        json_schema_extra={"maxLength": 128},
+        description="display name: not empty or only spaces, no leading '-', no '/', not "
+        "'.' or '..', no control, format (Cf) or line/paragraph separator characters",
+        json_schema_extra=workload_name_schema,
     )
     gpu: str | None = Field(None, description="-g: a fraction '0.5' or a count '2'")
     gpu_fraction: str | None = Field(None, description="share on each of several GPUs")
@@ -63,16 +99,32 @@ class SubmitRequest(_Strict):
         default=None,
         description="the queue; null: the caller's default queue (the queue whose "
         "default_for names the caller or one of the caller's groups), else 'default'",
-        json_schema_extra={"maxLength": 128},
+        json_schema_extra=_QUEUE_NAME,
     )
     preemptible: StrictBool | None = None
     grace_s: float = Field(
         default=30.0,
         description="SIGTERM to SIGKILL, seconds",
-        json_schema_extra={"minimum": 0, "maximum": 3600},
+        json_schema_extra={"minimum": 0, "maximum": MAX_GRACE_S},
     )
-    cwd: str = Field(default="/", description="an absolute path")
-    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = Field(
+        default="/",
+        description="an absolute path",
+        json_schema_extra={"pattern": anchored("/" + TEXT_PATTERN)},
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": anchored(ENV_NAME_PATTERN)},
+            "additionalProperties": {
+                "type": "string",
+                # NAME=value with its NUL: a one-character name leaves this much for the
+                # value (a longer name less, which a schema cannot tie to the name)
+                "maxLength": MAX_ARGUMENT_BYTES - 3,
+                "pattern": anchored(TEXT_PATTERN),
+            },
+        },
+    )
     time: str | None = Field(
         default=None,
         description="time limit of a run, as Slurm writes it: minutes (90), MM:SS, "
@@ -229,6 +281,14 @@ class EventView(BaseModel):
     kind: str
     reason: str
     message: str
+    count: int = Field(
+        default=1,
+        description="how many like events (same workload and kind, close together) this one "
+        "stands for: repeats within the service's coalescing interval add to it",
+    )
+    last_time: float | None = Field(
+        default=None, description="when the last of them happened (seconds since the epoch)"
+    )
 
 
 class WorkloadDetail(WorkloadView):
@@ -248,28 +308,37 @@ class QueueBody(_Strict):
 
     name: str = Field(
         description="an ASCII letter or digit, then letters, digits, '.', '_' or '-'",
-        json_schema_extra={"minLength": 1, "maxLength": 128},
+        json_schema_extra=_QUEUE_NAME,
     )
-    parent: str | None = Field(default=None, json_schema_extra={"maxLength": 128})
+    parent: str | None = Field(
+        default=None, json_schema_extra={"minLength": 1, "maxLength": NAME_LENGTH}
+    )
     quota: float = Field(
-        default=0.0, description="GPUs", json_schema_extra={"minimum": 0, "maximum": 1_000_000}
+        default=0.0,
+        description="GPUs",
+        json_schema_extra={"minimum": 0, "maximum": MAX_QUOTA_GPUS},
     )
     limit: float | None = Field(
         default=None,
         description="GPUs (none: no limit), at least the quota",
-        json_schema_extra={"minimum": 0, "maximum": 1_000_000},
+        json_schema_extra={"minimum": 0, "maximum": MAX_QUOTA_GPUS},
     )
     over_quota_weight: float = Field(default=1.0, json_schema_extra={"minimum": 0})
-    priority: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": 2**62 - 1})
+    priority: int = Field(default=0, json_schema_extra={"minimum": 0, "maximum": MAX_AMOUNT})
     members: list[str] = Field(
         default_factory=list,
-        max_length=256,
+        max_length=MAX_MEMBERS,
         description="who may submit besides admins: user names or uids, '@group' (name or "
         "gid), '*' for everyone; empty: admins only",
+        json_schema_extra={
+            "uniqueItems": True,
+            "items": {"type": "string", "pattern": anchored(MEMBER_PATTERN)},
+        },
     )
     max_priority: int | str = Field(
         default="normal",
         description="highest workload priority non-admin members may use (number or class)",
+        json_schema_extra={"minimum": 0, "maximum": MAX_PRIORITY},
     )
     nonpreemptible: StrictBool = Field(
         default=False, description="non-admin members may submit non-preemptible work"
@@ -297,6 +366,19 @@ class QueueBody(_Strict):
         description="whose default queue it is (submissions without a queue): user names or "
         "uids and '@group' entries; each at most one queue's default",
     )
+    max_active_per_user: int | None = Field(
+        default=None,
+        description="most active (pending, running, paused) workloads one user may have in "
+        "this queue; null: only the machine's limit (fgpu serve --max-active-per-user)",
+        json_schema_extra={"minimum": 1, "maximum": MAX_AMOUNT},
+    )
+    max_stored_bytes: int | None = Field(
+        default=None,
+        description="most bytes of commands and environments one user's workloads of this "
+        "queue may store (active and finished ones not yet pruned); null: only the "
+        "machine's limit (fgpu serve --max-stored-bytes)",
+        json_schema_extra={"minimum": MIN_STORED_BYTES, "maximum": MAX_AMOUNT},
+    )
 
 
 class QueueView(BaseModel):
@@ -323,6 +405,8 @@ class QueueView(BaseModel):
         default=None, description="the longest --time its workloads may ask for, seconds"
     )
     default_for: list[str] = Field(default_factory=list)
+    max_active_per_user: int | None = None
+    max_stored_bytes: int | None = None
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

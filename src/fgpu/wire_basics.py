@@ -15,8 +15,17 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 """Request header of ``POST /v1/workloads``: a key (1-255 visible ASCII characters) that makes
 the submission idempotent per user: a retry with the same key and body gets the workload the
 first one created (issue 27; :mod:`fgpu.store.idempotency`)."""
+NEXT_CURSOR_HEADER = "X-Fgpu-Next-Cursor"
+"""``GET /v1/workloads?limit=N`` answers one page; this header holds the ``cursor`` of the
+next page (absent on the last)."""
 
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
 """Phases a workload never leaves (DESIGN.md section 8)."""
 
-__all__ = ["API_PREFIX", "IDEMPOTENCY_HEADER", "LOG_OFFSET_HEADER", "TERMINAL_PHASES"]
+__all__ = [
+    "API_PREFIX",
+    "IDEMPOTENCY_HEADER",
+    "LOG_OFFSET_HEADER",
+    "NEXT_CURSOR_HEADER",
+    "TERMINAL_PHASES",
+]

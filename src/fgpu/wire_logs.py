@@ -9,6 +9,8 @@ of ASCII, then the bytes::
     <o|e> <unix time in ns> <length in bytes>\\n<length bytes>
 
 ``o`` is stdout, ``e`` stderr; the time is the wall-clock time the wrapper read the bytes.
+``c`` (:data:`CUT`) is no output of the workload: the server's notice, in a capped log,
+that bytes were dropped there (:mod:`fgpu.log_files`), its text saying how many.
 Standard library only (the wrapper and the command line load it without pydantic).
 """
 
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STREAM_MARKS = {"stdout": b"o", "stderr": b"e"}
+CUT = "cut"
+"""The kind of a record that says where a capped log dropped bytes (not workload output)."""
+STREAM_MARKS = {"stdout": b"o", "stderr": b"e", CUT: b"c"}
 _STREAMS = {mark: stream for stream, mark in STREAM_MARKS.items()}
 _HEADER_MAX = 64
 """Longest header line a well-formed record has (mark, 20-digit time, 20-digit length)."""
@@ -31,7 +35,7 @@ class Chunk:
     """One record of the output log.
 
     Attributes:
-        stream: ``"stdout"`` or ``"stderr"``.
+        stream: ``"stdout"``, ``"stderr"``, or :data:`CUT` for the notice of a cut.
         time_ns: when the wrapper read it, nanoseconds since the Unix epoch.
         data: the bytes as written.
     """
@@ -93,4 +97,4 @@ class FrameReader:
         return len(self._buffer)
 
 
-__all__ = ["STREAM_MARKS", "Chunk", "FrameError", "FrameReader", "frame"]
+__all__ = ["CUT", "STREAM_MARKS", "Chunk", "FrameError", "FrameReader", "frame"]

@@ -71,6 +71,7 @@ from fgpu.agent.process import (
     start_ticks,
 )
 from fgpu.agent.runner import ExitRecord, read_exit_record
+from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.sdk import PYTHONPATH_DIR
 
 RECORD_WAIT_S = 5.0
@@ -175,10 +176,18 @@ class Launcher:
     Args:
         python: interpreter that runs the wrapper (default: this one).
         ready_timeout_s: how long :meth:`launch` waits for the wrapper to report.
+        max_log_bytes: each log of a workload keeps about this many bytes, its head and its
+            latest tail (:mod:`fgpu.log_files`; 0: no cap).
     """
 
-    def __init__(self, python: str | None = None, ready_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        python: str | None = None,
+        ready_timeout_s: float = 10.0,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+    ) -> None:
         self._python = python or sys.executable
+        self.max_log_bytes = max_log_bytes
         self._ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -229,6 +238,8 @@ class Launcher:
             "--spec-stdin",
             "--output-log",
             str(work_dir / OUTPUT_LOG),
+            "--max-log-bytes",
+            str(self.max_log_bytes),
             "--",
             *command,
         ]

@@ -54,6 +54,9 @@ Options:
   :data:`DRAIN_S`, then records the exit: once the exit record exists, the logs are whole. A
   process that left the group and still writes after that gets a broken pipe. Without this
   option the command writes to the wrapper's stdout and stderr directly.
+- ``--max-log-bytes N``: with ``--output-log``, each of the three logs keeps about ``N``
+  bytes: its first half and its latest quarter to half, the rest between is dropped
+  (:mod:`fgpu.log_files`; the API says the cut where it falls). 0 (the default): no cap.
 
 A full disk: at its start the wrapper prepares the exit record's file (a temporary file of
 :data:`SLOT_BYTES` spaces beside ``F``); the record is later written over those spaces, which
@@ -83,6 +86,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fgpu.log_files import CappedLog, write_all
 from fgpu.wire_logs import frame
 
 EXIT_WRAPPER_FAILED = 125
@@ -166,7 +170,7 @@ class ExitSlot:
         except OSError:
             return  # no room even now: write() tries the plain way
         try:
-            _write_all(fd, b" " * SLOT_BYTES)
+            write_all(fd, b" " * SLOT_BYTES)
             os.fsync(fd)
             self.tmp = tmp
         except OSError:
@@ -279,24 +283,20 @@ def _start_failure(exc: OSError, program: str, cwd: str | None, uid: int | None)
     return EXIT_CANNOT_RUN, f"cannot run {program!r}: {detail}"
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class _Relay:
     """Copies the command's two output pipes to the wrapper's stdout/stderr and to the
-    framed output log, in the order read (see ``--output-log`` in the module docstring)."""
+    framed output log, in the order read (see ``--output-log`` in the module docstring),
+    each within its cap (:class:`fgpu.log_files.CappedLog`)."""
 
-    def __init__(self, log_fd: int) -> None:
-        self.log_fd = log_fd
+    def __init__(self, log: CappedLog, stdout: CappedLog, stderr: CappedLog) -> None:
+        self.log = log
+        self.sinks = {1: stdout, 2: stderr}
         self.pipes: dict[int, tuple[str, int]] = {}
         self.thread: threading.Thread | None = None
 
     def record(self, stream: str, data: bytes) -> None:
-        with contextlib.suppress(OSError):  # a full disk loses log lines, not the workload
-            _write_all(self.log_fd, frame(stream, time.time_ns(), data))
+        # a full disk loses log lines, not the workload (CappedLog swallows write errors)
+        self.log.write(frame(stream, time.time_ns(), data), whole=True)
 
     def open(self) -> tuple[int, int]:
         """Two pipes; returns their write ends (the command's stdout and stderr)."""
@@ -324,13 +324,15 @@ class _Relay:
                     poller.unregister(fd)
                     open_fds.discard(fd)
                     continue
-                with contextlib.suppress(OSError):
-                    _write_all(target, data)
+                self.sinks[target].write(data)
                 self.record(stream, data)
 
     def finish(self) -> None:
         if self.thread is not None:
             self.thread.join(DRAIN_S)
+        for sink in (self.log, *self.sinks.values()):
+            with contextlib.suppress(OSError):
+                sink.close()
 
 
 class _Limits:
@@ -559,11 +561,29 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument("--spec-stdin", action="store_true")
     parser.add_argument("--output-log", type=Path, default=None)
+    parser.add_argument("--max-log-bytes", type=int, default=0)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
     return args
+
+
+def _relay(output_log: Path, cap: int) -> _Relay:
+    """The relay of ``--output-log``: the framed log and the plain ``stdout.log`` and
+    ``stderr.log`` beside it, each capped at ``cap`` bytes (0: no cap). The plain logs are
+    written through the wrapper's own stdout and stderr, which the launcher opened on them;
+    where they are something else (a terminal, a pipe), they are passed on uncapped."""
+
+    def plain(fd: int, name: str) -> CappedLog:
+        path = output_log.with_name(name)
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except OSError:
+            same = False
+        return CappedLog(path, cap if same else 0, fd=fd)
+
+    return _Relay(CappedLog(output_log, cap), plain(1, "stdout.log"), plain(2, "stderr.log"))
 
 
 def _reset_realtime_policy() -> None:
@@ -579,10 +599,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     wrapper = _Wrapper(args.exit_file, args.ready_fd, None)
     if args.output_log is not None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            wrapper.relay = _Relay(os.open(args.output_log, flags, 0o644))
-        except OSError as exc:
+            wrapper.relay = _relay(args.output_log, args.max_log_bytes)
+        except (OSError, ValueError) as exc:
             return wrapper.fail(EXIT_WRAPPER_FAILED, f"cannot open the output log: {exc}")
     for signum in FORWARDED_SIGNALS:
         signal.signal(signum, wrapper.forward)

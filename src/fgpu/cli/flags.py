@@ -170,6 +170,8 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "default_time": ("--default-time",),
     "max_time": ("--max-time",),
     "default_for": ("--default-for",),
+    "max_active_per_user": ("--max-active-per-user",),
+    "max_stored_bytes": ("--max-stored-bytes",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
 

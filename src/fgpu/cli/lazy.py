@@ -39,7 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "ls": (
         "fgpu.cli.workloads",
-        "List workloads (active ones; --all for finished too), oldest first.",
+        "List workloads (active ones; --all for finished too), oldest first: yours and "
+        "others' running ones (--all-users for everyone's).",
     ),
     "list": ("fgpu.cli.workloads", "Same as ls."),
     "describe": (

@@ -166,9 +166,9 @@ def logs(
     it (128+N when killed by signal N); Ctrl-C exits 130."""
     from fgpu.wire_basics import TERMINAL_PHASES
 
-    streams = {"stdout", "stderr"}
+    streams = {"stdout", "stderr", "cut"}  # cut: where a capped log dropped bytes
     if stdout_only != stderr_only:
-        streams = {"stdout"} if stdout_only else {"stderr"}
+        streams = {"stdout", "cut"} if stdout_only else {"stderr", "cut"}
     cutoff = parse_since(since, time.time()) if since is not None else None
     sink = sys.stdout.buffer
 
@@ -187,7 +187,8 @@ def logs(
     with connect(socket, url, _about(workload_id)) as client:
         # a name or prefix is resolved once: a later namesake is not followed
         detail = client.get_workload_plain(workload_id)
-        follower = _Follower(client, detail.id, next(iter(streams)) if len(streams) == 1 else None)
+        only = sorted(streams - {"cut"})
+        follower = _Follower(client, detail.id, only[0] if len(only) == 1 else None)
         try:
             first = shown(follower.read())
             if follower.plain and cutoff is not None:
@@ -289,7 +290,8 @@ def _follow_run(
     from fgpu.wire_basics import TERMINAL_PHASES
 
     follower = _Follower(client, workload_id)
-    sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    # "cut": the notice of a capped log's dropped bytes, not the workload's output
+    sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer, "cut": sys.stderr.buffer}
     said = ""
     cancelled = False
 

@@ -85,6 +85,55 @@ SqueezeOption = Annotated[
     ),
 ]
 
+MaxActiveOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-active-per-user",
+        metavar="N",
+        help="Most active workloads one user may have in this queue ('none': only the "
+        "machine's --max-active-per-user).",
+    ),
+]
+MaxStoredOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-stored-bytes",
+        metavar="SIZE",
+        help="Most bytes of commands and environments one user's workloads of this queue "
+        "may store, e.g. 64MiB ('none': only the machine's --max-stored-bytes).",
+    ),
+]
+
+
+def _per_user_limits(
+    max_active: str | None, max_stored: str | None, current: QueueView | None = None
+) -> dict[str, int | None]:
+    """The queue's per-user limits from their flags (None: kept from ``current``, or unset
+    when creating; ``none``: unset). Fails naming the flag and echoing the value."""
+    from fgpu.model.units import UnitError, parse_bytes
+
+    limits: dict[str, int | None] = {
+        "max_active_per_user": current.max_active_per_user if current else None,
+        "max_stored_bytes": current.max_stored_bytes if current else None,
+    }
+    if max_active is not None:
+        text = max_active.strip()
+        if text.lower() == "none":
+            limits["max_active_per_user"] = None
+        elif text.isdigit() and int(text) >= 1:
+            limits["max_active_per_user"] = int(text)
+        else:
+            fail(f"--max-active-per-user {max_active!r}: give a whole number >= 1, or none")
+    if max_stored is not None:
+        if max_stored.strip().lower() == "none":
+            limits["max_stored_bytes"] = None
+        else:
+            try:
+                limits["max_stored_bytes"] = parse_bytes(max_stored, "--max-stored-bytes")
+            except UnitError as exc:
+                fail(f"--max-stored-bytes {max_stored!r}: {exc.reason}")
+    return limits
+
 
 DefaultTimeOption = Annotated[
     str | None,
@@ -135,6 +184,8 @@ def create(
     default_time: DefaultTimeOption = None,
     max_time: MaxTimeOption = None,
     default_for: DefaultForOption = None,
+    max_active_per_user: MaxActiveOption = None,
+    max_stored_bytes: MaxStoredOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -144,6 +195,7 @@ def create(
     from fgpu.wire import QueueBody
 
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
+    fields |= _per_user_limits(max_active_per_user, max_stored_bytes)
     for key, value in (
         ("quota", quota),
         ("over_quota_weight", over_quota_weight),
@@ -206,6 +258,8 @@ def update(
     no_default_for: Annotated[
         bool, typer.Option("--no-default-for", help="Make it nobody's default queue.")
     ] = False,
+    max_active_per_user: MaxActiveOption = None,
+    max_stored_bytes: MaxStoredOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -253,6 +307,7 @@ def update(
                 if default_for is not None
                 else current.default_for
             ),
+            **_per_user_limits(max_active_per_user, max_stored_bytes, current),
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")

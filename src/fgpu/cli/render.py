@@ -441,8 +441,17 @@ def events_table(events: Iterable[Event]) -> Table:
     for column in ("TIME", "KIND", "REASON", "MESSAGE"):
         table.add_column(column, overflow="fold")
     for e in events:
-        table.add_row(clock_text(e.time), e.kind, safe(e.reason), safe(e.message))
+        table.add_row(clock_text(e.time), e.kind, safe(e.reason), safe(e.message) + repeats(e))
     return table
+
+
+def repeats(event: EventView | PlainEventView) -> str:
+    """`` (x 2,676 in 20 s)`` for an event that stands for several like ones (coalesced by
+    the service), else empty."""
+    if event.count <= 1:
+        return ""
+    span = max(0.0, (event.last_time or event.time) - event.time)
+    return f" (x {event.count:,} in {span:.0f} s)"
 
 
 def top_rows(nodes: Sequence[Node]) -> list[dict[str, object]]:
@@ -598,6 +607,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "MEMBERS",
         "MAX PRIORITY",
         "DEFAULT FOR",
+        "PER USER",
     ):
         table.add_column(column, overflow="fold")
     timed = any(q.default_time_s is not None or q.max_time_s is not None for q in queues)
@@ -628,6 +638,24 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             ", ".join(q.members) if q.members else "(admins)",
             f"{priority_word(q.max_priority)}{' +non-preemptible' if q.nonpreemptible else ''}",
             ", ".join(q.default_for) or "-",
+            _per_user(q),
             *times,
         )
     return table
+
+
+def _per_user(queue: QueueView) -> str:
+    """A queue's per-user limits: ``5 active, 64 MiB``; ``-`` for the machine's only."""
+    parts = []
+    if queue.max_active_per_user is not None:
+        parts.append(f"{queue.max_active_per_user} active")
+    if queue.max_stored_bytes is not None:
+        parts.append(_size(queue.max_stored_bytes))
+    return ", ".join(parts) or "-"
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.4g} {unit}"
+    return f"{size} B"

@@ -300,13 +300,22 @@ def ls(
         ),
     ] = None,
     expand: ExpandOption = False,
+    all_users: Annotated[
+        bool,
+        typer.Option(
+            "--all-users",
+            help="Every user's workloads; by default yours and others' running ones "
+            "(others' pending work is left out; --user picks users).",
+        ),
+    ] = False,
     watch: WatchOption = False,
     interval: IntervalOption = 2.0,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
-    """List workloads (active ones; --all for finished too), oldest first.
+    """List workloads (active ones; --all for finished too), oldest first: yours and
+    others' running ones (--all-users for everyone's).
 
     An array is one row with its tasks counted by phase (--expand: a row per task; --json:
     always each task)."""
@@ -328,6 +337,7 @@ def ls(
     queues = set(queue or [])
     if watch and json_out:
         fail("--watch: not with --json (scripts poll `fgpu ls --json` themselves)")
+    mine = not all_users and not uids
 
     def kept(view: WorkloadView | PlainWorkloadView) -> bool:
         return (
@@ -338,13 +348,16 @@ def ls(
 
     def listing(client: Client) -> RenderableType:
         if json_out:  # the wire models' JSON, as every --json prints
-            print(render.to_json([v for v in client.list_workloads(include_done) if kept(v)]))
+            listed = client.list_workloads(include_done, mine=mine)
+            print(render.to_json([v for v in listed if kept(v)]))
             return ""
         # the table reads the same fields without loading pydantic (a fast `fgpu ls`)
-        views = [v for v in client.list_workloads_plain(include_done) if kept(v)]
+        views = [v for v in client.list_workloads_plain(include_done, mine=mine) if kept(v)]
         if not views:
             filtered = queues or uids or phases
             hint = "" if include_done or filtered else " (--all shows finished ones)"
+            if mine:
+                hint += " (--all-users shows others' pending work)"
             return Text("no workloads" + (" match" if filtered else "") + hint)
         from fgpu.cli.slurm import by_index, fold_arrays
 

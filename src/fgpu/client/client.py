@@ -18,7 +18,7 @@ from __future__ import annotations
 import http.client
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -34,7 +34,15 @@ from fgpu.client.plain import (
     plain_workloads,
 )
 from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
-from fgpu.wire_basics import API_PREFIX, IDEMPOTENCY_HEADER, LOG_OFFSET_HEADER
+from fgpu.wire_basics import (
+    API_PREFIX,
+    IDEMPOTENCY_HEADER,
+    LOG_OFFSET_HEADER,
+    NEXT_CURSOR_HEADER,
+)
+
+PAGE = 1000
+"""Workloads the client asks for per page of a listing."""
 
 if TYPE_CHECKING:
     import httpx
@@ -425,18 +433,45 @@ class Client:
                 f"socket belongs to uid {owner}, neither you (uid {os.geteuid()}) nor root",
             )
 
-    def list_workloads(self, include_done: bool = False) -> list[WorkloadView]:
-        """Active workloads (all with ``include_done``), oldest first."""
+    def list_workloads(
+        self, include_done: bool = False, *, mine: bool = False
+    ) -> list[WorkloadView]:
+        """Active workloads (all with ``include_done``), oldest first, read a page of
+        :data:`PAGE` at a time. ``mine``: only the caller's and others' running ones."""
         from fgpu.wire import WorkloadView
 
-        params = {"all": "true"} if include_done else None
-        return self._json("GET", "/workloads", list[WorkloadView], params=params)
+        adapter = _adapter(list[WorkloadView])
+        return [
+            view
+            for answer in self._workload_pages(include_done, mine)
+            for view in _parsed(answer, adapter.validate_python)
+        ]
 
-    def list_workloads_plain(self, include_done: bool = False) -> list[PlainWorkloadView]:
+    def list_workloads_plain(
+        self, include_done: bool = False, *, mine: bool = False
+    ) -> list[PlainWorkloadView]:
         """:meth:`list_workloads` as :class:`fgpu.client.plain.PlainWorkloadView` objects (the
         same fields), read without pydantic when the answer is well typed."""
-        params = {"all": "true"} if include_done else None
-        return _parsed(self._request("GET", "/workloads", params=params), plain_workloads)
+        return [
+            view
+            for answer in self._workload_pages(include_done, mine)
+            for view in _parsed(answer, plain_workloads)
+        ]
+
+    def _workload_pages(self, include_done: bool, mine: bool) -> Iterator[Answer]:
+        """``GET /v1/workloads`` a page at a time, following the next-page cursor."""
+        params: dict[str, str | int] = {"limit": PAGE}
+        if include_done:
+            params["all"] = "true"
+        if mine:
+            params["mine"] = "true"
+        while True:
+            answer = self._request("GET", "/workloads", params=params)
+            yield answer
+            following = answer.headers.get(NEXT_CURSOR_HEADER.lower())
+            if not following:
+                return
+            params["cursor"] = following
 
     def get_workload(self, workload_id: str) -> WorkloadDetail:
         """One workload with its events."""
@@ -508,13 +543,18 @@ class Client:
         answer = self._request("GET", "/nodes")
         return _parsed(answer, lambda data: plain_list(PlainNodeView, data))
 
-    def events(self, after: int | None = None, limit: int = 1000) -> list[EventView]:
-        """Events after id ``after``, oldest first."""
+    def events(
+        self, after: int | None = None, limit: int = 1000, *, all_users: bool = False
+    ) -> list[EventView]:
+        """Events after id ``after``, oldest first (for a caller who is not an admin, those
+        of their own workloads and of none unless ``all_users``)."""
         from fgpu.wire import EventView
 
-        params: dict[str, int] = {"limit": limit}
+        params: dict[str, int | str] = {"limit": limit}
         if after is not None:
             params["after"] = after
+        if all_users:
+            params["all_users"] = "true"
         return self._json("GET", "/events", list[EventView], params=params)
 
 

@@ -103,6 +103,8 @@ class PlainEventView:
     kind: str
     reason: str
     message: str
+    count: int = 1
+    last_time: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -172,6 +172,51 @@ def parse_cpu_milli(text: str | float, field: str = "cpu") -> int:
     return int(milli)
 
 
+_BYTE_FACTORS: dict[str, int] = {
+    "": 1,  # a bare number is bytes
+    "b": 1,
+    "k": 2**10,
+    "kb": 2**10,
+    "kib": 2**10,
+    "m": 2**20,
+    "mb": 2**20,
+    "mib": 2**20,
+    "g": 2**30,
+    "gb": 2**30,
+    "gib": 2**30,
+    "t": 2**40,
+    "tb": 2**40,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(text: str | int, field: str = "size") -> int:
+    """Parse a size into bytes: ``"64MiB"``, ``"64M"`` (= MiB), ``"1GiB"``, ``"4096"`` (a
+    bare number is bytes). Units are binary, as for memory (DESIGN.md section 3); a fraction
+    is rounded down to whole bytes.
+
+    Raises:
+        UnitError: malformed, unknown unit, or not positive.
+    """
+    if isinstance(text, bool):
+        raise UnitError(field, text, "not a size")
+    if isinstance(text, int):
+        if text <= 0:
+            raise UnitError(field, text, "must be positive")
+        return text
+    _short_enough(field, text)
+    found = _NUMBER_UNIT.match(text)
+    if found is None:
+        raise UnitError(field, text, "not a size; give bytes or e.g. 64MiB, 1GiB")
+    factor = _BYTE_FACTORS.get(found.group(2).lower())
+    if factor is None:
+        raise UnitError(field, text, f"unknown unit {found.group(2)!r}; use B, KiB, MiB, GiB, TiB")
+    size = int(Decimal(found.group(1)) * factor)
+    if size <= 0:
+        raise UnitError(field, text, "must be positive")
+    return size
+
+
 def format_mib(mib: int) -> str:
     """Render MiB for people: 5120 -> ``"5GiB"``, 1536 -> ``"1536MiB"``, 0 -> ``"0MiB"``."""
     if mib and mib % 1024 == 0:

@@ -18,15 +18,13 @@ from __future__ import annotations
 import unicodedata
 
 from fgpu.rules.errors import BadRequest
-
-NAME_LENGTH = 128
-"""Longest workload name, as the store's column (:data:`fgpu.store.schema.NAME_LENGTH`);
-kept here so that the CLI can check a name without importing the store."""
+from fgpu.wire_limits import NAME_LENGTH as NAME_LENGTH  # the API's bound (one source)
+from fgpu.wire_limits import REFUSED_NAME_CATEGORIES
 
 ECHO_LENGTH = 40
 """How many characters of a long value an error message echoes."""
 
-_REFUSED_CATEGORIES = {"Cc", "Cf", "Zl", "Zp"}
+_REFUSED_CATEGORIES = REFUSED_NAME_CATEGORIES
 
 
 def shorten(value: str, keep: int = ECHO_LENGTH) -> str:

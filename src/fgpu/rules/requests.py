@@ -28,17 +28,15 @@ from fgpu.store.records import QueueConfig, QueueLimit, StoredMigRequest
 from fgpu.store.schema import NAME_LENGTH
 from fgpu.wire import QueueBody, SubmitRequest
 
+# the bounds the OpenAPI document states too (one source: fgpu.wire_limits)
+from fgpu.wire_limits import MAX_ARGUMENT_BYTES as MAX_ARGUMENT_BYTES
+from fgpu.wire_limits import MAX_COMMAND_BYTES as MAX_COMMAND_BYTES
+from fgpu.wire_limits import MAX_GRACE_S as MAX_GRACE_S
+from fgpu.wire_limits import MAX_PRIORITY as MAX_PRIORITY
+from fgpu.wire_limits import MAX_QUOTA_GPUS
+
 ISOLATIONS = ("share", "mig")
 """``isolation`` values: a share of a GPU (the default) or a MIG instance."""
-
-MAX_GRACE_S = 3600.0
-MAX_PRIORITY = 1000
-"""Highest numeric priority a submission may ask for (the classes end at critical, 125)."""
-MAX_ARGUMENT_BYTES = 131_072
-"""Longest single argument or ``NAME=value``, with its NUL (Linux ``MAX_ARG_STRLEN``)."""
-MAX_COMMAND_BYTES = 1_048_576
-"""Command and environment together (half of Linux's default ``ARG_MAX`` of 2 MiB, which
-also has to hold the wrapper's own arguments and pointers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,11 +301,13 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             :data:`MAX_PRIORITY`; ``members`` malformed or repeated; ``default_time`` or
             ``max_time`` not a Slurm time (:func:`fgpu.rules.slurm.parse_time`), the default
             above the maximum; ``default_for`` malformed or repeated (it may not hold
-            ``*``).
+            ``*``); ``max_active_per_user`` below 1,
+            ``max_stored_bytes`` below :data:`fgpu.store.validate.MIN_STORED_BYTES` (either
+            above the largest amount).
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
-        if value is not None and (value != value or value < 0 or value > 1e6):
-            raise BadRequest(field_name, "must be a number of GPUs between 0 and 1000000")
+        if value is not None and (value != value or value < 0 or value > MAX_QUOTA_GPUS):
+            raise BadRequest(field_name, f"must be a number of GPUs between 0 and {MAX_QUOTA_GPUS}")
         if value is not None and value > 0 and round(value * 1000) == 0:
             raise BadRequest(
                 field_name, f"{value:g} GPUs is below the smallest amount, 0.001 (one milli-GPU)"
@@ -334,6 +334,16 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             f"{body.default_time!r} ({format_time(default_time)}) is above the queue's maximum "
             f"{body.max_time!r} ({format_time(max_time)})",
         )
+    for field_name, value, least in (
+        ("max_active_per_user", body.max_active_per_user, 1),
+        ("max_stored_bytes", body.max_stored_bytes, validate.MIN_STORED_BYTES),
+    ):
+        if value is not None and not least <= value <= validate.MAX_AMOUNT:
+            raise BadRequest(
+                field_name,
+                f"{value} is out of range: give {least} to {validate.MAX_AMOUNT}, or null for "
+                "the machine's limit",
+            )
     return QueueConfig(
         name or body.name,
         parent=body.parent,
@@ -348,6 +358,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         default_time_s=default_time,
         max_time_s=max_time,
         default_for=default_for,
+        max_active_per_user=body.max_active_per_user,
+        max_stored_bytes=body.max_stored_bytes,
     )
 
 

@@ -50,6 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
+from fgpu.log_files import read_log
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
@@ -60,6 +61,7 @@ from fgpu.store.schema import ID_LENGTH, IDEMPOTENCY_KEY_LENGTH, NAME_LENGTH
 from fgpu.wire import (
     API_PREFIX,
     LOG_OFFSET_HEADER,
+    NEXT_CURSOR_HEADER,
     ErrorResponse,
     EventView,
     Health,
@@ -77,6 +79,12 @@ PEER_UID = "fgpu.peer_uid"
 
 LOG_CHUNK_MAX = 8 * 2**20
 """Most log bytes one ``GET .../logs`` answers (the client asks again from the next offset)."""
+
+MAX_PAGE = 10_000
+"""Most workloads or events one listing answers (page on with the cursor)."""
+
+MAX_CURSOR = 200
+"""Longest cursor text a request may give (one is a time and an id)."""
 
 MAX_ID = 2**63 - 1
 """Largest event id and log offset a request may name (a signed 64-bit integer, what the
@@ -96,6 +104,15 @@ class ServiceApi(Protocol):
         self, caller: Caller, body: SubmitRequest, idempotency_key: str | None = None
     ) -> WorkloadView: ...
     def list_workloads(self, include_done: bool = False) -> list[WorkloadView]: ...
+    def workload_page(
+        self,
+        caller: Caller,
+        *,
+        include_done: bool = False,
+        mine: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[WorkloadView], str | None]: ...
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
@@ -104,7 +121,13 @@ class ServiceApi(Protocol):
     def update_queue(self, caller: Caller, name: str, body: QueueBody) -> QueueView: ...
     def delete_queue(self, caller: Caller, name: str) -> None: ...
     def nodes(self) -> list[NodeView]: ...
-    def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]: ...
+    def events(
+        self,
+        after_id: int | None = None,
+        limit: int = 1000,
+        caller: Caller | None = None,
+        all_users: bool = False,
+    ) -> list[EventView]: ...
     def change_token(self) -> tuple[object, ...]: ...
 
 
@@ -409,12 +432,40 @@ def create_app(
 
     @api.get("/workloads", tags=["workloads"])
     def list_workloads(
+        caller: CallerDep,
+        response: Response,
         include_done: Annotated[
             bool, Query(alias="all", description="also finished workloads")
         ] = False,
+        mine: Annotated[
+            bool,
+            Query(
+                description="only the caller's workloads and others' running ones (others' "
+                "pending work left out), what fgpu ls shows by default"
+            ),
+        ] = False,
+        limit: Annotated[
+            int | None,
+            Query(ge=1, le=MAX_PAGE, description="at most this many (a page); none: all"),
+        ] = None,
+        cursor: Annotated[
+            str | None,
+            Query(
+                max_length=MAX_CURSOR,
+                description=f"the next page after the one whose {NEXT_CURSOR_HEADER} "
+                "header gave this",
+            ),
+        ] = None,
     ) -> list[WorkloadView]:
-        """Workloads, oldest first; active ones unless ``all=true``."""
-        return service.list_workloads(include_done)
+        """Workloads, oldest first; active ones unless ``all=true``. With ``limit``, one
+        page: the header ``X-Fgpu-Next-Cursor`` (absent on the last page) is the
+        ``cursor`` of the next."""
+        shown, following = service.workload_page(
+            caller, include_done=include_done, mine=mine, limit=limit, cursor=cursor
+        )
+        if following is not None:
+            response.headers[NEXT_CURSOR_HEADER] = following
+        return shown
 
     @api.post("/workloads", status_code=201, tags=["workloads"], responses=too_large)
     def submit(
@@ -500,13 +551,22 @@ def create_app(
 
     @api.get("/events", tags=["events"])
     def events(
+        caller: CallerDep,
         after: Annotated[
             int | None, Query(ge=0, le=MAX_ID, description="only events after this id")
         ] = None,
-        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
+        all_users: Annotated[
+            bool,
+            Query(
+                description="everyone's workloads' events; without it a caller who is not an "
+                "admin gets those of their own workloads and of no workload"
+            ),
+        ] = False,
     ) -> list[EventView]:
-        """Events, oldest first."""
-        return service.events(after, limit)
+        """Events, oldest first, at most ``limit``; page on with ``after`` = the last id.
+        Like events of one workload close together come as one with a ``count``."""
+        return service.events(after, limit, caller, all_users)
 
     app.include_router(open_routes)
     app.include_router(api)
@@ -535,18 +595,11 @@ def create_app(
 
 
 def read_from(path: FilePath, offset: int, limit: int) -> tuple[bytes, int]:
-    """At most ``limit`` bytes of ``path`` from ``offset``, and the offset to read next.
+    """At most ``limit`` bytes of the log ``path`` from ``offset``, and the offset to read
+    next (:func:`fgpu.log_files.read_log`: a capped log's head and tail, and the notice of
+    the cut where bytes were dropped).
 
-    A missing file reads as empty. When the file is shorter than ``offset`` (it was started
-    again), the next offset is its current size, so a follower goes on with new output.
+    A missing file reads as empty. When the log is shorter than ``offset`` (it was started
+    again), the next offset is its current end, so a follower goes on with new output.
     """
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if offset > size:
-                return b"", size
-            handle.seek(offset)
-            data = handle.read(limit)
-    except FileNotFoundError:
-        return b"", offset
-    return data, offset + len(data)
+    return read_log(path, offset, limit)

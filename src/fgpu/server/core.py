@@ -21,6 +21,7 @@ from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig
 from fgpu.agent.hostlimits import HostLimiter
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import ProcessHandle
+from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
@@ -38,6 +39,7 @@ from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
 from fgpu.server.storage import StorageCheck
+from fgpu.server.usage import UsageLedger
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
 from fgpu.store.errors import NotFound, StoreConflict
@@ -184,6 +186,8 @@ class ServiceCore(EnforcementHooks):
         self._mirror_lock = threading.Lock()
         self._names_lock = threading.Lock()  # a name's check and its submission, together
         self._tracked = _Tracked(self)
+        self.usage = UsageLedger(store.usage_totals)
+        """What each user holds (active workloads, stored bytes), kept with the mirror."""
         self._state_lock: IO[str] | None = None
         self._db_claim: DatabaseClaim | None = None
         self._tree: QueueTree | None = None
@@ -237,15 +241,18 @@ class ServiceCore(EnforcementHooks):
         fake_driver: bool = False,
         launcher: Launcher | None = None,
         suspend_host_memory_mib: int = 0,
+        max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
     ) -> Self:
         """The composition root: store, GPU backend, launcher (default: a new
         :class:`Launcher`), service.
 
         ``agent_socket`` defaults to ``agent.sock`` in the state folder (reachable by
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
-        socket instead). ``fake_driver``: workloads on the simulated GPUs run against the
-        fake CUDA driver and NVML (``native/fakecuda``), with the interposer, and the memory
-        guard reads the fake NVML.
+        socket instead). ``max_log_bytes``: each log of a workload keeps about that many
+        bytes (:mod:`fgpu.log_files`; a given ``launcher`` keeps its own).
+        ``fake_driver``: workloads on the simulated GPUs run against the fake CUDA driver
+        and NVML (``native/fakecuda``), with the interposer, and the memory guard reads the
+        fake NVML.
 
         Raises:
             ValueError: a bad ``simulate_gpus`` spec or policy name, or ``fake_driver``
@@ -283,7 +290,7 @@ class ServiceCore(EnforcementHooks):
         service = cls(
             store,
             backend,
-            launcher or Launcher(),
+            launcher or Launcher(max_log_bytes=max_log_bytes),
             folder,
             policy=policy,
             admins=admins,
@@ -402,8 +409,8 @@ class ServiceCore(EnforcementHooks):
         assert self._active is not None
         if record.is_active:
             self._records[record.id] = record
-        else:
-            self._records.pop(record.id, None)
+        elif self._records.pop(record.id, None) is not None:
+            self.usage.ended(record.owner_uid, record.queue)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
                 self._mig_active[record.id] = record

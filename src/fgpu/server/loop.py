@@ -31,6 +31,7 @@ from fgpu.sched.workload import (
 )
 from fgpu.server.jobrules import JobRules
 from fgpu.server.mig_pool import MigCandidate
+from fgpu.server.retention import Pruner, RetentionPolicy
 from fgpu.server.squeezing import record_squeeze
 from fgpu.store.errors import StoreUnwritable
 from fgpu.store.records import WorkloadRecord
@@ -49,7 +50,11 @@ decided in one round instead of one round each."""
 
 
 class SchedulingLoop(JobRules):
-    """Part of :class:`fgpu.server.service.Service`: the loop and its rounds."""
+    """Part of :class:`fgpu.server.service.Service`: the loop and its rounds, and (beside
+    them) retention's pruning (:mod:`fgpu.server.retention`, set by :attr:`retention`)."""
+
+    retention: RetentionPolicy = RetentionPolicy()
+    pruner: Pruner | None = None
 
     # ------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -64,6 +69,18 @@ class SchedulingLoop(JobRules):
         retry = asyncio.create_task(self._retry_writes(), name="fgpu-retry-writes")
         self._background.add(retry)
         retry.add_done_callback(self._background.discard)
+        self.store.event_coalesce_s = self.retention.event_interval_s
+        ledger = self.usage
+        self.pruner = Pruner(
+            self.store.prune,
+            self.log_dir,
+            self.clock,
+            self.retention.retention_s,
+            on_pruned=lambda pruned: ledger.pruned(pruned.freed),
+        )
+        pruning = asyncio.create_task(self.pruner.run(), name="fgpu-retention")
+        self._background.add(pruning)
+        pruning.add_done_callback(self._background.discard)
         self.wake()
 
     async def stop(self) -> None:

@@ -32,6 +32,7 @@ import typer
 from fgpu.addresses import SOCKET_ENV, default_socket_path
 from fgpu.server.connlimit import ConnectionLimits, LimitError
 from fgpu.server.quotas import SubmissionLimits
+from fgpu.server.retention import RetentionPolicy, parse_duration
 
 if TYPE_CHECKING:
     from fgpu.store.errors import StoreDamaged
@@ -309,6 +310,40 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = 256 * 1024,
+    max_stored_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Bytes of commands and environments one user's stored workloads (active, "
+            "and finished until pruned) may take, all queues (a size: 256MiB); a queue may "
+            "set less for its own (fgpu queue set --max-stored-bytes); more gets HTTP 429.",
+            rich_help_panel="Limits",
+        ),
+    ] = "256MiB",
+    retention: Annotated[
+        str,
+        typer.Option(
+            help="How long finished workloads, their events and logs are kept (7d, 12h, "
+            "30m, 90s); older ones are deleted in the background.",
+            rich_help_panel="Limits",
+        ),
+    ] = "7d",
+    max_log_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Each log of a workload (stdout, stderr, both in order) keeps about this many "
+            "bytes: its first half and its latest quarter to half; what is between is "
+            "dropped and `fgpu logs` says where and how much (a size; 0: no cap).",
+            rich_help_panel="Limits",
+        ),
+    ] = "64MiB",
+    event_interval: Annotated[
+        str,
+        typer.Option(
+            help="Like events of one workload (same kind) within this interval are kept as "
+            "one with a count (60s; 0 keeps each).",
+            rich_help_panel="Limits",
+        ),
+    ] = "60s",
     suspend_host_memory: Annotated[
         str,
         typer.Option(
@@ -347,9 +382,9 @@ def serve(
                 request_timeout_s=request_timeout,
                 idle_timeout_s=idle_timeout,
             ),
-            submission_limits=SubmissionLimits(
-                max_active=max_active_per_user, max_submission_bytes=max_submission_bytes
-            ),
+            submission_limits=(max_active_per_user, max_submission_bytes, max_stored_bytes),
+            retention=(retention, event_interval),
+            max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
         )
     )
@@ -379,8 +414,10 @@ def run_serve(
     metrics_listen: str | None = None,
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
-    submission_limits: SubmissionLimits | None = None,
+    submission_limits: SubmissionLimits | tuple[int, int, str] | None = None,
+    retention: RetentionPolicy | tuple[str, str] | None = None,
     suspend_host_memory: str = "25%",
+    max_log_bytes: str = "64MiB",
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -480,11 +517,8 @@ def run_serve(
             connection_limits.check()
         except LimitError as exc:
             raise ServeOptionError(str(exc)) from None
-        submission_limits = submission_limits or SubmissionLimits()
-        try:
-            submission_limits.check()
-        except ValueError as exc:
-            raise ServeOptionError(str(exc)) from None
+        submission_limits, retention = _limits(submission_limits, retention)
+        log_cap = _log_cap(max_log_bytes)
         import psutil
 
         from fgpu.server.suspending import suspend_budget_mib
@@ -519,6 +553,8 @@ def run_serve(
         connection_limits,
         submission_limits,
         suspend_mib,
+        retention,
+        log_cap,
     )
 
 
@@ -537,6 +573,67 @@ def damaged_message(exc: StoreDamaged) -> str:
         f"the database {exc.database} is damaged ({problems}); fgpu will not serve from it. "
         f"To recover: {steps}"
     )
+
+
+def _log_cap(text: str) -> int:
+    """``--max-log-bytes`` in bytes (0: no cap).
+
+    Raises:
+        ServeOptionError: not a size, or a cap below the smallest.
+    """
+    from fgpu.log_files import MIN_LOG_BYTES
+    from fgpu.model.units import UnitError, parse_bytes
+
+    if text.strip() in ("0", "0B", "0b"):
+        return 0
+    try:
+        cap = parse_bytes(text, "--max-log-bytes")
+    except UnitError as exc:
+        raise ServeOptionError(f"--max-log-bytes: {text!r}: {exc.reason}") from None
+    if cap < MIN_LOG_BYTES:
+        raise ServeOptionError(
+            f"--max-log-bytes: {text!r} is {cap} bytes; give 0 (no cap) or at least "
+            f"{MIN_LOG_BYTES} (a log keeps whole records of up to 64 KiB)"
+        )
+    return cap
+
+
+def _limits(
+    submission: SubmissionLimits | tuple[int, int, str] | None,
+    retention: RetentionPolicy | tuple[str, str] | None,
+) -> tuple[SubmissionLimits, RetentionPolicy]:
+    """The per-user limits and the retention from their flags (``--max-active-per-user``,
+    ``--max-submission-bytes``, ``--max-stored-bytes``; ``--retention``,
+    ``--event-interval``), checked.
+
+    Raises:
+        ServeOptionError: naming the flag and echoing the value.
+    """
+    from fgpu.model.units import UnitError, parse_bytes
+
+    try:
+        if isinstance(submission, tuple):
+            active, per_submission, stored_text = submission
+            try:
+                stored = parse_bytes(stored_text, "--max-stored-bytes")
+            except UnitError as exc:
+                raise ValueError(f"--max-stored-bytes: {stored_text!r}: {exc.reason}") from None
+            submission = SubmissionLimits(active, per_submission, stored)
+        submission = submission or SubmissionLimits()
+        submission.check()
+        if isinstance(retention, tuple):
+            keep_text, interval_text = retention
+            interval = (
+                0.0
+                if interval_text.strip() in ("0", "0s")
+                else parse_duration("--event-interval", interval_text)
+            )
+            retention = RetentionPolicy(parse_duration("--retention", keep_text), interval)
+        retention = retention or RetentionPolicy()
+        retention.check()
+    except ValueError as exc:
+        raise ServeOptionError(str(exc)) from None
+    return submission, retention
 
 
 def is_loopback(host: str) -> bool:
@@ -610,11 +707,14 @@ def _start(
     connection_limits: ConnectionLimits | None = None,
     submission_limits: SubmissionLimits | None = None,
     suspend_mib: int = 0,
+    retention: RetentionPolicy | None = None,
+    max_log_bytes: int | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
     from fgpu.agent.governor.plan import ComputeMode, PriorityPolicy
     from fgpu.agent.memguard import MemoryPolicy
+    from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
     from fgpu.sched.decide import SchedulerConfig
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
@@ -653,6 +753,7 @@ def _start(
             fake_driver=fake_driver,
             config=SchedulerConfig(squeeze=squeeze),
             suspend_host_memory_mib=suspend_mib,
+            max_log_bytes=DEFAULT_MAX_LOG_BYTES if max_log_bytes is None else max_log_bytes,
         )
     except StoreDamaged as exc:
         server.release()
@@ -671,6 +772,8 @@ def _start(
         raise
     if submission_limits is not None:
         service.submission_limits = submission_limits
+    if retention is not None:
+        service.retention = retention
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

@@ -63,11 +63,13 @@ from fgpu.server.access import (
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.idempotent import check_key, replay
 from fgpu.server.jobrules import JobPlan
+from fgpu.server.listing import MAX_PAGE, format_cursor, parse_cursor
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
 from fgpu.states import governor_word
+from fgpu.store import validate
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, ArrayPlan, QueueConfig, QueueRecord, WorkloadRecord
@@ -125,7 +127,8 @@ class Service(SchedulingLoop):
                 ``--max-submission-bytes``.
             BadRequest: ``preemptible``: non-preemptible work above its queue's GPU quota,
                 which could never start (:func:`fgpu.server.access.check_within_quota`).
-            LimitReached: the caller has ``--max-active-per-user`` active workloads.
+            LimitReached: the caller is at a per-user limit of the queue or the machine
+                (active workloads, stored bytes; :mod:`fgpu.server.quotas`).
             Conflict: the caller has an active workload of the name asked for.
             Forbidden: the caller is not a member of the queue, or asks for a priority or
                 non-preemptible work the queue does not grant its members
@@ -194,16 +197,22 @@ class Service(SchedulingLoop):
             queue, gpu_milli=counted, priority=sub.priority, preemptible=body.preemptible
         )
         limits = self.submission_limits
-        limits.check_size(sub.argv, body.env)
+        size = limits.check_size(sub.argv, body.env)
         store = self.store
+        self._workloads()  # the mirror, which keeps the usage ledger current, is loaded
+        checked = False
 
         adding = len(plan.array.indices) if plan.array is not None else 1
 
         def holders(names: list[str]) -> dict[str, tuple[str, str]]:
-            """The caller's active workloads (and arrays) of ``names``; refuses ``adding``
-            more over the caller's active limit (each task of an array counts)."""
-            active, found = store.active_holders(caller.uid, names)
-            limits.check_active(active, adding)
+            """The caller's active workloads (and arrays) of ``names``; the first time,
+            refuses ``adding`` more (each task of an array counts) over the caller's limits
+            (the queue's and the machine's, from the usage ledger)."""
+            nonlocal checked
+            if not checked:
+                limits.check_usage(self.usage.usage(caller.uid, queue_name), queue, size, adding)
+                checked = True
+            _, found = store.active_holders(caller.uid, names, count=False)
             for array_name, array_id in store.active_array_names(caller.uid, names).items():
                 found.setdefault(array_name, (array_id, "an array"))
             return found
@@ -257,6 +266,7 @@ class Service(SchedulingLoop):
                 )
             except InvalidRequestError as exc:
                 raise BadRequest(exc.field, exc.reason) from None
+            self.usage.submitted(caller.uid, queue_name, size)
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 
@@ -322,9 +332,11 @@ class Service(SchedulingLoop):
             )
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
+        stored = validate.stored_bytes(sub.argv, body.env)
         for record in records:
             self._sync(record)
             self.metrics.wrote("submit", record)
+            self.usage.submitted(caller.uid, queue_name, stored)
         self.wake()
         return views.workload(records[0], None)
 
@@ -377,6 +389,55 @@ class Service(SchedulingLoop):
         records = self.store.list_workloads() if include_done else self._active_records()
         names = {r.id: r.name for r in records}
         return [views.workload(r, reasons.get(r.id), states.get(r.id), names) for r in records]
+
+    def workload_page(
+        self,
+        caller: Caller,
+        *,
+        include_done: bool = False,
+        mine: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> tuple[list[WorkloadView], str | None]:
+        """A page of workloads, oldest first, and the cursor of the next page (None: last).
+
+        Args:
+            caller: who asks.
+            include_done: finished ones too (read from the store, a page at a time).
+            mine: only the caller's work and others' running or paused work (others'
+                pending work is theirs to watch: one user's backlog costs others nothing).
+            limit: most workloads (1..:data:`MAX_PAGE`; None: all).
+            cursor: where the previous page ended (its ``next`` cursor).
+
+        Raises:
+            BadRequest: ``limit`` out of range, or a malformed ``cursor`` (echoed).
+        """
+        if limit is not None and not 1 <= limit <= MAX_PAGE:
+            raise BadRequest("limit", f"{limit} must be between 1 and {MAX_PAGE}")
+        after = parse_cursor(cursor)
+        owner = caller.uid if mine else None
+        if include_done:
+            records, following = self.store.workload_page(
+                after=after,
+                limit=limit if limit is not None else 2**62,
+                owner_uid=owner,
+                with_others_running=mine,
+            )
+        else:
+            records = [
+                r
+                for r in self._active_records()
+                if (owner is None or r.owner_uid == owner or r.holds_allocation)
+                and (after is None or (r.submitted_at, r.id) > after)
+            ]
+            following = None
+            if limit is not None and len(records) > limit:
+                records = records[:limit]
+                following = (records[-1].submitted_at, records[-1].id)
+        reasons = self._reasons
+        states = self._gpu_states()
+        shown = [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+        return shown, format_cursor(following)
 
     def _gpu_states(self) -> dict[str, str]:
         """The governor's state of each governed workload in the words of
@@ -636,11 +697,33 @@ class Service(SchedulingLoop):
         reasons = sorted(self._reasons.items())
         return (self.metrics.writes, self._queue_tree(), tuple(reasons), tuple(fair))
 
-    def events(self, after_id: int | None = None, limit: int = 1000) -> list[EventView]:
-        """Events after ``after_id`` (all when None), oldest first."""
+    def events(
+        self,
+        after_id: int | None = None,
+        limit: int = 1000,
+        caller: Caller | None = None,
+        all_users: bool = False,
+    ) -> list[EventView]:
+        """Events after ``after_id`` (all when None), oldest first, at most ``limit``.
+
+        A caller who is not an admin gets the events of their own workloads and those of no
+        workload (queue and node changes) unless ``all_users``: users see all work
+        (DESIGN.md section 5), but one user's event flood is not pushed to every other
+        user. Admins (and ``caller`` None: the dashboard) get everyone's. Like events of
+        one workload close together come as one with a count (``fgpu serve
+        --event-interval``).
+
+        Raises:
+            BadRequest: ``limit`` outside 1..10000.
+        """
         if limit < 1 or limit > 10_000:
             raise BadRequest("limit", "must be between 1 and 10000")
-        return [views.event(e) for e in self.store.events(after_id=after_id, limit=limit)]
+        scoped = caller is not None and not all_users and not self._is_admin(caller)
+        visible = caller.uid if scoped and caller is not None else None
+        return [
+            views.event(e)
+            for e in self.store.events(after_id=after_id, limit=limit, visible_to=visible)
+        ]
 
 
 __all__ = [

@@ -152,6 +152,8 @@ def event(record: EventRecord) -> EventView:
         kind=record.kind,
         reason=record.reason,
         message=record.message,
+        count=record.count,
+        last_time=record.last_time,
     )
 
 
@@ -194,6 +196,8 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         default_time_s=c.default_time_s,
         max_time_s=c.max_time_s,
         default_for=list(c.default_for),
+        max_active_per_user=c.max_active_per_user,
+        max_stored_bytes=c.max_stored_bytes,
     )
 
 

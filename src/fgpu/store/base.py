@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, func, or_, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
@@ -66,6 +66,12 @@ class StoreBase:
         self.write_fault: str | None = None
         """Why the latest write failed for want of storage (:class:`StoreUnwritable`); None
         once a write succeeds again."""
+        self.event_coalesce_s = 0.0
+        """Seconds within which :meth:`record_event` adds like events (same workload and
+        kind) to the first one's count instead of writing a row each (0: never; the service
+        sets ``fgpu serve --event-interval``)."""
+        # (workload id, kind) -> (id of the row counting them, when its interval began)
+        self._coalescing: dict[tuple[str | None, str], tuple[int, float]] = {}
 
     @classmethod
     def open(
@@ -211,11 +217,11 @@ class StoreBase:
         kind: str,
         reason: str,
         message: str,
-    ) -> None:
+    ) -> EventRow:
         session.flush()  # the change first: the event refers to the workload row
-        session.add(
-            EventRow(workload_id=workload_id, time=now, kind=kind, reason=reason, message=message)
-        )
+        row = EventRow(workload_id=workload_id, time=now, kind=kind, reason=reason, message=message)
+        session.add(row)
+        return row
 
     # ------------------------------------------------------------------------ events
     def record_event(self, workload_id: str | None, kind: str, reason: str, message: str) -> None:
@@ -231,7 +237,32 @@ class StoreBase:
         if not reason:
             raise InvalidRequestError("reason", "must not be empty")
         with self._write() as session:
-            self._event(session, self._clock(), workload_id, kind, reason, message)
+            now = self._clock()
+            key = (workload_id, kind)
+            window = self.event_coalesce_s
+            held = self._coalescing.get(key)
+            if window > 0 and held is not None and now - held[1] < window:
+                counted = session.execute(
+                    update(EventRow)
+                    .where(EventRow.id == held[0])
+                    .values(count=func.coalesce(EventRow.count, 1) + 1, last_time=now)
+                )
+                if getattr(counted, "rowcount", 0) == 1:
+                    return
+            row = self._event(session, now, workload_id, kind, reason, message)
+            if window > 0:
+                session.flush()
+                self._forget_windows(now, window)
+                self._coalescing[key] = (row.id, now)
+
+    def _forget_windows(self, now: float, window: float) -> None:
+        """Drop intervals that ended (the map holds one entry per workload and kind seen in
+        the last interval)."""
+        if len(self._coalescing) < 1024:
+            return
+        for key, (_, began) in list(self._coalescing.items()):
+            if now - began >= window:
+                del self._coalescing[key]
 
     def events(
         self,
@@ -240,11 +271,14 @@ class StoreBase:
         since: float | None = None,
         after_id: int | None = None,
         limit: int | None = None,
+        visible_to: int | None = None,
     ) -> list[EventRecord]:
         """Events in the order they were written.
 
         Args:
             workload_id: only this workload's (None: all, queue and node events included).
+            visible_to: only the events of this uid's workloads and those of no workload
+                (queue and node events); None: everyone's.
             since: only those at or after this time (seconds).
             after_id: only those with a larger id (a cursor for following; on SQLite ids
                 follow commit order, on PostgreSQL two transactions committing at once
@@ -259,6 +293,9 @@ class StoreBase:
             query = query.where(EventRow.time >= since)
         if after_id is not None:
             query = query.where(EventRow.id > after_id)
+        if visible_to is not None:
+            own = select(WorkloadRow.id).where(WorkloadRow.owner_uid == visible_to)
+            query = query.where(or_(EventRow.workload_id.is_(None), EventRow.workload_id.in_(own)))
         if limit is not None:
             query = query.limit(limit)
         with self._read() as session:

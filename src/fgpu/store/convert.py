@@ -36,6 +36,8 @@ def queue_record(row: QueueRow) -> QueueRecord:
         default_time_s=row.default_time_s,
         max_time_s=row.max_time_s,
         default_for=tuple(row.default_for or ()),
+        max_active_per_user=row.max_active_per_user,
+        max_stored_bytes=row.max_stored_bytes,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -55,6 +57,8 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.default_time_s = config.default_time_s
     row.max_time_s = config.max_time_s
     row.default_for = list(config.default_for) or None
+    row.max_active_per_user = config.max_active_per_user
+    row.max_stored_bytes = config.max_stored_bytes
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:
@@ -131,6 +135,8 @@ def event_record(row: EventRow) -> EventRecord:
         kind=row.kind,
         reason=row.reason,
         message=row.message,
+        count=row.count or 1,
+        last_time=row.last_time if row.last_time is not None else row.time,
     )
 
 

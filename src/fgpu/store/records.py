@@ -88,6 +88,12 @@ class QueueConfig:
             alice,@team``): user names or uids and ``@group`` entries (as in ``members``, but
             not ``*``); a submission without a queue goes here. One user or group is the
             default of at most one queue (the store refuses a second, naming both).
+        max_active_per_user: most active (pending, running, paused) workloads one user may
+            have in this queue; None: only the machine's limit (``fgpu serve
+            --max-active-per-user``) over all queues.
+        max_stored_bytes: most bytes of commands and environments one user's workloads of
+            this queue may store (active ones and finished ones not yet pruned); None: only
+            the machine's limit (``fgpu serve --max-stored-bytes``) over all queues.
     """
 
     name: str
@@ -103,6 +109,8 @@ class QueueConfig:
     default_time_s: float | None = None
     max_time_s: float | None = None
     default_for: tuple[str, ...] = ()
+    max_active_per_user: int | None = None
+    max_stored_bytes: int | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -508,6 +516,9 @@ class EventRecord:
             ``queue-deleted``, ``node-updated``, ``node-removed``.
         reason: why, in a few words.
         message: a sentence for users.
+        count: how many like events (same workload and kind) this one stands for: they were
+            coalesced into it (``Store.record_event(coalesce_s=...)``); 1 for most.
+        last_time: when the last of them happened (``time`` when ``count`` is 1).
     """
 
     id: int
@@ -516,6 +527,8 @@ class EventRecord:
     kind: str
     reason: str
     message: str
+    count: int = 1
+    last_time: float | None = None
 
 
 # -------------------------------------------------------------------------- inventory

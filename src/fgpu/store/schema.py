@@ -26,6 +26,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+# longest workload id and name: the API's bounds (one source)
+from fgpu.wire_limits import ID_LENGTH as ID_LENGTH
+from fgpu.wire_limits import NAME_LENGTH as NAME_LENGTH
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -38,11 +42,6 @@ NAMING = {
 PHASES = ("pending", "running", "paused", "succeeded", "failed", "cancelled")
 """Workload phases (DESIGN.md section 8)."""
 
-NAME_LENGTH = 128
-"""Longest queue, node or workload name."""
-
-ID_LENGTH = 32
-"""Longest workload id."""
 
 IDEMPOTENCY_KEY_LENGTH = 255
 """Longest ``Idempotency-Key`` a submission may carry."""
@@ -92,6 +91,9 @@ class QueueRow(Base):
     max_time_s: Mapped[float | None]
     # whose default queue it is (records.QueueConfig.default_for); NULL: nobody's
     default_for: Mapped[list[str] | None] = mapped_column(JSON)
+    # per-user limits of this queue (issue 27); NULL: only the machine's (fgpu serve flags)
+    max_active_per_user: Mapped[int | None]
+    max_stored_bytes: Mapped[int | None]
 
 
 class WorkloadRow(Base):
@@ -110,6 +112,10 @@ class WorkloadRow(Base):
         # the tasks of an array (issue 25)
         Index("ix_workloads_array_id", "array_id"),
         Index("ix_workloads_owner_array_name", "owner_uid", "array_name"),
+        # a user's active count and stored bytes per queue, from the index alone (issue 27)
+        Index("ix_workloads_owner_queue_phase", "owner_uid", "queue", "phase", "stored_bytes"),
+        # retention: finished workloads oldest first
+        Index("ix_workloads_finished_at", "finished_at"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -171,6 +177,9 @@ class WorkloadRow(Base):
     # the kind (records.WorkloadRecord.preempted_by); NULL otherwise
     preempted_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     preempted_kind: Mapped[str | None] = mapped_column(String(16))
+    # bytes its command and environment take as stored (fgpu.store.validate.stored_bytes);
+    # NULL only for rows written before revision r0007 and not backfilled
+    stored_bytes: Mapped[int | None]
 
 
 class EventRow(Base):
@@ -188,6 +197,10 @@ class EventRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str]
     message: Mapped[str]
+    # coalescing (issue 27): how many like events this row stands for (NULL: one) and when
+    # the last of them happened (NULL: at ``time``)
+    count: Mapped[int | None]
+    last_time: Mapped[float | None]
 
 
 class NodeRow(Base):

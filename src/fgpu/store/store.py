@@ -55,6 +55,7 @@ from fgpu.store.records import (
 )
 from fgpu.store.schema import Base, EventRow, HoldRow, QueueRow, WorkloadRow
 from fgpu.store.suspension import SuspensionStore
+from fgpu.store.usage import UsageStore
 from fgpu.users import user_text
 
 DEFAULT_GRACE_S = 30.0
@@ -74,7 +75,7 @@ _ID_TAKEN = select(_WORKLOADS.c.id).where(
 )
 
 
-class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
+class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
     """Repository of fgpu's durable state: workloads (here), queues
     (:class:`~fgpu.store.queues.QueueStore`), nodes and holds
     (:class:`~fgpu.store.inventory.InventoryStore`), events
@@ -315,6 +316,7 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             cwd=cwd,
             env=environment,
             grace_s=grace,
+            stored_bytes=validate.stored_bytes(command, environment),
             mig_request=None if mig_request is None else mig_request.to_json(),
             submitted_at=now,
             reason="submitted",
@@ -669,12 +671,13 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             return [convert.workload_record(r) for r in session.scalars(query)]
 
     def active_holders(
-        self, owner_uid: int, names: Collection[str]
+        self, owner_uid: int, names: Collection[str], *, count: bool = True
     ) -> tuple[int, dict[str, tuple[str, str]]]:
-        """How many active workloads ``owner_uid`` has, and which of ``names`` they have:
-        name -> (id, phase) (the earliest submitted where several have one). Both from the
-        ``(owner_uid, phase, name)`` index in one read (point lookups for the names; the
-        count of the owner's index range), without reading any workload row's data."""
+        """How many active workloads ``owner_uid`` has (0 without ``count``), and which of
+        ``names`` they have: name -> (id, phase) (the earliest submitted where several have
+        one). Both from the ``(owner_uid, phase, name)`` index in one read (point lookups for
+        the names; the count of the owner's index range), without reading any workload
+        row's data."""
         owner = (WorkloadRow.owner_uid == owner_uid, WorkloadRow.phase.in_(ACTIVE_PHASES))
         holders = (
             select(WorkloadRow.name, WorkloadRow.id, WorkloadRow.phase)
@@ -682,9 +685,9 @@ class Store(SuspensionStore, QueueStore, InventoryStore, IdempotencyStore):
             .where(WorkloadRow.name.in_(builtins.list(names)))
             .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())
         )
-        count = select(func.count()).select_from(WorkloadRow).where(*owner)
+        counting = select(func.count()).select_from(WorkloadRow).where(*owner)
         with self._read() as session:
-            active = int(session.scalar(count) or 0)
+            active = int(session.scalar(counting) or 0) if count else 0
             found = {name: (wid, phase) for name, wid, phase in session.execute(holders)}
         return active, found
 

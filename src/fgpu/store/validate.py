@@ -6,26 +6,27 @@ answer with a 4xx carrying the message as it is.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 
+from fgpu import wire_limits
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.store.records import EVERYONE, UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
-QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-"""Queue names: a letter or digit, then letters, digits, ``.``, ``_`` or ``-``."""
-MEMBER = re.compile(r"\*|@?[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?")
-"""A queue member: ``*``, a user name or uid, or ``@`` and a group name or gid (the
-characters of portable Unix user and group names, at most 32 of them)."""
-MAX_MEMBERS = 256
-"""Most entries in a queue's member list."""
-MAX_WORKLOAD_PRIORITY = 1000
+QUEUE_NAME = re.compile(wire_limits.QUEUE_NAME_PATTERN)
+"""Queue names (:data:`fgpu.wire_limits.QUEUE_NAME_PATTERN`)."""
+MEMBER = re.compile(wire_limits.MEMBER_PATTERN)
+"""A queue member (:data:`fgpu.wire_limits.MEMBER_PATTERN`)."""
+MAX_MEMBERS = wire_limits.MAX_MEMBERS
+MAX_WORKLOAD_PRIORITY = wire_limits.MAX_PRIORITY
 """Highest workload priority there is (submissions above it are refused)."""
-
-MAX_AMOUNT = UNCAPPED - 1
-"""Largest amount the store keeps (fits a signed 64-bit column with room to spare)."""
+MIN_STORED_BYTES = wire_limits.MIN_STORED_BYTES
+MAX_AMOUNT = wire_limits.MAX_AMOUNT
+"""Largest amount the store keeps (below :data:`fgpu.store.records.UNCAPPED`)."""
+assert MAX_AMOUNT < UNCAPPED
 
 
 def integer(field_name: str, value: object, *, minimum: int = 0, maximum: int = MAX_AMOUNT) -> int:
@@ -123,6 +124,10 @@ def queue_config(config: QueueConfig) -> None:
             "nonpreemptible", f"must be true or false (got {config.nonpreemptible!r})"
         )
     time_limits(config.default_time_s, config.max_time_s, queue_name)
+    if config.max_active_per_user is not None:
+        integer("max_active_per_user", config.max_active_per_user, minimum=1)
+    if config.max_stored_bytes is not None:
+        integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
 
 
 def time_limits(default_s: object, maximum_s: object, queue_name: str) -> None:
@@ -145,6 +150,13 @@ def time_limits(default_s: object, maximum_s: object, queue_name: str) -> None:
             f"queue {queue_name}: default time {default_s:g} s is above its maximum "
             f"{maximum_s:g} s",
         )
+
+
+def stored_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Bytes a command and an environment take in the store (compact UTF-8 JSON of
+    ``[argv, env]``): what the per-submission and per-user byte limits count."""
+    dump = json.dumps([list(argv), dict(env)], ensure_ascii=False, separators=(",", ":"))
+    return len(dump.encode("utf-8", errors="surrogatepass"))
 
 
 def members(entries: object) -> tuple[str, ...]:

@@ -66,6 +66,9 @@ LOG_TAIL_BYTES = 4096
 MAX_URL_BYTES = 8192
 """Longest path plus query string a dashboard page answers (its own links are far shorter);
 a longer one gets 414 at once."""
+PENDING_SHOWN = 50
+"""Pending workloads the overview lists (the oldest; the rest are counted): one user's
+backlog of thousands must not make every viewer's page megabytes (issue 27)."""
 EVENTS_SHOWN = 20
 
 _templates = Jinja2Templates(directory=HERE / "templates")
@@ -178,10 +181,12 @@ def _context(service: "ServiceApi", events: list[EventView]) -> dict[str, Any]:
         for n in nodes
         for g in n.gpus
     ]
+    pending = [w for w in workloads if w.phase == "pending"]
     return {
         "gpus": gpus,
         "queues": service.list_queues(),
-        "pending": [w for w in workloads if w.phase == "pending"],
+        "pending": pending[:PENDING_SHOWN],
+        "pending_more": max(0, len(pending) - PENDING_SHOWN),
         "events": events,
         "now": time.time(),
     }
@@ -223,6 +228,7 @@ def _version(body: str) -> str:
 
 def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     """Add the dashboard's routes (``/ui``, ``/ui/login``, ``/ui/static``) to ``app``."""
+    from fgpu.log_files import log_end
     from fgpu.server.app import current_caller, read_from
     from fgpu.server.service import Caller
 
@@ -282,7 +288,7 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
             path = service.log_path(caller, workload_id, "all")
         except BadRequest:  # started before fgpu kept the ordered log: stdout alone
             path = service.log_path(caller, workload_id, "stdout")
-            size = path.stat().st_size if path.exists() else 0
+            size = log_end(path)
             data, _ = read_from(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES)
             log = [("stdout", data.decode("utf-8", "replace"))]
         except ServiceError as exc:
