@@ -144,6 +144,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "priority": ("--priority",),
     "members": ("--member",),
     "max_priority": ("--max-priority",),
+    "preempt_delay_s": ("--preempt-delay",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""
 

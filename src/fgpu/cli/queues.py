@@ -74,6 +74,32 @@ SqueezeOption = Annotated[
     ),
 ]
 
+PreemptDelayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--preempt-delay",
+        metavar="DURATION",
+        help="Wait before evict: how long a preemptor below priority high (100) waits for "
+        "GPUs to free by themselves before it suspends or evicts work of lower priority: "
+        "seconds (90) or 300s, 5m, 1h; 0: at once (default: the service's setting, "
+        "fgpu serve --preempt-delay).",
+    ),
+]
+
+
+def _preempt_delay(text: str, *, may_reset: bool = False) -> float | None:
+    """``--preempt-delay`` in seconds (``default`` with ``may_reset``: None, the service's
+    setting); a bad value ends the command naming the flag and echoing the value."""
+    from fgpu.model.units import UnitError, parse_duration_s
+
+    if may_reset and text.strip() == "default":
+        return None
+    try:
+        return parse_duration_s(text, "--preempt-delay")
+    except UnitError as exc:
+        more = "; 'default' follows the service's setting" if may_reset else ""
+        fail(f"--preempt-delay {text!r}: {exc.reason}{more}")
+
 
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
     from fgpu.cli import render
@@ -101,6 +127,7 @@ def create(
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
     squeeze: SqueezeOption = None,
+    preempt_delay: PreemptDelayOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -110,6 +137,8 @@ def create(
     from fgpu.wire import QueueBody
 
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
+    if preempt_delay is not None:
+        fields["preempt_delay_s"] = _preempt_delay(preempt_delay)
     for key, value in (
         ("quota", quota),
         ("over_quota_weight", over_quota_weight),
@@ -163,12 +192,22 @@ def update(
     max_priority: MaxPriorityOption = None,
     nonpreemptible: NonPreemptibleOption = None,
     squeeze: SqueezeOption = None,
+    preempt_delay: Annotated[
+        str | None,
+        typer.Option(
+            "--preempt-delay",
+            metavar="DURATION",
+            help="Wait before evict (see create); 'default' follows the service's setting again.",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Change some of a queue's settings (root and admins); the others stay."""
     from fgpu.wire import QueueBody
+
+    delay = None if preempt_delay is None else _preempt_delay(preempt_delay, may_reset=True)
 
     if limit is not None and no_limit:
         fail("--limit and --no-limit exclude each other")
@@ -177,6 +216,7 @@ def update(
     typed: dict[str, object] = {"name": name, "quota": quota, "limit": limit}
     typed |= {"over_quota_weight": over_quota_weight, "priority": priority, "parent": parent}
     typed |= {"members": member or add_member, "max_priority": max_priority}
+    typed |= {"preempt_delay_s": delay}
     with connect(socket, url, _explain(typed)) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
@@ -197,6 +237,7 @@ def update(
                 nonpreemptible if nonpreemptible is not None else current.nonpreemptible
             ),
             squeeze=squeeze if squeeze is not None else current.squeeze,
+            preempt_delay_s=delay if preempt_delay is not None else current.preempt_delay_s,
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")

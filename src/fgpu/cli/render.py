@@ -540,6 +540,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "PENDING",
         "MEMBERS",
         "MAX PRIORITY",
+        "PREEMPT DELAY",
     ):
         table.add_column(column, overflow="fold")
     for q in queues:
@@ -556,5 +557,18 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             str(q.pending),
             ", ".join(q.members) if q.members else "(admins)",
             f"{q.max_priority}{' +non-preemptible' if q.nonpreemptible else ''}",
+            preempt_delay_text(q),
         )
     return table
+
+
+def preempt_delay_text(q: QueueView) -> str:
+    """``fgpu queue ls``'s wait before evict: ``2s``, ``5m (service)`` where the queue
+    follows the service's setting, ``-`` where the service did not say."""
+    from fgpu.model.units import format_duration_s
+
+    if q.preempt_delay_s is not None:
+        return format_duration_s(q.preempt_delay_s)
+    if q.effective_preempt_delay_s is None:
+        return "-"
+    return f"{format_duration_s(q.effective_preempt_delay_s)} (service)"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fgpu.model.catalog import UnknownGpuModelError, models_named
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.model.units import (
+    MAX_DURATION_S,
     UnitError,
     parse_cpu_milli,
     parse_gpu_fraction,
@@ -299,7 +300,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     Raises:
         BadRequest: ``quota`` or ``limit`` not a number of GPUs in 0..1000000, or above 0
             but below one milli-GPU; ``max_priority`` not a priority up to
-            :data:`MAX_PRIORITY`; ``members`` malformed or repeated.
+            :data:`MAX_PRIORITY`; ``members`` malformed or repeated; ``preempt_delay_s``
+            not a number of seconds in 0..1e9.
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > 1e6):
@@ -332,7 +334,23 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         max_priority=max_priority,
         nonpreemptible=body.nonpreemptible,
         squeeze=body.squeeze,
+        preempt_delay_s=_preempt_delay(body.preempt_delay_s),
     )
+
+
+def _preempt_delay(value: float | None) -> float | None:
+    """A queue's ``preempt_delay_s``: None, or seconds in 0..1e9.
+
+    Raises:
+        BadRequest: field ``preempt_delay_s``, echoing the value.
+    """
+    if value is None:
+        return None
+    if not (0 <= value < MAX_DURATION_S):  # also refuses NaN
+        raise BadRequest(
+            "preempt_delay_s", f"{value!r} is not a number of seconds in 0..{MAX_DURATION_S:.0e}"
+        )
+    return float(value)
 
 
 def _text(field: str, *values: str) -> None:

@@ -70,9 +70,11 @@ Rules (DESIGN.md section 5), in the order a round applies them:
     ``high`` and ``critical`` preempt at once) looks for victims (rules 4 and 5) only once
     it has waited its queue's ``QueueSpec.preempt_delay_s`` (default the scheduler's
     ``preempt_delay_s``: 0, at once, unless the shell sets it; :data:`PREEMPT_DELAY_S`,
-    300 s, is the recommended delay) since it was submitted. Until then it keeps its
+    300 s, is the recommended delay and the default of ``fgpu serve``, ``fgpu k8s
+    scheduler`` and ``fgpu sim replay``) since it was submitted. Until then it keeps its
     place in the order, so capacity that frees meanwhile goes to it before lower-ranked work;
-    its reason ends with how long it has waited and from when it may preempt. Squeezing
+    its reason ends with how long it has waited and in how long it may preempt (relative
+    times, so that they read the same on a virtual clock and on the wall clock). Squeezing
     (rule 7) keeps the victims' memory and progress and does not wait.
 11. **Restore.** A suspended workload (``Workload.suspended_on``) is pending for the order
     (its demand counts for its queue) and goes before new work of its priority in its
@@ -171,7 +173,9 @@ class SchedulerConfig:
             for queues that do not choose (``QueueSpec.preempt_delay_s`` None); 0 (the
             default here, so that a shell that sets nothing keeps its behaviour): at once.
             :data:`PREEMPT_DELAY_S` (300 s) is the delay issue 28 recommends, the default of
-            ``fgpu sim replay --preempt-delay``; shells pass it from their own flags.
+            ``fgpu sim replay --preempt-delay``, ``fgpu serve --preempt-delay`` (queues:
+            ``fgpu queue create|set --preempt-delay``) and ``fgpu k8s scheduler
+            --preempt-delay``; shells pass it from their own flags.
     """
 
     min_runtime_s: float = 0.0
@@ -781,8 +785,8 @@ class Scheduler:
                 if delay > 0 and waited < delay:
                     wait_notes[len(actions)] = (
                         f"; waiting for capacity to free before it preempts (waited "
-                        f"{max(waited, 0.0):.0f} s of {delay:.0f} s; may preempt from "
-                        f"t={w.submitted_at + delay:.0f} s)"
+                        f"{max(waited, 0.0):.0f} s of {delay:.0f} s; may preempt in "
+                        f"{delay - max(waited, 0.0):.0f} s)"
                     )
                 elif searches < search_cap:
                     for kind in ("preemption", "reclaim"):

@@ -120,8 +120,15 @@ def detail(
     return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
 
 
-def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int) -> QueueView:
-    """A queue with its use (from its active workloads) and last fair share."""
+def queue(
+    record: QueueRecord,
+    active: Sequence[WorkloadRecord],
+    fair_milli: int,
+    preempt_delay_s: float | None = None,
+) -> QueueView:
+    """A queue with its use (from its active workloads) and last fair share;
+    ``preempt_delay_s`` is the service's wait before evict (seconds), what applies where the
+    queue sets none."""
     c = record.config
     allocated = sum(
         counted_gpu_milli(w.allocation.gpu_milli, w.squeezed_by is not None)
@@ -143,6 +150,10 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         max_priority=c.max_priority,
         nonpreemptible=c.nonpreemptible,
         squeeze=c.squeeze,
+        preempt_delay_s=c.preempt_delay_s,
+        effective_preempt_delay_s=(
+            c.preempt_delay_s if c.preempt_delay_s is not None else preempt_delay_s
+        ),
     )
 
 

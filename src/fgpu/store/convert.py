@@ -32,6 +32,7 @@ def queue_record(row: QueueRow) -> QueueRecord:
         max_priority=row.max_priority,
         nonpreemptible=row.nonpreemptible,
         squeeze=row.squeeze,
+        preempt_delay_s=row.preempt_delay_s,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -48,6 +49,7 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.max_priority = config.max_priority
     row.nonpreemptible = bool(config.nonpreemptible)
     row.squeeze = config.squeeze
+    row.preempt_delay_s = None if config.preempt_delay_s is None else float(config.preempt_delay_s)
 
 
 def workload_record(row: WorkloadRow) -> WorkloadRecord:

@@ -80,6 +80,10 @@ class QueueConfig:
             priority class at or above ``high``, or ``preemptible: false``).
         squeeze: squeeze before evict for preemption inside this queue: True, False (evict
             only), or None (the service's setting, ``fgpu serve --squeeze/--no-squeeze``).
+        preempt_delay_s: seconds a preemptor of this queue below priority 100 waits for
+            capacity to free by itself before it suspends or evicts anyone (wait before
+            evict, :mod:`fgpu.sched.decide` rule 10), 0..1e9; None (default): the service's
+            setting (``fgpu serve --preempt-delay``, 300 s unless set).
     """
 
     name: str
@@ -92,6 +96,7 @@ class QueueConfig:
     max_priority: int = PRIORITY_CLASSES["normal"]
     nonpreemptible: bool = False
     squeeze: bool | None = None
+    preempt_delay_s: float | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -111,6 +116,7 @@ class QueueConfig:
             priority=self.priority,
             parent=self.parent,
             squeeze=self.squeeze,
+            preempt_delay_s=self.preempt_delay_s,
         )
 
 

@@ -84,6 +84,8 @@ class QueueRow(Base):
     nonpreemptible: Mapped[bool]
     # squeeze before evict for this queue's preemptions; NULL: the service's setting
     squeeze: Mapped[bool | None]
+    # wait before evict: seconds a preemptor below priority 100 waits; NULL: the service's
+    preempt_delay_s: Mapped[float | None]
 
 
 class WorkloadRow(Base):

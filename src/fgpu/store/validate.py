@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.model.units import MAX_DURATION_S
 from fgpu.store.records import UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
@@ -81,7 +82,8 @@ def queue_config(config: QueueConfig) -> None:
 
     Raises:
         InvalidRequestError: a malformed name, a non-integer or negative amount, a limit below
-            the quota, a weight that is not a finite number >= 0, a negative priority.
+            the quota, a weight that is not a finite number >= 0, a negative priority, a
+            ``preempt_delay_s`` that is not a number of seconds in 0..1e9.
     """
     if not isinstance(config, QueueConfig):
         raise InvalidRequestError("queue", f"expected a QueueConfig (got {config!r})")
@@ -121,6 +123,12 @@ def queue_config(config: QueueConfig) -> None:
         raise InvalidRequestError(
             "nonpreemptible", f"must be true or false (got {config.nonpreemptible!r})"
         )
+    if config.preempt_delay_s is not None:
+        delay = seconds("preempt_delay_s", config.preempt_delay_s)
+        if delay >= MAX_DURATION_S:
+            raise InvalidRequestError(
+                "preempt_delay_s", f"must be below {MAX_DURATION_S:.0e} seconds (got {delay:g})"
+            )
 
 
 def members(entries: object) -> tuple[str, ...]:
