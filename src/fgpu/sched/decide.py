@@ -78,9 +78,11 @@ Rules (DESIGN.md section 5), in the order a round applies them:
     (rule 7) keeps the victims' memory and progress and does not wait.
 11. **Restore.** A suspended workload (``Workload.suspended_on``) is pending for the order
     (its demand counts for its queue) and goes before new work of its priority in its
-    queue; it is only ever restored (:class:`Restore`) on the node it is suspended on (GPUs
-    of the same model), where it fits now, outside reservations and holds, within its
-    queue's limits. It never preempts, squeezes or reserves, and no timeout drops it: it
+    queue; it is only ever restored (:class:`Restore`) on the node it is suspended on, onto
+    the GPUs its memory was checkpointed from (``Workload.suspended_gpus``; any GPUs of that
+    node, so of the same model, where the node's driver can restore onto other GPUs,
+    ``Node.restore_other_gpus``), where it fits now, outside reservations and holds, within
+    its queue's limits. It never preempts, squeezes or reserves, and no timeout drops it: it
     waits, saying so, until its node has room or it is cancelled. The shell frees its budget
     charge once the restore is done.
 12. **Non-preemptible work first.** Non-preemptible pending work of every queue is placed
@@ -116,7 +118,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fgpu.model.types import Allocation, Request
+from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
@@ -933,7 +935,8 @@ class Scheduler:
         work: ClusterState, placer: Placer, w: Workload, reserved: np.ndarray
     ) -> Restore | Wait:
         """Rule 11: restore suspended ``w`` on the node it is suspended on when it fits there
-        now (not on a node reserved or held for other work), else keep it waiting."""
+        now (not on a node reserved or held for other work), on the GPUs it was checkpointed
+        from unless the node's driver restores onto other GPUs; else keep it waiting."""
         name = w.suspended_on
         assert name is not None
         where = f"suspended on {name} (host {w.suspended_host_mib} MiB)"
@@ -941,6 +944,28 @@ class Scheduler:
             return Wait(w.id, f"{where}; that node is gone, so it cannot be restored")
         if w.nodes is not None and name not in w.nodes:
             return Wait(w.id, f"{where}; its node constraints no longer allow that node")
+        node = work.node_index[name]
+        own = w.suspended_gpus
+        if own and not work.nodes[node].restore_other_gpus:
+            listed = ", ".join(str(g) for g in own)
+            if reserved[node]:
+                return Wait(
+                    w.id,
+                    f"{where}; restores when that node has room on GPUs {listed}, the ones it "
+                    "was checkpointed from (the node is reserved for other work now)",
+                )
+            try:
+                allocation = work.allocate(w.request, node, own)
+            except InvalidRequestError as exc:
+                return Wait(
+                    w.id,
+                    f"{where}; restores when that node has room on GPUs {listed}, the ones it "
+                    f"was checkpointed from ({exc.reason})",
+                )
+            placer.policy.on_allocate(work, allocation)
+            return Restore(
+                w.id, allocation, f"restored on {name}, GPUs {listed}: they have room again"
+            )
         result = placer.place(
             w.request,
             explain=True,

@@ -428,6 +428,9 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         squeezed_by=record.squeezed_by or () if holding else (),
         suspended_on=record.suspended_on if record.is_suspended else None,
         suspended_host_mib=record.suspended_host_mib if record.is_suspended else 0,
+        suspended_gpus=(
+            record.allocation.gpus if record.is_suspended and record.allocation is not None else ()
+        ),
     )
 
 
