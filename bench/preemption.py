@@ -12,7 +12,9 @@ policies:
 - ``suspend``: victims are suspended to host memory where their node's budget allows (rule
   9): every workload is suspendable, each node sets aside ``--host-pool`` GiB (default 256)
   of host memory, the copies run at ``--host-link`` GB/s (default 25, the order of a PCIe
-  4.0 x16 link), one copy to host per suspension and one back per restore;
+  4.0 x16 link), one copy to host per suspension and one back per restore; a suspended
+  workload is restored onto the GPUs it was suspended from once they have room, as drivers
+  r570-r580 restore (``--restore-other-gpus``: onto any GPU of its node, as CUDA 13 can);
 - ``all``: the three together.
 
 Each policy runs on the same days (``--seeds``, default 1 2 3; the seed draws the day and
@@ -36,7 +38,7 @@ the report is built from all of them. Runs start evict-only and all-together fir
 target needs both), then suspend, wait and squeeze.
 
 Usage: ``python bench/preemption.py [--seeds 1 2 3] [--hours 48] [--load 1.1]
-[--policies ...] [--jobs 2] [--runs FILE] [--out FILE]``.
+[--policies ...] [--restore-other-gpus] [--jobs 2] [--runs FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -96,13 +98,17 @@ def one_run(
     pods_path: str,
     host_pool_gib: float,
     host_link_gb_s: float,
+    restore_other_gpus: bool = False,
 ) -> dict[str, Any]:
     """One replay of the seeded day under ``policy``; the figures the comparison needs."""
     knobs = POLICIES[policy]
     nodes = parse_gpus(GPUS)
     if knobs["suspend"]:
         pool = int(host_pool_gib * 1024)
-        nodes = [replace(n, suspend_host_memory_mib=pool) for n in nodes]
+        nodes = [
+            replace(n, suspend_host_memory_mib=pool, restore_other_gpus=restore_other_gpus)
+            for n in nodes
+        ]
     capacity = sum(n.gpu_count for n in nodes) * 1000
     workload_seed, scheduler_seed = np.random.SeedSequence(seed).spawn(2)
     shapes = list(load_pods(pods_path).requests)
@@ -182,6 +188,12 @@ def main() -> None:
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=list(POLICIES))
     parser.add_argument("--host-pool", type=float, default=256.0, help="GiB per node")
     parser.add_argument("--host-link", type=float, default=25.0, help="GB/s")
+    parser.add_argument(
+        "--restore-other-gpus",
+        action="store_true",
+        help="suspended work may come back on any GPU of its node (a CUDA 13 driver); "
+        "default: only on the GPUs it was suspended from (drivers r570-r580)",
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--runs", type=Path, default=None, help="JSON lines of finished runs")
     parser.add_argument(
@@ -202,6 +214,7 @@ def main() -> None:
         "load": args.load,
         "host_pool_gib": args.host_pool,
         "host_link_gb_s": args.host_link,
+        **({"restore_other_gpus": True} if args.restore_other_gpus else {}),
     }
     runs: list[dict[str, Any]] = []
     if args.runs is not None and args.runs.exists():
@@ -213,7 +226,15 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [
             pool.submit(
-                one_run, p, seed, args.hours, args.load, pods, args.host_pool, args.host_link
+                one_run,
+                p,
+                seed,
+                args.hours,
+                args.load,
+                pods,
+                args.host_pool,
+                args.host_link,
+                args.restore_other_gpus,
             )
             for p in order
             for seed in args.seeds
@@ -258,6 +279,9 @@ def main() -> None:
             "wait_below_priority": SchedulerConfig().preempt_wait_below,
             "host_pool_gib_per_node": args.host_pool,
             "host_link_gb_s": args.host_link,
+            "restore": "onto any GPU of the node"
+            if args.restore_other_gpus
+            else "onto the GPUs it was suspended from",
         },
         "runs": {p: by_policy[p] for p in args.policies},
         "summary": summary,

@@ -18,6 +18,7 @@ class NodeBuilder:
         self._count = 0
         self._model: str | None = None
         self._suspend = 0
+        self._restore_other = False
 
     def gpus(self, count: int, model: str = "A100-80GB") -> NodeBuilder:
         self._count = count
@@ -37,10 +38,22 @@ class NodeBuilder:
         self._suspend = parse_memory_mib(size)
         return self
 
+    def restore_other_gpus(self) -> NodeBuilder:
+        """Its driver restores checkpoints onto other GPUs (``Node.restore_other_gpus``)."""
+        self._restore_other = True
+        return self
+
     def build(self) -> Node:
         mem = gpu_model(self._model).memory_mib if self._model else 0
         return Node(
-            self._name, self._cpu, self._memory, self._count, self._model, mem, self._suspend
+            self._name,
+            self._cpu,
+            self._memory,
+            self._count,
+            self._model,
+            mem,
+            self._suspend,
+            self._restore_other,
         )
 
 

@@ -55,12 +55,24 @@ class ServerProcess:
         root: the temporary folder (socket, server log, state dir).
         gpus: the ``--simulate-gpus`` spec.
         extra: more ``fgpu serve`` options (``--fake-driver``, ``--db postgresql://...``).
+        preempt_delay: ``--preempt-delay`` (default ``0``: these tests are about whom
+            preemption picks, not when; the wait before evict, 5 minutes by default, has its
+            own tests in test_e2e_preempt_delay.py); None: the flag is not given (the
+            service's default).
     """
 
-    def __init__(self, root: Path, gpus: str, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        root: Path,
+        gpus: str,
+        extra: Sequence[str] = (),
+        preempt_delay: str | None = "0",
+    ) -> None:
         self.root = root
         self.gpus = gpus
         self.extra = list(extra)
+        if preempt_delay is not None:
+            self.extra += ["--preempt-delay", preempt_delay]
         self.socket = root / "s.sock"
         self.state_dir = root / "state"
         self.log = root / "serve.log"

@@ -126,6 +126,7 @@ class Shell:
                     squeezed_by=(),
                     suspended_on=None if host is None else w.allocation.node_name,
                     suspended_host_mib=host or 0,
+                    suspended_gpus=() if host is None else w.allocation.gpus,
                 )
         decision = self.scheduler.decide(
             self.now, self.state, self.queues, list(self.workloads.values()), self.holds
@@ -162,6 +163,7 @@ class Shell:
                     started_at=self.now,
                     suspended_on=None,
                     suspended_host_mib=0,
+                    suspended_gpus=(),
                 )
         self.holds = dict(decision.holds)
         check_invariants(self.state)

@@ -379,6 +379,13 @@ class QueueBody(_Strict):
         "machine's limit (fgpu serve --max-stored-bytes)",
         json_schema_extra={"minimum": MIN_STORED_BYTES, "maximum": MAX_AMOUNT},
     )
+    preempt_delay_s: float | None = Field(
+        default=None,
+        description="wait before evict: seconds a preemptor below priority 100 waits for "
+        "capacity to free by itself before it suspends or evicts work (0: at once), or null "
+        "(the service's setting, fgpu serve --preempt-delay, 300 s unless set)",
+        json_schema_extra={"minimum": 0, "maximum": 1e9},
+    )
 
 
 class QueueView(BaseModel):
@@ -407,6 +414,14 @@ class QueueView(BaseModel):
     default_for: list[str] = Field(default_factory=list)
     max_active_per_user: int | None = None
     max_stored_bytes: int | None = None
+    preempt_delay_s: float | None = Field(
+        default=None, description="the queue's own wait before evict, seconds; null: the service's"
+    )
+    effective_preempt_delay_s: float | None = Field(
+        default=None,
+        description="the wait before evict that applies to the queue's preemptors below "
+        "priority 100, seconds (its own, else the service's)",
+    )
     warnings: list[str] = Field(
         default_factory=list,
         description="after a change: what is odd about the queue configuration as a whole "

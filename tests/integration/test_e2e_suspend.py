@@ -28,7 +28,7 @@ from fgpu import states
 from fgpu.agent.interposer.preload import default_segment_root
 from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 from tests.integration.test_metrics import scrape, value
-from tests.serverproc import ServerProcess, wait_for
+from tests.serverproc import ServerProcess, sleeper, wait_for
 
 WORKER = Path(__file__).parents[1] / "native" / "ckpt_worker.py"
 PROBE = Path(__file__).parents[1] / "native" / "fakecuda_probe.py"
@@ -324,3 +324,57 @@ def test_a_restore_without_room_waits_suspended_and_is_tried_again(
     release.touch()
     server.wait_phase(low, "succeeded")
     assert server.describe(low)["restarts"] == 0
+
+
+def test_a_suspended_workload_comes_back_on_its_own_gpu_not_on_another_free_one(
+    tmp_path: Path,
+) -> None:
+    """Two GPUs: low is suspended from GPU X for critical work; the other GPU frees first,
+    but the driver restores a checkpoint onto the GPUs it came from, so low waits (a later
+    job of its priority gets that GPU) and is restored on X once X has room."""
+    ensure_built()
+    srv = ServerProcess(
+        tmp_path, "2xA100-80GB", extra=["--fake-driver", "--suspend-host-memory", "8GiB"]
+    )
+    srv.start()
+    try:
+        release = srv.root / "release-low"
+        low = srv.submit(
+            "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+            command=worker(128, "--until", str(release)),
+        )  # fmt: skip
+        (own,) = srv.wait_phase(low, "running")["gpus"]
+        pid = srv.handle(low)["pgid"]
+        steady = srv.submit("-p", "critical", "-g", "1", "--name", "steady", command=sleeper(600))
+        (other,) = srv.wait_phase(steady, "running")["gpus"]
+        assert other["uuid"] != own["uuid"]
+        crit_end = srv.root / "crit-end"
+        crit = srv.submit(
+            "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+            command=worker(64, "--until", str(crit_end)),
+        )  # fmt: skip
+        srv.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
+        assert [g["uuid"] for g in srv.wait_phase(crit, "running")["gpus"]] == [own["uuid"]]
+
+        srv.cli("cancel", steady)  # the other GPU frees; low's memory came from its own
+        srv.wait_phase(steady, "cancelled")
+        probe = srv.submit("-p", "low", "-g", "0.5", "--name", "probe", command=sleeper(600))
+        # a round with the other GPU free has run: low (ranked first) stayed suspended
+        assert [g["uuid"] for g in srv.wait_phase(probe, "running")["gpus"]] == [other["uuid"]]
+        waiting = srv.describe(low)
+        assert waiting["phase"] == "pending"
+        assert waiting["suspended_host_mib"] is not None
+        assert f"on GPUs {own['index']}, the ones it was checkpointed from" in waiting["reason"]
+        assert "preempted" not in kinds(waiting)
+
+        crit_end.touch()
+        srv.wait_phase(crit, "succeeded")
+        back = srv.wait_phase(low, "running")
+        assert [g["uuid"] for g in back["gpus"]] == [own["uuid"]]
+        wait_for(lambda: "restored" in kinds(srv.describe(low)), "the restore's event")
+        assert srv.handle(low)["pgid"] == pid
+        release.touch()
+        srv.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
+        assert srv.describe(low)["restarts"] == 0
+    finally:
+        srv.cleanup()

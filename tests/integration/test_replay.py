@@ -438,6 +438,27 @@ def test_a_suspended_victim_keeps_its_progress_and_the_copies_cost_goodput() -> 
     assert summary["queues"]["a"]["copy_gpu_hours"] == pytest.approx(20 / 3600, abs=1e-3)
 
 
+@pytest.mark.parametrize(("other_gpus", "v_ends"), [(False, 320.0), (True, 150.0)])
+def test_a_suspended_victim_comes_back_on_its_own_gpu_unless_the_driver_can_move_it(
+    other_gpus: bool, v_ends: float
+) -> None:
+    """Two GPUs: s (priority 100, 60 s) and v (40, 100 s) start at 0; p (50, 200 s) arrives
+    at 20 and suspends v (10 s copy), starting at 30 on v's GPU. s's GPU frees at 60: v comes
+    back there only where the driver restores onto other GPUs (at 60, copy back until 70,
+    80 s left: ends at 150); else it waits for its own GPU (p ends at 230: ends at 320)."""
+    node = replace(
+        gpu_node("n1", 2), suspend_host_memory_mib=256 * 1024, restore_other_gpus=other_gpus
+    )
+    day = [
+        work("s", 0, 60, gpu=1, priority=100),
+        work("v", 0, 100, gpu=1, priority=40),
+        work("p", 20, 200, gpu=1, priority=50),
+    ]
+    result = replay([node], day, 400, suspendable=True, host_link_mib_s=8192.0)
+    assert starts(result) == {"s": ([0.0], 60.0), "v": ([0.0], v_ends), "p": ([30.0], 230.0)}
+    assert (result.suspends, result.restores, result.evictions) == (1, 1, 0)
+
+
 def test_without_a_budget_the_same_victim_is_evicted_and_its_work_is_lost() -> None:
     nodes = [gpu_node("n1", 1)]
     day = [work("v", 0, 100, gpu=1, priority=40), work("p", 20, 50, gpu=1, priority=50)]

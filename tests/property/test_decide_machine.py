@@ -216,7 +216,9 @@ class DecisionMachine(RuleBasedStateMachine):
                 if w.suspended_on in state.node_index:
                     state.hold_suspended(state.node_index[w.suspended_on], w.suspended_host_mib)
                 else:
-                    sh.workloads[w.id] = replace(w, suspended_on=None, suspended_host_mib=0)
+                    sh.workloads[w.id] = replace(
+                        w, suspended_on=None, suspended_host_mib=0, suspended_gpus=()
+                    )
             if w.allocation is None:
                 continue
             name = old.node_names[w.allocation.node]

@@ -119,6 +119,16 @@ def scheduler(
     min_runtime_s: Annotated[
         float, typer.Option(help="Seconds a pod runs before it can be a victim.")
     ] = 0.0,
+    preempt_delay: Annotated[
+        str,
+        typer.Option(
+            "--preempt-delay",
+            metavar="DURATION",
+            help="Wait before evict: a preemptor below priority high (100) waits this long "
+            "for GPUs to free by themselves before it evicts lower-priority pods (seconds, "
+            "or 300s, 5m, 1h; 0: at once).",
+        ),
+    ] = "5m",
     env_without_isolation: Annotated[
         bool,
         typer.Option(
@@ -135,9 +145,14 @@ def scheduler(
     from fgpu.k8s.kube import KubeApi, KubeError, api_client
     from fgpu.k8s.leader import LeaseElector
     from fgpu.k8s.scheduler import K8sScheduler, connections_needed
+    from fgpu.model.units import UnitError, parse_duration_s
     from fgpu.plugins import UnknownPolicyError
     from fgpu.sched.decide import SchedulerConfig
 
+    try:
+        preempt_delay_s = parse_duration_s(preempt_delay, "--preempt-delay")
+    except UnitError as exc:
+        raise _fail(f"--preempt-delay {preempt_delay!r}: {exc.reason}") from None
     _logging()
     metrics_address = _metrics_address(metrics_listen)
     workers = 8
@@ -155,7 +170,7 @@ def scheduler(
         sched = K8sScheduler(
             api,
             policy=policy,
-            config=SchedulerConfig(min_runtime_s=min_runtime_s),
+            config=SchedulerConfig(min_runtime_s=min_runtime_s, preempt_delay_s=preempt_delay_s),
             elector=elector,
             env_without_isolation=env_without_isolation,
             workers=workers,

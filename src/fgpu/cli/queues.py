@@ -103,6 +103,17 @@ MaxStoredOption = Annotated[
         "may store, e.g. 64MiB ('none': only the machine's --max-stored-bytes).",
     ),
 ]
+PreemptDelayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--preempt-delay",
+        metavar="DURATION",
+        help="Wait before evict: how long a preemptor below priority high (100) waits for "
+        "GPUs to free by themselves before it suspends or evicts work of lower priority: "
+        "seconds (90) or 300s, 5m, 1h; 0: at once (default: the service's setting, "
+        "fgpu serve --preempt-delay).",
+    ),
+]
 
 
 def _per_user_limits(
@@ -155,6 +166,20 @@ MaxTimeOption = Annotated[
 ]
 
 
+def _preempt_delay(text: str, *, may_reset: bool = False) -> float | None:
+    """``--preempt-delay`` in seconds (``default`` with ``may_reset``: None, the service's
+    setting); a bad value ends the command naming the flag and echoing the value."""
+    from fgpu.model.units import UnitError, parse_duration_s
+
+    if may_reset and text.strip() == "default":
+        return None
+    try:
+        return parse_duration_s(text, "--preempt-delay")
+    except UnitError as exc:
+        more = "; 'default' follows the service's setting" if may_reset else ""
+        fail(f"--preempt-delay {text!r}: {exc.reason}{more}")
+
+
 def _print_queue(view: QueueView, json_out: bool, verb: str) -> None:
     from fgpu.cli import render
 
@@ -186,6 +211,7 @@ def create(
     default_for: DefaultForOption = None,
     max_active_per_user: MaxActiveOption = None,
     max_stored_bytes: MaxStoredOption = None,
+    preempt_delay: PreemptDelayOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
@@ -196,6 +222,8 @@ def create(
 
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
     fields |= _per_user_limits(max_active_per_user, max_stored_bytes)
+    if preempt_delay is not None:
+        fields["preempt_delay_s"] = _preempt_delay(preempt_delay)
     for key, value in (
         ("quota", quota),
         ("over_quota_weight", over_quota_weight),
@@ -260,12 +288,22 @@ def update(
     ] = False,
     max_active_per_user: MaxActiveOption = None,
     max_stored_bytes: MaxStoredOption = None,
+    preempt_delay: Annotated[
+        str | None,
+        typer.Option(
+            "--preempt-delay",
+            metavar="DURATION",
+            help="Wait before evict (see create); 'default' follows the service's setting again.",
+        ),
+    ] = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Change some of a queue's settings (root and admins); the others stay."""
     from fgpu.wire import QueueBody
+
+    delay = None if preempt_delay is None else _preempt_delay(preempt_delay, may_reset=True)
 
     if limit is not None and no_limit:
         fail("--limit and --no-limit exclude each other")
@@ -278,6 +316,7 @@ def update(
     typed |= {"members": member or add_member, "max_priority": max_priority}
     typed |= {"default_time": default_time, "max_time": max_time}
     typed |= {"default_for": default_for}
+    typed |= {"preempt_delay_s": delay}
     with connect(socket, url, _explain(typed)) as client:
         current = next((q for q in client.list_queues() if q.name == name), None)
         if current is None:
@@ -308,6 +347,7 @@ def update(
                 else current.default_for
             ),
             **_per_user_limits(max_active_per_user, max_stored_bytes, current),
+            preempt_delay_s=delay if preempt_delay is not None else current.preempt_delay_s,
         )
         view = client.update_queue(body)
     _print_queue(view, json_out, "updated")

@@ -608,6 +608,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
         "MAX PRIORITY",
         "DEFAULT FOR",
         "PER USER",
+        "PREEMPT DELAY",
     ):
         table.add_column(column, overflow="fold")
     timed = any(q.default_time_s is not None or q.max_time_s is not None for q in queues)
@@ -639,6 +640,7 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
             f"{priority_word(q.max_priority)}{' +non-preemptible' if q.nonpreemptible else ''}",
             ", ".join(q.default_for) or "-",
             _per_user(q),
+            preempt_delay_text(q),
             *times,
         )
     return table
@@ -659,3 +661,15 @@ def _size(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.4g} {unit}"
     return f"{size} B"
+
+
+def preempt_delay_text(q: QueueView) -> str:
+    """``fgpu queue ls``'s wait before evict: ``2s``, ``5m (service)`` where the queue
+    follows the service's setting, ``-`` where the service did not say."""
+    from fgpu.model.units import format_duration_s
+
+    if q.preempt_delay_s is not None:
+        return format_duration_s(q.preempt_delay_s)
+    if q.effective_preempt_delay_s is None:
+        return "-"
+    return f"{format_duration_s(q.effective_preempt_delay_s)} (service)"

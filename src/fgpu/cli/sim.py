@@ -266,6 +266,15 @@ def sim_replay(
     host_link: Annotated[
         float, typer.Option(help="GB/s of the suspend and restore copies to host memory.")
     ] = 25.0,
+    restore_other_gpus: Annotated[
+        bool,
+        typer.Option(
+            "--restore-other-gpus",
+            help="Suspended work may come back on any GPU of its node (a driver that "
+            "restores onto other GPUs of the same model, CUDA 13); by default only on the "
+            "GPUs it was suspended from (drivers r570-r580).",
+        ),
+    ] = False,
     inference_duty: Annotated[
         float,
         typer.Option(help="Fraction of the time the inference class (critical) is busy."),
@@ -351,6 +360,8 @@ def sim_replay(
         raise _fail(str(exc)) from None
     if suspend_pool_mib:
         nodes = [replace(n, suspend_host_memory_mib=suspend_pool_mib) for n in nodes]
+    if restore_other_gpus:
+        nodes = [replace(n, restore_other_gpus=True) for n in nodes]
     capacity = sum(n.gpu_count for n in nodes) * 1000
     workload_seed, scheduler_seed = np.random.SeedSequence(seed).spawn(2)
     try:
@@ -455,6 +466,7 @@ def sim_replay(
         "reservation_after_s": reservation_after,
         "tick_s": tick,
         "squeeze": squeeze,
+        "restore_other_gpus": restore_other_gpus,
         "inference_duty": inference_duty,
         "training_duty": training_duty,
         "memory_ratio": list(ratio) if workloads_file is None else None,

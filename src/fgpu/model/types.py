@@ -119,6 +119,10 @@ class Node:
             workload's GPU memory copied to host plus the host memory its frozen processes
             keep are charged here, apart from ``memory_mib`` (what running work may be
             granted). 0 (the default): suspend is off on this node, victims are evicted.
+        restore_other_gpus: the node's CUDA driver can restore a checkpointed process onto
+            other GPUs of the same model than those it was checkpointed from (CUDA 13's
+            checkpoint API can; r570-r580 restore onto the same GPUs). False (the default,
+            and the fake driver's): a suspended workload is restored only onto its own GPUs.
 
     Raises:
         InvalidRequestError: an empty name, a non-integer, negative or too large amount, a
@@ -132,6 +136,7 @@ class Node:
     gpu_model: str | None
     gpu_memory_mib: int
     suspend_host_memory_mib: int = 0
+    restore_other_gpus: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):

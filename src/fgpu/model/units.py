@@ -217,6 +217,52 @@ def parse_bytes(text: str | int, field: str = "size") -> int:
     return size
 
 
+MAX_DURATION_S = 1e9
+"""Durations are below this many seconds (about 31 years)."""
+
+_DURATION_UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration_s(text: str | float, field: str = "duration") -> float:
+    """Parse a duration into seconds: ``"90"`` (seconds), ``"300s"``, ``"5m"``, ``"1.5h"``,
+    ``"1d"``; 0 is allowed.
+
+    Raises:
+        UnitError: malformed, an unknown unit, negative, or not below
+            :data:`MAX_DURATION_S` (the message names ``field``, echoes the value, and says
+            which forms are accepted).
+    """
+    forms = "seconds (90) or a number with s, m, h or d (300s, 5m, 1h)"
+    if isinstance(text, bool):
+        raise UnitError(field, text, f"not a duration; use {forms}")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        _short_enough(field, text)
+        raw = str(text).strip()
+        if raw.startswith("-"):
+            raise UnitError(field, text, "a duration must not be negative")
+        match = _NUMBER_UNIT.match(raw)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _DURATION_UNITS_S:
+            raise UnitError(field, text, f"not a duration; use {forms}")
+        seconds = float(Decimal(match.group(1)) * _DURATION_UNITS_S[unit])
+    if seconds != seconds or seconds < 0:
+        raise UnitError(field, text, "a duration must not be negative")
+    if seconds >= MAX_DURATION_S:
+        raise UnitError(field, text, f"must be below {MAX_DURATION_S:.0e} seconds")
+    return seconds
+
+
+def format_duration_s(seconds: float) -> str:
+    """Render seconds for people: 300 -> ``"5m"``, 90 -> ``"90s"``, 7200 -> ``"2h"``,
+    1.5 -> ``"1.5s"``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def format_mib(mib: int) -> str:
     """Render MiB for people: 5120 -> ``"5GiB"``, 1536 -> ``"1536MiB"``, 0 -> ``"0MiB"``."""
     if mib and mib % 1024 == 0:

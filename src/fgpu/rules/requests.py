@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fgpu.model.catalog import UnknownGpuModelError, models_named
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.model.units import (
+    MAX_DURATION_S,
     UnitError,
     parse_cpu_milli,
     parse_gpu_fraction,
@@ -303,7 +304,8 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             above the maximum; ``default_for`` malformed or repeated (it may not hold
             ``*``); ``max_active_per_user`` below 1,
             ``max_stored_bytes`` below :data:`fgpu.store.validate.MIN_STORED_BYTES` (either
-            above the largest amount).
+            above the largest amount); ``preempt_delay_s``
+            not a number of seconds in 0..1e9.
     """
     for field_name, value in (("quota", body.quota), ("limit", body.limit)):
         if value is not None and (value != value or value < 0 or value > MAX_QUOTA_GPUS):
@@ -360,7 +362,23 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         default_for=default_for,
         max_active_per_user=body.max_active_per_user,
         max_stored_bytes=body.max_stored_bytes,
+        preempt_delay_s=_preempt_delay(body.preempt_delay_s),
     )
+
+
+def _preempt_delay(value: float | None) -> float | None:
+    """A queue's ``preempt_delay_s``: None, or seconds in 0..1e9.
+
+    Raises:
+        BadRequest: field ``preempt_delay_s``, echoing the value.
+    """
+    if value is None:
+        return None
+    if not (0 <= value < MAX_DURATION_S):  # also refuses NaN
+        raise BadRequest(
+            "preempt_delay_s", f"{value!r} is not a number of seconds in 0..{MAX_DURATION_S:.0e}"
+        )
+    return float(value)
 
 
 def _text(field: str, *values: str) -> None:

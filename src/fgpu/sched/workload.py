@@ -244,11 +244,18 @@ class Workload:
             on Kubernetes, the trace's user in the simulator; "" when unknown). Inside a
             queue, at equal priority, the user with less allocated goes first
             (:mod:`fgpu.sched.queueorder`).
+        suspended_gpus: the GPU indices on ``suspended_on`` its device memory was
+            checkpointed from (its allocation's ``gpus`` when it was suspended): a
+            :class:`Restore` goes back onto them unless the node's driver can restore onto
+            other GPUs (``Node.restore_other_gpus``). Empty: not known (or no GPUs), any GPUs
+            of that node.
 
     Raises:
         InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``);
             a running workload with ``suspended_on`` set, or ``suspended_host_mib`` negative
-            or set without ``suspended_on`` (field ``suspended_on``/``suspended_host_mib``).
+            or set without ``suspended_on`` (field ``suspended_on``/``suspended_host_mib``);
+            ``suspended_gpus`` without ``suspended_on``, or not ``request.gpu_count``
+            distinct indices (field ``suspended_gpus``).
     """
 
     id: str
@@ -267,6 +274,7 @@ class Workload:
     suspended_on: str | None = None
     suspended_host_mib: int = 0
     user: str = ""
+    suspended_gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         nodes: object = self.nodes
@@ -285,6 +293,18 @@ class Workload:
                 "suspended_host_mib",
                 f"workload {self.id}: {self.suspended_host_mib} MiB; must be >= 0, and 0 unless "
                 "suspended_on names a node",
+            )
+        gpus = self.suspended_gpus
+        if gpus and (
+            self.suspended_on is None
+            or len(gpus) != self.request.gpu_count
+            or len(set(gpus)) != len(gpus)
+            or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus)
+        ):
+            raise InvalidRequestError(
+                "suspended_gpus",
+                f"workload {self.id}: {list(gpus)}; must be {self.request.gpu_count} distinct "
+                "GPU indices of the node named by suspended_on, or empty",
             )
 
     @property
@@ -354,9 +374,11 @@ class Suspend:
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """Restore suspended ``workload`` on ``allocation`` (on the node it is suspended on, so
-    GPUs of the same model): the shell takes the allocation, copies its device memory back
-    onto those GPUs, thaws its processes, and releases its host memory charge."""
+    """Restore suspended ``workload`` on ``allocation`` (on the node it is suspended on, on
+    the GPUs it was checkpointed from, ``Workload.suspended_gpus``, unless that node's driver
+    can restore onto other GPUs of the same model): the shell takes the allocation, copies
+    its device memory back onto those GPUs, thaws its processes, and releases its host
+    memory charge."""
 
     workload: str
     allocation: Allocation

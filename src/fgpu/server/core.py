@@ -123,7 +123,9 @@ class ServiceCore(EnforcementHooks):
         state_dir: folder for logs and process handles.
         policy: placement policy name (``fgd`` learns its target from recent submissions).
         admins: uids allowed to manage queues and other users' work (root always is).
-        config: decision-core knobs.
+        config: decision-core knobs (default :class:`SchedulerConfig`'s, which preempts at
+            once; ``fgpu serve`` passes ``--preempt-delay``, 5 minutes by default, as
+            ``preempt_delay_s``).
         agent_socket: where workloads send activity hints (``FGPU_AGENT_SOCKET``); empty:
             none.
         clock: time source (seconds).

@@ -645,7 +645,9 @@ class Service(SchedulingLoop):
     def _queue_view(self, record: QueueRecord, active: list[WorkloadRecord]) -> QueueView:
         last = self._last
         fair = last.fair_share.get(record.name) if last else None
-        return views.queue(record, active, fair.gpu_milli if fair else 0)
+        return views.queue(
+            record, active, fair.gpu_milli if fair else 0, self.config.preempt_delay_s
+        )
 
     def _queue_named(self, name: str) -> QueueView:
         try:

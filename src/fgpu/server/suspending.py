@@ -13,10 +13,13 @@ first, as for every action (DESIGN.md section 8):
   checkpoint that fails (no CUDA process, a driver error) is an event ``suspend-failed`` and
   the victim is evicted as before.
 - restore: ``restoring`` (running again on the core's allocation, which must be the GPUs its
-  memory was checkpointed from: the driver restores onto those), the thaw and restore, then
-  an event ``restored`` with the host-to-device copy time. A GPU without room yet
+  memory was checkpointed from: the driver restores onto those; the core offers only them,
+  from the suspended record's allocation, ``Workload.suspended_gpus``, as the machine's
+  nodes do not say ``restore_other_gpus``), the thaw and restore, then an event
+  ``restored`` with the host-to-device copy time. A GPU without room yet
   (``CUDA_ERROR_OUT_OF_MEMORY``) puts it back to suspended for a later round; a process that
-  is gone, or an allocation on other GPUs, evicts it (pending from scratch).
+  is gone, or an allocation on other GPUs (a core that disagrees), evicts it (pending from
+  scratch).
 - a suspended workload cancelled ends at once (the store's ``cancel``); its frozen
   processes are killed. One whose processes end while suspended fails.
 - after a restart of the service, a suspended workload whose processes live is watched again

@@ -170,8 +170,15 @@ def detail(
     return WorkloadDetail(**base.model_dump(), events=[event(e) for e in events])
 
 
-def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int) -> QueueView:
-    """A queue with its use (from its active workloads) and last fair share."""
+def queue(
+    record: QueueRecord,
+    active: Sequence[WorkloadRecord],
+    fair_milli: int,
+    preempt_delay_s: float | None = None,
+) -> QueueView:
+    """A queue with its use (from its active workloads) and last fair share;
+    ``preempt_delay_s`` is the service's wait before evict (seconds), what applies where the
+    queue sets none."""
     c = record.config
     allocated = sum(
         counted_gpu_milli(w.allocation.gpu_milli, w.squeezed_by is not None)
@@ -198,6 +205,10 @@ def queue(record: QueueRecord, active: Sequence[WorkloadRecord], fair_milli: int
         default_for=list(c.default_for),
         max_active_per_user=c.max_active_per_user,
         max_stored_bytes=c.max_stored_bytes,
+        preempt_delay_s=c.preempt_delay_s,
+        effective_preempt_delay_s=(
+            c.preempt_delay_s if c.preempt_delay_s is not None else preempt_delay_s
+        ),
     )
 
 

@@ -540,6 +540,7 @@ class _Engine:
             squeezed_by=(),
             suspended_on=w.allocation.node_name,
             suspended_host_mib=host,
+            suspended_gpus=w.allocation.gpus,
         )
         self.pending += 1
 
@@ -701,7 +702,12 @@ class _Engine:
             raise ReplayError(f"t={now}: Restore of {w.id} does not fit: {exc}") from None
         self.scheduler.policy.on_allocate(self.state, alloc)
         self.live[w.id] = replace(
-            w, allocation=alloc, started_at=now, suspended_on=None, suspended_host_mib=0
+            w,
+            allocation=alloc,
+            started_at=now,
+            suspended_on=None,
+            suspended_host_mib=0,
+            suspended_gpus=(),
         )
         self.pending -= 1
         self.allocated[self.queue_pos[w.queue]] += sum(alloc.gpu_milli)

@@ -94,6 +94,10 @@ class QueueConfig:
         max_stored_bytes: most bytes of commands and environments one user's workloads of
             this queue may store (active ones and finished ones not yet pruned); None: only
             the machine's limit (``fgpu serve --max-stored-bytes``) over all queues.
+        preempt_delay_s: seconds a preemptor of this queue below priority 100 waits for
+            capacity to free by itself before it suspends or evicts anyone (wait before
+            evict, :mod:`fgpu.sched.decide` rule 10), 0..1e9; None (default): the service's
+            setting (``fgpu serve --preempt-delay``, 300 s unless set).
     """
 
     name: str
@@ -111,6 +115,7 @@ class QueueConfig:
     default_for: tuple[str, ...] = ()
     max_active_per_user: int | None = None
     max_stored_bytes: int | None = None
+    preempt_delay_s: float | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become
@@ -130,6 +135,7 @@ class QueueConfig:
             priority=self.priority,
             parent=self.parent,
             squeeze=self.squeeze,
+            preempt_delay_s=self.preempt_delay_s,
         )
 
 
@@ -488,6 +494,9 @@ def to_core(record: WorkloadRecord, node_index: Mapping[str, int] | None = None)
         suspended_on=record.suspended_on if record.is_suspended else None,
         suspended_host_mib=record.suspended_host_mib if record.is_suspended else 0,
         user=str(record.owner_uid),
+        suspended_gpus=(
+            record.allocation.gpus if record.is_suspended and record.allocation is not None else ()
+        ),
     )
 
 

@@ -94,6 +94,8 @@ class QueueRow(Base):
     # per-user limits of this queue (issue 27); NULL: only the machine's (fgpu serve flags)
     max_active_per_user: Mapped[int | None]
     max_stored_bytes: Mapped[int | None]
+    # wait before evict: seconds a preemptor below priority 100 waits; NULL: the service's
+    preempt_delay_s: Mapped[float | None]
 
 
 class WorkloadRow(Base):

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from fgpu import wire_limits
 from fgpu.model.types import Allocation, InvalidRequestError, Request
+from fgpu.model.units import MAX_DURATION_S
 from fgpu.store.records import EVERYONE, UNCAPPED, NodeRecord, QueueConfig, StoredMigRequest
 from fgpu.store.schema import ID_LENGTH, NAME_LENGTH
 
@@ -82,7 +83,8 @@ def queue_config(config: QueueConfig) -> None:
 
     Raises:
         InvalidRequestError: a malformed name, a non-integer or negative amount, a limit below
-            the quota, a weight that is not a finite number >= 0, a negative priority.
+            the quota, a weight that is not a finite number >= 0, a negative priority, a
+            ``preempt_delay_s`` that is not a number of seconds in 0..1e9.
     """
     if not isinstance(config, QueueConfig):
         raise InvalidRequestError("queue", f"expected a QueueConfig (got {config!r})")
@@ -128,6 +130,12 @@ def queue_config(config: QueueConfig) -> None:
         integer("max_active_per_user", config.max_active_per_user, minimum=1)
     if config.max_stored_bytes is not None:
         integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
+    if config.preempt_delay_s is not None:
+        delay = seconds("preempt_delay_s", config.preempt_delay_s)
+        if delay >= MAX_DURATION_S:
+            raise InvalidRequestError(
+                "preempt_delay_s", f"must be below {MAX_DURATION_S:.0e} seconds (got {delay:g})"
+            )
 
 
 def time_limits(default_s: object, maximum_s: object, queue_name: str) -> None:
