@@ -158,6 +158,7 @@ class Shell:
                     started_at=self.now,
                     suspended_on=None,
                     suspended_host_mib=0,
+                    suspended_gpus=(),
                 )
         self.holds = dict(decision.holds)
         check_invariants(self.state)

@@ -77,7 +77,8 @@ Rules (DESIGN.md section 5), in the order a round applies them:
 11. **Restore.** A suspended workload (``Workload.suspended_on``) is pending for the order
     (its demand counts for its queue) and goes before new work of its priority in its
     queue; it is only ever restored (:class:`Restore`) on the node it is suspended on (GPUs
-    of the same model), where it fits now, outside reservations and holds, within its
+    of the same model; exactly its ``Workload.suspended_gpus`` when the shell names them),
+    where it fits now, outside reservations and holds, within its
     queue's limits. It never preempts, squeezes or reserves, and no timeout drops it: it
     waits, saying so, until its node has room or it is cancelled. The shell frees its budget
     charge once the restore is done.
@@ -114,7 +115,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fgpu.model.types import Allocation, Request
+from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.accounting import counted_gpu_milli
 from fgpu.sched.fairshare import fair_share
 from fgpu.sched.placer import Placer, Unschedulable, name_order_rank
@@ -937,6 +938,17 @@ class Scheduler:
             return Wait(w.id, f"{where}; that node is gone, so it cannot be restored")
         if w.nodes is not None and name not in w.nodes:
             return Wait(w.id, f"{where}; its node constraints no longer allow that node")
+        if w.suspended_gpus:  # only where its memory was checkpointed from
+            node = work.node_index[name]
+            gpus = ", ".join(str(g) for g in w.suspended_gpus)
+            if reserved[node]:
+                return Wait(w.id, f"{where}; its node is reserved or held for other work")
+            try:
+                found = work.allocate(w.request, node, w.suspended_gpus)
+            except InvalidRequestError as exc:
+                return Wait(w.id, f"{where}; restores when its GPUs {gpus} have room ({exc})")
+            placer.policy.on_allocate(work, found)
+            return Restore(w.id, found, f"restored on {name} (GPUs {gpus}): they have room again")
         result = placer.place(
             w.request,
             explain=True,

@@ -240,6 +240,11 @@ class Workload:
         suspended_host_mib: host memory (MiB) a suspended workload holds on
             ``suspended_on``, charged to that node's ``suspend_host_memory_mib`` budget
             (the :attr:`Suspend.host_memory_mib` it was suspended with); 0 otherwise.
+        suspended_gpus: the GPU indices on ``suspended_on`` its device memory was
+            checkpointed from, when the shell can restore it only there (a driver that
+            restores onto the GPUs it checkpointed from, or a Kubernetes pod whose claim
+            names its GPUs): the core's :class:`Restore` is then on exactly those GPUs.
+            Empty: any GPUs of that node.
 
     Raises:
         InvalidRequestError: ``nodes`` that is not a frozenset or None (field ``nodes``);
@@ -262,6 +267,7 @@ class Workload:
     suspendable: bool = False
     suspended_on: str | None = None
     suspended_host_mib: int = 0
+    suspended_gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         nodes: object = self.nodes
@@ -280,6 +286,12 @@ class Workload:
                 "suspended_host_mib",
                 f"workload {self.id}: {self.suspended_host_mib} MiB; must be >= 0, and 0 unless "
                 "suspended_on names a node",
+            )
+        if self.suspended_gpus and self.suspended_on is None:
+            raise InvalidRequestError(
+                "suspended_gpus",
+                f"workload {self.id}: GPUs {list(self.suspended_gpus)} named, but suspended_on "
+                "names no node",
             )
 
     @property
