@@ -22,6 +22,14 @@ from fgpu.k8s.agent import NodeAgent
 from fgpu.k8s.podcgroup import PodCgroupFreezer
 from fgpu.k8s.scheduler import K8sScheduler
 from fgpu.k8s.suspend import PodSuspender, Suspensions
+from fgpu.k8s.suspending import (
+    FAILED,
+    RESTORING,
+    SUSPENDED,
+    SUSPENDING,
+    copy_seconds,
+    suspend_phase,
+)
 from fgpu.native import ensure_built
 from fgpu.sched.decide import SchedulerConfig
 from fgpu.sched.workload import Restore
@@ -77,22 +85,6 @@ def test_a_pod_is_suspended_and_restored_with_its_memory(
     assert used_mib(fake) == 200
     assert ctl.ask(f"state {pid}")["state"] == "running"
     assert worker.ask("check") == {"intact": True}
-
-
-@pytest.fixture(scope="session")
-def in_process_fake(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[FakeGpus, CheckpointDriver]:
-    """One fake machine for the whole session, whose driver is loaded into the test process
-    (a library loaded once keeps its first state file: every test here uses this one)."""
-    native = ensure_built()
-    fake = FakeGpus(
-        native, tmp_path_factory.mktemp("fake") / "fakegpu.state", f"{GPU_A}=A100-80GB:1024"
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("FGPU_FAKE_GPU_STATE", str(fake.state))
-        patch.setenv("FGPU_FAKE_GPUS", fake.gpus)
-        return fake, CheckpointDriver(str(native / "fakecuda" / "libcuda.so.1"))
 
 
 def test_the_node_agent_suspends_a_pod_asked_to_be_and_restores_it(
@@ -257,7 +249,7 @@ def test_a_low_pod_is_suspended_for_a_critical_one_and_restored_with_its_memory_
     s.check_state(rnd)
     charge = 24 * 1024 + 128  # 0.6 of a 40 GiB GPU's memory, plus its host memory request
     assert rnd.suspend_charges == {0: charge}
-    assert decision.actions and not [a for a in decision.actions if isinstance(a, Restore)]
+    assert not [a for a in decision.actions if isinstance(a, Restore)]
     assert lost(s)[("default", "suspend")] > 0.0
     s.sync()
     s.run_once()
@@ -284,7 +276,8 @@ def test_a_low_pod_is_suspended_for_a_critical_one_and_restored_with_its_memory_
     assert lost(s)[("default", "restore")] > 0.0
     rnd, decision = s.plan()
     (w,) = [w for w in rnd.workloads if w.id == f"{cluster.namespace}/low"]
-    assert w.allocation is not None and w.suspended_on is None
+    assert w.allocation is not None
+    assert w.suspended_on is None
     assert rnd.suspend_charges == {}
     assert [e["involvedObject"]["name"] for e in events(cluster, "Preempted")] == []
 
@@ -332,3 +325,48 @@ def test_a_node_whose_driver_lacks_the_checkpoint_api_gets_evictions(
     s.run_once()
     assert [e["involvedObject"]["name"] for e in events(cluster, "Preempted")] == ["low"]
     assert not events(cluster, "Suspending")
+
+
+# ------------------------------------------------------------ wire and phases
+def test_the_inventory_carries_the_suspend_budget_and_refuses_a_negative_one() -> None:
+    inv = wire.Inventory((), "nvml", suspend_host_memory_mib=4096)
+    assert wire.Inventory.from_json(inv.to_json()) == inv
+    off = wire.Inventory((), "nvml", suspend_note="no checkpoint API")
+    assert json.loads(off.to_json())["suspend"] == {
+        "host_memory_mib": 0,
+        "note": "no checkpoint API",
+    }
+    assert "suspend" not in json.loads(wire.Inventory((), "simulated").to_json())
+    assert wire.Inventory.from_json('{"gpus": []}').suspend_host_memory_mib == 0  # older agents
+    with pytest.raises(wire.WireError, match=r"suspend\.host_memory_mib -1 is negative"):
+        wire.Inventory.from_json('{"gpus": [], "suspend": {"host_memory_mib": -1}}')
+
+
+DONE = '{"pids": [7], "copy_s": 0.5}'
+PHASES = [
+    # (fgpu.io/suspend, fgpu.io/suspended, what this scheduler asked) -> phase
+    (None, None, None, ""),
+    ("true", None, None, SUSPENDING),
+    ("true", DONE, None, SUSPENDED),
+    ("true", '{"error": "no CUDA process"}', None, FAILED),
+    ("true", "not json", None, FAILED),
+    (None, DONE, None, RESTORING),
+    (None, '{"error": "old"}', None, ""),
+    (None, '{"error": "old"}', True, SUSPENDING),  # asked; the watch is behind
+    ("true", DONE, False, RESTORING),  # restore asked; the watch is behind
+    ("true", DONE, True, SUSPENDED),
+]
+
+
+@pytest.mark.parametrize(("ask", "note", "asked", "phase"), PHASES)
+def test_the_suspend_phase_of_a_pod(
+    ask: str | None, note: str | None, asked: bool | None, phase: str
+) -> None:
+    notes = {k: v for k, v in ((wire.SUSPEND, ask), (wire.SUSPENDED, note)) if v is not None}
+    assert suspend_phase(notes, asked) == phase
+
+
+def test_copy_seconds_of_a_note() -> None:
+    assert copy_seconds(DONE) == 0.5
+    assert copy_seconds(None) == 0.0
+    assert copy_seconds('{"copy_s": "x"}') == 0.0
