@@ -229,7 +229,7 @@ def mutate(
     ops: list[dict[str, Any]] = []
     if not (pod.get("metadata") or {}).get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    for key in wire.SCHEDULER_ANNOTATIONS:  # copied from a placed pod: not this pod's
+    for key in wire.SCHEDULER_ANNOTATIONS + wire.AGENT_ANNOTATIONS:  # copied: not this pod's
         if key in notes:
             ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"})
     if wire.QUEUE not in notes:
