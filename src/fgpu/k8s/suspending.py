@@ -220,8 +220,7 @@ class SuspendActions:
                 continue
             kind = self._suspend_kind.get(key, (uid, "preemption"))
             reason = f"its suspend to host memory failed ({error}); evicted instead"
-            self._preempt(rnd, Preempt(key, "", kind[1], reason), decision)
-            self.metrics.events.preempted(kind[1])
+            self._preempt(rnd, Preempt(key, "", kind[1], reason), decision)  # counted once
         for key, (what, note, queue, milli) in rnd.copies.items():
             uid = rnd.pods[key]["metadata"].get("uid", "")
             if self._copies_counted.get(f"{what}:{key}") == (uid, note):
