@@ -249,6 +249,10 @@ def test_a_low_pod_is_suspended_for_a_critical_one_and_restored_with_its_memory_
     s.check_state(rnd)
     charge = 24 * 1024 + 128  # 0.6 of a 40 GiB GPU's memory, plus its host memory request
     assert rnd.suspend_charges == {0: charge}
+    (held,) = [w for w in rnd.others if w.id == f"{cluster.namespace}/low (suspended)"]
+    assert held.allocation is not None
+    assert (held.allocation.cpu_milli, held.allocation.memory_mib) == (100, 128)  # still held
+    assert rnd.suspended[f"{cluster.namespace}/low"].request.gpu_count == 1
     assert not [a for a in decision.actions if isinstance(a, Restore)]
     assert lost(s)[("default", "suspend")] > 0.0
     s.sync()

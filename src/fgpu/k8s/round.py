@@ -545,6 +545,12 @@ class RoundBuilder:
             rnd.suspend_failed[key] = suspend_error(notes.get(wire.SUSPENDED)) or "unknown"
         elif phase == SUSPENDED:
             rnd.suspended[key] = view
+            alloc = w.allocation
+            if alloc is not None and (alloc.cpu_milli or alloc.memory_mib):
+                # its CPU and memory stay held on the node while it is suspended
+                kept = Allocation(n, alloc.node_name, (), (), (), alloc.cpu_milli, alloc.memory_mib)
+                request = Request(alloc.cpu_milli, alloc.memory_mib)
+                rnd.others.append(Workload(f"{key} (suspended)", "", request, allocation=kept))
             note = notes.get(wire.SUSPENDED, "")
             if self._copies_counted.get(f"suspend:{key}") != (uid, note):
                 rnd.copies[key] = ("suspend", note, w.queue, held)

@@ -113,6 +113,10 @@ def suspended_view(w: Workload, phase: str, *, suspendable: bool) -> tuple[Workl
     """The core's view of running workload ``w`` of a pod in ``phase``, and the host memory
     (MiB) it charges to its node's suspend budget (0: none).
 
+    A suspended pod's view asks for its GPUs only: its CPU and memory requests stay held on
+    its node while it is suspended (the kubelet keeps counting them; the caller counts them
+    as another pod's), so its restore needs room on its GPUs only.
+
     ``suspendable``: its node's agent can suspend pods (a budget above 0)."""
     if not phase:
         return (replace(w, suspendable=True) if suspendable else w), 0
@@ -122,6 +126,7 @@ def suspended_view(w: Workload, phase: str, *, suspendable: bool) -> tuple[Workl
         return (
             replace(
                 w,
+                request=replace(w.request, cpu_milli=0, memory_mib=0),
                 allocation=None,
                 started_at=None,
                 terminating=False,
