@@ -8,6 +8,7 @@ driver into the test process (the agent calls it in-process), with a state file 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from fgpu.k8s.suspend import PodSuspender, Suspensions
 from fgpu.k8s.suspending import (
     FAILED,
     RESTORING,
+    SUSPEND_TIMEOUT_S,
     SUSPENDED,
     SUSPENDING,
     copy_seconds,
@@ -374,3 +376,31 @@ def test_copy_seconds_of_a_note() -> None:
     assert copy_seconds(DONE) == 0.5
     assert copy_seconds(None) == 0.0
     assert copy_seconds('{"copy_s": "x"}') == 0.0
+
+
+def test_a_victim_whose_agent_never_answers_is_evicted_after_the_timeout(
+    cluster: Any, kubelet: Kubelet, in_process_fake: tuple[FakeGpus, CheckpointDriver]
+) -> None:
+    """The agent publishes a budget but never reports (stopped): the critical pod does not
+    wait for ever; after :data:`SUSPEND_TIMEOUT_S` the victim is evicted instead."""
+    _, driver = in_process_fake
+    suspend_agent(cluster, kubelet, driver)  # published, never reports again
+    now = [time.time()]
+    create(cluster, pod("low", "0.6", priority="low"))
+    s = K8sScheduler(cluster.api, env_without_isolation=True, config=AT_ONCE, clock=lambda: now[0])
+    s.sync()
+    s.run_once()
+    create(cluster, pod("vip", "0.6", priority="critical"))
+    s.sync()
+    s.run_once()
+    assert notes_of(cluster, "low")[wire.SUSPEND] == "true"
+    now[0] += SUSPEND_TIMEOUT_S / 2
+    s.sync()
+    s.run_once()
+    assert not events(cluster, "Preempted")
+    now[0] += SUSPEND_TIMEOUT_S
+    s.sync()
+    s.run_once()
+    preempted = events(cluster, "Preempted")
+    assert [e["involvedObject"]["name"] for e in preempted] == ["low"]
+    assert "did not report it suspended within 120 s" in preempted[0]["message"]

@@ -30,6 +30,7 @@ from fgpu.k8s.objects import (
 from fgpu.k8s.suspending import (
     FAILED,
     SUSPENDED,
+    SUSPENDING,
     suspend_error,
     suspend_phase,
     suspended_view,
@@ -70,6 +71,7 @@ class Round:
         load: pods and host ports on the fgpu nodes (:mod:`fgpu.k8s.parity`).
         suspended: workload id -> the core's view of a pod suspended to host memory
             (:mod:`fgpu.k8s.suspending`).
+        suspending: workload ids of pods asked to suspend whose agent has not answered.
         suspend_charges: node index -> host memory (MiB) of its suspend budget held by
             pods suspending, suspended or restoring there.
         suspend_failed: workload id -> why its node agent could not suspend it (it is
@@ -92,6 +94,7 @@ class Round:
     templates: set[str] = field(default_factory=set)
     load: parity.NodeLoad | None = None
     suspended: dict[str, Workload] = field(default_factory=dict)
+    suspending: set[str] = field(default_factory=set)
     suspend_charges: dict[int, int] = field(default_factory=dict)
     suspend_failed: dict[str, str] = field(default_factory=dict)
     copies: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)
@@ -541,6 +544,8 @@ class RoundBuilder:
         suspendish = bool(phase)
         if charge:
             rnd.suspend_charges[n] = rnd.suspend_charges.get(n, 0) + charge
+        if phase == SUSPENDING and not deleting:
+            rnd.suspending.add(key)
         if phase == FAILED:
             rnd.suspend_failed[key] = suspend_error(notes.get(wire.SUSPENDED)) or "unknown"
         elif phase == SUSPENDED:

@@ -186,6 +186,7 @@ class K8sScheduler(RoundActions):
         self._suspend_kind: dict[str, tuple[str, str]] = {}
         self._copies_counted: dict[str, tuple[str, str]] = {}
         self._suspendish: set[str] = set()
+        self._suspending_since: dict[str, tuple[str, float]] = {}
         self._constraints = ConstraintCache()
         self._volumes = parity.VolumeLookup(api)
         self._load_counter = parity.LoadCounter()

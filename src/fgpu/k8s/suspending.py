@@ -24,7 +24,8 @@ what this scheduler asked and the watch does not show yet:
   agent removes ``fgpu.io/suspended`` (writing ``fgpu.io/restored`` with the copy time). An
   agent whose restore fails (its GPU lacks room) keeps it suspended and tries again.
 - **failed**: the agent wrote ``fgpu.io/suspended: {"error": ...}`` (no CUDA process, the
-  driver refused): the scheduler evicts the pod as it would have without suspend.
+  driver refused), or has not answered within :data:`SUSPEND_TIMEOUT_S`: the scheduler
+  evicts the pod as it would have without suspend.
 
 The node's budget is what its agent publishes in its inventory
 (``suspend.host_memory_mib``, :class:`fgpu.k8s.wire.Inventory`): 0 where the agent cannot
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,12 @@ if TYPE_CHECKING:
     from fgpu.k8s.round import Round
 
 log = logging.getLogger("fgpu.k8s.scheduler")
+
+SUSPEND_TIMEOUT_S = 120.0
+"""A victim whose node agent has not reported its suspend this long after the scheduler
+saw it asked (the agent stopped, or cannot reach the API) is evicted instead, so that its
+preemptor does not wait for ever (seconds; a suspend takes the agent's report interval,
+10 s by default, plus the device-to-host copy: seconds for tens of GiB)."""
 
 SUSPENDING = "suspending"
 SUSPENDED = "suspended"
@@ -154,6 +161,8 @@ class SuspendActions:
     _suspend_asked: dict[str, tuple[str, bool]]  # id -> (uid, True: suspend / False: restore)
     _suspend_kind: dict[str, tuple[str, str]]  # id -> (uid, preemption or reclaim)
     _copies_counted: dict[str, tuple[str, str]]  # id -> (uid, the note counted)
+    _suspending_since: dict[str, tuple[str, float]]  # id -> (uid, clock when first seen)
+    clock: Callable[[], float]
     _evicting: dict[str, str]
     _reasons: dict[str, str]
 
@@ -192,6 +201,7 @@ class SuspendActions:
             return
         self._suspend_asked[action.victim] = (uid, True)
         self._suspend_kind[action.victim] = (uid, action.kind)
+        self._suspending_since[action.victim] = (uid, self.clock())
         post_event(self.api, pod, "Normal", "Suspending", action.reason)
 
     def _restore(self, rnd: Round, action: Restore) -> None:
@@ -217,8 +227,24 @@ class SuspendActions:
         post_event(self.api, pod, "Normal", "Restoring", action.reason)
 
     def _suspend_upkeep(self, rnd: Round, decision: Decision) -> None:
-        """Evict the pods whose suspend failed; count the copy times the agents reported."""
-        for key, error in rnd.suspend_failed.items():
+        """Evict the pods whose suspend failed or was not done within
+        :data:`SUSPEND_TIMEOUT_S`; count the copy times the agents reported."""
+        now = self.clock()
+        failed = dict(rnd.suspend_failed)
+        for key in list(
+            self._suspending_since.keys() - rnd.suspending - self._suspend_asked.keys()
+        ):
+            del self._suspending_since[key]  # suspended, failed, or gone
+        for key in rnd.suspending:
+            uid = rnd.pods[key]["metadata"].get("uid", "")
+            seen = self._suspending_since.get(key)
+            if seen is None or seen[0] != uid:
+                self._suspending_since[key] = seen = (uid, now)
+            if now - seen[1] > SUSPEND_TIMEOUT_S:
+                failed[key] = (
+                    f"its node agent did not report it suspended within {SUSPEND_TIMEOUT_S:.0f} s"
+                )
+        for key, error in failed.items():
             pod = rnd.pods[key]
             uid = pod["metadata"].get("uid", "")
             if self._evicting.get(key) == uid or not self.is_leader():
@@ -257,6 +283,7 @@ __all__ = [
     "RESTORING",
     "SUSPENDED",
     "SUSPENDING",
+    "SUSPEND_TIMEOUT_S",
     "SuspendActions",
     "copy_seconds",
     "suspend_error",
