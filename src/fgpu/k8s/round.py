@@ -27,14 +27,7 @@ from fgpu.k8s.objects import (
     node_info,
     pod_ask,
 )
-from fgpu.k8s.suspending import (
-    FAILED,
-    SUSPENDED,
-    SUSPENDING,
-    suspend_error,
-    suspend_phase,
-    suspended_view,
-)
+from fgpu.k8s.suspending import note_suspend
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.rounds import apply_running, state_with
 from fgpu.sched.state import ClusterState, check_invariants
@@ -526,58 +519,22 @@ class RoundBuilder:
     def _suspend_state(
         self, rnd: Round, key: str, uid: str, meta: Obj, w: Workload, n: int
     ) -> Workload | None:
-        """``w`` as its suspend phase makes it (:mod:`fgpu.k8s.suspending`), with its charge
-        on node ``n``'s suspend budget, a failed suspend and the copy times to count noted
-        in ``rnd``; None for a suspended pod being deleted (its charge counts until it is
-        gone, but it is never restored). A pod in any phase but plain running is read
-        afresh every round."""
-        notes = meta.get("annotations") or {}
+        """:func:`fgpu.k8s.suspending.note_suspend` with this scheduler's memory; a pod in
+        any phase but plain running is read afresh every round (not from the memo)."""
         asked = self._suspend_asked.get(key)
-        phase = suspend_phase(notes, asked[1] if asked and asked[0] == uid else None)
-        deleting = bool(meta.get("deletionTimestamp"))
-        if deleting and phase == FAILED:
-            phase = ""  # on its way out already
-        view, charge = suspended_view(
-            w, phase, suspendable=rnd.infos[n].node.suspend_host_memory_mib > 0
+        view, suspendish = note_suspend(
+            rnd,
+            key,
+            meta,
+            w,
+            n,
+            asked[1] if asked and asked[0] == uid else None,
+            self._copies_counted,
         )
-        held = sum(w.allocation.gpu_milli) if w.allocation is not None else 0
-        suspendish = bool(phase)
-        if charge:
-            rnd.suspend_charges[n] = rnd.suspend_charges.get(n, 0) + charge
-        if phase == SUSPENDING and not deleting:
-            rnd.suspending.add(key)
-        if phase == FAILED:
-            rnd.suspend_failed[key] = suspend_error(notes.get(wire.SUSPENDED)) or "unknown"
-        elif phase == SUSPENDED:
-            rnd.suspended[key] = view
-            alloc = w.allocation
-            if alloc is not None and (alloc.cpu_milli or alloc.memory_mib):
-                # its CPU and memory stay held on the node while it is suspended
-                kept = Allocation(n, alloc.node_name, (), (), (), alloc.cpu_milli, alloc.memory_mib)
-                request = Request(alloc.cpu_milli, alloc.memory_mib)
-                rnd.others.append(Workload(f"{key} (suspended)", "", request, allocation=kept))
-            note = notes.get(wire.SUSPENDED, "")
-            if self._copies_counted.get(f"suspend:{key}") != (uid, note):
-                rnd.copies[key] = ("suspend", note, w.queue, held)
-        restored = notes.get(wire.RESTORED)
-        if (
-            restored
-            and not phase
-            and self._copies_counted.get(f"restore:{key}")
-            != (
-                uid,
-                restored,
-            )
-        ):
-            rnd.copies[key] = ("restore", restored, w.queue, held)
-            suspendish = True
         if suspendish:
             self._suspendish.add(key)
         else:
             self._suspendish.discard(key)
-        if deleting and phase == SUSPENDED:
-            rnd.suspended.pop(key, None)
-            return None
         return view
 
     def _from_claim(

@@ -48,6 +48,7 @@ from fgpu.k8s import wire
 from fgpu.k8s.kube import KubeApi, KubeError
 from fgpu.k8s.metrics import SchedulerMetrics
 from fgpu.k8s.writes import post_event
+from fgpu.model.types import Allocation, Request
 from fgpu.sched.decide import Decision, suspend_host_mib
 from fgpu.sched.workload import Preempt, Restore, Suspend, Workload
 
@@ -150,6 +151,68 @@ def suspended_view(w: Workload, phase: str, *, suspendable: bool) -> tuple[Workl
     if phase == FAILED:
         return replace(w, terminating=True), 0
     return w, host  # restoring: its share again, its charge until the agent is done
+
+
+def note_suspend(
+    rnd: Round,
+    key: str,
+    meta: Mapping[str, Any],
+    w: Workload,
+    n: int,
+    asked: bool | None,
+    counted: Mapping[str, tuple[str, str]],
+) -> tuple[Workload | None, bool]:
+    """Running workload ``w`` of bound pod ``key`` (metadata ``meta``) on node index ``n``,
+    as its suspend phase makes it: its charge on the node's suspend budget, a failed or
+    pending suspend, the CPU and memory a suspended pod keeps holding, and the copy times
+    not yet ``counted`` are noted in ``rnd``.
+
+    Args:
+        asked: what this scheduler asked and the cache does not show yet (see
+            :func:`suspend_phase`).
+        counted: ``"suspend:<key>"`` / ``"restore:<key>"`` -> (uid, note) already counted.
+
+    Returns:
+        ``(view, suspendish)``: the core's view (None for a suspended pod being deleted:
+        its charge counts until it is gone, but it is never restored), and whether the pod
+        is in any phase but plain running (or has a restore copy time to count).
+    """
+    notes = meta.get("annotations") or {}
+    uid = meta.get("uid", "")
+    phase = suspend_phase(notes, asked)
+    deleting = bool(meta.get("deletionTimestamp"))
+    if deleting and phase == FAILED:
+        phase = ""  # on its way out already
+    view, charge = suspended_view(
+        w, phase, suspendable=rnd.infos[n].node.suspend_host_memory_mib > 0
+    )
+    alloc = w.allocation
+    held = sum(alloc.gpu_milli) if alloc is not None else 0
+    suspendish = bool(phase)
+    if charge:
+        rnd.suspend_charges[n] = rnd.suspend_charges.get(n, 0) + charge
+    if phase == SUSPENDING and not deleting:
+        rnd.suspending.add(key)
+    if phase == FAILED:
+        rnd.suspend_failed[key] = suspend_error(notes.get(wire.SUSPENDED)) or "unknown"
+    elif phase == SUSPENDED:
+        rnd.suspended[key] = view
+        if alloc is not None and (alloc.cpu_milli or alloc.memory_mib):
+            # its CPU and memory stay held on the node while it is suspended
+            kept = Allocation(n, alloc.node_name, (), (), (), alloc.cpu_milli, alloc.memory_mib)
+            request = Request(alloc.cpu_milli, alloc.memory_mib)
+            rnd.others.append(Workload(f"{key} (suspended)", "", request, allocation=kept))
+        note = notes.get(wire.SUSPENDED, "")
+        if counted.get(f"suspend:{key}") != (uid, note):
+            rnd.copies[key] = ("suspend", note, w.queue, held)
+    restored = notes.get(wire.RESTORED)
+    if restored and not phase and counted.get(f"restore:{key}") != (uid, restored):
+        rnd.copies[key] = ("restore", restored, w.queue, held)
+        suspendish = True
+    if deleting and phase == SUSPENDED:
+        del rnd.suspended[key]
+        return None, suspendish
+    return view, suspendish
 
 
 class SuspendActions:
@@ -286,6 +349,7 @@ __all__ = [
     "SUSPEND_TIMEOUT_S",
     "SuspendActions",
     "copy_seconds",
+    "note_suspend",
     "suspend_error",
     "suspend_phase",
     "suspended_view",
