@@ -25,7 +25,16 @@ It finishes in about 6 minutes and writes one JSON object with:
   half the cap, a captured ``cudaMallocAsync`` past the cap, the malloc heap limit past the
   cap, ``cudaDeviceReset`` then allocate again; ``expected`` says for each whether it went as
   the interposer's README says;
+- ``checkpoint_training`` (issue 28; :mod:`checkpoint_check` beside this file): a small
+  PyTorch training process suspended to host memory through the CUDA checkpoint API and
+  restored (copy times both ways, GPU memory freed and back through NVML, no step while
+  checkpointed, the loss continuing from where it was and going down, a ballast tensor
+  intact); ``{"skipped": reason}`` without a GPU, PyTorch with CUDA, or a driver with the
+  checkpoint API (r570 / CUDA 12.8 and later);
 - the driver version, GPU name, torch version.
+
+Without a GPU (NVML not loadable, or no device) it writes ``{"skipped": reason}`` for every
+step. ``--only NAME`` (repeatable) runs only the named steps.
 
 Nothing here is a pass/fail test; it reports what it measured.
 """
@@ -47,9 +56,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "native"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build as native_build  # noqa: E402  (native/build.py)
 
+import checkpoint_check  # noqa: E402  (bench/checkpoint_check.py)
 from fgpu.agent.governor.freezer import SignalFreezer  # noqa: E402
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy  # noqa: E402
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig  # noqa: E402
@@ -385,52 +396,89 @@ def launch_overhead(c: Check) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+STEPS = (
+    "launch_overhead",
+    "memory_cap",
+    "runtime_paths",
+    "strict_30_70",
+    "inference_pause",
+    "checkpoint_training",
+)
+
+
+def find_gpu() -> tuple[dict[str, Any], str | None, str | None]:
+    """``(facts, uuid, error)``: GPU 0's name, driver and torch version through NVML, its
+    UUID; ``error`` says why there is no GPU to check (NVML missing, no device)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            return {"gpu": None, "driver": None}, None, "NVML sees no GPU"
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        driver = pynvml.nvmlSystemGetDriverVersion()
+    except Exception as exc:  # no library, no driver loaded, no device: say which
+        return {"gpu": None, "driver": None}, None, f"NVML: {type(exc).__name__}: {exc}"
+
+    def text(v: Any) -> str:
+        return str(v.decode() if isinstance(v, bytes) else v)
+
+    return {"gpu": text(name), "driver": text(driver)}, text(uuid), None
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/gpu-check-h200.json"))
     parser.add_argument("--seconds", type=float, default=60.0, help="the 30/70 run's length")
-    args = parser.parse_args()
-    import pynvml
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    uuid = pynvml.nvmlDeviceGetUUID(handle)
-    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-    name = pynvml.nvmlDeviceGetName(handle)
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    with tempfile.TemporaryDirectory(prefix="fgpu-gpu-check-") as tmp:
-        lib = Path(tmp) / "native"
-        native_build.build(lib)
-        c = Check(Path(tmp), lib, uuid)
-        started = time.monotonic()
-        result: dict[str, Any] = {
-            "bench": "gpu-check",
-            "gpu": name.decode() if isinstance(name, bytes) else name,
-            "driver": driver.decode() if isinstance(driver, bytes) else driver,
-            "torch": subprocess.run(
-                [sys.executable, "-c", "import torch; print(torch.__version__)"],
-                capture_output=True,
-                text=True,
-            ).stdout.strip(),
-        }
-        for key, step in (
-            ("launch_overhead", lambda: launch_overhead(c)),
-            ("memory_cap", lambda: memory_cap(c)),
-            ("runtime_paths", lambda: runtime_paths(c)),
-            ("strict_30_70", lambda: strict_30_70(c, args.seconds)),
-            ("inference_pause", lambda: inference_pause(c, 20.0)),
-        ):
-            t0 = time.monotonic()
-            try:
-                result[key] = step()
-            except Exception as exc:  # report and go on: one broken part must not hide the rest
-                result[key] = {"error": f"{type(exc).__name__}: {exc}"}
-            result[key + "_seconds"] = round(time.monotonic() - t0, 1)
-        result["total_seconds"] = round(time.monotonic() - started, 1)
+    parser.add_argument(
+        "--only", action="append", choices=STEPS, help="run only this step (repeatable)"
+    )
+    args = parser.parse_args(argv)
+    chosen = tuple(args.only or STEPS)
+    facts, uuid, gpu_error = find_gpu()
+    result: dict[str, Any] = {"bench": "gpu-check", **facts}
+    started = time.monotonic()
+    if gpu_error is not None:
+        result["skipped"] = f"no GPU: {gpu_error}"
+        for key in chosen:
+            result[key] = {"skipped": f"no GPU: {gpu_error}"}
+    else:
+        assert uuid is not None
+        result["torch"] = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.__version__)"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        with tempfile.TemporaryDirectory(prefix="fgpu-gpu-check-") as tmp:
+            lib = Path(tmp) / "native"
+            if set(chosen) - {"checkpoint_training"}:
+                native_build.build(lib)
+            c = Check(Path(tmp), lib, uuid)
+            steps: dict[str, Any] = {
+                "launch_overhead": lambda: launch_overhead(c),
+                "memory_cap": lambda: memory_cap(c),
+                "runtime_paths": lambda: runtime_paths(c),
+                "strict_30_70": lambda: strict_30_70(c, args.seconds),
+                "inference_pause": lambda: inference_pause(c, 20.0),
+                "checkpoint_training": lambda: checkpoint_check.step(
+                    Path(tmp), uuid, None, facts["driver"]
+                ),
+            }
+            for key in chosen:
+                t0 = time.monotonic()
+                try:
+                    result[key] = steps[key]()
+                except Exception as exc:  # report and go on: one broken part must not hide the rest
+                    result[key] = {"error": f"{type(exc).__name__}: {exc}"}
+                result[key + "_seconds"] = round(time.monotonic() - t0, 1)
+    result["total_seconds"] = round(time.monotonic() - started, 1)
     text = json.dumps(result, indent=2, default=str)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
+    return result
 
 
 if __name__ == "__main__":

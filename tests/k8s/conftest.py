@@ -30,13 +30,16 @@ from typing import Any
 import pytest
 import uvicorn
 
+from fgpu.agent.checkpoint import CheckpointDriver
 from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.k8s.kube import KubeApi, KubeError, api_client
+from fgpu.native import ensure_built
 from fgpu_standin import Options, StandIn
 from fgpu_standin.admission import load, point_services
 from tests.k8s.podtree import Kubelet
 from tests.k8s.realcluster import RealCluster
 from tests.k8s.realupkeep import Sweep, rest, wait_for
+from tests.native.fakecuda_support import GPU_A, FakeGpus
 
 pytestmark = pytest.mark.k8s
 
@@ -259,3 +262,19 @@ def kubelet(request: pytest.FixtureRequest) -> Iterator[Kubelet]:
         yield made
     finally:
         made.cleanup()
+
+
+@pytest.fixture(scope="session")
+def in_process_fake(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[FakeGpus, CheckpointDriver]:
+    """One fake machine for the whole session, whose driver is loaded into the test process
+    (a library loaded once keeps its first state file: every test here uses this one)."""
+    native = ensure_built()
+    fake = FakeGpus(
+        native, tmp_path_factory.mktemp("fake") / "fakegpu.state", f"{GPU_A}=A100-80GB:1024"
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FGPU_FAKE_GPU_STATE", str(fake.state))
+        patch.setenv("FGPU_FAKE_GPUS", fake.gpus)
+        return fake, CheckpointDriver(str(native / "fakecuda" / "libcuda.so.1"))

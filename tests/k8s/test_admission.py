@@ -663,8 +663,8 @@ def test_the_installed_admission_objects_are_the_ones_tested() -> None:
     )
     assert kinds == [
         "MutatingWebhookConfiguration",
-        *["ValidatingAdmissionPolicy"] * 4,
-        *["ValidatingAdmissionPolicyBinding"] * 4,
+        *["ValidatingAdmissionPolicy"] * 5,
+        *["ValidatingAdmissionPolicyBinding"] * 5,
         "ValidatingWebhookConfiguration",
     ]
     pointed = point_services(
@@ -762,3 +762,45 @@ def test_an_unreadable_queue_or_namespace_refuses_rather_than_guesses() -> None:
         assert response["allowed"] is False
         assert response["status"]["code"] == 503
         assert "could not read the pod's Namespace or Queue" in response["status"]["message"]
+
+
+def test_the_node_agent_may_write_only_its_suspend_records_on_pods_of_its_node(
+    hooked: tuple[Cluster, Recorder],
+) -> None:
+    """deploy/base/admission-policies.yaml (``fgpu-node-agent-pods.fgpu.io``) and the
+    webhook: the node agent writes ``fgpu.io/suspended`` and ``fgpu.io/restored`` on pods
+    bound to its node, nothing else; ``fgpu.io/suspend`` is the scheduler's (a user who
+    removed it would have a suspended pod restored onto GPUs given to others)."""
+    cluster, _ = hooked
+    add_node(cluster, "node-a", gpus=1)
+    add_node(cluster, "node-b", gpus=1)
+    for name, node in (("here", "node-a"), ("there", "node-b")):
+        made = _create_in(cluster, "default", pod(name, "0.5"))
+        _as(cluster, wire.SCHEDULER_USER).bind(
+            "default", name, made["metadata"]["uid"], node, {wire.SUSPEND: "true"}
+        )
+    agent = _as(cluster, AGENT, **{NODE_NAME_EXTRA: "node-a"})
+    note = {wire.SUSPENDED: '{"pids": [1], "copy_s": 0.1}'}
+    agent.patch_pod("default", "here", {"metadata": {"annotations": note}})
+    agent.patch_pod(
+        "default",
+        "here",
+        {"metadata": {"annotations": {wire.SUSPENDED: None, wire.RESTORED: '{"copy_s": 0.1}'}}},
+    )
+    got = wire.annotations_of(cluster.api.get_pod("default", "here"))
+    assert (got.get(wire.SUSPENDED), got[wire.RESTORED]) == (None, '{"copy_s": 0.1}')
+    with pytest.raises(KubeError) as elsewhere:
+        agent.patch_pod("default", "there", {"metadata": {"annotations": note}})
+    assert "may change only pods bound to the Node it runs on" in elsewhere.value.message
+    with pytest.raises(KubeError) as theirs:
+        agent.patch_pod("default", "here", {"metadata": {"annotations": {wire.SUSPEND: None}}})
+    assert "may change only the fgpu.io/suspended and fgpu.io/restored" in theirs.value.message
+    with pytest.raises(KubeError) as labelled:
+        agent.patch_pod("default", "here", {"metadata": {"labels": {"x": "y"}}})
+    assert "may not change the spec or labels of a pod" in labelled.value.message
+    for key in (wire.SUSPEND, wire.RESTORED):  # a user may remove neither
+        with pytest.raises(KubeError) as user:
+            cluster.api.patch_pod("default", "here", {"metadata": {"annotations": {key: None}}})
+        assert user.value.status == 422, user.value.message
+        assert f"{key}: written by the fgpu " in user.value.message
+        assert "system:anonymous may not remove it" in user.value.message

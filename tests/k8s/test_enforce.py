@@ -289,6 +289,21 @@ def test_unknown_policies_are_refused() -> None:
     assert "--compute-mode is fair or strict" in output
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("lots", "is not a size (e.g. 64GiB), a percentage of the RAM (25%) or 0"),
+        ("150%", "is not a percentage of the RAM in 0..100%"),
+        ("1000000GiB", "is more than this machine's"),
+    ],
+)
+def test_a_bad_suspend_budget_is_refused_naming_the_flag(value: str, why: str) -> None:
+    code, output = node_agent("--suspend-host-memory", value)
+    assert code == 2
+    assert f"--suspend-host-memory: {value!r}" in output
+    assert why in " ".join(output.split())
+
+
 def test_a_cgroup_root_without_kubepods_is_named_in_the_error(tmp_path: Path) -> None:
     (tmp_path / "cgroup.procs").touch()  # like the mount's root cgroup: no cgroup.freeze
     with pytest.raises(OSError, match="no kubepods cgroup under"):

@@ -23,10 +23,11 @@ import pytest
 import yaml
 
 from fgpu.agent.backend import SimulatedBackend
+from fgpu.agent.checkpoint import CheckpointDriver
 from fgpu.agent.memguard import MemoryPolicy
 from fgpu.k8s import claims, wire
 from fgpu.k8s.acting import TEMPLATE_RECHECK_S
-from fgpu.k8s.agent import NodeAgent
+from fgpu.k8s.agent import NodeAgent, PlacedContainer
 from fgpu.k8s.dra import cdi
 from fgpu.k8s.dra.driver import DraDriver
 from fgpu.k8s.dra.node import publish_nothing
@@ -39,6 +40,7 @@ from fgpu.k8s.podcgroup import PodCgroupFreezer
 from fgpu.k8s.refusals import CONDITION_REASON, REASON, SERIES_PATCH_S, fix_for
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.scheduler import K8sScheduler
+from fgpu.k8s.suspend import PodSuspender, Suspensions
 from fgpu.k8s.webhook import mutate
 from fgpu.k8s.webhook_app import KubeLookup, create_app
 from fgpu.mig.device import SimulatedMigDevice
@@ -236,6 +238,7 @@ def test_each_admission_policy_matches_one_resource_type_and_reads_only_its_fiel
     ]
     assert {p["metadata"]["name"] for p in policies} == {
         "fgpu-node-agent.fgpu.io",
+        "fgpu-node-agent-pods.fgpu.io",
         "fgpu-scheduler-nodes.fgpu.io",
         "fgpu-scheduler-pods.fgpu.io",
         "fgpu-scheduler-configmaps.fgpu.io",
@@ -334,7 +337,9 @@ def test_the_scheduler_calls_exactly_what_its_role_grants(make_cluster) -> None:
     assert calls == granted(objects, "fgpu-scheduler")
 
 
-def test_the_node_agent_calls_exactly_what_its_role_grants(make_cluster) -> None:
+def test_the_node_agent_calls_exactly_what_its_role_grants(
+    make_cluster, in_process_fake: tuple[Any, CheckpointDriver], tmp_path: Path
+) -> None:
     objects = rbac_objects()
     cluster = secured(make_cluster, objects)
     api = as_account(cluster, "fgpu-node-agent", **{"authentication.kubernetes.io/node-name": NODE})
@@ -376,6 +381,7 @@ def test_the_node_agent_calls_exactly_what_its_role_grants(make_cluster) -> None
             )
             kubelet.sync()
             assert kubelet.waiting == {}
+            suspend_as_the_agent(cluster, api, in_process_fake[1], tmp_path)
         finally:
             driver.stop()
     finally:
@@ -392,6 +398,29 @@ def test_the_node_agent_calls_exactly_what_its_role_grants(make_cluster) -> None
     assert told.sharing_dropped
     calls = used(cluster, "fgpu-node-agent") | used(older, "fgpu-node-agent")
     assert calls == granted(objects, "fgpu-node-agent")
+
+
+def suspend_as_the_agent(
+    cluster: Cluster, api: KubeApi, driver: CheckpointDriver, tmp_path: Path
+) -> None:
+    """The agent's suspend of pod ``w`` (asked by ``fgpu.io/suspend``) as its service
+    account: its pod has no cgroup under the (imitation) cgroup root here, so the suspend
+    fails, which the agent records on the pod (``fgpu.io/suspended``) with an event."""
+    root = tmp_path / "cgroup"
+    (root / "kubepods.slice").mkdir(parents=True)
+    for name in ("cgroup.procs", "cgroup.freeze"):
+        (root / name).write_text("")
+    w = cluster.api.get_pod(cluster.namespace, "w")
+    cluster.api.patch_pod(
+        cluster.namespace, "w", {"metadata": {"annotations": {wire.SUSPEND: "true"}}}
+    )
+    w = cluster.api.get_pod(cluster.namespace, "w")
+    granted_to = wire.Assignment(NODE, (), (), (), (), 0, 0, "default", 50, None)
+    asked = PlacedContainer(f"{cluster.namespace}/w", w["metadata"]["uid"], granted_to, (), True)
+    suspensions = Suspensions(PodSuspender(driver, PodCgroupFreezer(root)), api)
+    suspensions.suspend_asked([asked], {asked.workload_id: w})
+    note = wire.annotations_of(cluster.api.get_pod(cluster.namespace, "w"))[wire.SUSPENDED]
+    assert "has no cgroup on this node" in note
 
 
 def test_the_webhook_calls_exactly_what_its_role_grants(make_cluster) -> None:

@@ -242,6 +242,9 @@ def placed_copy() -> dict[str, Any]:
     notes[wire.ASSIGNMENT] = '{"node":"n1"}'
     notes[wire.GPU_UUIDS] = "GPU-1"
     notes[wire.HOLD] = '{"node":"n1"}'
+    notes[wire.SUSPEND] = "true"
+    notes[wire.SUSPENDED] = '{"pids": [1], "copy_s": 0.1}'
+    notes[wire.RESTORED] = '{"copy_s": 0.1}'
     return admitted
 
 
@@ -254,6 +257,7 @@ def test_a_pod_copied_from_a_placed_one_gets_its_own_configmap_and_no_placement(
     assert fresh.startswith("fgpu-env-")
     assert fresh != given
     assert not set(wire.SCHEDULER_ANNOTATIONS) & set(notes)
+    assert not set(wire.AGENT_ANNOTATIONS) & set(notes)
     assert notes[wire.GPU] == "0.5"
     ref = {"configMapRef": {"name": fresh, "optional": False}}
     for group in ("initContainers", "containers"):
@@ -614,6 +618,7 @@ def _placed() -> dict[str, Any]:
         (wire.GPU_UUIDS, None, "remove"),
         (wire.ENV_CONFIGMAP, "fgpu-env-other", "change"),
         (wire.HOLD, '{"node":"n1"}', "add"),
+        (wire.SUSPEND, "true", "add"),
     ],
 )
 def test_only_the_scheduler_may_change_what_fgpu_wrote(
@@ -633,6 +638,21 @@ def test_only_the_scheduler_may_change_what_fgpu_wrote(
     assert message.endswith(f"so alice may not {change} it")
     allowed = _review(old, new, wire.SCHEDULER_USER)
     assert allowed == {"uid": "u1", "allowed": True}  # never a patch on UPDATE
+
+
+@pytest.mark.parametrize("key", [wire.SUSPENDED, wire.RESTORED])
+def test_the_node_agent_may_write_its_suspend_records_and_nothing_else_of_fgpu(key: str) -> None:
+    old = _placed()
+    new = json.loads(json.dumps(old))
+    new["metadata"]["annotations"][key] = '{"copy_s": 0.1}'
+    assert _review(old, new, wire.AGENT_USER) == {"uid": "u1", "allowed": True}
+    assert _review(old, new, wire.SCHEDULER_USER) == {"uid": "u1", "allowed": True}
+    refused = _review(old, new, "alice")["status"]["message"]
+    assert refused.startswith(f"{key}: written by the fgpu node agent")
+    assert f"and node agent ({wire.AGENT_USER}) may change it, so alice may not add it" in (refused)
+    theirs = json.loads(json.dumps(old))
+    theirs["metadata"]["annotations"][wire.SUSPEND] = "true"
+    assert _review(old, theirs, wire.AGENT_USER)["allowed"] is False
 
 
 def test_other_updates_are_allowed_without_a_patch() -> None:

@@ -324,3 +324,34 @@ def test_a_declared_memory_that_leaves_no_room_is_evicted() -> None:
     sh.run("train", "q", whole("70GiB"), 0, [0], priority=LOW)
     sh.submit("infer", "q", pod().gpu(0.3).gpu_memory("20GiB").build(), priority=NORMAL)
     assert summary(sh.round()) == [("evict", "train", "infer"), ("wait", "infer")]
+
+
+def test_a_workload_suspended_from_named_gpus_is_restored_only_on_those() -> None:
+    """``suspended_gpus`` (a driver that restores onto the GPUs it checkpointed from, or a
+    Kubernetes pod whose claim names its GPUs): another free GPU of the node is not used."""
+    from dataclasses import replace
+
+    sh = Shell(cluster(node("n1").gpus(2).suspend_pool("256GiB")), one_queue(), at_once())
+    sh.run("low", "q", whole(), 0, [1], priority=LOW, suspendable=True)
+    sh.run("other", "q", whole(), 0, [0], priority=HIGH)
+    sh.submit("new", "q", whole(), priority=NORMAL, at=1.0)
+    sh.round()
+    sh.round()
+    assert sh.suspended() == {"low": "n1"}
+    sh.workloads["low"] = replace(sh.workloads["low"], suspended_gpus=(1,))
+    sh.finish("other")  # GPU 0 free, GPU 1 still held by new
+    d = sh.round()
+    assert not [a for a in d.actions if isinstance(a, Restore)]
+    assert "restores when its GPUs 1 have room" in reasons(d)["low"]
+    sh.finish("new")
+    assert summary(sh.round()) == [("restore", "low", "n1", "(1,)")]
+
+
+def test_suspended_gpus_without_a_node_is_refused() -> None:
+    import pytest
+
+    from fgpu.model.types import InvalidRequestError
+    from fgpu.sched.workload import Workload
+
+    with pytest.raises(InvalidRequestError, match="suspended_gpus"):
+        Workload("w", "q", whole(), suspended_gpus=(0,))

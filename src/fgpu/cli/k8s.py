@@ -329,6 +329,13 @@ def node_agent(
             "webhook's --env-without-isolation (DOES NOT ISOLATE; clusters before 1.34).",
         ),
     ] = False,
+    suspend_host_memory: Annotated[
+        str,
+        typer.Option(
+            help="Host memory for pods suspended to host memory (CUDA checkpoint API, "
+            "driver r570+): 25% (of RAM), 64GiB, or 0 (off: victims are evicted).",
+        ),
+    ] = "25%",
     metrics_listen: MetricsOption = None,
 ) -> None:
     """Run the node agent: publish this node's GPUs, report usage, govern the pods. By
@@ -360,6 +367,16 @@ def node_agent(
             "--compute-mode is fair or strict, --priority-policy pause or compress, "
             "--memory-policy warn or kill"
         ) from None
+    import psutil
+
+    from fgpu.server.suspending import suspend_budget_mib
+
+    try:
+        suspend_mib = suspend_budget_mib(
+            suspend_host_memory, psutil.virtual_memory().total // 2**20
+        )
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     governing: GovernorEnforcer | None = None
     driver: DraDriver | None = None
     try:
@@ -423,7 +440,9 @@ def node_agent(
                 )
                 governing.start()
                 agent.enforcer = governing
-                if backend.kind == "nvml":  # pods asked to be suspended (fgpu.io/suspend)
+                if not suspend_mib:
+                    agent.suspend_note = "off (--suspend-host-memory 0)"
+                elif backend.kind == "nvml":  # pods asked to be suspended (fgpu.io/suspend)
                     from fgpu.agent.checkpoint import probe
                     from fgpu.k8s.podcgroup import PodCgroupFreezer
                     from fgpu.k8s.suspend import PodSuspender, Suspensions
@@ -431,9 +450,14 @@ def node_agent(
                     checkpoint, why = probe("libcuda.so.1")
                     if checkpoint is None:
                         log.info("pod suspend off: %s", why)
+                        agent.suspend_note = why
                     else:
                         pods = PodSuspender(checkpoint, PodCgroupFreezer(freezer.root))
                         agent.suspensions = Suspensions(pods, api)
+                        agent.suspend_host_memory_mib = suspend_mib
+                        log.info("pod suspend on: %d MiB of host memory", suspend_mib)
+                else:
+                    agent.suspend_note = "simulated GPUs have no CUDA driver"
                 log.info(
                     "enforcing through pod cgroups under %s (compute %s, priority %s, memory %s)",
                     freezer.root,

@@ -21,6 +21,7 @@ from fgpu.k8s.objects import created_at, pod_ask
 from fgpu.k8s.refusals import REFUSED, Refusals, WriteRefused, writing
 from fgpu.k8s.resourceapi import ResourceApi
 from fgpu.k8s.round import Obj, Round, RoundBuilder
+from fgpu.k8s.suspending import SuspendActions
 from fgpu.k8s.writes import annotate, env_data, mark_unschedulable, post_event, write_env
 from fgpu.sched.decide import Decision
 from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze
@@ -32,7 +33,7 @@ TEMPLATE_RECHECK_S = 60.0
 there wait for it."""
 
 
-class RoundActions(RoundBuilder):
+class RoundActions(SuspendActions, RoundBuilder):
     """Part of :class:`fgpu.k8s.scheduler.K8sScheduler`: acting on a decision (the
     attributes below are set by its constructor)."""
 
@@ -257,6 +258,10 @@ class RoundActions(RoundBuilder):
             return
         pod = rnd.pods.get(key)
         if pod is None or not self.is_leader():
+            return
+        if key in rnd.suspended:  # bound: no PodScheduled=False, an event when it changes
+            self._reasons[key] = reason
+            post_event(self.api, pod, "Normal", "WaitingToRestore", reason)
             return
         current = next(
             (

@@ -179,6 +179,11 @@ class NodeAgent:
             ResourceSlice, :class:`fgpu.k8s.dra.slices.SlicePublisher`).
         suspensions: suspends and restores pods asked to be (``fgpu.io/suspend``;
             :class:`fgpu.k8s.suspend.Suspensions`); None: none.
+        suspend_host_memory_mib: host memory (MiB) kept for suspended pods, published in
+            the inventory as the node's suspend budget (only with ``suspensions``; else 0:
+            the scheduler evicts victims here).
+        suspend_note: why pods are not suspended here, published when ``suspensions`` is
+            None (e.g. the driver has no checkpoint API).
     """
 
     def __init__(
@@ -190,9 +195,15 @@ class NodeAgent:
         enforcer: Enforcer | None = None,
         on_publish: Callable[[wire.Inventory], Any] | None = None,
         suspensions: Suspensions | None = None,
+        suspend_host_memory_mib: int = 0,
+        suspend_note: str = "",
     ) -> None:
+        if suspend_host_memory_mib < 0:
+            raise ValueError(f"suspend_host_memory_mib: {suspend_host_memory_mib} MiB is negative")
         self.api = api
         self.suspensions = suspensions
+        self.suspend_host_memory_mib = suspend_host_memory_mib if suspensions else 0
+        self.suspend_note = "" if suspensions else suspend_note
         self.node = node
         self.backend = backend
         owned = select_gpus(backend.gpus(), gpus)
@@ -248,7 +259,12 @@ class NodeAgent:
                 )
             )
             gpus.append(wire.InventoryGpu(i, d.uuid, d.model, d.memory_mib, mig))
-        return wire.Inventory(tuple(gpus), self.backend.kind)
+        return wire.Inventory(
+            tuple(gpus),
+            self.backend.kind,
+            suspend_host_memory_mib=self.suspend_host_memory_mib,
+            suspend_note=self.suspend_note,
+        )
 
     def publish(self, status: wire.MigLayoutStatus | None = None) -> None:
         """Write the labels and the inventory on the Node (one merge patch), with the MIG

@@ -392,7 +392,15 @@ def node_info(obj: Obj) -> NodeInfo | None:
     if not by_model:
         return NodeInfo(Node(meta["name"], cpu, memory, 0, None, 0), ())
     model, gpus = max(by_model.items(), key=lambda kv: (len(kv[1]), kv[0]))
-    node = Node(meta["name"], cpu, memory, len(gpus), model, min(g.memory_mib for g in gpus))
+    node = Node(
+        meta["name"],
+        cpu,
+        memory,
+        len(gpus),
+        model,
+        min(g.memory_mib for g in gpus),
+        suspend_host_memory_mib=inventory.suspend_host_memory_mib,
+    )
     return NodeInfo(node, tuple(g.uuid for g in gpus))
 
 

@@ -27,6 +27,7 @@ from fgpu.k8s.objects import (
     node_info,
     pod_ask,
 )
+from fgpu.k8s.suspending import note_suspend
 from fgpu.model.types import Allocation, InvalidRequestError, Request
 from fgpu.sched.rounds import apply_running, state_with
 from fgpu.sched.state import ClusterState, check_invariants
@@ -61,6 +62,15 @@ class Round:
         claims: workload id -> the pod's fgpu ResourceClaim (pending and bound pods).
         templates: namespaces whose pods wait for fgpu's ResourceClaimTemplate.
         load: pods and host ports on the fgpu nodes (:mod:`fgpu.k8s.parity`).
+        suspended: workload id -> the core's view of a pod suspended to host memory
+            (:mod:`fgpu.k8s.suspending`).
+        suspending: workload ids of pods asked to suspend whose agent has not answered.
+        suspend_charges: node index -> host memory (MiB) of its suspend budget held by
+            pods suspending, suspended or restoring there.
+        suspend_failed: workload id -> why its node agent could not suspend it (it is
+            evicted instead).
+        copies: workload id -> (``suspend`` or ``restore``, the agent's note with the copy
+            time, queue, milli-GPU held) for ``fgpu_gpu_seconds_lost_total``.
     """
 
     infos: list[NodeInfo]
@@ -76,6 +86,11 @@ class Round:
     claims: dict[str, Obj] = field(default_factory=dict)
     templates: set[str] = field(default_factory=set)
     load: parity.NodeLoad | None = None
+    suspended: dict[str, Workload] = field(default_factory=dict)
+    suspending: set[str] = field(default_factory=set)
+    suspend_charges: dict[int, int] = field(default_factory=dict)
+    suspend_failed: dict[str, str] = field(default_factory=dict)
+    copies: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)
 
 
 class RoundBuilder:
@@ -107,6 +122,9 @@ class RoundBuilder:
     _constraints: ConstraintCache
     _volumes: parity.VolumeLookup
     _load_counter: parity.LoadCounter
+    _suspend_asked: dict[str, tuple[str, bool]]
+    _copies_counted: dict[str, tuple[str, str]]
+    _suspendish: set[str]
 
     def build(self, snap: Snapshot) -> Round:
         """The core's inputs from a snapshot and this replica's assumed placements and
@@ -137,7 +155,7 @@ class RoundBuilder:
         now = self.clock()
         fast = self._fast
         self._fast = {}
-        special = self._evicting.keys() | self._protected.keys()
+        special = self._evicting.keys() | self._protected.keys() | self._suspendish
         queue_objects = {q["metadata"]["name"]: q for q in snap.queues}
         for pod in snap.pods:
             # an fgpu pod whose object is the very one of the last round, on a node whose
@@ -186,10 +204,12 @@ class RoundBuilder:
                     terminating,
                     protected,
                     claim_rv,
+                    self._suspend_asked.get(key),
                 )
                 if (
                     n is not None
                     and memo is not None
+                    and key not in self._suspendish
                     and memo[0] == sig
                     and memo[1] is rnd.infos[n]
                 ):
@@ -272,6 +292,7 @@ class RoundBuilder:
             del self._env_missed[stale]
         for gone in self._reasons.keys() - rnd.pods.keys():
             del self._reasons[gone]
+        self._suspendish &= rnd.pods.keys()
         if len(self._node_memo) > len(snap.nodes) or len(self._facts_memo) > len(snap.nodes):
             names = {n["metadata"]["name"] for n in snap.nodes}
             for name in self._node_memo.keys() - names:
@@ -479,22 +500,44 @@ class RoundBuilder:
                 }
             }
         )
-        rnd.workloads.append(
-            Workload(
-                id=key,
-                queue=a.queue,
-                request=request,
-                priority=a.priority,
-                submitted_at=created_at(pod),
-                preemptible=False if protected else a.preemptible,
-                allocation=Allocation(n, node, gpus, milli, memory, a.cpu_milli, a.memory_mib),
-                started_at=started,
-                terminating=terminating,
-                squeezed=squeezed is not None,
-                squeezed_by=wire.squeezed_by(squeezed),
-                user=meta.get("namespace", "default"),
-            )
+        w = Workload(
+            id=key,
+            queue=a.queue,
+            request=request,
+            priority=a.priority,
+            submitted_at=created_at(pod),
+            preemptible=False if protected else a.preemptible,
+            allocation=Allocation(n, node, gpus, milli, memory, a.cpu_milli, a.memory_mib),
+            started_at=started,
+            terminating=terminating,
+            squeezed=squeezed is not None,
+            squeezed_by=wire.squeezed_by(squeezed),
+            user=meta.get("namespace", "default"),
         )
+        view = self._suspend_state(rnd, key, uid, meta, w, n)
+        if view is not None:
+            rnd.workloads.append(view)
+
+    def _suspend_state(
+        self, rnd: Round, key: str, uid: str, meta: Obj, w: Workload, n: int
+    ) -> Workload | None:
+        """:func:`fgpu.k8s.suspending.note_suspend` with this scheduler's memory; a pod in
+        any phase but plain running is read afresh every round (not from the memo)."""
+        asked = self._suspend_asked.get(key)
+        view, suspendish = note_suspend(
+            rnd,
+            key,
+            meta,
+            w,
+            n,
+            asked[1] if asked and asked[0] == uid else None,
+            self._copies_counted,
+        )
+        if suspendish:
+            self._suspendish.add(key)
+        else:
+            self._suspendish.discard(key)
+        return view
 
     def _from_claim(
         self,

@@ -18,8 +18,14 @@ Each round (after a change, debounced, or on a slow tick) turns the cache
 - **Preempt**: ask for the victim's eviction (PodDisruptionBudgets apply). A refused
   eviction voids the preemptor's hold and makes the victim non-preemptible for
   ``protect_s``, so the next round looks for other victims.
+- **Suspend** and **Restore**: ``fgpu.io/suspend`` written on the victim (its node agent
+  checkpoints its CUDA processes to host memory and freezes it; it stays bound, holding its
+  node's suspend budget but no share), and removed to restore it on the GPUs its claim
+  names (:mod:`fgpu.k8s.suspending`). Where the node's agent cannot suspend (no checkpoint
+  API in its driver: its published budget is 0) victims are evicted as above.
 - **Wait**: ``PodScheduled=False`` (reason ``Unschedulable``) with the core's reason, and a
-  ``FailedScheduling`` event, both only when the reason changed.
+  ``FailedScheduling`` event, both only when the reason changed (a suspended pod, which is
+  bound, gets an event ``WaitingToRestore`` only).
 
 Pods that ask for a MIG instance (``fgpu.io/mig-profile``) are placed by the MIG pass after
 the core's round (:mod:`fgpu.k8s.mig`), bound the same way (ConfigMap, then Binding).
@@ -63,7 +69,17 @@ from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET, target_for, target_key
 from fgpu.sched.state import CONSTRAINED, ClusterState
-from fgpu.sched.workload import Hold, Place, Preempt, Squeeze, Unsqueeze, Wait, Workload
+from fgpu.sched.workload import (
+    Hold,
+    Place,
+    Preempt,
+    Restore,
+    Squeeze,
+    Suspend,
+    Unsqueeze,
+    Wait,
+    Workload,
+)
 
 log = logging.getLogger("fgpu.k8s.scheduler")
 
@@ -166,6 +182,11 @@ class K8sScheduler(RoundActions):
         self._said: dict[str, str] = {}  # id -> the last warning logged about it
         self._queue_problems: list[str] = []
         self._env_missed: dict[str, str] = {}  # id -> uid whose environment had no grant
+        self._suspend_asked: dict[str, tuple[str, bool]] = {}  # fgpu.k8s.suspending
+        self._suspend_kind: dict[str, tuple[str, str]] = {}
+        self._copies_counted: dict[str, tuple[str, str]] = {}
+        self._suspendish: set[str] = set()
+        self._suspending_since: dict[str, tuple[str, float]] = {}
         self._constraints = ConstraintCache()
         self._volumes = parity.VolumeLookup(api)
         self._load_counter = parity.LoadCounter()
@@ -330,6 +351,9 @@ class K8sScheduler(RoundActions):
         rnd = self.build(snap)
         mig = self.mig.view(snap.nodes, rnd)  # takes the pending MIG pods out
         state = self._state(rnd)
+        state.suspend_free[:] = state.suspend_capacity  # the budgets less what pods hold
+        for n, charge in rnd.suspend_charges.items():
+            state.suspend_free[n] = max(0, int(state.suspend_capacity[n]) - charge)
         capacity = int(state.gpu_milli_capacity.sum()) + mig.capacity_milli
         queues = queue_tree(snap.queues, capacity)
         tree = queues.tree
@@ -373,6 +397,11 @@ class K8sScheduler(RoundActions):
                 elif isinstance(action, Preempt):
                     self._preempt(rnd, action, decision)
                     self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Suspend):
+                    self._suspend(rnd, action, decision)
+                    self.metrics.events.preempted(action.kind)
+                elif isinstance(action, Restore):
+                    self._restore(rnd, action)
                 elif isinstance(action, Squeeze | Unsqueeze):
                     self._squeeze(rnd, action)
                 elif isinstance(action, Wait):
@@ -387,6 +416,7 @@ class K8sScheduler(RoundActions):
                     self._wait(rnd, action.workload, reason)
             for key, reason in rnd.refused.items():
                 self._wait(rnd, key, reason)
+            self._suspend_upkeep(rnd, decision)
             for namespace in sorted(rnd.templates):
                 self._ensure_template(namespace)
             if places and rnd.load is not None:  # the round's placements against each other
@@ -418,6 +448,7 @@ class K8sScheduler(RoundActions):
             pod = snap.get(key)
             if pod is None or pod["metadata"].get("uid") != uid:
                 del self._evicting[key]
+        self._forget_suspends(snap)
         now = self.clock()
         for key, until in list(self._protected.items()):
             if until <= now:

@@ -12,15 +12,17 @@ freezer and the driver's lock keep them off the GPU.
 :class:`Suspensions` is the node agent's loop over them: a pod annotated ``fgpu.io/suspend:
 "true"`` is suspended (after the governor let go of it, so that it does not thaw it), and
 ``fgpu.io/suspended`` says so (pids, copy seconds) with an event ``Suspended``; when the
-annotation goes, the pod is restored (event ``Restored``) and governed again. A failed
+annotation goes, the pod is restored (event ``Restored``; ``fgpu.io/suspended`` removed and
+``fgpu.io/restored`` written with the copy seconds, in one patch) and governed again. A failed
 suspend is an event ``SuspendFailed`` and ``fgpu.io/suspended: {"error": ...}``; the pod
 keeps running. An agent that restarts takes a pod with ``fgpu.io/suspended`` (no error) as
 suspended.
 
 ``fgpu k8s node-agent`` turns it on where it enforces through pod cgroups on NVML GPUs whose
-driver has the checkpoint API. Not yet done: the scheduler does not ask for suspends (it
-evicts pods as before, and counts a suspended pod's GPU share as held); the annotation is for
-an operator or a later scheduler.
+driver has the checkpoint API, and publishes the node's suspend budget
+(``--suspend-host-memory``) in its inventory; the scheduler asks for suspends and restores
+(:mod:`fgpu.k8s.suspending`). The annotations are fgpu's: the webhook lets only the
+scheduler write ``fgpu.io/suspend`` and only the node agent (and the scheduler) the agent's.
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ class Suspensions:
             return
         del self.suspended[p.workload_id]
         if pod is not None:
-            annotate(self.api, pod, {wire.SUSPENDED: None})
+            restored = json.dumps({"copy_s": round(report.copy_s, 6)})
+            annotate(self.api, pod, {wire.SUSPENDED: None, wire.RESTORED: restored})
             post_event(
                 self.api,
                 pod,

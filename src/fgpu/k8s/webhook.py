@@ -229,7 +229,7 @@ def mutate(
     ops: list[dict[str, Any]] = []
     if not (pod.get("metadata") or {}).get("annotations"):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    for key in wire.SCHEDULER_ANNOTATIONS:  # copied from a placed pod: not this pod's
+    for key in wire.SCHEDULER_ANNOTATIONS + wire.AGENT_ANNOTATIONS:  # copied: not this pod's
         if key in notes:
             ops.append({"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"})
     if wire.QUEUE not in notes:
@@ -340,16 +340,24 @@ def _agent_socket_ops(spec: Obj) -> list[dict[str, Any]]:
 
 
 SCHEDULER_USER = wire.SCHEDULER_USER
+AGENT_USER = wire.AGENT_USER
 
 
 def check_update(
-    old: Obj, new: Obj, username: str, *, scheduler_user: str = SCHEDULER_USER
+    old: Obj,
+    new: Obj,
+    username: str,
+    *,
+    scheduler_user: str = SCHEDULER_USER,
+    agent_user: str = AGENT_USER,
 ) -> None:
     """Refuse an update of a pod that adds, changes or removes an annotation fgpu writes
     (``fgpu.io/assignment`` is the scheduler's record of what a bound pod holds: editing it
-    would let a pod hold GPUs the ledger does not count) unless ``username`` is the
-    scheduler's. The user annotations stay editable: a bound pod is counted by its
-    assignment, not by them.
+    would let a pod hold GPUs the ledger does not count; ``fgpu.io/suspend`` removed by
+    hand would restore a suspended pod onto GPUs given to others) unless ``username`` is
+    the scheduler's, or the node agents' for the annotations they write
+    (:data:`fgpu.k8s.wire.AGENT_ANNOTATIONS`). The user annotations stay editable: a bound
+    pod is counted by its assignment, not by them.
 
     Raises:
         PodRequestError: naming the annotation and the reason.
@@ -360,13 +368,23 @@ def check_update(
     for key in wire.FGPU_ANNOTATIONS:
         if before.get(key) == after.get(key):
             continue
+        if username == agent_user and key in wire.AGENT_ANNOTATIONS:
+            continue
         change = "remove" if key not in after else "add" if key not in before else "change"
-        writer = "webhook" if key in wire.WEBHOOK_ANNOTATIONS else "scheduler"
+        writer = (
+            "webhook"
+            if key in wire.WEBHOOK_ANNOTATIONS
+            else "node agent"
+            if key in wire.AGENT_ANNOTATIONS
+            else "scheduler"
+        )
+        allowed = f"the fgpu scheduler ({scheduler_user})" + (
+            f" and node agent ({agent_user})" if key in wire.AGENT_ANNOTATIONS else ""
+        )
         raise PodRequestError(
             key,
-            f"written by the fgpu {writer} ({_WHAT[key]}); only the fgpu scheduler "
-            f"({scheduler_user}) may change it, so {username or 'an unknown user'} may not "
-            f"{change} it",
+            f"written by the fgpu {writer} ({_WHAT.get(key, 'its state of the pod')}); only "
+            f"{allowed} may change it, so {username or 'an unknown user'} may not {change} it",
         )
 
 
@@ -375,4 +393,8 @@ _WHAT = {
     wire.GPU_UUIDS: "the GPUs the pod was given",
     wire.HOLD: "the capacity held for the pod while others are preempted",
     wire.ENV_CONFIGMAP: "the ConfigMap of the pod's GPU environment",
+    wire.SQUEEZED_BY: "the pods that took its compute",
+    wire.SUSPEND: "whether the pod is suspended to host memory",
+    wire.SUSPENDED: "the node agent's record of the pod's suspend",
+    wire.RESTORED: "the node agent's record of the pod's restore",
 }

@@ -72,16 +72,26 @@ SQUEEZED_BY = "fgpu.io/squeezed-by"
 of the pods that took its compute, comma-separated (empty: none now); absent otherwise."""
 SUSPEND = "fgpu.io/suspend"
 """On a running pod: ``"true"`` asks its node agent to suspend it to host memory (CUDA
-checkpoint, cgroup frozen; :mod:`fgpu.k8s.suspend`); removed: restore it."""
+checkpoint, cgroup frozen; :mod:`fgpu.k8s.suspend`); removed: restore it. Written by the
+scheduler when the decision core suspends a victim, removed when it restores it."""
 SUSPENDED = "fgpu.io/suspended"
 """Written by the node agent on a pod it suspended: JSON ``{"pids": [...], "copy_s": s}``,
 or ``{"error": "..."}`` when the suspend failed; removed when it is restored."""
+RESTORED = "fgpu.io/restored"
+"""Written by the node agent when it restored a pod (with the removal of
+:data:`SUSPENDED`): JSON ``{"copy_s": s}``, the host-to-device copy time."""
 WEBHOOK_ANNOTATIONS = (ENV_CONFIGMAP,)
 """Pod annotations the webhook writes at creation."""
-SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD, SQUEEZED_BY)
+SCHEDULER_ANNOTATIONS = (ASSIGNMENT, GPU_UUIDS, HOLD, SQUEEZED_BY, SUSPEND)
 """Pod annotations the scheduler writes (the Binding, or a pod patch for the hold)."""
-FGPU_ANNOTATIONS = WEBHOOK_ANNOTATIONS + SCHEDULER_ANNOTATIONS
+AGENT_ANNOTATIONS = (SUSPENDED, RESTORED)
+"""Pod annotations the node agent writes on the pods bound to its node."""
+FGPU_ANNOTATIONS = WEBHOOK_ANNOTATIONS + SCHEDULER_ANNOTATIONS + AGENT_ANNOTATIONS
 """Pod annotations fgpu writes; users may not set or change them (the webhook refuses)."""
+AGENT_USER = "system:serviceaccount:fgpu-system:fgpu-node-agent"
+"""The user the node agents' API calls come as by default (their service account in
+deploy/base); the webhook lets it change :data:`AGENT_ANNOTATIONS` (and the scheduler
+every annotation of :data:`FGPU_ANNOTATIONS`)."""
 
 MANAGED_LABEL = "fgpu.io/managed"
 MODEL_LABEL = "fgpu.io/gpu-model"
@@ -295,22 +305,32 @@ class Inventory:
             the others), by index.
         backend: ``nvml`` or ``simulated``.
         agent: the agent's version.
+        suspend_host_memory_mib: host memory (MiB) the node keeps for pods suspended to
+            host memory (issue 28; the scheduler's suspend budget for the node); 0 when the
+            agent cannot suspend pods (no CUDA checkpoint API in the node's driver, no pod
+            cgroups, or ``--suspend-host-memory 0``): victims there are evicted.
+        suspend_note: why the agent cannot suspend pods, when it cannot (for people).
     """
 
     gpus: tuple[InventoryGpu, ...]
     backend: str
     agent: str = "1"
+    suspend_host_memory_mib: int = 0
+    suspend_note: str = ""
 
     def to_json(self) -> str:
-        """The annotation's text."""
-        return json.dumps(
-            {
-                "gpus": [g.to_data() for g in self.gpus],
-                "backend": self.backend,
-                "agent": self.agent,
-            },
-            separators=(",", ":"),
-        )
+        """The annotation's text (``suspend`` only when the agent can suspend pods or says
+        why it cannot)."""
+        data: dict[str, Any] = {
+            "gpus": [g.to_data() for g in self.gpus],
+            "backend": self.backend,
+            "agent": self.agent,
+        }
+        if self.suspend_host_memory_mib or self.suspend_note:
+            data["suspend"] = {"host_memory_mib": self.suspend_host_memory_mib}
+            if self.suspend_note:
+                data["suspend"]["note"] = self.suspend_note
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Inventory:
@@ -322,7 +342,17 @@ class Inventory:
         try:
             data: Any = json.loads(text)
             gpus = tuple(InventoryGpu.from_data(g) for g in data["gpus"])
-            return cls(gpus, str(data.get("backend", "")), str(data.get("agent", "")))
+            suspend = data.get("suspend") or {}
+            budget = int(suspend.get("host_memory_mib", 0))
+            if budget < 0:
+                raise ValueError(f"suspend.host_memory_mib {budget} is negative")
+            return cls(
+                gpus,
+                str(data.get("backend", "")),
+                str(data.get("agent", "")),
+                budget,
+                str(suspend.get("note", "")),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WireError(INVENTORY, f"not an fgpu inventory: {exc}") from None
 
