@@ -135,8 +135,8 @@ class SubmitRequest(_Strict):
     dependency: str | None = Field(
         default=None,
         description="afterok:ID[:ID...], afterany:..., afternotok:..., several joined by ','; "
-        "an ID is a workload id, id prefix or name, or an array's id or name",
-        json_schema_extra={"maxLength": 65536},
+        "an ID is a workload id, id prefix or name, or an array's id or name; at most 1000 "
+        "conditions",
     )
     array: str | None = Field(
         default=None,

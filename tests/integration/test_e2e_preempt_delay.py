@@ -104,7 +104,7 @@ def test_a_queue_with_a_short_delay_evicts_once_it_has_passed(fresh: ServerProce
     submitted = server.describe(new)["submitted_at"]
     wait_for(lambda: bool(events(server, low, "stopping")), "the low workload told to stop")
     (stopping,) = events(server, low, "stopping")
-    assert f"by {new}" in stopping["reason"], stopping
+    assert f"({new})" in stopping["reason"], stopping  # named as ls names it: NAME (ID)
     assert stopping["time"] >= submitted + 2.0, (stopping, submitted)  # not before the delay
     server.wait_phase(new, "running", timeout_s=TIMEOUT_S)
     assert server.describe(low)["restarts"] == 1
@@ -149,7 +149,7 @@ def test_a_queue_delay_is_set_reset_and_refused_when_malformed(fresh: ServerProc
         ("create", "5x", "not a duration"),
         ("create", "-1", "a duration must not be negative"),
         ("set", "soon", "not a duration"),
-        ("set", "2000000000", "must be below"),
+        ("set", "2000000000", "must be at most"),
     ):
         name = "bad" if command == "create" else "tuned"
         result = server.cli("queue", command, name, "--preempt-delay", value, check=False)

@@ -73,7 +73,7 @@ def dashboard(server: ServerProcess, path: str) -> str:
 
 def ls_row(server: ServerProcess, workload: str) -> str:
     (row,) = [
-        line for line in server.cli("ls", env_extra=WIDE).stdout.splitlines() if workload in line
+        line for line in server.cli("ls", "--all-users", env_extra=WIDE).stdout.splitlines() if workload in line
     ]
     return row
 

@@ -126,6 +126,9 @@ def kind_of(schema: dict[str, Any]) -> str:
 def filler(op: str, field: str) -> str:
     """A character every pattern of the field takes (its own per field, so that queues
     made for one check are not another's)."""
+    grammar = {"time": "0", "default_time": "0", "max_time": "0", "array": "0"}  # 000... = 0
+    if field in grammar:
+        return grammar[field]
     return {("workloads", "queue"): "s", ("queues", "parent"): "p"}.get((op, field), "a")
 
 

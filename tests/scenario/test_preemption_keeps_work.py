@@ -342,7 +342,10 @@ def test_a_workload_suspended_from_named_gpus_is_restored_only_on_those() -> Non
     sh.finish("other")  # GPU 0 free, GPU 1 still held by new
     d = sh.round()
     assert not [a for a in d.actions if isinstance(a, Restore)]
-    assert "restores when its GPUs 1 have room" in reasons(d)["low"]
+    assert (
+        "restores when that node has room on GPUs 1, the ones it was checkpointed from"
+        in (reasons(d)["low"])
+    )
     sh.finish("new")
     assert summary(sh.round()) == [("restore", "low", "n1", "(1,)")]
 

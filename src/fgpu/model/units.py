@@ -218,7 +218,7 @@ def parse_bytes(text: str | int, field: str = "size") -> int:
 
 
 MAX_DURATION_S = 1e9
-"""Durations are below this many seconds (about 31 years)."""
+"""Durations are at most this many seconds (about 31 years)."""
 
 _DURATION_UNITS_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -249,8 +249,8 @@ def parse_duration_s(text: str | float, field: str = "duration") -> float:
         seconds = float(Decimal(match.group(1)) * _DURATION_UNITS_S[unit])
     if seconds != seconds or seconds < 0:
         raise UnitError(field, text, "a duration must not be negative")
-    if seconds >= MAX_DURATION_S:
-        raise UnitError(field, text, f"must be below {MAX_DURATION_S:.0e} seconds")
+    if seconds > MAX_DURATION_S:
+        raise UnitError(field, text, f"must be at most {MAX_DURATION_S:.0e} seconds")
     return seconds
 
 

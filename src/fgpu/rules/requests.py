@@ -374,7 +374,7 @@ def _preempt_delay(value: float | None) -> float | None:
     """
     if value is None:
         return None
-    if not (0 <= value < MAX_DURATION_S):  # also refuses NaN
+    if not (0 <= value <= MAX_DURATION_S):  # also refuses NaN
         raise BadRequest(
             "preempt_delay_s", f"{value!r} is not a number of seconds in 0..{MAX_DURATION_S:.0e}"
         )

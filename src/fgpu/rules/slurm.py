@@ -61,13 +61,27 @@ TIME_FORMS_TEXT = (
 """The forms of ``--time``, for help texts and refusals."""
 
 
+MAX_TIME_CHARS = 64
+"""The longest ``--time`` text (the API's ``maxLength``)."""
+
+MAX_ARRAY_CHARS = 4096
+"""The longest ``--array`` text (the API's ``maxLength``)."""
+
+
+def _not_too_long(text: str, field: str, most: int) -> None:
+    if len(text) > most:
+        raise BadRequest(field, f"{len(text)} characters; at most {most}")
+
+
 def parse_time(text: str, field: str = "time") -> float | None:
     """A Slurm time limit as seconds; None for no limit (``0``, ``UNLIMITED``,
     ``infinite``).
 
     Raises:
-        BadRequest: ``field``: not one of the forms, or above :data:`MAX_TIME_S`.
+        BadRequest: ``field``: not one of the forms, or above :data:`MAX_TIME_S`; over
+            :data:`MAX_TIME_CHARS` characters.
     """
+    _not_too_long(text, field, MAX_TIME_CHARS)
     value = text.strip()
     if value.lower() in _UNLIMITED or (value.isdigit() and int(value) == 0):
         return None
@@ -150,8 +164,9 @@ def parse_array(text: str, field: str = "array") -> ArraySpec:
     Raises:
         BadRequest: ``field``: a malformed item, a range whose end is below its start, a
             step or ``%N`` of 0, an index above :data:`MAX_ARRAY_INDEX`, more than
-            :data:`MAX_ARRAY_TASKS` tasks.
+            :data:`MAX_ARRAY_TASKS` tasks; over :data:`MAX_ARRAY_CHARS` characters.
     """
+    _not_too_long(text, field, MAX_ARRAY_CHARS)
     value = text.strip()
     items, percent, throttle_text = value.partition("%")
     throttle: int | None = None
@@ -208,8 +223,10 @@ def array_task_env(a: StoredArrayTask | None) -> dict[str, str]:
 
 __all__ = [
     "DEPENDENCY_TYPES",
+    "MAX_ARRAY_CHARS",
     "MAX_ARRAY_INDEX",
     "MAX_ARRAY_TASKS",
+    "MAX_TIME_CHARS",
     "MAX_TIME_S",
     "TIME_FORMS_TEXT",
     "ArraySpec",

@@ -436,8 +436,21 @@ class Service(SchedulingLoop):
                 following = (records[-1].submitted_at, records[-1].id)
         reasons = self._reasons
         states = self._gpu_states()
-        shown = [views.workload(r, reasons.get(r.id), states.get(r.id)) for r in records]
+        names = self._preemptor_names(records)
+        shown = [views.workload(r, reasons.get(r.id), states.get(r.id), names) for r in records]
         return shown, format_cursor(following)
+
+    def _preemptor_names(self, records: list[WorkloadRecord]) -> dict[str, str]:
+        """Names of the workloads that preempted any of ``records`` (``ls`` says
+        ``preempted by NAME``), by id; one not found is left out (shown by its id)."""
+        wanted = {r.preempted_by for r in records if r.preempted_by is not None}
+        if not wanted:
+            return {}
+        names = {r.id: r.name for r in self._active_records() if r.id in wanted}
+        for missing in wanted - names.keys():
+            with contextlib.suppress(NotFound):
+                names[missing] = self.store.get(missing).name
+        return names
 
     def _gpu_states(self) -> dict[str, str]:
         """The governor's state of each governed workload in the words of

@@ -132,9 +132,9 @@ def queue_config(config: QueueConfig) -> None:
         integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
     if config.preempt_delay_s is not None:
         delay = seconds("preempt_delay_s", config.preempt_delay_s)
-        if delay >= MAX_DURATION_S:
+        if delay > MAX_DURATION_S:
             raise InvalidRequestError(
-                "preempt_delay_s", f"must be below {MAX_DURATION_S:.0e} seconds (got {delay:g})"
+                "preempt_delay_s", f"must be at most {MAX_DURATION_S:.0e} seconds (got {delay:g})"
             )
 
 
