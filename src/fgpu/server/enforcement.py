@@ -406,6 +406,25 @@ class Enforcement:
         )
         return layers
 
+    def move_gpus(self, workload_id: str, uuids: Sequence[str]) -> None:
+        """A suspended workload is restored onto other GPUs: its interposer segment names
+        ``uuids`` (in its GPUs' order) from now on; the memory guard and governor follow the
+        allocation at the next sync. No segment (interposer off): nothing to do.
+
+        Raises:
+            ValueError, SegmentError: see :meth:`Segment.set_uuids`.
+        """
+        if self.segments is None:
+            return
+        with self._segments_lock:
+            segment = self._segments.get(workload_id)
+            if segment is None:
+                segment = self.segments.open(workload_id)
+                if segment is None:
+                    return
+                self._segments[workload_id] = segment
+            segment.set_uuids(uuids)
+
     def describe(self, workload_id: str) -> list[str]:
         """How a running workload's grant is enforced now, one line per mechanism
         (``fgpu describe``); empty when it is not governed or guarded here."""
