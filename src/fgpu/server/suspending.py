@@ -27,7 +27,9 @@ first, as for every action (DESIGN.md section 8):
   processes are killed. One whose processes end while suspended fails.
 - after a restart of the service, a suspended workload whose processes live is watched again
   and stays suspended (the driver holds it checkpointed); one whose processes are gone is
-  pending from scratch.
+  pending from scratch. Not handled: a restart in the middle of a restore onto other GPUs
+  (the GPU pairs are not stored): the restore is finished without pairs, onto the GPUs
+  the memory came from, while the record names the new ones.
 
 The capability (:func:`fgpu.agent.checkpoint.probe` on the driver the workloads use) decides
 whether workloads are ``suspendable`` for the core. ``fgpu_gpu_seconds_lost_total{queue,
