@@ -375,6 +375,15 @@ def test_a_suspended_workload_is_restored_onto_another_free_gpu_of_its_model(
         # the fake driver's ledger (NVML per process): its memory is on the other GPU now
         assert fake_used(srv, other["uuid"]).get(pid) == 128 << 20
         assert fake_used(srv, own["uuid"]).get(pid, 0) == 0
+
+        # the interposer's segment names the new GPU, and counts the memory there
+        def segment_lines() -> list[str]:
+            lines = srv.describe(low).get("enforcement") or []
+            return [ln.strip() for ln in lines if ln.strip().startswith("GPU-")]
+
+        wait_for(lambda: segment_lines(), "the interposer's lines in describe")
+        (line,) = segment_lines()
+        assert line.startswith(f"{other['uuid']}: 128 of 2048 MiB reserved"), line
         release.touch()
         srv.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
         assert srv.describe(low)["restarts"] == 0
