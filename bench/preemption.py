@@ -13,8 +13,10 @@ policies:
   9): every workload is suspendable, each node sets aside ``--host-pool`` GiB (default 256)
   of host memory, the copies run at ``--host-link`` GB/s (default 25, the order of a PCIe
   4.0 x16 link), one copy to host per suspension and one back per restore; a suspended
-  workload is restored onto the GPUs it was suspended from once they have room, as drivers
-  r570-r580 restore (``--restore-other-gpus``: onto any GPU of its node, as CUDA 13 can);
+  workload is restored onto any GPU of its node with room, as a CUDA 13 driver (version >=
+  13000) can restore a checkpoint onto another GPU of the same model
+  (``--restore-own-gpus``: only onto the GPUs it was suspended from, as CUDA 12.8-12.9
+  drivers, r570-r575, restore);
 - ``all``: the three together.
 
 Each policy runs on the same days (``--seeds``, default 1 2 3; the seed draws the day and
@@ -38,7 +40,7 @@ the report is built from all of them. Runs start evict-only and all-together fir
 target needs both), then suspend, wait and squeeze.
 
 Usage: ``python bench/preemption.py [--seeds 1 2 3] [--hours 48] [--load 1.1]
-[--policies ...] [--restore-other-gpus] [--jobs 2] [--runs FILE] [--out FILE]``.
+[--policies ...] [--restore-own-gpus] [--jobs 2] [--runs FILE] [--out FILE]``.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def one_run(
     pods_path: str,
     host_pool_gib: float,
     host_link_gb_s: float,
-    restore_other_gpus: bool = False,
+    restore_other_gpus: bool = True,
 ) -> dict[str, Any]:
     """One replay of the seeded day under ``policy``; the figures the comparison needs."""
     knobs = POLICIES[policy]
@@ -189,10 +191,12 @@ def main() -> None:
     parser.add_argument("--host-pool", type=float, default=256.0, help="GiB per node")
     parser.add_argument("--host-link", type=float, default=25.0, help="GB/s")
     parser.add_argument(
-        "--restore-other-gpus",
-        action="store_true",
-        help="suspended work may come back on any GPU of its node (a CUDA 13 driver); "
-        "default: only on the GPUs it was suspended from (drivers r570-r580)",
+        "--restore-own-gpus",
+        dest="restore_other_gpus",
+        action="store_false",
+        help="suspended work comes back only on the GPUs it was suspended from (CUDA "
+        "12.8-12.9 drivers, r570-r575); default: on any GPU of its node (CUDA 13, driver "
+        "version >= 13000, restores onto another GPU of the same model)",
     )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--runs", type=Path, default=None, help="JSON lines of finished runs")

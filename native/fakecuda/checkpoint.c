@@ -17,14 +17,26 @@
  *               it held is given back to its GPUs (cuMemGetInfo and NVML of every process see
  *               it free) after the modelled copy time (all it held at 10 GB/s, as cuMemcpy).
  *   restore     CHECKPOINTED -> LOCKED: the same amounts are taken again on the same GPUs and
- *               the contents read back (the same modelled copy time). A GPU without room: CUDA_ERROR_OUT_OF_MEMORY, nothing
- *               taken, the process stays CHECKPOINTED (restore can be tried again).
+ *               the contents read back (the same modelled copy time). A GPU without room:
+ *               CUDA_ERROR_OUT_OF_MEMORY, nothing taken, the process stays CHECKPOINTED
+ *               (restore can be tried again). With args->gpuPairs (CUDA 13, driver version
+ *               >= 13000; older: CUDA_ERROR_NOT_SUPPORTED) each checkpointed GPU's amount is
+ *               taken on the GPU paired with it instead, and afterwards the process's device
+ *               ordinals stand for the new GPUs (fk_phys: its contexts, allocations and
+ *               pointers stay as they were; cuDeviceGetUuid, cuMemGetInfo and NVML's
+ *               per-process figures show the new GPU). As cuda.h says: the new GPU must be of
+ *               the same model ("chip type") and have room, and the pairs must name every
+ *               checkpointed GPU. CUDA_ERROR_INVALID_VALUE: an unknown UUID, a different
+ *               model, a GPU named twice or a checkpointed GPU left out. A pair for a GPU the
+ *               process did not use is ignored (one set of pairs serves every process of a
+ *               workload; cuda.h does not say how the driver takes it).
  *   unlock      LOCKED -> RUNNING: blocked calls go on.
  * Any other transition: CUDA_ERROR_ILLEGAL_STATE. A pid that is not a live process that
  * called cuInit on the fake, or the caller's own pid: CUDA_ERROR_INVALID_VALUE. Reserved
  * argument fields not zero: CUDA_ERROR_INVALID_VALUE. The caller must have called cuInit
  * (CUDA_ERROR_NOT_INITIALIZED otherwise).
- * Not modelled: restoring onto other GPUs (gpuPairs, CUDA 13): CUDA_ERROR_NOT_SUPPORTED;
+ * Not modelled: customStorageInfo_out (later CUDA 13 headers); IPC handles exported before
+ * a remap still name the old GPU;
  * calls already inside the driver when the lock comes finish (only new calls block); a
  * process stopped (SIGSTOP, cgroup freezer) does not answer until thawed, so a controller
  * freezes it after checkpoint and thaws it before restore.
@@ -41,6 +53,7 @@
 #include <unistd.h>
 
 #include "fake.h"
+#include "fgpu_procaddr_table.h"
 
 static pthread_mutex_t start_lock = PTHREAD_MUTEX_INITIALIZER;
 static pid_t thread_pid; /* the process the restore thread was started in */
@@ -134,30 +147,47 @@ static CUresult do_checkpoint(struct fk_proc *p)
     }
     sleep_ns(copy_ns(total)); /* the copy to host memory, before the GPU memory is free */
     for (uint32_t g = 0; g < fk_sh->ngpus; g++)
-        fk_release((int)g, atomic_load(&p->ck_saved[g]));
+        fk_release_phys((int)g, atomic_load(&p->ck_saved[g]));
     set_state(p, CU_PROCESS_STATE_CHECKPOINTED);
     pthread_mutex_unlock(&fk_g.lock);
     return CUDA_SUCCESS;
 }
 
-static CUresult do_restore(struct fk_proc *p)
+/* The GPU checkpointed GPU g is restored onto: ck_map (a restore with gpuPairs), else g. */
+static int restore_target(struct fk_proc *p, uint32_t g)
+{
+    uint32_t m = atomic_load(&p->ck_map[g]);
+    return m == 0 ? (int)g : (int)m - 1;
+}
+
+static CUresult do_restore(struct fk_proc *p, int paired)
 {
     if (atomic_load(&p->ck_state) != CU_PROCESS_STATE_CHECKPOINTED)
         return CUDA_ERROR_ILLEGAL_STATE;
-    uint32_t g;
+    uint32_t n = fk_sh->ngpus, g;
+    int remap = 0;
+    for (g = 0; g < n; g++) {
+        int used = atomic_load(&p->ck_saved[g]) != 0 || atomic_load(&p->contexts[g]) != 0;
+        if (!used)
+            atomic_store(&p->ck_map[g], 0); /* a pair for a GPU it did not use: no move */
+        else if (paired && atomic_load(&p->ck_map[g]) == 0)
+            return CUDA_ERROR_INVALID_VALUE; /* the pairs must name every checkpointed GPU */
+        else if (restore_target(p, g) != (int)g)
+            remap = 1;
+    }
     CUresult rc = CUDA_SUCCESS;
-    for (g = 0; g < fk_sh->ngpus && rc == CUDA_SUCCESS; g++) {
+    for (g = 0; g < n && rc == CUDA_SUCCESS; g++) {
         uint64_t want = atomic_load(&p->ck_saved[g]);
         if (want != 0)
-            rc = fk_reserve((int)g, want);
+            rc = fk_reserve_phys(restore_target(p, g), want);
     }
     if (rc != CUDA_SUCCESS) { /* give back what was taken before the GPU that lacked room */
         for (uint32_t k = 0; k + 1 < g; k++)
-            fk_release((int)k, atomic_load(&p->ck_saved[k]));
+            fk_release_phys(restore_target(p, k), atomic_load(&p->ck_saved[k]));
         return rc;
     }
     uint64_t total = 0;
-    for (g = 0; g < fk_sh->ngpus; g++)
+    for (g = 0; g < n; g++)
         total += atomic_load(&p->ck_saved[g]);
     sleep_ns(copy_ns(total)); /* the copy back to the GPU */
     char path[4096];
@@ -172,8 +202,23 @@ static CUresult do_restore(struct fk_proc *p)
         return CUDA_ERROR_UNKNOWN;
     }
     unlink(path);
-    for (g = 0; g < fk_sh->ngpus; g++)
+    if (remap) { /* the process's devices now stand for the new GPUs (same ordinals) */
+        int to[FK_MAX_GPUS];
+        uint32_t ctxs[FK_MAX_GPUS] = {0};
+        for (g = 0; g < FK_MAX_GPUS; g++)
+            to[g] = g < n && restore_target(p, g) != (int)g ? restore_target(p, g) : -1;
+        for (g = 0; g < n; g++)
+            if (to[g] >= 0)
+                ctxs[g] = atomic_exchange(&p->contexts[g], 0);
+        for (g = 0; g < n; g++)
+            if (to[g] >= 0)
+                atomic_fetch_add(&p->contexts[to[g]], ctxs[g]);
+        fk_phys_remap(to);
+    }
+    for (g = 0; g < n; g++) {
         atomic_store(&p->ck_saved[g], 0);
+        atomic_store(&p->ck_map[g], 0);
+    }
     set_state(p, CU_PROCESS_STATE_LOCKED);
     return CUDA_SUCCESS;
 }
@@ -205,7 +250,7 @@ static void *restore_thread(void *arg)
             rc = do_checkpoint(p);
             break;
         case FK_CK_RESTORE:
-            rc = do_restore(p);
+            rc = do_restore(p, atomic_load(&p->ck_arg) != 0);
             break;
         case FK_CK_UNLOCK:
             rc = do_unlock(p);
@@ -284,7 +329,7 @@ static CUresult target(int pid, struct fk_proc **out)
 /* Posts one request to the target's restore thread and waits for its answer. Controllers
  * take turns on a slot (ck_busy holds the pid of the one posting; a dead one's turn is
  * taken over). A target that dies meanwhile: CUDA_ERROR_INVALID_VALUE. */
-static CUresult request(int pid, uint32_t op, uint32_t arg)
+static CUresult request(int pid, uint32_t op, uint32_t arg, const uint32_t *map)
 {
     struct fk_proc *p;
     CUresult rc = target(pid, &p);
@@ -301,6 +346,8 @@ static CUresult request(int pid, uint32_t op, uint32_t arg)
         else
             sleep_ns(1000000);
     }
+    for (int g = 0; g < FK_MAX_GPUS; g++)
+        atomic_store(&p->ck_map[g], map != NULL ? map[g] : 0);
     atomic_store(&p->ck_op, op);
     atomic_store(&p->ck_arg, arg);
     uint32_t req = atomic_fetch_add(&p->ck_req, 1) + 1;
@@ -325,32 +372,75 @@ CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
 {
     if (args != NULL && (args->reserved0 != 0 || !all_zero(args->reserved1, sizeof args->reserved1)))
         return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, FK_CK_LOCK, args != NULL ? args->timeoutMs : 0);
+    return request(pid, FK_CK_LOCK, args != NULL ? args->timeoutMs : 0, NULL);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
 {
     if (args != NULL && !all_zero(args->reserved, sizeof args->reserved))
         return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, FK_CK_CHECKPOINT, 0);
+    return request(pid, FK_CK_CHECKPOINT, 0, NULL);
+}
+
+/* The global index of the GPU whose UUID is `u` (the 16 bytes cuDeviceGetUuid gives), or -1. */
+static int gpu_by_uuid_bytes(const CUuuid *u)
+{
+    for (uint32_t i = 0; i < fk_sh->ngpus; i++) {
+        CUuuid mine;
+        fk_uuid_bytes(fk_sh->gpus[i].uuid, &mine);
+        if (memcmp(mine.bytes, u->bytes, sizeof mine.bytes) == 0)
+            return (int)i;
+    }
+    return -1;
+}
+
+/* gpuPairs -> map (per old GPU: the new one + 1). CUDA_ERROR_INVALID_VALUE: pairs NULL with
+ * a count, an unknown UUID, a GPU named twice as old or as new, or an old and a new GPU of
+ * different models (cuda.h: "the same chip type"). Room on the new GPUs and "every
+ * checkpointed GPU named" are checked by the restore itself. */
+static CUresult pairs_map(const CUcheckpointRestoreArgs *args, uint32_t *map)
+{
+    uint32_t taken[FK_MAX_GPUS] = {0};
+    if (args->gpuPairs == NULL || args->gpuPairsCount > fk_sh->ngpus)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned int i = 0; i < args->gpuPairsCount; i++) {
+        int old = gpu_by_uuid_bytes(&args->gpuPairs[i].oldUuid);
+        int neu = gpu_by_uuid_bytes(&args->gpuPairs[i].newUuid);
+        if (old < 0 || neu < 0 || map[old] != 0 || taken[neu] != 0 ||
+            strcmp(fk_sh->gpus[old].name, fk_sh->gpus[neu].name) != 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        map[old] = (uint32_t)neu + 1;
+        taken[neu] = 1;
+    }
+    return CUDA_SUCCESS;
 }
 
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
+    uint32_t map[FK_MAX_GPUS] = {0};
+    uint32_t paired = 0;
     if (args != NULL) {
         if (!all_zero(args->reserved, sizeof args->reserved) || args->reserved1 != 0)
             return CUDA_ERROR_INVALID_VALUE;
-        if (args->gpuPairsCount != 0 || args->gpuPairs != NULL)
-            return CUDA_ERROR_NOT_SUPPORTED; /* restoring onto other GPUs: not modelled */
+        if (args->gpuPairsCount != 0 || args->gpuPairs != NULL) {
+            if (FGPU_PROCADDR_CUDA_VERSION < FK_CK_REMAP_VERSION)
+                return CUDA_ERROR_NOT_SUPPORTED; /* an older driver: no remapping */
+            CUresult rc = fk_check_init();
+            if (rc != CUDA_SUCCESS)
+                return rc;
+            if ((rc = pairs_map(args, map)) != CUDA_SUCCESS)
+                return rc;
+            paired = 1;
+        }
     }
-    return request(pid, FK_CK_RESTORE, 0);
+    return request(pid, FK_CK_RESTORE, paired, map);
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
 {
     if (args != NULL && !all_zero(args->reserved, sizeof args->reserved))
         return CUDA_ERROR_INVALID_VALUE;
-    return request(pid, FK_CK_UNLOCK, 0);
+    return request(pid, FK_CK_UNLOCK, 0, NULL);
 }
 
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)

@@ -195,14 +195,14 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
     CUresult rc = fk_dev_gpu(dev, &gpu);
     if (rc != CUDA_SUCCESS)
         return rc;
-    strncpy(name, fk_sh->gpus[gpu].name, (size_t)len - 1);
+    strncpy(name, fk_sh->gpus[fk_phys(gpu)].name, (size_t)len - 1);
     name[len - 1] = '\0';
     return CUDA_SUCCESS;
 }
 
 /* The 16 bytes of a "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" uuid; a uuid string in
  * another form (test names such as GPU-aaaa) is hashed (FNV-1a) into 16 bytes. */
-static void uuid_bytes(const char *text, CUuuid *out)
+void fk_uuid_bytes(const char *text, CUuuid *out)
 {
     const char *p = strncmp(text, "GPU-", 4) == 0 ? text + 4 : text;
     int nibbles = 0, ok = 1;
@@ -237,7 +237,7 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = fk_dev_gpu(dev, &gpu);
     if (rc == CUDA_SUCCESS)
-        uuid_bytes(fk_sh->gpus[gpu].uuid, uuid);
+        fk_uuid_bytes(fk_sh->gpus[fk_phys(gpu)].uuid, uuid);
     return rc;
 }
 
@@ -253,7 +253,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = fk_dev_gpu(dev, &gpu);
     if (rc == CUDA_SUCCESS)
-        *bytes = fk_sh->gpus[gpu].total;
+        *bytes = fk_sh->gpus[fk_phys(gpu)].total;
     return rc;
 }
 
@@ -265,7 +265,7 @@ CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     CUresult rc = fk_dev_gpu(dev, &gpu);
     if (rc != CUDA_SUCCESS)
         return rc;
-    const char *name = fk_sh->gpus[gpu].name;
+    const char *name = fk_sh->gpus[fk_phys(gpu)].name;
     int hopper = strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800");
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
@@ -338,7 +338,7 @@ static struct fk_ctx *ctx_new(CUdevice dev, int gpu, int primary)
     }
     int slot = fk_my_slot();
     if (slot >= 0)
-        atomic_fetch_add(&fk_sh->procs[slot].contexts[gpu], 1);
+        atomic_fetch_add(&fk_sh->procs[slot].contexts[fk_phys(gpu)], 1);
     return c;
 }
 
@@ -353,7 +353,7 @@ static void ctx_free(struct fk_ctx *c)
         fk_release(c->gpu, c->heap_reserved);
     int slot = fk_my_slot();
     if (slot >= 0)
-        atomic_fetch_sub(&fk_sh->procs[slot].contexts[c->gpu], 1);
+        atomic_fetch_sub(&fk_sh->procs[slot].contexts[fk_phys(c->gpu)], 1);
     c->magic = 0;
     free(c);
 }

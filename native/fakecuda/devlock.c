@@ -97,6 +97,7 @@ int fk_dev_held(int gpu, int waiter)
 
 void fk_dev_lock(int gpu, int *waiter_out)
 {
+    gpu = fk_phys(gpu);
     struct fk_gpu *d = &fk_sh->gpus[gpu];
     int32_t me = (int32_t)getpid();
     int mine = -1;
@@ -137,6 +138,7 @@ void fk_dev_lock(int gpu, int *waiter_out)
 
 void fk_dev_unlock(int gpu, int waiter)
 {
+    gpu = fk_phys(gpu);
     struct fk_gpu *d = &fk_sh->gpus[gpu];
     atomic_store_explicit(&d->waiters[waiter].seq, 0, memory_order_release);
     uint32_t expect = (uint32_t)waiter + 1;
@@ -167,6 +169,7 @@ static void ring_note(struct fk_ring *r, uint64_t now, uint64_t busy_before, uin
 
 void fk_dev_busy(int gpu, int slot, uint64_t ns)
 {
+    gpu = fk_phys(gpu);
     uint64_t now = fk_now_ns();
     struct fk_gpu *d = &fk_sh->gpus[gpu];
     uint64_t before = atomic_fetch_add(&d->busy_ns, ns);

@@ -38,7 +38,7 @@
 #include "cuda_api.h"
 
 #define FK_MAGIC 0x4b415046u /* "FPAK" */
-#define FK_VERSION 2u /* 2: checkpoint fields in struct fk_proc */
+#define FK_VERSION 3u /* 2: checkpoint fields in struct fk_proc; 3: ck_map */
 #define FK_MAX_GPUS 16
 #define FK_MAX_PROCS 256
 #define FK_MAX_WAITERS 512
@@ -102,14 +102,18 @@ struct fk_proc {
     _Atomic uint32_t ck_req;    /* futex word: requests posted */
     _Atomic uint32_t ck_done;   /* futex word: requests answered */
     _Atomic uint32_t ck_op;     /* FK_CK_LOCK, ... */
-    _Atomic uint32_t ck_arg;    /* lock: timeout in ms (0 = none) */
+    _Atomic uint32_t ck_arg;    /* lock: timeout in ms (0 = none); restore: 1 = gpuPairs */
     _Atomic uint32_t ck_busy;   /* a controller holds the request channel (pid) */
     _Atomic int32_t ck_result;  /* CUresult of the last answered request */
     _Atomic int32_t ck_tid;     /* the restore thread's tid; 0 = none (no cuInit yet) */
     _Atomic uint64_t ck_saved[FK_MAX_GPUS]; /* bytes given back at checkpoint, per GPU */
+    /* restore with gpuPairs: per checkpointed GPU (global index), the GPU to restore onto
+     * plus 1; 0 = not named (the same GPU). Written by the controller that holds ck_busy. */
+    _Atomic uint32_t ck_map[FK_MAX_GPUS];
 };
 
 enum { FK_CK_LOCK = 1, FK_CK_CHECKPOINT, FK_CK_RESTORE, FK_CK_UNLOCK };
+#define FK_CK_REMAP_VERSION 13000 /* driver version from which a restore takes gpuPairs */
 
 enum { FK_EXPORT_FREE = 0, FK_EXPORT_CLAIM, FK_EXPORT_LIVE };
 
@@ -157,9 +161,21 @@ void fk_state_after_fork(void); /* in a forked child: locks usable again */
 void fk_sweep(void);           /* give back memory of dead processes */
 int fk_gpu_by_uuid(const char *uuid); /* global index or -1 */
 uint64_t fk_new_va(uint64_t size);    /* unique device address range across processes */
+/* GPU indices held by this process's objects (contexts, allocations, pools, modules, ...)
+ * are the global indices its devices had at cuInit: "logical". A restore with gpuPairs
+ * moves a process onto other GPUs without rewriting those objects: fk_phys gives the
+ * physical (global) index behind a logical one, identity until such a restore, and every
+ * function below that takes `gpu` translates it. fk_phys_remap (the restore thread, the
+ * process checkpointed) makes every logical index behind physical g refer to to[g] (to[g] <
+ * 0: unchanged), for all g at once.
+ * The fake NVML is a separate library and never translates (identity). */
+int fk_phys(int gpu);
+void fk_phys_remap(const int *to); /* to: FK_MAX_GPUS entries */
 CUresult fk_reserve(int gpu, uint64_t bytes); /* CUDA_ERROR_ILLEGAL_STATE: corrupt counter */
 void fk_release(int gpu, uint64_t bytes);      /* never below zero (clamped, logged) */
 int fk_device_used(int gpu, uint64_t *used);   /* 0, or -1 when above the total (corrupt) */
+CUresult fk_reserve_phys(int gpu, uint64_t bytes); /* the same, by physical index */
+void fk_release_phys(int gpu, uint64_t bytes);
 void fk_dev_lock(int gpu, int *waiter_out);
 void fk_dev_unlock(int gpu, int waiter);
 int fk_dev_held(int gpu, int waiter); /* 1 while waiter still holds the device lock */
@@ -236,7 +252,8 @@ extern struct fk_local fk_g;
 CUresult fk_check_init(void);
 CUresult fk_current(struct fk_ctx **out); /* the calling thread's context */
 int fk_ctx_valid(const struct fk_ctx *c);
-CUresult fk_dev_gpu(CUdevice dev, int *gpu); /* visible ordinal -> global index */
+CUresult fk_dev_gpu(CUdevice dev, int *gpu); /* visible ordinal -> global (logical) index */
+void fk_uuid_bytes(const char *text, CUuuid *out); /* a uuid string -> cuDeviceGetUuid's bytes */
 void fk_ctx_limits_init(struct fk_ctx *c);   /* limits.c: the defaults of a new context */
 
 /* memory.c: the per-process allocation table */

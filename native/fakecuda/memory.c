@@ -252,7 +252,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     CUresult rc = fk_current(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    struct fk_gpu *d = &fk_sh->gpus[c->gpu];
+    struct fk_gpu *d = &fk_sh->gpus[fk_phys(c->gpu)];
     uint64_t used;
     if (fk_device_used(c->gpu, &used) != 0)
         return CUDA_ERROR_ILLEGAL_STATE; /* a corrupt counter is an error, not a figure */

@@ -380,7 +380,30 @@ static void device_sub(int gpu, uint64_t bytes)
                  d->uuid, (unsigned long long)bytes, (unsigned long long)take);
 }
 
-int fk_device_used(int gpu, uint64_t *used)
+/* logical -> physical GPU index + 1 (0 = identity); see fake.h. Read lock-free by every
+ * call that takes a GPU; written only while the process is checkpointed (no calls run). */
+static _Atomic int phys_map[FK_MAX_GPUS];
+
+int fk_phys(int gpu)
+{
+    if (gpu < 0 || gpu >= FK_MAX_GPUS)
+        return gpu;
+    int m = atomic_load_explicit(&phys_map[gpu], memory_order_relaxed);
+    return m == 0 ? gpu : m - 1;
+}
+
+void fk_phys_remap(const int *to)
+{
+    int next[FK_MAX_GPUS];
+    for (int g = 0; g < FK_MAX_GPUS; g++) { /* all at once: a swap of two GPUs is a remap */
+        int ph = fk_phys(g);
+        next[g] = to[ph] >= 0 ? to[ph] : ph;
+    }
+    for (int g = 0; g < FK_MAX_GPUS; g++)
+        atomic_store_explicit(&phys_map[g], next[g] == g ? 0 : next[g] + 1, memory_order_relaxed);
+}
+
+static int device_used_phys(int gpu, uint64_t *used)
 {
     const struct fk_gpu *d = &fk_sh->gpus[gpu];
     uint64_t u = atomic_load_explicit(&d->used, memory_order_acquire);
@@ -391,6 +414,11 @@ int fk_device_used(int gpu, uint64_t *used)
     }
     *used = u;
     return 0;
+}
+
+int fk_device_used(int gpu, uint64_t *used)
+{
+    return device_used_phys(fk_phys(gpu), used);
 }
 
 /* ------------------------------------------------------------------ process slots */
@@ -549,12 +577,17 @@ void fk_slot_release_self(void)
  * sweep can never give back more than was taken. */
 CUresult fk_reserve(int gpu, uint64_t bytes)
 {
+    return fk_reserve_phys(fk_phys(gpu), bytes);
+}
+
+CUresult fk_reserve_phys(int gpu, uint64_t bytes)
+{
     int slot = fk_my_slot();
     if (slot < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct fk_gpu *d = &fk_sh->gpus[gpu];
     uint64_t seen;
-    if (fk_device_used(gpu, &seen) != 0)
+    if (device_used_phys(gpu, &seen) != 0)
         return CUDA_ERROR_ILLEGAL_STATE;
     for (int attempt = 0; attempt < 2; attempt++) {
         uint64_t cur = atomic_load_explicit(&d->used, memory_order_relaxed);
@@ -579,6 +612,11 @@ CUresult fk_reserve(int gpu, uint64_t bytes)
  * reclaim may have taken it all), then the device's by the same amount, clamped at zero
  * (device_sub). */
 void fk_release(int gpu, uint64_t bytes)
+{
+    fk_release_phys(fk_phys(gpu), bytes);
+}
+
+void fk_release_phys(int gpu, uint64_t bytes)
 {
     int slot = fk_my_slot();
     if (slot < 0 || bytes == 0)

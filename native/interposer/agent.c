@@ -289,6 +289,24 @@ FGPU_API int fgpu_agent_set_max_inflight(struct fgpu_agent_seg *h, uint32_t max_
     return 0;
 }
 
+/* Renames GPU `gpu` of the segment (a workload restored onto another GPU: its processes
+ * keep their device ordinals, now standing for `uuid`). The caller does it while the
+ * workload's processes are stopped: the interposer reads the name without a lock. */
+FGPU_API int fgpu_agent_set_uuid(struct fgpu_agent_seg *h, uint32_t gpu, const char *uuid)
+{
+    if (h == NULL || gpu >= h->c->ngpus || uuid == NULL)
+        return -EINVAL;
+    if (h->ctl_readonly)
+        return -EPERM;
+    size_t n = strlen(uuid);
+    if (n == 0 || n >= FGPU_SEG_UUID_LEN)
+        return -EINVAL;
+    char buf[FGPU_SEG_UUID_LEN] = {0};
+    memcpy(buf, uuid, n);
+    memcpy(h->c->gpus[gpu].uuid, buf, sizeof buf);
+    return 0;
+}
+
 FGPU_API int fgpu_agent_set_memory_limit(struct fgpu_agent_seg *h, uint32_t gpu, uint64_t bytes)
 {
     if (h == NULL || gpu >= h->c->ngpus)

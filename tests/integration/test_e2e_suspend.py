@@ -62,9 +62,10 @@ def fake_env(server: ServerProcess) -> dict[str, str]:
     }
 
 
-def fake_used(server: ServerProcess) -> dict[int, int]:
-    """Device memory per pid in the fake driver's ledger (its NVML), bytes."""
-    uuid = server.json("nodes")[0]["gpus"][0]["uuid"]
+def fake_used(server: ServerProcess, uuid: str | None = None) -> dict[int, int]:
+    """Device memory per pid on GPU ``uuid`` (default: the first) in the fake driver's
+    ledger (its NVML), bytes."""
+    uuid = uuid or server.json("nodes")[0]["gpus"][0]["uuid"]
     out = subprocess.run(
         [sys.executable, str(PROBE), "nvml-procs", uuid],
         env=fake_env(server),
@@ -326,12 +327,13 @@ def test_a_restore_without_room_waits_suspended_and_is_tried_again(
     assert server.describe(low)["restarts"] == 0
 
 
-def test_a_suspended_workload_comes_back_on_its_own_gpu_not_on_another_free_one(
+def test_a_suspended_workload_is_restored_onto_another_free_gpu_of_its_model(
     tmp_path: Path,
 ) -> None:
-    """Two GPUs: low is suspended from GPU X for critical work; the other GPU frees first,
-    but the driver restores a checkpoint onto the GPUs it came from, so low waits (a later
-    job of its priority gets that GPU) and is restored on X once X has room."""
+    """Two GPUs: low is suspended from GPU X for critical work that stays on X; when the
+    other GPU frees, low is restored onto it (the fake driver, like CUDA 13's, takes GPU
+    pairs): same process, its memory contents intact, the ledger shows it on the other
+    GPU, and the events say the move."""
     ensure_built()
     srv = ServerProcess(
         tmp_path, "2xA100-80GB", extra=["--fake-driver", "--suspend-host-memory", "8GiB"]
@@ -345,6 +347,7 @@ def test_a_suspended_workload_comes_back_on_its_own_gpu_not_on_another_free_one(
         )  # fmt: skip
         (own,) = srv.wait_phase(low, "running")["gpus"]
         pid = srv.handle(low)["pgid"]
+        wait_for(lambda: fake_used(srv, own["uuid"]).get(pid) == 128 << 20, "low's memory")
         steady = srv.submit("-p", "critical", "-g", "1", "--name", "steady", command=sleeper(600))
         (other,) = srv.wait_phase(steady, "running")["gpus"]
         assert other["uuid"] != own["uuid"]
@@ -355,26 +358,40 @@ def test_a_suspended_workload_comes_back_on_its_own_gpu_not_on_another_free_one(
         )  # fmt: skip
         srv.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
         assert [g["uuid"] for g in srv.wait_phase(crit, "running")["gpus"]] == [own["uuid"]]
+        assert fake_used(srv, own["uuid"]).get(pid, 0) == 0
 
-        srv.cli("cancel", steady)  # the other GPU frees; low's memory came from its own
+        srv.cli("cancel", steady)  # the other GPU frees while crit keeps low's own GPU
         srv.wait_phase(steady, "cancelled")
-        probe = srv.submit("-p", "low", "-g", "0.5", "--name", "probe", command=sleeper(600))
-        # a round with the other GPU free has run: low (ranked first) stayed suspended
-        assert [g["uuid"] for g in srv.wait_phase(probe, "running")["gpus"]] == [other["uuid"]]
-        waiting = srv.describe(low)
-        assert waiting["phase"] == "pending"
-        assert waiting["suspended_host_mib"] is not None
-        assert f"on GPUs {own['index']}, the ones it was checkpointed from" in waiting["reason"]
-        assert "preempted" not in kinds(waiting)
-
-        crit_end.touch()
-        srv.wait_phase(crit, "succeeded")
         back = srv.wait_phase(low, "running")
-        assert [g["uuid"] for g in back["gpus"]] == [own["uuid"]]
+        assert [g["uuid"] for g in back["gpus"]] == [other["uuid"]]
         wait_for(lambda: "restored" in kinds(srv.describe(low)), "the restore's event")
-        assert srv.handle(low)["pgid"] == pid
+        detail = srv.describe(low)
+        (restored,) = [e for e in detail["events"] if e["kind"] == "restored"]
+        assert f"onto GPUs {other['uuid']} (was {own['uuid']})" in restored["message"]
+        restoring = [e for e in detail["events"] if e["kind"] == "restoring"]
+        assert any(
+            f"{own['uuid']} -> {other['uuid']}" in (e["reason"] or "") + (e["message"] or "")
+            for e in restoring
+        ), restoring
+        assert "preempted" not in kinds(detail)
+        assert srv.handle(low)["pgid"] == pid  # the same process goes on
+        wait_for(lambda: not stopped(pid), "the low workload thawed")
+        # the fake driver's ledger (NVML per process): its memory is on the other GPU now
+        assert fake_used(srv, other["uuid"]).get(pid) == 128 << 20
+        assert fake_used(srv, own["uuid"]).get(pid, 0) == 0
+
+        # the interposer's segment names the new GPU, and counts the memory there
+        def segment_lines() -> list[str]:
+            lines = srv.describe(low).get("enforcement") or []
+            return [ln.strip() for ln in lines if ln.strip().startswith("GPU-")]
+
+        wait_for(lambda: segment_lines(), "the interposer's lines in describe")
+        (line,) = segment_lines()
+        assert line.startswith(f"{other['uuid']}: 128 of 2048 MiB reserved"), line
         release.touch()
         srv.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
         assert srv.describe(low)["restarts"] == 0
+        crit_end.touch()
+        srv.wait_phase(crit, "succeeded")
     finally:
         srv.cleanup()

@@ -578,6 +578,16 @@ def test_cli_replays_a_generated_day_and_writes_every_file(tmp_path: Path, pods_
     replayed = json.loads((again / "summary.json").read_text())
     assert without_timing(replayed) == without_timing(summary)
     assert not (again / "workloads.csv").exists()
+    # by default suspended work may come back on any GPU of its node (a CUDA 13 driver);
+    # --restore-own-gpus replays older drivers
+    assert summary["config"]["restore_other_gpus"] is True
+    own = tmp_path / "own"
+    done = fgpu(
+        "--workloads", out / "workloads.csv", *args, "--restore-own-gpus", "--out", own,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((own / "summary.json").read_text())["config"]["restore_other_gpus"] is False
 
 
 @pytest.mark.parametrize(

@@ -3,8 +3,9 @@ its own (the fake driver keeps the first state file it opens for the life of a p
 test module.
 
     python ckpt_control.py      then, on stdin, one command a line:
-    lock PID [TIMEOUT_MS] | checkpoint PID | restore PID | unlock PID | state PID | tid PID
-    | raw NAME PID (the call with NULL args)
+    lock PID [TIMEOUT_MS] | checkpoint PID | restore PID [OLD>NEW ...] | unlock PID
+    | state PID | tid PID | restore-reserved PID (restore args with a nonzero reserved byte)
+    | raw NAME PID (the call with NULL args) | remap (can_remap, driver version)
     | pod-suspend CGROUP_ROOT NAMESPACE/NAME UID | pod-restore CGROUP_ROOT NAMESPACE/NAME UID
       (fgpu.k8s.suspend.PodSuspender on that pod cgroup: {"ok", "pids", "copy_s"})
 
@@ -51,6 +52,19 @@ def main() -> int:
                 out = {"ok": rc == 0, "code": rc, "tid": tid.value}
             elif cmd[0] == "state":
                 out["state"] = driver.state(int(cmd[1]))
+            elif cmd[0] == "restore" and len(cmd) > 2:
+                pairs = [(p.split(">")[0], p.split(">")[1]) for p in cmd[2:]]
+                driver.restore(int(cmd[1]), pairs)
+            elif cmd[0] == "restore-reserved":
+                from fgpu.agent.checkpoint import _RestoreArgs
+
+                args = _RestoreArgs()
+                args.reserved = b"\x01"
+                rc = lib.cuCheckpointProcessRestore(ctypes.c_int(int(cmd[1])), ctypes.byref(args))
+                out = {"ok": rc == 0, "code": rc}
+            elif cmd[0] == "remap":
+                out["can_remap"] = driver.can_remap
+                out["version"] = driver.driver_version
             elif cmd[0] == "lock":
                 driver.lock(int(cmd[1]), int(cmd[2]) if len(cmd) > 2 else 0)
             else:

@@ -8,7 +8,9 @@ Allocates MIB MiB with cuMemAlloc_v2 on device 0, writes a pattern over all of i
 
 - without ``--steps``: reads commands from stdin, one a line, answering one JSON line each:
   ``launch NS`` (a spin kernel of NS ns, synchronised: ``{"launched": t}`` with the monotonic
-  time it returned), ``check`` (reads everything back: ``{"intact": bool}``), ``exit``.
+  time it returned), ``check`` (reads everything back: ``{"intact": bool}``), ``uuid``
+  (cuDeviceGetUuid of its device: ``{"uuid": hex}``), ``meminfo`` (cuMemGetInfo:
+  ``{"free": b, "total": b}``), ``exit``.
 - with ``--steps N`` (or ``--until FILE``): runs N spin kernels (or kernels until FILE
   exists) of MS ms each, synchronised, printing ``{"step": i}`` after each, then checks the
   pattern and exits 0 when it is intact, 3 when not (a workload for the service tests).
@@ -99,6 +101,16 @@ def main(argv: list[str]) -> int:
             say({"launched": time.monotonic()})
         elif cmd[0] == "check":
             say({"intact": intact()})
+        elif cmd[0] == "uuid":
+            dev = ctypes.c_int(-1)
+            cuda.check("cuCtxGetDevice", ctypes.byref(dev))
+            raw = ctypes.create_string_buffer(16)
+            cuda.check("cuDeviceGetUuid", raw, dev)
+            say({"uuid": raw.raw.hex(), "device": dev.value})
+        elif cmd[0] == "meminfo":
+            free, total = ctypes.c_size_t(), ctypes.c_size_t()
+            cuda.check("cuMemGetInfo_v2", ctypes.byref(free), ctypes.byref(total))
+            say({"free": free.value, "total": total.value})
         elif cmd[0] == "exit":
             break
     return 0

@@ -89,6 +89,27 @@ def test_created_segment_reads_back(tmp_path: Path) -> None:
     assert not (tmp_path / "w.seg").exists()
 
 
+def test_set_uuids_renames_the_gpus_for_every_mapping_and_refuses_bad_names(
+    tmp_path: Path,
+) -> None:
+    seg = Segment.create(tmp_path / "w.seg", "w-1", [UUID, "GPU-b"], [4 << 30, 0], max_inflight=2)
+    try:
+        seg.set_uuids(["GPU-c", "GPU-d"])  # a restore onto other GPUs
+        assert seg.uuids == ("GPU-c", "GPU-d")
+        again = Segment.open(tmp_path / "w.seg")  # another mapping (the interposer's) sees it
+        assert [g.uuid for g in again.stats().gpus] == ["GPU-c", "GPU-d"]
+        assert [g.memory_limit for g in again.stats().gpus] == [4 << 30, 0]  # caps kept
+        again.close()
+        with pytest.raises(ValueError, match="uuids: 1 given for a segment of 2 GPUs"):
+            seg.set_uuids(["GPU-e"])
+        with pytest.raises(ValueError, match="uuids: 'GGG"):
+            seg.set_uuids(["GPU-e", "G" * 96])
+        assert seg.uuids == ("GPU-c", "GPU-d")  # nothing half-written
+        assert [g.uuid for g in seg.stats().gpus] == ["GPU-c", "GPU-d"]
+    finally:
+        seg.remove()
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

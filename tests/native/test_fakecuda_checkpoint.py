@@ -222,3 +222,126 @@ def test_checkpoint_is_clean_under_asan_and_ubsan(
         UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
     )
     run_cycle(fake, procs, env)
+
+
+# ---------------------------------------------------------------- restore onto other GPUs
+
+GPU_B2 = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+GPU_H = "GPU-cccccccc-0000-0000-0000-000000000003"
+GPU_UNKNOWN = "GPU-dddddddd-0000-0000-0000-000000000004"
+THREE_GPUS = f"{GPU_A}=A100-80GB:1024,{GPU_B2}=A100-80GB:1024,{GPU_H}=H100-80GB:2048"
+
+
+def gpu_mib(fake: FakeGpus, uuid: str, env: dict[str, str] | None = None) -> int:
+    return int(fake.probe("nvml-memory", uuid, env=env)["used"]) // MIB
+
+
+def gpu_procs(fake: FakeGpus, uuid: str, env: dict[str, str] | None = None) -> dict[int, int]:
+    """pid -> MiB of the processes NVML lists on ``uuid``."""
+    return {pid: used // MIB for pid, used in fake.probe("nvml-procs", uuid, env=env)["procs"]}
+
+
+def run_remap(fake: FakeGpus, procs: Callable[..., Proc], env: dict[str, str]) -> None:
+    """A 300 MiB worker on GPU_A checkpointed, restored onto GPU_B2 (same model)."""
+    worker = procs([str(WORKER), "300"], env)
+    pid = worker.read()["pid"]
+    ctl = procs([str(CONTROL)], env)
+    assert ctl.read()["ready"]
+    assert ctl.ask("remap 0") == {"ok": True, "can_remap": True, "version": 13000, "t": ANY}
+    assert worker.ask("uuid")["uuid"] == GPU_A[4:].replace("-", "")
+    assert ctl.ask(f"lock {pid}")["ok"]
+    assert ctl.ask(f"checkpoint {pid}")["ok"]
+    assert gpu_mib(fake, GPU_A, env) == 0
+    assert ctl.ask(f"restore {pid} {GPU_A}>{GPU_B2}")["ok"]
+    assert ctl.ask(f"state {pid}")["state"] == "locked"
+    # the ledger: the memory is on GPU_B2 now, GPU_A is free, NVML lists it on GPU_B2
+    assert gpu_mib(fake, GPU_A, env) == 0
+    assert gpu_mib(fake, GPU_B2, env) == 300
+    assert pid not in gpu_procs(fake, GPU_A, env)
+    assert gpu_procs(fake, GPU_B2, env)[pid] == 300
+    assert ctl.ask(f"unlock {pid}")["ok"]
+    assert worker.ask("check") == {"intact": True}
+    # its ordinal 0 stands for GPU_B2: cuDeviceGetUuid and cuMemGetInfo say so
+    assert worker.ask("uuid") == {"uuid": GPU_B2[4:].replace("-", ""), "device": 0}
+    info = worker.ask("meminfo")
+    assert info["total"] == 1024 * MIB
+    assert info["free"] == (1024 - 300) * MIB
+    assert worker.ask("launch 1000")["launched"] > 0  # it runs on the new GPU
+    # a second suspend and a restore back where it came from
+    assert ctl.ask(f"lock {pid}")["ok"]
+    assert ctl.ask(f"checkpoint {pid}")["ok"]
+    assert gpu_mib(fake, GPU_B2, env) == 0
+    assert ctl.ask(f"restore {pid} {GPU_B2}>{GPU_A}")["ok"]
+    assert ctl.ask(f"unlock {pid}")["ok"]
+    assert gpu_procs(fake, GPU_A, env)[pid] == 300
+    assert gpu_mib(fake, GPU_B2, env) == 0
+    assert worker.ask("uuid")["uuid"] == GPU_A[4:].replace("-", "")
+    assert worker.ask("check") == {"intact": True}
+    worker.send("exit")
+    assert worker.p.wait(timeout=60) == 0
+    assert gpu_mib(fake, GPU_A, env) == 0
+
+
+class _Any:
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+ANY = _Any()
+
+
+def test_restore_with_gpu_pairs_moves_the_memory_to_the_other_gpu(
+    make_fake_gpus: Callable[[str], FakeGpus], procs: Callable[..., Proc]
+) -> None:
+    fake = make_fake_gpus(THREE_GPUS)
+    run_remap(fake, procs, fake.env())
+
+
+def test_restore_with_bad_gpu_pairs_is_refused_and_leaves_the_process_checkpointed(
+    make_fake_gpus: Callable[[str], FakeGpus], procs: Callable[..., Proc]
+) -> None:
+    fake = make_fake_gpus(THREE_GPUS)
+    env = fake.env()
+    worker = procs([str(WORKER), "300"], env)
+    pid = worker.read()["pid"]
+    ctl = procs([str(CONTROL)], env)
+    ctl.read()
+    assert ctl.ask(f"lock {pid}")["ok"]
+    assert ctl.ask(f"checkpoint {pid}")["ok"]
+    refused = {
+        "another model": f"{GPU_A}>{GPU_H}",
+        "an unknown new uuid": f"{GPU_A}>{GPU_UNKNOWN}",
+        "an unknown old uuid": f"{GPU_UNKNOWN}>{GPU_B2}",
+        "a new GPU named twice": f"{GPU_A}>{GPU_B2} {GPU_H}>{GPU_B2}",
+        "the checkpointed GPU left out": f"{GPU_B2}>{GPU_A}",
+    }
+    for why, pairs in refused.items():
+        assert ctl.ask(f"restore {pid} {pairs}")["code"] == CUDA_ERROR_INVALID_VALUE, why
+    assert ctl.ask(f"restore-reserved {pid}")["code"] == CUDA_ERROR_INVALID_VALUE
+    # no room on the new GPU: out of memory, nothing taken anywhere
+    other = procs([str(WORKER), "800"], fake.env(CUDA_VISIBLE_DEVICES=GPU_B2))
+    other.read()
+    oom = ctl.ask(f"restore {pid} {GPU_A}>{GPU_B2}")
+    assert oom["code"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert ctl.ask(f"state {pid}")["state"] == "checkpointed"
+    assert gpu_mib(fake, GPU_A) == 0
+    assert gpu_mib(fake, GPU_B2) == 800
+    other.send("exit")
+    assert other.p.wait(timeout=60) == 0
+    assert ctl.ask(f"restore {pid} {GPU_A}>{GPU_B2}")["ok"]  # retried once there is room
+    assert ctl.ask(f"unlock {pid}")["ok"]
+    assert gpu_procs(fake, GPU_B2)[pid] == 300
+    assert worker.ask("check") == {"intact": True}
+
+
+def test_restore_with_gpu_pairs_is_clean_under_asan_and_ubsan(
+    sanitized_dir: Path, make_fake_gpus: Callable[[str], FakeGpus], procs: Callable[..., Proc]
+) -> None:
+    fake = make_fake_gpus(THREE_GPUS)
+    fake.native = sanitized_dir
+    env = fake.env(
+        LD_PRELOAD=asan_runtime(),
+        ASAN_OPTIONS="halt_on_error=1:detect_leaks=0",
+        UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1",
+    )
+    run_remap(fake, procs, env)

@@ -9,6 +9,11 @@ checkpoints a process by pid from another process:
 - ``cuCheckpointProcessCheckpoint``: LOCKED -> CHECKPOINTED; device memory contents to host
   memory, the GPU memory released.
 - ``cuCheckpointProcessRestore``: CHECKPOINTED -> LOCKED; the memory taken again and filled.
+  From CUDA 13 (``cuDriverGetVersion`` >= 13000) ``args.gpuPairs`` (``CUcheckpointGpuPair``:
+  old and new GPU UUID, 16 bytes each) restores onto other GPUs: NVIDIA's driver API
+  reference says the new GPU must be of the same chip type and have room, and the pairs must
+  name every checkpointed GPU. The process keeps its device ordinals, now backed by the new
+  GPUs. :attr:`CheckpointDriver.can_remap` says whether the loaded driver takes pairs.
 - ``cuCheckpointProcessUnlock``: LOCKED -> RUNNING.
 - ``cuCheckpointProcessGetState``: ``CUprocessState`` (0 running, 1 locked, 2 checkpointed,
   3 failed).
@@ -94,6 +99,47 @@ class _LockArgs(ctypes.Structure):
     ]
 
 
+class _Uuid(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
+
+
+class _GpuPair(ctypes.Structure):
+    _fields_ = [("oldUuid", _Uuid), ("newUuid", _Uuid)]
+
+
+class _RestoreArgs(ctypes.Structure):
+    """``CUcheckpointRestoreArgs`` of CUDA 13.0's ``cuda.h``: 64 bytes on LP64."""
+
+    _fields_ = [
+        ("gpuPairs", ctypes.POINTER(_GpuPair)),
+        ("gpuPairsCount", ctypes.c_uint),
+        ("reserved", ctypes.c_char * (52 - ctypes.sizeof(ctypes.c_void_p))),
+        ("reserved1", ctypes.c_uint64),
+    ]
+
+
+REMAP_DRIVER_VERSION = 13000
+"""The first ``cuDriverGetVersion`` whose ``cuda.h`` has ``CUcheckpointRestoreArgs.gpuPairs``
+(CUDA 13.0; 12.8's restore arguments are all reserved)."""
+
+
+def uuid_bytes(uuid: str) -> bytes:
+    """The 16 bytes of a GPU UUID as NVML and ``nvidia-smi`` print it,
+    ``"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"`` (what ``cuDeviceGetUuid`` gives).
+
+    Raises:
+        ValueError: ``uuid`` is not of that form (the message echoes it).
+    """
+    body = uuid[4:] if uuid.startswith("GPU-") else ""
+    parts = body.split("-")
+    if [len(p) for p in parts] != [8, 4, 4, 4, 12]:
+        raise ValueError(f"gpu uuid {uuid!r}: not GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    try:
+        return bytes.fromhex("".join(parts))
+    except ValueError:
+        raise ValueError(f"gpu uuid {uuid!r}: not hexadecimal digits") from None
+
+
 class CheckpointDriver:
     """The checkpoint API of a CUDA driver library, by pid.
 
@@ -121,6 +167,16 @@ class CheckpointDriver:
         if rc != CUDA_SUCCESS:
             raise CheckpointUnsupportedError(f"cuInit on {library}: {self._error_name(rc)}")
         self._mu = threading.Lock()
+        version = ctypes.c_int(0)
+        rc = self._lib.cuDriverGetVersion(ctypes.byref(version))
+        self.driver_version = version.value if rc == CUDA_SUCCESS else 0
+        """``cuDriverGetVersion`` (e.g. 13000 for CUDA 13.0); 0 when it failed."""
+
+    @property
+    def can_remap(self) -> bool:
+        """Whether a restore can go onto other GPUs (``gpuPairs``): driver version >=
+        :data:`REMAP_DRIVER_VERSION`."""
+        return self.driver_version >= REMAP_DRIVER_VERSION
 
     def _error_name(self, code: int) -> str:
         name = ctypes.c_char_p()
@@ -153,10 +209,32 @@ class CheckpointDriver:
         """LOCKED -> CHECKPOINTED: device memory to host memory, GPU memory released."""
         self._call("cuCheckpointProcessCheckpoint", pid, None)
 
-    def restore(self, pid: int) -> None:
-        """CHECKPOINTED -> LOCKED on the same GPUs (CheckpointError ``out_of_memory``: no
-        room yet; the process stays checkpointed)."""
-        self._call("cuCheckpointProcessRestore", pid, None)
+    def restore(self, pid: int, gpu_pairs: Sequence[tuple[str, str]] | None = None) -> None:
+        """CHECKPOINTED -> LOCKED, on the same GPUs, or with ``gpu_pairs`` (``(old UUID, new
+        UUID)`` for every GPU it was checkpointed from) onto the new ones.
+
+        Raises:
+            CheckpointError: ``out_of_memory``: no room yet (the process stays checkpointed);
+                ``CUDA_ERROR_INVALID_VALUE``: an unknown UUID, a GPU of another model, or a
+                checkpointed GPU left out.
+            CheckpointUnsupportedError: ``gpu_pairs`` given and the driver cannot remap
+                (:attr:`can_remap`).
+            ValueError: a UUID not of the ``GPU-xxxxxxxx-...`` form.
+        """
+        if not gpu_pairs:
+            self._call("cuCheckpointProcessRestore", pid, None)
+            return
+        if not self.can_remap:
+            raise CheckpointUnsupportedError(
+                f"restore of pid {pid} onto other GPUs: driver version {self.driver_version} "
+                f"< {REMAP_DRIVER_VERSION} (CUDA 13) has no gpuPairs"
+            )
+        pairs = (_GpuPair * len(gpu_pairs))()
+        for i, (old, new) in enumerate(gpu_pairs):
+            pairs[i].oldUuid.bytes[:] = list(uuid_bytes(old))
+            pairs[i].newUuid.bytes[:] = list(uuid_bytes(new))
+        args = _RestoreArgs(gpuPairs=pairs, gpuPairsCount=len(gpu_pairs))
+        self._call("cuCheckpointProcessRestore", pid, ctypes.byref(args))
 
     def unlock(self, pid: int) -> None:
         """LOCKED -> RUNNING."""
@@ -267,8 +345,17 @@ class Suspender:
             except CheckpointError as exc:
                 log.warning("undoing a partial suspend: %s", exc)
 
-    def restore(self, key: str, pids: Sequence[int]) -> SuspendReport:
+    def restore(
+        self,
+        key: str,
+        pids: Sequence[int],
+        gpu_pairs: Sequence[tuple[str, str]] | None = None,
+    ) -> SuspendReport:
         """Thaw workload ``key``, restore every checkpointed process of ``pids``, unlock them.
+
+        ``gpu_pairs``: ``(old UUID, new UUID)`` of every GPU the workload was checkpointed
+        from, to restore onto other GPUs (:meth:`CheckpointDriver.restore`); None: the same
+        GPUs.
 
         Raises:
             CheckpointError: a restore failed; ``out_of_memory`` when its GPU lacks room (the
@@ -283,9 +370,9 @@ class Suspender:
         copy_start = self._clock()
         try:
             for pid in todo:
-                self.driver.restore(pid)
+                self.driver.restore(pid, gpu_pairs)
                 done.append(pid)
-        except CheckpointError:
+        except (CheckpointError, CheckpointUnsupportedError, ValueError):
             for pid in done:  # back to where it was: all checkpointed, frozen
                 try:
                     self.driver.checkpoint(pid)

@@ -269,12 +269,13 @@ def sim_replay(
     restore_other_gpus: Annotated[
         bool,
         typer.Option(
-            "--restore-other-gpus",
-            help="Suspended work may come back on any GPU of its node (a driver that "
-            "restores onto other GPUs of the same model, CUDA 13); by default only on the "
-            "GPUs it was suspended from (drivers r570-r580).",
+            "--restore-other-gpus/--restore-own-gpus",
+            help="Where suspended work comes back: by default on any GPU of its node (a "
+            "CUDA 13 driver, version >= 13000, restores a checkpoint onto another GPU of the "
+            "same model); --restore-own-gpus: only on the GPUs it was suspended from (CUDA "
+            "12.8-12.9 drivers, r570-r575, restore onto those alone).",
         ),
-    ] = False,
+    ] = True,
     inference_duty: Annotated[
         float,
         typer.Option(help="Fraction of the time the inference class (critical) is busy."),

@@ -120,9 +120,11 @@ class Node:
             keep are charged here, apart from ``memory_mib`` (what running work may be
             granted). 0 (the default): suspend is off on this node, victims are evicted.
         restore_other_gpus: the node's CUDA driver can restore a checkpointed process onto
-            other GPUs of the same model than those it was checkpointed from (CUDA 13's
-            checkpoint API can; r570-r580 restore onto the same GPUs). False (the default,
-            and the fake driver's): a suspended workload is restored only onto its own GPUs.
+            other GPUs of the same model than those it was checkpointed from (CUDA 13,
+            driver version >= 13000, ``gpuPairs``; CUDA 12.8-12.9, r570-r575, restore onto
+            the same GPUs). False (the default): a suspended workload is restored only onto
+            its own GPUs. The service sets it where its checkpoint driver can remap
+            (``CheckpointDriver.can_remap``: the fake driver too); the replay by default.
 
     Raises:
         InvalidRequestError: an empty name, a non-integer, negative or too large amount, a

@@ -36,7 +36,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,11 +248,15 @@ class Enforcement:
             self._writer.join(timeout=5)
 
     # ---------------------------------------------------------------------- calls
-    def sync(self, running: Sequence[Running]) -> None:
-        """Govern and guard exactly ``running`` (the service's running shared-GPU work)."""
+    def sync(self, running: Sequence[Running], keep_segments: Collection[str] = ()) -> None:
+        """Govern and guard exactly ``running`` (the service's running shared-GPU work).
+
+        ``keep_segments``: workloads whose interposer segments stay although they are not
+        running (suspended or being suspended: their processes live and map the segment,
+        and a restore renames its GPUs); other segments of workloads not running go."""
         governed = []
         guarded = []
-        segments = self._sync_segments({r.workload_id for r in running})
+        segments = self._sync_segments({r.workload_id for r in running}, set(keep_segments))
         for r in running:
             if not r.gpu_uuids or any(u not in self._device_mib for u in r.gpu_uuids):
                 continue
@@ -412,6 +416,25 @@ class Enforcement:
         )
         return layers
 
+    def move_gpus(self, workload_id: str, uuids: Sequence[str]) -> None:
+        """A suspended workload is restored onto other GPUs: its interposer segment names
+        ``uuids`` (in its GPUs' order) from now on; the memory guard and governor follow the
+        allocation at the next sync. No segment (interposer off): nothing to do.
+
+        Raises:
+            ValueError, SegmentError: see :meth:`Segment.set_uuids`.
+        """
+        if self.segments is None:
+            return
+        with self._segments_lock:
+            segment = self._segments.get(workload_id)
+            if segment is None:
+                segment = self.segments.open(workload_id)
+                if segment is None:
+                    return
+                self._segments[workload_id] = segment
+            segment.set_uuids(uuids)
+
     def describe(self, workload_id: str) -> list[str]:
         """How a running workload's grant is enforced now, one line per mechanism
         (``fgpu describe``); empty when it is not governed or guarded here."""
@@ -449,9 +472,10 @@ class Enforcement:
             self._lib_dir = lib_dir()
         return self._lib_dir
 
-    def _sync_segments(self, running: set[str]) -> dict[str, Segment]:
+    def _sync_segments(self, running: set[str], keep: set[str]) -> dict[str, Segment]:
         """Keep the segments of running workloads mapped (reopening them after a restart of
-        the service) and delete those of workloads that ended."""
+        the service) and those of ``keep``, and delete those of workloads that ended. Only
+        the running workloads' segments are returned (the governor's)."""
         if self.segments is None:
             return {}
         with self._segments_lock:
@@ -460,15 +484,15 @@ class Enforcement:
                 if wid in running or now - self._fresh[wid] > FRESH_SEGMENT_S:
                     del self._fresh[wid]
             for wid in list(self._segments):
-                if wid not in running and wid not in self._fresh:
+                if wid not in running and wid not in self._fresh and wid not in keep:
                     self._segments.pop(wid).remove()
             for wid in running:
                 if wid not in self._segments:
                     found = self.segments.open(wid)
                     if found is not None:
                         self._segments[wid] = found
-            self.segments.remove_stale(set(self._segments) | running | set(self._fresh))
-            return dict(self._segments)
+            self.segments.remove_stale(set(self._segments) | running | set(self._fresh) | keep)
+            return {wid: seg for wid, seg in self._segments.items() if wid in running}
 
     def views(self) -> dict[str, WorkloadView]:
         """The governor's view of each governed workload, by id (for ``fgpu top``)."""

@@ -55,7 +55,8 @@ class EnforcementHooks:
                     squeezed_by=record.squeezed_by or (),
                 )
             )
-        self.enforcement.sync(running)
+        # a workload whose processes live keeps its interposer segment (a suspended one too)
+        self.enforcement.sync(running, keep_segments=set(self._handles))
 
     def _kill_over_quota(self, workload_id: str, message: str) -> None:
         """The memory guard's ``kill``: remember why, thaw, SIGKILL (the exit is recorded as

@@ -12,19 +12,24 @@ first, as for every action (DESIGN.md section 8):
   memory; the event gives the device-to-host copy time): the share is free from then on. A
   checkpoint that fails (no CUDA process, a driver error) is an event ``suspend-failed`` and
   the victim is evicted as before.
-- restore: ``restoring`` (running again on the core's allocation, which must be the GPUs its
-  memory was checkpointed from: the driver restores onto those; the core offers only them,
-  from the suspended record's allocation, ``Workload.suspended_gpus``, as the machine's
-  nodes do not say ``restore_other_gpus``), the thaw and restore, then an event
-  ``restored`` with the host-to-device copy time. A GPU without room yet
-  (``CUDA_ERROR_OUT_OF_MEMORY``) puts it back to suspended for a later round; a process that
-  is gone, or an allocation on other GPUs (a core that disagrees), evicts it (pending from
-  scratch).
+- restore: ``restoring`` (running again on the core's allocation), the thaw and restore,
+  then an event ``restored`` with the host-to-device copy time. A driver that restores onto
+  other GPUs (CUDA 13, ``CheckpointDriver.can_remap``: the fake driver too) makes the
+  machine's nodes say ``restore_other_gpus``: the core may then offer any GPUs of the node's
+  model, and the restore passes the GPU pairs (the GPUs its memory was checkpointed from ->
+  the ones offered; the events say the move); the interposer's segment is renamed to the
+  new GPUs before, and the allocation (hence memory guard and governor) follows with
+  ``restoring``. An older driver restores onto the same GPUs only: the core offers only
+  those (``Workload.suspended_gpus``). A GPU without room yet (``CUDA_ERROR_OUT_OF_MEMORY``)
+  puts it back to suspended for a later round; a process that is gone, or an allocation on
+  other GPUs that the driver cannot take, evicts it (pending from scratch).
 - a suspended workload cancelled ends at once (the store's ``cancel``); its frozen
   processes are killed. One whose processes end while suspended fails.
 - after a restart of the service, a suspended workload whose processes live is watched again
   and stays suspended (the driver holds it checkpointed); one whose processes are gone is
-  pending from scratch.
+  pending from scratch. Not handled: a restart in the middle of a restore onto other GPUs
+  (the GPU pairs are not stored): the restore is finished without pairs, onto the GPUs
+  the memory came from, while the record names the new ones.
 
 The capability (:func:`fgpu.agent.checkpoint.probe` on the driver the workloads use) decides
 whether workloads are ``suspendable`` for the core. ``fgpu_gpu_seconds_lost_total{queue,
@@ -40,13 +45,21 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from fgpu.agent.checkpoint import CheckpointDriver, CheckpointError, Suspender, probe
+from fgpu.agent.checkpoint import (
+    CheckpointDriver,
+    CheckpointError,
+    CheckpointUnsupportedError,
+    Suspender,
+    probe,
+)
 from fgpu.agent.governor.freezer import SignalFreezer
 from fgpu.agent.interposer.preload import fake_gpus_spec
 from fgpu.agent.process import ProcessHandle, group_pids
 from fgpu.model.types import InvalidRequestError
+from fgpu.sched.state import ClusterState
 from fgpu.sched.workload import Restore, Suspend
 from fgpu.server.processes import ProcessControl
 from fgpu.store.errors import NotFound, StoreConflict
@@ -126,8 +139,18 @@ class Suspension(ProcessControl):
         self._stopper = SignalFreezer()
         self._busy: set[str] = set()  # suspends and restores under way
         self._workloads_suspendable = driver is not None
+        # GPUs each suspended workload's memory was checkpointed from, while this service
+        # knows better than its record (a restore onto other GPUs that failed for room)
+        self._checkpointed_on: dict[str, tuple[str, ...]] = {}
         if driver is None:
             log.info("suspend to host memory: off (%s)", note)
+        elif driver.can_remap:  # CUDA 13: a restore may go onto other GPUs of the model
+            self.machine = replace(
+                self.machine,
+                nodes=tuple(replace(n, restore_other_gpus=True) for n in self.machine.nodes),
+            )
+            self._empty = ClusterState(self.machine.nodes)
+            self.suspend_note = "on (restores onto any GPU of the same model)"
 
     def _workload_driver(self) -> tuple[CheckpointDriver | None, str]:
         """The checkpoint API of the driver the workloads use: the fake driver's (its state
@@ -260,32 +283,60 @@ class Suspension(ProcessControl):
         handle = self._handles.get(workload_id)
         node = action.allocation.node_name
         uuids = tuple(self.machine.uuids(node, action.allocation.gpus))
-        before = record.allocation.gpu_uuids if record.allocation is not None else ()
+        recorded = record.allocation.gpu_uuids if record.allocation is not None else ()
+        before = self._checkpointed_on.get(workload_id, tuple(recorded))
         if self._suspender is None or handle is None:
             self._drop(workload_id, handle, "its suspended process is gone")
             return
-        if tuple(before) != uuids:
-            self._drop(
-                workload_id,
-                handle,
-                f"restore offered GPUs {', '.join(uuids)}, but its memory was checkpointed "
-                f"from {', '.join(before)}; the driver restores onto those",
-            )
-            return
-        self._tracked.mark_restored(workload_id, action.allocation, uuids, action.reason)
+        pairs: tuple[tuple[str, str], ...] = ()
+        if before != uuids:
+            remap = self._suspender.driver.can_remap and self._node_remaps(node)
+            if not remap or len(before) != len(uuids):
+                self._drop(
+                    workload_id,
+                    handle,
+                    f"restore offered GPUs {', '.join(uuids)}, but its memory was checkpointed "
+                    f"from {', '.join(before)}; the driver restores onto those",
+                )
+                return
+            pairs = tuple(zip(before, uuids, strict=True))
+        self._checkpointed_on[workload_id] = before
+        reason = action.reason
+        if pairs:
+            moves = ", ".join(f"{old} -> {new}" for old, new in pairs if old != new)
+            reason = f"{reason}; onto other GPUs than it was suspended from ({moves})"
+        self._tracked.mark_restored(workload_id, action.allocation, uuids, reason)
         self._busy.add(workload_id)
-        self._in_background(f"fgpu-restore-{workload_id}", self._do_restore, record, handle)
+        self._in_background(f"fgpu-restore-{workload_id}", self._do_restore, record, handle, pairs)
 
-    def _do_restore(self, record: WorkloadRecord, handle: ProcessHandle) -> None:
+    def _node_remaps(self, node: str) -> bool:
+        return any(n.name == node and n.restore_other_gpus for n in self.machine.nodes)
+
+    def _do_restore(
+        self,
+        record: WorkloadRecord,
+        handle: ProcessHandle,
+        pairs: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Restore in the background; ``pairs``: (old, new) GPU UUIDs when it goes onto other
+        GPUs (the interposer's segment is renamed to the new GPUs first: the processes are
+        frozen, and each keeps its device ordinals, now standing for the new GPUs)."""
         workload_id = record.id
         assert self._suspender is not None
+        moved = any(old != new for old, new in pairs)
         try:
-            report = self._suspender.restore(workload_id, self._pids(handle))
-        except CheckpointError as exc:
+            if moved:
+                self.enforcement.move_gpus(workload_id, [new for _, new in pairs])
+            report = self._suspender.restore(
+                workload_id, self._pids(handle), list(pairs) if moved else None
+            )
+        except (CheckpointError, CheckpointUnsupportedError, ValueError) as exc:
+            if moved:  # still checkpointed from the old GPUs
+                self.enforcement.move_gpus(workload_id, [old for old, _ in pairs])
             with self._lock:
                 self._busy.discard(workload_id)
                 try:
-                    if not exc.out_of_memory:
+                    if not isinstance(exc, CheckpointError) or not exc.out_of_memory:
                         raise StoreConflict(f"restore failed: {exc}")
                     self._tracked.mark_suspended(  # suspended again: a later round retries
                         workload_id,
@@ -299,11 +350,17 @@ class Suspension(ProcessControl):
             return
         with self._lock:
             self._busy.discard(workload_id)
+            self._checkpointed_on.pop(workload_id, None)
+            onto = (
+                " onto GPUs " + ", ".join(f"{new} (was {old})" for old, new in pairs if old != new)
+                if moved
+                else ""
+            )
             self.store.record_event(
                 workload_id,
                 "restored",
                 "restored",
-                f"restored from host memory: host-to-device copy {report.copy_s:.3f} s "
+                f"restored from host memory{onto}: host-to-device copy {report.copy_s:.3f} s "
                 f"({len(report.pids)} CUDA process(es), {report.total_s:.3f} s in all)",
             )
             current = self.store.get(workload_id)
@@ -319,6 +376,7 @@ class Suspension(ProcessControl):
         if handle is not None:
             self._stopper.thaw(handle)
             self.launcher.signal(handle, signal.SIGKILL)
+        self._checkpointed_on.pop(workload_id, None)
         self._tracked.drop_suspension(workload_id, reason)
 
     def _finish_interrupted_restore(self, record: WorkloadRecord, handle: ProcessHandle) -> None:

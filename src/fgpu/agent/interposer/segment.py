@@ -141,6 +141,7 @@ def agent_library(native_dir: Path | None = None) -> ctypes.CDLL:
             "fgpu_agent_beat": ([ptr], ctypes.c_int),
             "fgpu_agent_set_max_inflight": ([ptr, u32], ctypes.c_int),
             "fgpu_agent_set_memory_limit": ([ptr, u32, u64], ctypes.c_int),
+            "fgpu_agent_set_uuid": ([ptr, u32, ctypes.c_char_p], ctypes.c_int),
             "fgpu_agent_sweep": ([ptr], u64),  # bytes given back
             "fgpu_agent_snapshot": ([ptr, ctypes.POINTER(Snapshot)], ctypes.c_int),
         }
@@ -365,6 +366,26 @@ class Segment:
         """Say the agent is alive (at least every second while a gate may be closed)."""
         with self._lock:
             _check(self._lib.fgpu_agent_beat(self._mapped()), "heartbeat")
+
+    def set_uuids(self, uuids: Sequence[str]) -> None:
+        """Rename the segment's GPUs, in order (a workload restored onto other GPUs: each
+        process keeps its device ordinals, which now stand for these). Call it while the
+        workload's processes are stopped (the interposer reads the names without a lock).
+
+        Raises:
+            ValueError: not one UUID per GPU of the segment, or one empty or of
+                :data:`UUID_LEN` bytes or more (named, with its value).
+        """
+        if len(uuids) != len(self.uuids):
+            raise ValueError(f"uuids: {len(uuids)} given for a segment of {len(self.uuids)} GPUs")
+        raw = [u.encode() for u in uuids]
+        for uuid, text in zip(raw, uuids, strict=True):
+            if not uuid or len(uuid) >= UUID_LEN:
+                raise ValueError(f"uuids: {text!r} must be 1-{UUID_LEN - 1} bytes")
+        with self._lock:
+            for i, uuid in enumerate(raw):
+                _check(self._lib.fgpu_agent_set_uuid(self._mapped(), i, uuid), "uuid")
+            self.uuids = tuple(uuids)
 
     def set_max_inflight(self, value: int) -> None:
         """Launches each process may keep in flight (0: unbounded).
