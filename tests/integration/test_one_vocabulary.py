@@ -72,9 +72,8 @@ def dashboard(server: ServerProcess, path: str) -> str:
 
 
 def ls_row(server: ServerProcess, workload: str) -> str:
-    (row,) = [
-        line for line in server.cli("ls", "--all-users", env_extra=WIDE).stdout.splitlines() if workload in line
-    ]
+    listed = server.cli("ls", "--all-users", env_extra=WIDE).stdout
+    (row,) = [line for line in listed.splitlines() if workload in line]
     return row
 
 
