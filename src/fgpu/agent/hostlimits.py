@@ -38,9 +38,10 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fgpu.agent.cgroupsweep import remove_stale_neighbours
 
 CPU_PERIOD_US = 100_000
 """The CFS period, microseconds (the kernel's default)."""
@@ -441,29 +442,8 @@ class HostLimiter:
         removed: list[Path] = []
         if not self.name:
             return removed
-        now = time.time()
-
-        def old(path: Path) -> bool:
-            try:
-                return now - path.stat().st_mtime >= min_age_s
-            except OSError:
-                return False
-
         for folder in self._dirs.values():
-            try:
-                others = [p for p in folder.parent.iterdir() if p.is_dir() and p != folder]
-            except OSError:
-                continue
-            for other in others:
-                with contextlib.suppress(OSError):
-                    for group in [g for g in other.iterdir() if g.is_dir() and old(g)]:
-                        with contextlib.suppress(OSError):
-                            group.rmdir()
-                            removed.append(group)
-                if old(other):
-                    with contextlib.suppress(OSError):
-                        other.rmdir()
-                        removed.append(other)
+            removed += remove_stale_neighbours(folder, min_age_s)
         return removed
 
     def close(self) -> None:

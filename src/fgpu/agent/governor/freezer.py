@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from fgpu.agent.cgroupsweep import remove_stale_neighbours
 from fgpu.agent.process import DEAD_STATES, ProcessHandle, group_pids, stat_after_name
 
 log = logging.getLogger(__name__)
@@ -561,30 +562,7 @@ class CgroupFreezer:
         what a killed agent whose state folder is gone leaves behind. A cgroup with
         processes is never removed (the kernel refuses); an agent that is alive but idle
         that long recreates its subtree when it next needs it. Returns what was removed."""
-        removed: list[Path] = []
-        now = time.time()
-
-        def old(path: Path) -> bool:
-            try:
-                return now - path.stat().st_mtime >= min_age_s
-            except OSError:
-                return False
-
-        try:
-            subtrees = [p for p in self.root.parent.iterdir() if p.is_dir() and p != self.root]
-        except OSError:
-            return removed
-        for subtree in subtrees:
-            with contextlib.suppress(OSError):
-                for group in [p for p in subtree.iterdir() if p.is_dir() and old(p)]:
-                    with contextlib.suppress(OSError):
-                        group.rmdir()
-                        removed.append(group)
-            if old(subtree):
-                with contextlib.suppress(OSError):
-                    subtree.rmdir()
-                    removed.append(subtree)
-        return removed
+        return remove_stale_neighbours(self.root, min_age_s)
 
     def close(self) -> None:
         """Close the kept control files; remove the empty cgroups of ended workloads, and
