@@ -48,6 +48,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -415,6 +416,20 @@ static CUresult pairs_map(const CUcheckpointRestoreArgs *args, uint32_t *map)
     return CUDA_SUCCESS;
 }
 
+/* FGPU_FAKE_REMAP_REFUSED=1 in the caller's environment: refuse every restore that moves a
+ * GPU with CUDA_ERROR_INVALID_VALUE, as r580 drivers are reported to do when the target sees
+ * only some GPUs through CUDA_VISIBLE_DEVICES (a test's knob for the caller's fallback). */
+static int remap_refused(const uint32_t *map)
+{
+    const char *knob = getenv("FGPU_FAKE_REMAP_REFUSED");
+    if (knob == NULL || strcmp(knob, "1") != 0)
+        return 0;
+    for (uint32_t g = 0; g < fk_sh->ngpus; g++)
+        if (map[g] != 0 && map[g] != g + 1)
+            return 1;
+    return 0;
+}
+
 CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
 {
     uint32_t map[FK_MAX_GPUS] = {0};
@@ -430,6 +445,8 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
                 return rc;
             if ((rc = pairs_map(args, map)) != CUDA_SUCCESS)
                 return rc;
+            if (remap_refused(map))
+                return CUDA_ERROR_INVALID_VALUE;
             paired = 1;
         }
     }

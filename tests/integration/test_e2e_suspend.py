@@ -395,3 +395,63 @@ def test_a_suspended_workload_is_restored_onto_another_free_gpu_of_its_model(
         srv.wait_phase(crit, "succeeded")
     finally:
         srv.cleanup()
+
+
+def test_a_driver_that_refuses_to_move_a_restore_gets_it_back_on_its_own_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same two GPUs, on a driver that refuses restores onto other GPUs (the fake's knob
+    for what r580 drivers are reported to do when the process sees only some GPUs): the
+    refused move is not an eviction; the workload stays suspended, says why, and is
+    restored onto the GPU it was suspended from once that frees, its memory intact."""
+    ensure_built()
+    srv = ServerProcess(
+        tmp_path, "2xA100-80GB", extra=["--fake-driver", "--suspend-host-memory", "8GiB"]
+    )
+    monkeypatch.setenv("FGPU_FAKE_REMAP_REFUSED", "1")  # the server's environment
+    srv.start()
+    try:
+        release = srv.root / "release-low"
+        low = srv.submit(
+            "-p", "low", "-g", "0.5", "--gpu-memory", "2GiB", "--name", "low", *GRACE,
+            command=worker(128, "--until", str(release)),
+        )  # fmt: skip
+        (own,) = srv.wait_phase(low, "running")["gpus"]
+        pid = srv.handle(low)["pgid"]
+        wait_for(lambda: fake_used(srv, own["uuid"]).get(pid) == 128 << 20, "low's memory")
+        steady = srv.submit("-p", "critical", "-g", "1", "--name", "steady", command=sleeper(600))
+        srv.wait_phase(steady, "running")
+        crit_end = srv.root / "crit-end"
+        crit = srv.submit(
+            "-p", "critical", "-g", "1", "--name", "crit", *GRACE,
+            command=worker(64, "--until", str(crit_end)),
+        )  # fmt: skip
+        srv.wait_listing(lambda ls: ls[low]["suspended_host_mib"] is not None, "suspended")
+        srv.wait_phase(crit, "running")
+
+        srv.cli("cancel", steady)  # the other GPU frees: the move is tried, and refused
+        srv.wait_phase(steady, "cancelled")
+
+        def refused() -> bool:
+            return any(
+                "refused to restore it onto other GPUs" in (e["message"] or "")
+                for e in srv.describe(low)["events"]
+            )
+
+        wait_for(refused, "the refused move's event")
+        assert "preempted" not in kinds(srv.describe(low))
+        wait_for(
+            lambda: stopped(pid) and fake_used(srv, own["uuid"]).get(pid, 0) == 0,
+            "low frozen again with its memory off the GPU",
+        )
+        crit_end.touch()  # its own GPU frees: restored there
+        srv.wait_phase(crit, "succeeded")
+        back = srv.wait_phase(low, "running")
+        assert [g["uuid"] for g in back["gpus"]] == [own["uuid"]]
+        wait_for(lambda: fake_used(srv, own["uuid"]).get(pid) == 128 << 20, "memory back")
+        assert srv.handle(low)["pgid"] == pid
+        release.touch()
+        srv.wait_phase(low, "succeeded")  # exit 0: its device memory held the pattern
+        assert srv.describe(low)["restarts"] == 0
+    finally:
+        srv.cleanup()

@@ -426,10 +426,18 @@ class ServiceCore(EnforcementHooks):
             workload = to_core(record, index)
             if self._workloads_suspendable:
                 workload = dataclasses.replace(workload, suspendable=True)
+            if workload.suspended_on is not None:  # where its memory really came from
+                own = self.checkpointed_gpus(record.id, workload.suspended_on)
+                if own is not None:
+                    workload = dataclasses.replace(workload, suspended_gpus=own)
             self._active[record.id] = workload
         except KeyError:  # placed on a node this machine no longer has: being stopped
             self._active.pop(record.id, None)
             log.warning("workload %s is placed on a node that is gone", record.id)
+
+    def checkpointed_gpus(self, workload_id: str, node: str) -> tuple[int, ...] | None:
+        """Overridden where workloads are suspended (:mod:`fgpu.server.suspending`): None."""
+        return None
 
     def _sync(self, record: WorkloadRecord) -> None:
         """Bring the mirror up to date with one written record."""

@@ -312,6 +312,36 @@ class Suspension(ProcessControl):
     def _node_remaps(self, node: str) -> bool:
         return any(n.name == node and n.restore_other_gpus for n in self.machine.nodes)
 
+    def _stop_remapping(self, node: str, why: str) -> None:
+        """The driver refused a restore onto other GPUs of ``node``: its suspended workloads
+        are restored onto the GPUs they were suspended from from now on (the core is told
+        ``restore_other_gpus`` False for it; their checkpointed GPUs stay known)."""
+        if not self._node_remaps(node):
+            return
+        log.warning(
+            "restores on %s go back onto their own GPUs: the driver refused a move (%s)", node, why
+        )
+        self.machine = replace(
+            self.machine,
+            nodes=tuple(
+                replace(n, restore_other_gpus=False) if n.name == node else n
+                for n in self.machine.nodes
+            ),
+        )
+        self._empty = ClusterState(self.machine.nodes)
+
+    def checkpointed_gpus(self, workload_id: str, node: str) -> tuple[int, ...] | None:
+        """The GPU indices on ``node`` that suspended ``workload_id``'s memory was
+        checkpointed from, where this service knows them better than its record (a restore
+        onto other GPUs that failed); None otherwise."""
+        uuids = self._checkpointed_on.get(workload_id)
+        if not uuids:
+            return None
+        index = {d.uuid: i for i, d in enumerate(self.machine.devices.get(node, ()))}
+        if any(u not in index for u in uuids):
+            return None
+        return tuple(index[u] for u in uuids)
+
     def _do_restore(
         self,
         record: WorkloadRecord,
@@ -336,13 +366,21 @@ class Suspension(ProcessControl):
             with self._lock:
                 self._busy.discard(workload_id)
                 try:
-                    if not isinstance(exc, CheckpointError) or not exc.out_of_memory:
+                    out_of_memory = isinstance(exc, CheckpointError) and exc.out_of_memory
+                    remap_refused = moved and isinstance(exc, CheckpointError)
+                    if not out_of_memory and not remap_refused:
                         raise StoreConflict(f"restore failed: {exc}")
+                    why = f"restore failed, its GPU lacks room ({exc}); trying again later"
+                    if not out_of_memory:  # the driver would not move it: back to its GPUs
+                        node = record.suspended_on or ""
+                        self._stop_remapping(node, str(exc))
+                        why = (
+                            f"the driver refused to restore it onto other GPUs ({exc}); it "
+                            f"waits for the GPUs it was suspended from, and restores on {node} "
+                            "go back onto their own GPUs from now on"
+                        )
                     self._tracked.mark_suspended(  # suspended again: a later round retries
-                        workload_id,
-                        record.suspended_host_mib,
-                        f"restore failed, its GPU lacks room ({exc}); trying again later",
-                        copy_s=0.0,
+                        workload_id, record.suspended_host_mib, why, copy_s=0.0
                     )
                 except StoreConflict as why:  # another error, or cancelled meanwhile
                     self._stop_if_held(workload_id, str(why))

@@ -845,7 +845,15 @@ class Governor:
                 log.debug("governor: NVML utilization unavailable: %s", exc)
                 return
             pids = set(self.freezer.pids(record.spec.handle))
-            seen = [s for s in samples if s.pid in pids and s.sm_percent >= cfg.obey_percent]
+            # held, it must run nothing; said idle, a launch may still be finishing in the
+            # sample, so only a busy share counts (a workload that only looks idle between
+            # launches is not flagged)
+            floor = (
+                cfg.obey_percent
+                if record.state is not RunState.RUNNING
+                else max(cfg.obey_percent, round(cfg.obey_busy_fraction * 100))
+            )
+            seen = [s for s in samples if s.pid in pids and s.sm_percent >= floor]
             if seen:
                 self._defiant(record, seen[0].pid, seen[0].gpu_uuid, seen[0].sm_percent)
 
