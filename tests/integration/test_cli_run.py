@@ -184,6 +184,23 @@ def test_ctrl_c_cancels_the_job_and_exits_130(server: ServerProcess, tmp_path: P
     assert not cli.has("late", "out")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_closed_terminal_or_sigterm_cancels_the_job_as_srun_does(
+    server: ServerProcess, tmp_path: Path, signum: int
+) -> None:
+    gate = tmp_path / "never"
+    cli = Cli(
+        server, "run", "-g", "0.5", "--grace", "5", "--",
+        sys.executable, "-c", GATED_JOB, "ready", str(gate), "late",
+    )  # fmt: skip
+    wait_for(lambda: cli.has("ready", "out"), "the job's first line through run")
+    workload_id = cli.err.decode().split("submitted ")[1].split()[0]
+    cli.proc.send_signal(signum)
+    assert server.wait_phase(workload_id, "cancelled")["phase"] == "cancelled"
+    assert cli.wait() != 0
+    assert not cli.has("late", "out")
+
+
 def test_a_second_ctrl_c_detaches_and_the_job_goes_on_cancelling(
     server: ServerProcess,
 ) -> None:

@@ -102,9 +102,14 @@ def test_default_queue_per_user_and_group(server: ServerProcess) -> None:
     assert "no user or group nobody-here-x on this machine" in nobody.stderr, nobody.stderr
     server.cli("queue", "set", "solo", "--no-default-for")
     assert lands(BOB)[0] == "default"
-    # a default queue that does not admit the user: the refusal says where the queue came from
-    server.cli("queue", "create", "closed", "--member", BOB, "--default-for", CAROL)
-    closed = server.cli("submit", "-g", "0.1", "--", "true", user=as_user(CAROL), check=False)
-    assert closed.returncode == 1, closed.stderr
-    assert "is not a member of queue closed" in closed.stderr, closed.stderr
-    assert "(queue closed is your default queue; -q chooses)" in closed.stderr, closed.stderr
+    # a default queue for someone it does not admit is refused (all their submissions
+    # without -q would be), naming the flag and who
+    closed = server.cli(
+        "queue", "create", "closed", "--member", BOB, "--default-for", CAROL, check=False
+    )
+    assert closed.returncode == 2, closed.stderr
+    assert closed.stderr.startswith("error: --default-for"), closed.stderr
+    assert f"{CAROL} may not submit to queue closed (members: {BOB})" in closed.stderr
+    assert "closed" not in {q["name"] for q in server.json("queue", "ls")}  # nothing written
+    # a member by group may have it as default
+    server.cli("queue", "create", "teamq", "--member", f"@{TEAM}", "--default-for", ALICE)

@@ -98,7 +98,12 @@ def test_time_limit_of_a_submission(queue: QueueConfig, text: str | None, limit:
 
 @pytest.mark.parametrize(
     ("text", "words"),
-    [("1:00:01", "above queue short's maximum 01:00:00"), ("UNLIMITED", "asks for no limit")],
+    [
+        ("1:00:01", "above queue short's maximum 01:00:00"),
+        ("UNLIMITED", "asks for no limit"),
+        ("", "is empty"),  # not taken as "no --time" (the queue's default)
+        ("  ", "is empty"),
+    ],
 )
 def test_a_time_beyond_the_queues_maximum_is_refused(text: str, words: str) -> None:
     with pytest.raises(BadRequest) as caught:

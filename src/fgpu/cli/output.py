@@ -11,6 +11,7 @@ the job wrote them. Exit codes, as a shell gives them (:func:`shell_status`): th
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -242,7 +243,13 @@ class _Interrupts:
         self.count = 0
         self.wake = threading.Event()
 
-    def __call__(self, _signum: int, _frame: FrameType | None) -> None:
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:  # the terminal is gone: what would go there goes nowhere
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            for fd in (1, 2):
+                with contextlib.suppress(OSError):
+                    os.dup2(devnull, fd)
+            os.close(devnull)
         self.count += 1
         if self.count > 1:
             raise _Detach
@@ -256,7 +263,8 @@ def run(**options: Any) -> None:
     the job's stdout and stderr stream to this stdout and stderr as written. The exit code is
     the job's (128+N when signal N killed it; 125 when it could not start; 143 when it was
     cancelled by someone else). Ctrl-C cancels it (SIGTERM, then SIGKILL after its grace)
-    and exits 130; a second Ctrl-C leaves it cancelling and exits 130 at once.
+    and exits 130; a second Ctrl-C leaves it cancelling and exits 130 at once. A closed
+    terminal (SIGHUP) or a SIGTERM to ``fgpu run`` cancels it too, as srun does.
 
     Example: fgpu run -g 0.5 -- python train.py --epochs 3
     """
@@ -272,7 +280,8 @@ def run(**options: Any) -> None:
             _say("interrupted while submitting; `fgpu ls` shows whether it was submitted")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         _say(f"submitted {view.id} ({view.name}) to queue {view.queue}")
-        previous = signal.signal(signal.SIGINT, interrupts)
+        caught = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {sig: signal.signal(sig, interrupts) for sig in caught}
         try:
             grace = fields["grace"]
             _follow_run(client, view.id, interrupts, DEFAULT_GRACE_S if grace is None else grace)
@@ -280,7 +289,8 @@ def run(**options: Any) -> None:
             _say(f"detached; {view.id} goes on being cancelled (fgpu describe {view.id} shows it)")
             raise typer.Exit(EXIT_INTERRUPTED) from None
         finally:
-            signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def _follow_run(

@@ -139,7 +139,12 @@ def submit(
         err.print(escape(said))
         return
     print(view.id)
-    used = view.queue if queue is not None else f"{view.queue} (your default; -q to choose)"
+    if queue is not None:
+        used = view.queue
+    elif view.queue == "default":  # nobody made another queue this user's default
+        used = f"{view.queue} (no -q given; -q to choose)"
+    else:
+        used = f"{view.queue} (your default; -q to choose)"
     line = f"submitted {view.id} ({view.name}) to queue {used}: {view.phase}"
     if view.phase == "pending" and view.reason and view.reason != "submitted":
         line += f" ({view.reason})"

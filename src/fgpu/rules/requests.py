@@ -328,6 +328,9 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         default_for = validate.default_for(body.default_for)
     except InvalidRequestError as exc:
         raise BadRequest(exc.field, exc.reason) from None
+    for field_name, text in (("default_time", body.default_time), ("max_time", body.max_time)):
+        if text is not None and not text.strip():
+            raise BadRequest(field_name, "empty; give a time limit (90, 1:30:00) or 0 for none")
     default_time = parse_time(body.default_time, "default_time") if body.default_time else None
     max_time = parse_time(body.max_time, "max_time") if body.max_time else None
     if default_time is not None and max_time is not None and default_time > max_time:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from fgpu import states
 from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
 from fgpu.agent.events import AgentEvent, EventLog
 from fgpu.agent.governor.activity import HintListener
@@ -459,7 +460,8 @@ class Enforcement:
         if view is not None:
             how = "at kernel launch" if view.enforcement == "interposer" else view.enforcement
             lines.append(
-                f"governor: {view.state} ({', '.join(view.modes)}), held {how}, "
+                f"governor: {states.governor_word(str(view.state))} ({', '.join(view.modes)}), "
+                f"held {how}, "
                 f"{'busy' if view.busy else 'idle'} ({view.activity}), achieved "
                 f"{view.achieved_milli / 1000:.3f}"
             )

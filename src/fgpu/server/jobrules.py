@@ -93,10 +93,14 @@ def time_limit(text: str | None, queue: QueueConfig) -> float | None:
     default; when the queue has a maximum, a submission without a limit gets the maximum.
 
     Raises:
-        BadRequest: ``time``: not a Slurm time; above the queue's maximum; no limit asked for
+        BadRequest: ``time``: empty, not a Slurm time; above the queue's maximum; no limit asked for
             (``0``, ``UNLIMITED``) in a queue with a maximum.
     """
-    if text is None or not text.strip():
+    if text is not None and not text.strip():
+        raise BadRequest(
+            "time", f"{text!r} is empty; give a time limit (90, 1:30:00, 2-00:00:00) or 0 for none"
+        )
+    if text is None:
         limit = queue.default_time_s
         return limit if limit is not None else queue.max_time_s
     limit = parse_time(text, "time")

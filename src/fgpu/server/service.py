@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pwd
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,6 +59,7 @@ from fgpu.server.access import (
     check_within_quota,
     default_queue_of,
     identity_of,
+    is_member,
     unknown_members,
 )
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
@@ -561,6 +563,8 @@ class Service(SchedulingLoop):
             ("default_for", config.default_for if config is not None else ()),
         ):
             self._check_known(field_name, entries)
+        if config is not None:
+            self._check_defaults_are_members(config)
         try:
             with self._lock:
                 self._tree = None
@@ -573,6 +577,34 @@ class Service(SchedulingLoop):
         except StoreConflict as exc:
             raise Conflict("name", str(exc)) from None
         self.wake()
+
+    @staticmethod
+    def _check_defaults_are_members(config: QueueConfig) -> None:
+        """Refuse a default queue for someone the queue does not take (their submissions
+        without ``-q`` would all be refused): each ``default_for`` entry must be a member by
+        name or uid, a group listed as such, or covered by ``*``."""
+        members = set(config.members)
+        if EVERYONE in members:
+            return
+        outside = []
+        for entry in config.default_for:
+            if entry in members:
+                continue
+            if not entry.startswith("@"):
+                try:
+                    uid = int(entry) if entry.isdigit() else pwd.getpwnam(entry).pw_uid
+                except KeyError:
+                    uid = None
+                if uid is not None and is_member(config, identity_of(uid)):
+                    continue
+            outside.append(entry)
+        if outside:
+            listed = ", ".join(config.members) or "none (admins only)"
+            raise BadRequest(
+                "default_for",
+                f"{', '.join(outside)} may not submit to queue {config.name} (members: "
+                f"{listed}), so it cannot be their default queue; add them as members too",
+            )
 
     @staticmethod
     def _check_known(field_name: str, entries: tuple[str, ...]) -> None:
