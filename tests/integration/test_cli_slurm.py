@@ -308,6 +308,11 @@ def test_an_array_runs_each_index_with_its_env_and_at_most_n_at_once(
     assert "sweep_3" not in folded
     expanded = server.cli("ls", "--expand").stdout
     assert all(f"sweep_{i}" in expanded for i in range(6))
+    # describe takes one workload: the array's name or id says what to name instead
+    for ref in ("sweep", array_id):
+        told = server.cli("describe", ref, check=False)
+        assert told.returncode != 0
+        assert f"'{ref}' is an array ({array_id}, 6 tasks named sweep_INDEX)" in told.stderr
     (tmp_path / "gate").write_text("")
     final = server.wait_listing(
         lambda ws: all(ws[t["id"]]["phase"] == "succeeded" for t in tasks.values()),
@@ -415,7 +420,8 @@ def test_users_depend_on_others_work_but_cancel_only_their_own_arrays(
     assert "may not cancel it" in by_id.stderr
     by_name = server.cli("cancel", "hers", user=bob, check=False)
     assert by_name.returncode != 0
-    assert "no workload with the id, id prefix or name 'hers'" in by_name.stderr
+    assert "'hers' is an array of " in by_name.stderr, by_name.stderr
+    assert "(only they or an admin may cancel it)" in by_name.stderr
     hers = [w for w in server.workloads().values() if (w["array"] or {}).get("id") == array_id]
     assert len(hers) == 2
     assert all(w["phase"] == "pending" for w in hers), [w["reason"] for w in hers]

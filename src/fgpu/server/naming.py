@@ -168,6 +168,23 @@ def resolve(ref: str, records: Sequence[WorkloadRecord], caller_uid: int) -> Wor
         return candidates[0]
     if candidates:
         raise _ambiguous(ref, candidates, by_name)
+    tasks = [r for r in records if r.array is not None and ref in (r.array.id, r.array.name)]
+    if tasks:
+        mine = [r for r in tasks if r.owner_uid == caller_uid]
+        array = (mine or tasks)[0].array
+        assert array is not None
+        whose = (
+            "an array"
+            if mine
+            else f"an array of {user_text(tasks[0].owner_uid)} (only they or an admin may "
+            "cancel it)"
+        )
+        raise NotFoundError(
+            "id",
+            f"{ref!r} is {whose} ({array.id}, {array.size} tasks named {array.name}_INDEX), "
+            f"not one workload: name a task (e.g. {array.name}_{array.index}), see them all "
+            "with fgpu ls --expand",
+        )
     raise NotFoundError("id", f"no workload with the id, id prefix or name {ref!r}")
 
 
