@@ -17,8 +17,9 @@ from pathlib import Path
 
 import psutil
 
+from fgpu.agent.governor.runtime import WorkloadView
 from fgpu.server.service import Service
-from fgpu.wire import SubmitRequest
+from fgpu.wire import QueueBody, SubmitRequest
 from tests.integration.test_service import ME, make, phases, until
 
 SLEEPER = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"]
@@ -87,6 +88,12 @@ def holder_state(svc: Service, workload_id: str) -> str | None:
                 if h.workload_id == workload_id:
                     return h.state
     return None
+
+
+def governed(svc: Service, workload_id: str) -> WorkloadView | None:
+    """The governor's view of the workload (what ``fgpu top`` and the metrics show)."""
+    views = svc.enforcement.governor.snapshot().workloads
+    return next((v for v in views if v.workload_id == workload_id), None)
 
 
 def ready(tmp_path: Path, workload_id: str) -> bool:
@@ -205,5 +212,72 @@ def test_a_workload_over_its_memory_quota_is_stopped_and_its_neighbour_runs_on(
             await until(lambda: phases(svc)[modest.id] == "cancelled")
         finally:
             await svc.stop()
+
+    asyncio.run(scenario())
+
+
+def test_borrowed_work_does_not_pause_work_within_its_queues_quota(tmp_path: Path) -> None:
+    """Issue 25: team-a (quota 1) runs low-priority work; team-b (quota 0) borrows the rest
+    of the GPU for normal-priority work. Both busy: the low one is not paused (it reaches
+    a good part of its share) while the borrowed one runs. Work of normal priority within
+    team-a's own quota still pauses it."""
+
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xA100-80GB")
+        await svc.start()
+        pids: list[int] = []
+        try:
+            svc.create_queue(ME, QueueBody(name="team-a", quota=1))
+            svc.create_queue(ME, QueueBody(name="team-b", quota=0))
+            own = svc.submit(
+                ME,
+                SubmitRequest(
+                    command=SLEEPER, gpu="0.25", priority="low", queue="team-a", grace_s=5
+                ),
+            )
+            lent = svc.submit(
+                ME,
+                SubmitRequest(
+                    command=SLEEPER, gpu="0.25", priority="normal", queue="team-b", grace_s=5
+                ),
+            )
+            await until(lambda: ready(tmp_path, own.id) and ready(tmp_path, lent.id))
+            pids = [group(tmp_path, own.id), group(tmp_path, lent.id)]
+            # both busy (no hints): once the borrowed one has run a good part of the GPU,
+            # the in-quota low one has never been held back by priority (paused, it would
+            # have been from the borrowed one's first plan on)
+            await until(lambda: (v := governed(svc, lent.id)) is not None and v.busy)
+            await until(
+                lambda: (v := governed(svc, lent.id)) is not None and v.achieved_milli >= 150
+            )
+            mine_view = governed(svc, own.id)
+            assert mine_view is not None
+            assert mine_view.busy
+            assert mine_view.paused_ns[1] == 0
+            assert mine_view.blocker is None
+            assert holder_state(svc, own.id) in {"running", "waiting-for-share"}
+            assert holder_state(svc, lent.id) in {"running", "waiting-for-share"}
+            assert "paused" not in {e.kind for e in svc.get_workload(own.id).events}
+            # normal-priority work within team-a's quota pauses the low one as before
+            mine = svc.submit(
+                ME,
+                SubmitRequest(
+                    command=SLEEPER, gpu="0.25", priority="normal", queue="team-a", grace_s=5
+                ),
+            )
+            await until(lambda: ready(tmp_path, mine.id))
+            pids.append(group(tmp_path, mine.id))
+            await until(lambda: stopped(pids[0]))
+            assert holder_state(svc, own.id) == "paused-by-priority"
+            await until(lambda: "paused" in {e.kind for e in svc.get_workload(own.id).events})
+            pause = [e for e in svc.get_workload(own.id).events if e.kind == "paused"][-1]
+            assert mine.id in pause.message
+            assert holder_state(svc, lent.id) != "paused-by-priority"  # same priority
+            for wid in (own.id, lent.id, mine.id):
+                svc.cancel(ME, wid)
+            await until(lambda: all(p == "cancelled" for p in phases(svc).values()))
+        finally:
+            await svc.stop()
+        assert not any(stopped(p) for p in pids)
 
     asyncio.run(scenario())

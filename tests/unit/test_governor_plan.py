@@ -371,3 +371,108 @@ def test_compress_holds_a_squeezed_workload_to_the_floor() -> None:
         Freeze("v", PRIO, "compressed to 100 milli: squeezed by s, which is busy on g0")
         in run.steps[0].actions
     )
+
+
+# -- borrowed work never outranks work within its quota (issue 25) ----------------------
+
+
+def test_borrowed_higher_priority_does_not_pause_in_quota_work() -> None:
+    # the issue's case: bob's low-priority work within team-a's quota, alice's normal work
+    # on capacity team-b borrows; both busy on one GPU in fair mode with pause
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.PAUSE)}
+    workloads = [
+        wl("bob", {"g0": 500}, priority=25),
+        wl("alice", {"g0": 500}, priority=50, borrowed=True),
+    ]
+    run = run_virtual(CONFIG, gpus, workloads, 200 * MS)
+
+    assert all(
+        not (isinstance(a, Freeze) and a.reason is PRIO) for step in run.steps for a in step.actions
+    )
+    assert used_ms(run, 0) == {"bob": 50.0, "alice": 50.0}
+    assert used_ms(run, 100) == {"bob": 50.0, "alice": 50.0}
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+    assert decided.blockers == {}
+
+
+def test_the_same_pair_without_borrowing_pauses_the_lower_priority() -> None:
+    # the control: the very same workloads, alice within quota, keep the priority rule
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.PAUSE)}
+    workloads = [wl("bob", {"g0": 500}, priority=25), wl("alice", {"g0": 500}, priority=50)]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.states == {"bob": PRIO, "alice": RunState.RUNNING}
+    assert decided.blockers == {"bob": "paused: alice (priority 50) is busy on g0"}
+
+
+def test_borrowed_higher_priority_does_not_compress_in_quota_work() -> None:
+    gpus = {"g0": GpuPolicy(priority_policy=PriorityPolicy.COMPRESS, floor_milli=100)}
+    workloads = [
+        wl("low", {"g0": 600}, priority=25),
+        wl("high", {"g0": 400}, priority=125, borrowed=True),
+    ]
+    run = run_virtual(CONFIG, gpus, workloads, 100 * MS)
+
+    assert used_ms(run, 0) == {"low": 60.0, "high": 40.0}
+    assert all(
+        not (isinstance(a, Freeze) and a.reason is PRIO) for step in run.steps for a in step.actions
+    )
+
+
+def test_borrowed_work_is_still_paused_by_higher_in_quota_work() -> None:
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("lent", {"g0": 500}, priority=50, borrowed=True),
+        wl("own", {"g0": 500}, priority=100),
+    ]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.states == {"lent": PRIO, "own": RunState.RUNNING}
+    assert decided.blockers == {"lent": "paused: own (priority 100) is busy on g0"}
+
+
+def test_among_borrowed_work_the_priority_rule_is_unchanged() -> None:
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("low", {"g0": 500}, priority=25, borrowed=True),
+        wl("high", {"g0": 500}, priority=50, borrowed=True),
+    ]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.states == {"low": PRIO, "high": RunState.RUNNING}
+    assert decided.blockers == {"low": "paused: high (priority 50) is busy on g0"}
+
+
+def test_in_quota_work_is_blocked_by_the_highest_in_quota_holder_only() -> None:
+    # "mid" is within quota; the borrowed "top" does not count for it, "high" does
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("mid", {"g0": 300}, priority=50),
+        wl("high", {"g0": 300}, priority=100),
+        wl("top", {"g0": 300}, priority=125, borrowed=True),
+    ]
+    decided = plan(0, NodeState(config=CONFIG, gpus=gpus, workloads=workloads, period_start_ns=0))
+
+    assert decided.blockers == {"mid": "paused: high (priority 100) is busy on g0"}
+    assert decided.states["top"] is not PRIO
+    assert decided.states["high"] is not PRIO
+
+
+def test_borrowed_higher_priority_does_not_end_an_in_quota_lease() -> None:
+    gpus = {"g0": GpuPolicy()}
+    workloads = [
+        wl("low", {"g0": 500}, priority=25, state=RunState.RUNNING, used_ns=2 * MS),
+        wl("high", {"g0": 500}, priority=125, borrowed=True, state=SHARE),
+    ]
+    state = NodeState(
+        config=CONFIG,
+        gpus=gpus,
+        workloads=workloads,
+        period_start_ns=0,
+        leases={"g0": Lease("low", 10 * MS)},
+    )
+    decided = plan(3 * MS, state)
+
+    assert decided.actions == ()
+    assert decided.leases["g0"] == Lease("low", 10 * MS)
+    assert decided.states == {"low": RunState.RUNNING, "high": SHARE}

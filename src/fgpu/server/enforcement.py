@@ -124,6 +124,7 @@ class Running:
         memory_mib: its memory quota on each, MiB.
         priority: numeric priority.
         squeezed_by: ids of the workloads that squeezed it (empty when not squeezed).
+        borrowed: whether it runs beyond its queue's quota (:mod:`fgpu.sched.borrowing`).
     """
 
     workload_id: str
@@ -133,6 +134,7 @@ class Running:
     memory_mib: tuple[int, ...]
     priority: int
     squeezed_by: tuple[str, ...] = ()
+    borrowed: bool = False
 
 
 class Enforcement:
@@ -279,6 +281,7 @@ class Enforcement:
                     compute_milli=tuple(max(1, m) for m in r.compute_milli),
                     priority=r.priority,
                     squeezed_by=r.squeezed_by,
+                    borrowed=r.borrowed,
                     segment=segments.get(r.workload_id),
                 )
             )

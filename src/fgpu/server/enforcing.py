@@ -11,6 +11,8 @@ from collections.abc import Callable
 from fgpu.agent.events import AgentEvent
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import ProcessHandle
+from fgpu.sched.accounting import counted_gpu_milli
+from fgpu.sched.borrowing import Holding, borrowed
 from fgpu.server.enforcement import Enforcement, Running
 from fgpu.store import Store
 
@@ -35,9 +37,27 @@ class EnforcementHooks:
         raise NotImplementedError
 
     def _enforce(self) -> None:
-        """Hand the governor and the memory guard the running shared-GPU workloads."""
+        """Hand the governor and the memory guard the running shared-GPU workloads, each
+        marked ``borrowed`` when it runs beyond its queue's quota (:mod:`fgpu.sched.borrowing`,
+        counted over all of the queue's running work, MIG and other nodes included)."""
+        records = self.store.list_workloads(("running", "paused"))
+        quotas = {q.name: q.config.quota.gpu_milli for q in self.store.list_queues()}
+        lent = borrowed(
+            (
+                Holding(
+                    workload_id=r.id,
+                    queue=r.queue,
+                    gpu_milli=counted_gpu_milli(r.allocation.gpu_milli, r.squeezed_by is not None),
+                    priority=r.priority,
+                    started_at=r.started_at,
+                )
+                for r in records
+                if r.allocation is not None
+            ),
+            quotas,
+        )
         running = []
-        for record in self.store.list_workloads(("running", "paused")):
+        for record in records:
             handle = self._handles.get(record.id)
             a = record.allocation
             if handle is None or a is None or a.mig is not None or not a.gpu_uuids:
@@ -53,6 +73,7 @@ class EnforcementHooks:
                     memory_mib=tuple(a.gpu_memory_mib),
                     priority=record.priority,
                     squeezed_by=record.squeezed_by or (),
+                    borrowed=record.id in lent,
                 )
             )
         # a workload whose processes live keeps its interposer segment (a suspended one too)

@@ -666,6 +666,7 @@ class Service(SchedulingLoop):
         """Change a queue (admins). Raises BadRequest, NotFoundError, Forbidden."""
         config = queue_config(body, name)
         self._queue_change(caller, lambda: self.store.update_queue(config), config)
+        self._enforce()  # a new quota may move running work in or out of it (issue 25)
         return self._queue_named(name).model_copy(update={"warnings": self._warnings()})
 
     def _warnings(self) -> list[str]:

@@ -32,6 +32,13 @@ Model (one time-sliced GPU behaves like one CPU core under a lease scheduler):
   the highest holder on a GPU are *suppressed* there: ``pause`` freezes them whatever their
   activity; ``compress`` caps them at ``min(share, floor_milli)`` as a strict budget. A
   higher-priority workload that wants a GPU ends a lower-priority lease at once.
+- **Borrowed work never outranks work within its quota** (issue 25). A workload running
+  beyond its queue's quota (``borrowed``: on capacity lent by other queues, see
+  :mod:`fgpu.sched.borrowing`) never suppresses, and never ends the lease of, a workload
+  that runs within its own queue's quota, whatever their priorities: an in-quota workload
+  is suppressed only by an in-quota holder of higher priority. Among workloads of the same
+  standing (both borrowed, or both within quota), and for a borrowed workload against an
+  in-quota one of higher priority, the priority rule is unchanged.
 - **Squeezed workloads** (DESIGN.md section 5, squeeze before evict) lent their compute to
   the workloads that squeezed them: they are suppressed in the same way (paused, or
   compressed) while one of their squeezers holds the GPU, whatever the priorities, and run
@@ -162,6 +169,8 @@ class WorkloadState:
         busy: whether it is using (or about to use) the GPU.
         squeezed_by: ids of the workloads that squeezed it (empty when it is not squeezed);
             it is suppressed on a GPU while one of them holds it there.
+        borrowed: whether it runs beyond its queue's quota (on capacity lent by other
+            queues); it then never suppresses a workload that is not borrowed.
         idle_since_ns: when it last went from busy to idle; None when busy or never busy.
         state: what was last executed for it.
         used_ns: run time it received while busy in the period that starts at
@@ -178,6 +187,7 @@ class WorkloadState:
     priority_policy: PriorityPolicy | None = None
     busy: bool = True
     squeezed_by: frozenset[str] = frozenset()
+    borrowed: bool = False
     idle_since_ns: int | None = None
     state: RunState = RunState.RUNNING
     used_ns: int = 0
@@ -282,6 +292,12 @@ def _holding(w: WorkloadState, now: int, resume_after: int) -> bool:
     return w.idle_since_ns is not None and now - w.idle_since_ns < resume_after
 
 
+def _outranks(a: WorkloadState, b: WorkloadState) -> bool:
+    """Whether ``a``'s priority suppresses ``b``: higher, and not borrowed against a
+    workload within its quota."""
+    return a.priority > b.priority and (b.borrowed or not a.borrowed)
+
+
 def plan(now: int, state: NodeState) -> Plan:
     """Decide who runs on each GPU at time ``now`` (see the module docstring).
 
@@ -319,20 +335,22 @@ def plan(now: int, state: NodeState) -> Plan:
         for uuid in by_id[wid].shares:
             members[uuid].append(wid)
 
-    # Priority: per GPU, the highest priority among workloads that hold it.
+    # Priority: per GPU, the highest priority among workloads that hold it (among the
+    # in-quota holders only, for an in-quota workload: borrowed ones never outrank it).
     slots: dict[str, dict[str, _Slot]] = {}
     blockers: dict[str, str] = {}
     for uuid, wids in members.items():
         policy = state.gpus[uuid]
         holding = [by_id[w] for w in wids if _holding(by_id[w], now, cfg.resume_after_ns)]
-        top = max((h.priority for h in holding), default=None)
-        top_name = min((h.workload_id for h in holding if h.priority == top), default="")
         holding_ids = {h.workload_id for h in holding}
         gpu_slots: dict[str, _Slot] = {}
         for wid in wids:
             w = by_id[wid]
+            above = [h for h in holding if _outranks(h, w)]
+            top = max((h.priority for h in above), default=None)
+            top_name = min((h.workload_id for h in above if h.priority == top), default="")
             squeezer = min(w.squeezed_by & holding_ids, default=None)
-            suppressed = squeezer is not None or (top is not None and w.priority < top)
+            suppressed = squeezer is not None or top is not None
             how = w.priority_policy or policy.priority_policy
             is_paused = suppressed and how is PriorityPolicy.PAUSE
             is_compressed = suppressed and how is PriorityPolicy.COMPRESS
@@ -397,9 +415,6 @@ def plan(now: int, state: NodeState) -> Plan:
     def key(wid: str) -> tuple[int, int, Fraction, str]:
         return (phase[wid], -by_id[wid].priority, ratio[wid], wid)
 
-    def rank(wid: str) -> tuple[int, int]:
-        return (phase[wid], -by_id[wid].priority)
-
     def lease_end(wid: str) -> int:
         grid = period_start + ((now - period_start) // cfg.lease_ns + 1) * cfg.lease_ns
         if grid - now < cfg.min_lease_ns:
@@ -419,7 +434,12 @@ def plan(now: int, state: NodeState) -> Plan:
         if any(state.leases.get(g) != lease for g in w.shares):
             continue  # not one lease over all its GPUs: decide afresh
         waiting_better = any(
-            other != wid and other in phase and rank(other) < rank(wid)
+            other != wid
+            and other in phase
+            and (
+                phase[other] < phase[wid]
+                or (phase[other] == phase[wid] and _outranks(by_id[other], w))
+            )
             for g in w.shares
             for other in members[g]
         )

@@ -86,6 +86,9 @@ class GovernedWorkload:
             before evict), empty when it is not squeezed: it is paused (or compressed) while
             one of them is busy on its GPU, and its share is lent to them (not counted in
             the GPU's 1000 milli).
+        borrowed: whether it runs beyond its queue's quota, on capacity lent by other queues
+            (:mod:`fgpu.sched.borrowing`): it then never pauses or compresses a workload that
+            runs within its queue's quota, whatever their priorities.
         segment: its interposer segment, or None when it runs without the interposer. Once a
             process of it uses the driver through the interposer, it is held at launch
             (:mod:`fgpu.agent.governor.gate`) and charged device time; until then, and
@@ -103,6 +106,7 @@ class GovernedWorkload:
     mode: ComputeMode | None = None
     priority_policy: PriorityPolicy | None = None
     squeezed_by: tuple[str, ...] = ()
+    borrowed: bool = False
     segment: Segment | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -639,6 +643,7 @@ class Governor:
             priority_policy=spec.priority_policy,
             busy=record.busy,
             squeezed_by=frozenset(spec.squeezed_by),
+            borrowed=spec.borrowed,
             idle_since_ns=record.idle_since_ns,
             state=record.state,
             used_ns=record.used_ns,
