@@ -49,6 +49,11 @@ DEBOUNCE_S = 0.05
 decided in one round instead of one round each."""
 
 
+STOP_WAIT_S = 30.0
+"""How long stopping waits for a scheduling round in progress to end (it starts nothing more
+once the service is stopping)."""
+
+
 class SchedulingLoop(JobRules):
     """Part of :class:`fgpu.server.service.Service`: the loop and its rounds, and (beside
     them) retention's pruning (:mod:`fgpu.server.retention`, set by :attr:`retention`)."""
@@ -88,6 +93,10 @@ class SchedulingLoop(JobRules):
         self._stopping = True
         self.wake()
         if self._task is not None:
+            # a round in progress runs in a worker thread that cancelling would not stop: it
+            # sees _stopping, starts nothing more, and is waited for before the store closes
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=STOP_WAIT_S)
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -169,6 +178,8 @@ class SchedulingLoop(JobRules):
             }
             squeezes = False
             for action in decision.actions:
+                if self._stopping:  # stopping: start nothing more (the next start decides)
+                    break
                 if isinstance(action, Place):
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):

@@ -183,6 +183,8 @@ class ProcessControl(ServiceCore):
         if fd is not None and self._loop is not None:
             self._loop.remove_reader(fd)
             os.close(fd)
+        if self.stopping:  # the next start reads its exit record (recovery)
+            return
         task = asyncio.ensure_future(asyncio.to_thread(self._exited, workload_id))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
