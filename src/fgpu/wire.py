@@ -22,6 +22,7 @@ from fgpu.wire_limits import (
     ENV_NAME_PATTERN,
     MAX_AMOUNT,
     MAX_ARGUMENT_BYTES,
+    MAX_CWD_CHARS,
     MAX_GRACE_S,
     MAX_MEMBERS,
     MAX_PRIORITY,
@@ -110,7 +111,7 @@ class SubmitRequest(_Strict):
     cwd: str = Field(
         default="/",
         description="an absolute path",
-        json_schema_extra={"pattern": anchored("/" + TEXT_PATTERN)},
+        json_schema_extra={"pattern": anchored("/" + TEXT_PATTERN), "maxLength": MAX_CWD_CHARS},
     )
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -141,8 +142,8 @@ class SubmitRequest(_Strict):
     array: str | None = Field(
         default=None,
         description="one task per index: 0-99, 1,3,5, 0-15:4, then %N for at most N running "
-        "at once; each task gets FGPU_ARRAY_INDEX (and SLURM_ARRAY_TASK_ID)",
-        json_schema_extra={"maxLength": 4096},
+        "at once; each task gets FGPU_ARRAY_INDEX (and SLURM_ARRAY_TASK_ID); at most 1000 "
+        "tasks, indices up to 999999, 4096 characters",
     )
 
 

@@ -40,6 +40,10 @@ MIN_STORED_BYTES = 1024
 """Smallest per-user stored-bytes limit a queue may set (a submission stores at least a few
 dozen bytes; less would refuse everything)."""
 
+MAX_CWD_CHARS = 4095
+"""The longest working directory a submission may give (Linux's ``PATH_MAX`` of 4096 bytes
+with its NUL)."""
+
 QUEUE_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 """Queue names: an ASCII letter or digit, then letters, digits, ``.``, ``_`` or ``-``."""
 MEMBER_PATTERN = r"\*|@?[A-Za-z0-9_][A-Za-z0-9._-]{0,31}\$?"
@@ -99,6 +103,7 @@ __all__ = [
     "MAX_AMOUNT",
     "MAX_ARGUMENT_BYTES",
     "MAX_COMMAND_BYTES",
+    "MAX_CWD_CHARS",
     "MAX_GRACE_S",
     "MAX_MEMBERS",
     "MAX_PRIORITY",

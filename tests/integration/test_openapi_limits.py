@@ -126,7 +126,7 @@ def kind_of(schema: dict[str, Any]) -> str:
 def filler(op: str, field: str) -> str:
     """A character every pattern of the field takes (its own per field, so that queues
     made for one check are not another's)."""
-    grammar = {"time": "0", "default_time": "0", "max_time": "0", "array": "0"}  # 000... = 0
+    grammar = {"time": "0", "default_time": "0", "max_time": "0"}  # 000... reads as 0
     if field in grammar:
         return grammar[field]
     return {("workloads", "queue"): "s", ("queues", "parent"): "p"}.get((op, field), "a")
@@ -157,7 +157,9 @@ def tries(op: str, field: str, schema: dict[str, Any]) -> list[tuple[str, Any, b
         out += [(f"below minLength {n}", start + char * (n - 1 - len(start)), False)]
     if "maxLength" in schema:
         n = schema["maxLength"]
-        out += [(f"maxLength {n}", char * n, True), (f"above maxLength {n}", char * (n + 1), False)]
+        body = n - len(start)  # a path keeps its leading /
+        out += [(f"maxLength {n}", start + char * body, True)]
+        out += [(f"above maxLength {n}", start + char * (body + 1), False)]
     if "pattern" in schema:
         pattern = re.compile(schema["pattern"])
         for probe in PROBES.get(field, PROBES["default"]):

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.localusers import ALICE, BOB, as_user, ensure_users
@@ -73,7 +74,7 @@ def test_a_command_and_env_over_the_byte_limit_are_refused_echoing_the_size(
     assert big.returncode != 0
     assert "--max-submission-bytes" in big.stderr, big.stderr
     assert "over the limit of 65536 bytes" in big.stderr, big.stderr
-    size = int(big.stderr.split("command and env take ")[1].split()[0])
+    size = int(big.stderr.split("command, env and cwd take ")[1].split()[0])
     assert size > 70_000
     assert mine(server, ALICE) == []  # nothing half-written
     # a given name another active workload of hers has: refused with its id (409)
@@ -117,3 +118,22 @@ def test_bad_limit_flags_are_refused_at_start(
     )
     assert run.returncode == 2, run.stderr
     assert says in run.stderr, run.stderr
+
+
+def test_a_long_working_directory_is_refused_and_counts_as_stored(
+    limited: ServerProcess,
+) -> None:
+    """cwd is bounded (PATH_MAX) and counts toward the bytes a user stores (an attacker's
+    trial stored 78 MB through cwd past both limits)."""
+    server = limited
+    body = {"command": ["true"], "gpu": "0.1", "cwd": "/" + "a" * 3000}
+    transport = httpx.HTTPTransport(uds=str(server.socket))
+    with httpx.Client(transport=transport, base_url="http://fgpu", timeout=60) as client:
+        too_long = client.post("/v1/workloads", json={**body, "cwd": "/" + "a" * 4095})
+        assert too_long.status_code == 422, too_long.text
+        assert too_long.json()["detail"]["field"] == "cwd"
+        server.cli("queue", "set", "default", "--max-stored-bytes", "4KiB")
+        answers = [client.post("/v1/workloads", json=body) for _ in range(2)]
+    assert answers[0].status_code == 201, answers[0].text
+    assert answers[1].status_code == 429, answers[1].text  # 2 x 3 KB of cwd > 4 KiB
+    assert "max_stored_bytes" in answers[1].text, answers[1].text

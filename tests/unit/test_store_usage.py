@@ -57,7 +57,7 @@ def finish(store: Store, workload_id: str) -> None:
 def test_owner_usage_counts_active_work_and_stored_bytes_per_queue_and_in_all(
     store: Store, clock: Clock
 ) -> None:
-    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
+    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"}, "/tmp")
     assert store.owner_usage(BOB, "team") == OwnerUsage()
     done = submit(store, owner=BOB)
     clock.now += 1
@@ -82,7 +82,7 @@ def test_the_stored_size_is_recorded_at_submission(store: Store) -> None:
         argv=["echo", "é" * 10],
         env={"K": "v" * 100},
     )
-    expected = stored_bytes(["echo", "é" * 10], {"K": "v" * 100})
+    expected = stored_bytes(["echo", "é" * 10], {"K": "v" * 100}, "/")  # Store.submit's cwd
     assert store.owner_usage(BOB, "default").stored_bytes == expected
     assert expected > 120  # é is two bytes in UTF-8
     assert record.id
@@ -146,7 +146,7 @@ def test_prune_deletes_finished_workloads_past_the_age_in_bounded_batches(
     assert left == {young, active}
     assert all(e.workload_id in (young, active) for e in store.events())
     assert store.owner_usage(BOB, "default").stored_bytes == 2 * stored_bytes(
-        ["sleep", "60"], {"PATH": "/usr/bin"}
+        ["sleep", "60"], {"PATH": "/usr/bin"}, "/tmp"
     )
 
 
@@ -198,7 +198,7 @@ def test_the_ledger_starts_from_the_store_and_follows_the_services_writes(
 ) -> None:
     from fgpu.server.usage import UsageLedger
 
-    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
+    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"}, "/tmp")
     done = submit(store, owner=BOB)
     submit(store, owner=BOB, queue="team")
     finish(store, done.id)
@@ -224,7 +224,7 @@ def test_prune_says_whose_bytes_it_freed(store: Store, clock: Clock) -> None:
     finish(store, record.id)
     clock.now += 10
     pruned = store.prune(clock.now)
-    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"})
+    size = stored_bytes(["sleep", "60"], {"PATH": "/usr/bin"}, "/tmp")
     assert pruned.freed == (((BOB, "team"), size),)
 
 
@@ -249,4 +249,4 @@ def test_r0007_fills_the_stored_size_of_workloads_already_stored(tmp_path: Path)
     with engine.connect() as connection:
         size = connection.execute(text("SELECT stored_bytes FROM workloads")).scalar_one()
     engine.dispose()
-    assert size == stored_bytes(["echo", "é"], {"K": "v"})
+    assert size == stored_bytes(["echo", "é"], {"K": "v"}, "/")

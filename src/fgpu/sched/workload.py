@@ -109,7 +109,7 @@ class QueueSpec:
             raise InvalidRequestError("name", "a queue needs a name")
         delay = self.preempt_delay_s
         if delay is not None and not (
-            isinstance(delay, int | float) and not isinstance(delay, bool) and 0 <= delay < 1e9
+            isinstance(delay, int | float) and not isinstance(delay, bool) and 0 <= delay <= 1e9
         ):
             raise InvalidRequestError(
                 "preempt_delay_s",

@@ -154,18 +154,18 @@ class SubmissionLimits:
                 "with a smaller environment",
             )
 
-    def check_size(self, argv: Sequence[str], env: Mapping[str, str]) -> int:
-        """Refuse a submission whose command and environment store more than the limit;
-        returns the stored size (bytes).
+    def check_size(self, argv: Sequence[str], env: Mapping[str, str], cwd: str = "") -> int:
+        """Refuse a submission whose command, environment and working directory store more
+        than the limit; returns the stored size (bytes).
 
         Raises:
             BadRequest: field ``command``, echoing the size and naming the limit.
         """
-        size = stored_bytes(argv, env)
+        size = stored_bytes(argv, env, cwd)
         if size > self.max_submission_bytes:
             raise BadRequest(
                 "command",
-                f"command and env take {size} bytes as stored, over the limit of "
+                f"command, env and cwd take {size} bytes as stored, over the limit of "
                 f"{self.max_submission_bytes} bytes per submission (--max-submission-bytes)",
             )
         return size

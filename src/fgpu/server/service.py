@@ -199,7 +199,7 @@ class Service(SchedulingLoop):
             queue, gpu_milli=counted, priority=sub.priority, preemptible=body.preemptible
         )
         limits = self.submission_limits
-        size = limits.check_size(sub.argv, body.env)
+        size = limits.check_size(sub.argv, body.env, body.cwd)
         store = self.store
         self._workloads()  # the mirror, which keeps the usage ledger current, is loaded
         checked = False
@@ -334,7 +334,7 @@ class Service(SchedulingLoop):
             )
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
-        stored = validate.stored_bytes(sub.argv, body.env)
+        stored = validate.stored_bytes(sub.argv, body.env, body.cwd)
         for record in records:
             self._sync(record)
             self.metrics.wrote("submit", record)

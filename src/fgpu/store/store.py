@@ -316,7 +316,7 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
             cwd=cwd,
             env=environment,
             grace_s=grace,
-            stored_bytes=validate.stored_bytes(command, environment),
+            stored_bytes=validate.stored_bytes(command, environment, cwd),
             mig_request=None if mig_request is None else mig_request.to_json(),
             submitted_at=now,
             reason="submitted",

@@ -160,11 +160,13 @@ def time_limits(default_s: object, maximum_s: object, queue_name: str) -> None:
         )
 
 
-def stored_bytes(argv: Sequence[str], env: Mapping[str, str]) -> int:
-    """Bytes a command and an environment take in the store (compact UTF-8 JSON of
-    ``[argv, env]``): what the per-submission and per-user byte limits count."""
+def stored_bytes(argv: Sequence[str], env: Mapping[str, str], cwd: str = "") -> int:
+    """Bytes a command, an environment and a working directory take in the store (compact
+    UTF-8 JSON of ``[argv, env]``, plus the directory's UTF-8 bytes): what the per-submission
+    and per-user byte limits count."""
     dump = json.dumps([list(argv), dict(env)], ensure_ascii=False, separators=(",", ":"))
-    return len(dump.encode("utf-8", errors="surrogatepass"))
+    size = len(dump.encode("utf-8", errors="surrogatepass"))
+    return size + len(cwd.encode("utf-8", errors="surrogatepass"))
 
 
 def members(entries: object) -> tuple[str, ...]:
@@ -242,7 +244,7 @@ def submission(
     command = tuple(text("argv", a) for a in argv)
     if not command or not command[0].strip():
         raise InvalidRequestError("argv", "the command is empty")
-    text("cwd", cwd)
+    text("cwd", cwd, max_length=wire_limits.MAX_CWD_CHARS)
     if not isinstance(env, Mapping):
         raise InvalidRequestError("env", f"must be a mapping of strings (got {env!r})")
     environment = {text("env", k): text(f"env[{k}]", v) for k, v in env.items()}

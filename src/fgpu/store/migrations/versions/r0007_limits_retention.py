@@ -3,9 +3,10 @@
 
 - ``queues.max_active_per_user``, ``queues.max_stored_bytes``: the queue's per-user limits
   (NULL: the machine's, ``fgpu serve --max-active-per-user / --max-stored-bytes``);
-- ``workloads.stored_bytes``: bytes of command and environment as stored, backfilled here for
-  the rows already there; index ``(owner_uid, queue, phase, stored_bytes)`` answers a user's
-  active count and stored bytes (per queue and in all) from the index alone;
+- ``workloads.stored_bytes``: bytes of command, environment and working directory as
+  stored, backfilled here for the rows already there; index ``(owner_uid, queue, phase,
+  stored_bytes)`` answers a user's active count and stored bytes (per queue and in all)
+  from the index alone;
 - index ``workloads (finished_at)``: retention finds the oldest finished workloads;
 - ``events.count``, ``events.last_time``: one row stands for several like events.
 
@@ -30,14 +31,15 @@ depends_on: str | None = None
 _BATCH = 500
 
 
-def _stored_bytes(argv: Any, env: Any) -> int:
+def _stored_bytes(argv: Any, env: Any, cwd: Any) -> int:
     # as fgpu.store.validate.stored_bytes (copied: a revision must not change with the code)
     argv = json.loads(argv) if isinstance(argv, str) else argv
     env = json.loads(env) if isinstance(env, str) else env
     dump = json.dumps(
         [list(argv or []), dict(env or {})], ensure_ascii=False, separators=(",", ":")
     )
-    return len(dump.encode("utf-8", errors="surrogatepass"))
+    size = len(dump.encode("utf-8", errors="surrogatepass"))
+    return size + len(str(cwd or "").encode("utf-8", errors="surrogatepass"))
 
 
 def upgrade() -> None:
@@ -61,22 +63,23 @@ def upgrade() -> None:
         sa.column("id", sa.String()),
         sa.column("argv", sa.Text()),
         sa.column("env", sa.Text()),
+        sa.column("cwd", sa.Text()),
         sa.column("stored_bytes", sa.BigInteger()),
     )
     bind = op.get_bind()
     while True:
         rows = bind.execute(
-            sa.select(workloads.c.id, workloads.c.argv, workloads.c.env)
+            sa.select(workloads.c.id, workloads.c.argv, workloads.c.env, workloads.c.cwd)
             .where(workloads.c.stored_bytes.is_(None))
             .limit(_BATCH)
         ).all()
         if not rows:
             break
-        for wid, argv, env in rows:
+        for wid, argv, env, cwd in rows:
             bind.execute(
                 workloads.update()
                 .where(workloads.c.id == wid)
-                .values(stored_bytes=_stored_bytes(argv, env))
+                .values(stored_bytes=_stored_bytes(argv, env, cwd))
             )
 
 
