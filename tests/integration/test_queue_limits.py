@@ -277,3 +277,26 @@ def test_the_dashboard_lists_the_oldest_pending_work_and_counts_the_rest() -> No
         shown = re.findall(r'data-workload="([0-9a-f]+)"', pending)
         assert shown == ids[1 : PENDING_SHOWN + 1]  # the oldest first
         assert f"and {10} more" in pending, pending[-400:]
+
+
+def test_a_listing_without_a_limit_answers_one_page() -> None:
+    """No answer holds every workload of a large backlog (an attacker's 60 parallel full
+    listings took the server from 279 MB to 2.5 GB): without ``limit`` a page of
+    DEFAULT_PAGE, with the cursor of the next."""
+    import httpx
+
+    from fgpu.server.listing import DEFAULT_PAGE
+
+    with started_server("fgpu-page-", "1xA100-40GB") as server:
+        transport = httpx.HTTPTransport(uds=str(server.socket))
+        with httpx.Client(transport=transport, base_url="http://fgpu", timeout=60) as client:
+            for _ in range(DEFAULT_PAGE + 1):
+                made = client.post("/v1/workloads", json={"command": ["true"], "gpu": "1"})
+                assert made.status_code == 201, made.text
+            page = client.get("/v1/workloads", params={"all": "true"})  # finished ones too
+            assert page.status_code == 200
+            assert len(page.json()) == DEFAULT_PAGE
+            cursor = page.headers["x-fgpu-next-cursor"]
+            rest = client.get("/v1/workloads", params={"all": "true", "cursor": cursor})
+            assert len(rest.json()) >= 1
+        assert len(server.workloads(all_=True)) == DEFAULT_PAGE + 1  # the CLI follows pages

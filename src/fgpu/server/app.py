@@ -54,6 +54,7 @@ from fgpu.log_files import read_log
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
+from fgpu.server.listing import DEFAULT_PAGE, MAX_PAGE
 from fgpu.server.service import Caller
 from fgpu.store.errors import StoreUnwritable
 from fgpu.store.idempotency import KEY_TTL_S
@@ -79,9 +80,6 @@ PEER_UID = "fgpu.peer_uid"
 
 LOG_CHUNK_MAX = 8 * 2**20
 """Most log bytes one ``GET .../logs`` answers (the client asks again from the next offset)."""
-
-MAX_PAGE = 10_000
-"""Most workloads or events one listing answers (page on with the cursor)."""
 
 MAX_CURSOR = 200
 """Longest cursor text a request may give (one is a time and an id)."""
@@ -445,9 +443,14 @@ def create_app(
             ),
         ] = False,
         limit: Annotated[
-            int | None,
-            Query(ge=1, le=MAX_PAGE, description="at most this many (a page); none: all"),
-        ] = None,
+            int,
+            Query(
+                ge=1,
+                le=MAX_PAGE,
+                description=f"at most this many (a page; {DEFAULT_PAGE} unless given: one "
+                "answer never holds every workload of a large backlog)",
+            ),
+        ] = DEFAULT_PAGE,
         cursor: Annotated[
             str | None,
             Query(
@@ -457,8 +460,8 @@ def create_app(
             ),
         ] = None,
     ) -> list[WorkloadView]:
-        """Workloads, oldest first; active ones unless ``all=true``. With ``limit``, one
-        page: the header ``X-Fgpu-Next-Cursor`` (absent on the last page) is the
+        """Workloads, oldest first; active ones unless ``all=true``, a page of at most
+        ``limit``: the header ``X-Fgpu-Next-Cursor`` (absent on the last page) is the
         ``cursor`` of the next."""
         shown, following = service.workload_page(
             caller, include_done=include_done, mine=mine, limit=limit, cursor=cursor

@@ -11,6 +11,9 @@ from fgpu.rules.errors import BadRequest
 MAX_PAGE = 10_000
 """Most workloads one page of a listing holds."""
 
+DEFAULT_PAGE = 1_000
+"""Workloads one page holds when the request names no ``limit``."""
+
 
 def format_cursor(cursor: tuple[float, str] | None) -> str | None:
     """A page's end as text for the API: ``<submitted_at>~<id>`` (None stays None)."""
@@ -38,4 +41,4 @@ def parse_cursor(text: str | None) -> tuple[float, str] | None:
     return submitted, workload_id
 
 
-__all__ = ["MAX_PAGE", "format_cursor", "parse_cursor"]
+__all__ = ["DEFAULT_PAGE", "MAX_PAGE", "format_cursor", "parse_cursor"]
