@@ -48,6 +48,22 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def _append(fd: int, data: bytes, size: int) -> None:
+    """Append ``data`` to the file ``fd`` of ``size`` bytes, all or nothing: a write that
+    fails part way (a full disk) is cut back to ``size``, so a framed log never holds half a
+    record that its reader would take the next header for.
+
+    Raises:
+        OSError: the write's error (after the cut).
+    """
+    try:
+        write_all(fd, data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
+
+
 def segments(path: Path) -> list[tuple[int, Path]]:
     """The tail segments of the log ``path``: (log offset of their first byte, file), oldest
     first."""
@@ -103,7 +119,7 @@ class CappedLog:
 
     def _write(self, data: bytes, whole: bool) -> None:
         if not self.cap or (self.head == self.end and self.head + len(data) <= self.head_cap):
-            write_all(self._fd, data)
+            _append(self._fd, data, self.head)
             self.head += len(data)
             self.end += len(data)
             return
@@ -116,7 +132,7 @@ class CappedLog:
         ):
             self._next_segment()
         assert self._segment_fd is not None
-        write_all(self._segment_fd, data)
+        _append(self._segment_fd, data, self._segment_size)
         self._segment_size += len(data)
         self.end += len(data)
 

@@ -126,3 +126,34 @@ def test_past_the_end_a_reader_gets_the_end(tmp_path: Path) -> None:
     CappedLog(path, CAP).write(b"abc")
     assert read_log(path, 10, 100) == (b"", 3)
     assert read_log(tmp_path / "missing.log", 5, 100) == (b"", 5)
+
+
+@pytest.mark.parametrize("cap", [0, MIN_LOG_BYTES])
+def test_a_record_the_disk_cuts_short_is_not_left_half_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int
+) -> None:
+    """A full disk stops a write part way: the half record is cut back off, so the next
+    record (once there is room) is read as one (a trial's reader failed on such a log)."""
+    import errno
+    import os
+
+    from fgpu import log_files
+
+    path = tmp_path / "output.log"
+    log = CappedLog(path, cap)
+    log.write(frame("stdout", 1, b"before\n"), whole=True)
+    real = log_files.write_all
+
+    def half_then_full(fd: int, data: bytes) -> None:
+        os.write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(log_files, "write_all", half_then_full)
+    log.write(frame("stderr", 2, b"lost in the full disk\n"), whole=True)
+    monkeypatch.setattr(log_files, "write_all", real)
+    log.write(frame("stdout", 3, b"after\n"), whole=True)
+    chunks = FrameReader().feed(path.read_bytes())
+    assert [(c.stream, c.data) for c in chunks] == [
+        ("stdout", b"before\n"),
+        ("stdout", b"after\n"),
+    ]
