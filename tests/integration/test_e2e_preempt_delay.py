@@ -78,10 +78,10 @@ def test_the_service_waits_five_minutes_by_default_and_says_so(fresh: ServerProc
     low = server.submit("-p", "low", "-g", "1", *GRACE, command=sleeper(600))
     server.wait_phase(low, "running")
     new = server.submit("-p", "normal", "-g", "1", *GRACE, command=sleeper(600))
-    reason = reason_with(server, new, "before it preempts")
-    assert re.search(r"\(waited \d+ s of 300 s; may preempt in \d+ s\)$", reason), reason
+    reason = reason_with(server, new, "before it looks for work to preempt")
+    assert re.search(r"\(waited \d+ s of 300 s; looks in \d+ s\)$", reason), reason
     waited = int(re.findall(r"waited (\d+) s", reason)[0])
-    assert f"may preempt in {300 - waited} s" in reason, reason
+    assert f"looks in {300 - waited} s" in reason, reason
     # the low one runs on; nobody was told to stop
     low_now = server.describe(low)
     assert (low_now["phase"], low_now["restarts"]) == ("running", 0)
@@ -121,7 +121,7 @@ def test_capacity_that_frees_during_the_wait_goes_to_the_preemptor(
     low = server.submit("-q", "patient", "-p", "low", "-g", "1", *GRACE, command=sleeper(600))
     server.wait_phase(low, "running")
     new = server.submit("-q", "patient", "-p", "normal", "-g", "1", command=sleeper(600))
-    assert "of 3600 s; may preempt in" in reason_with(server, new, "before it preempts")
+    assert "of 3600 s; looks in" in reason_with(server, new, "before it looks for work to preempt")
     later = server.submit("-q", "patient", "-p", "low", "-g", "1", command=sleeper(600))
     server.wait_phase(later, "pending")
     server.cli("cancel", low)  # the GPU frees by itself

@@ -216,8 +216,8 @@ def test_a_normal_preemptor_waits_and_says_how_long_and_when_it_will_preempt() -
     d = sh.round()
     assert summary(d) == [("wait", "new")]
     assert reasons(d)["new"].endswith(
-        "; waiting for capacity to free before it preempts (waited 120 s of 300 s; may "
-        "preempt in 180 s)"
+        "; waiting for capacity to free before it looks for work to preempt (waited 120 s "
+        "of 300 s; looks in 180 s)"
     )
     sh.now = 400.0
     assert summary(sh.round()) == [("evict", "low-1", "new"), ("wait", "new")]

@@ -29,8 +29,8 @@ def preempt_delay_note(
     if delay <= 0 or waited >= delay:
         return None
     return (
-        f"; waiting for capacity to free before it preempts (waited "
-        f"{max(waited, 0.0):.0f} s of {delay:.0f} s; may preempt in "
+        f"; waiting for capacity to free before it looks for work to preempt (waited "
+        f"{max(waited, 0.0):.0f} s of {delay:.0f} s; looks in "
         f"{delay - max(waited, 0.0):.0f} s)"
     )
 
