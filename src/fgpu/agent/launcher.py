@@ -468,20 +468,26 @@ class Launcher:
             record = read_exit_record(handle.exit_path)
         if record is not None:
             return ProcessState(ProcessStatus.EXITED, record.code, record.reason)
-        reaped = reaped if reaped is not None else self._reap(handle.pid)
+        # our own wrapper is dead (not the same process any more): its status is a moment
+        # away when the kernel has not made it a zombie yet
+        reaped = reaped if reaped is not None else self._reap(handle.pid, wait_s=1.0)
         how = f" (wrapper status {reaped})" if reaped is not None else ""
         return ProcessState(
             ProcessStatus.LOST,
             reason=f"the wrapper (pid {handle.pid}) ended without recording an exit code{how}",
         )
 
-    def _reap(self, pid: int) -> int | None:
-        """Collect our own finished wrapper ``pid``; its status, or None."""
+    def _reap(self, pid: int, wait_s: float = 0.0) -> int | None:
+        """Collect our own finished wrapper ``pid``; its status, or None. ``wait_s``: wait
+        up to that long for one known to be dead (never for a running one)."""
         with self._lock:
             proc = self._children.get(pid)
         if proc is None:
             return None
         code = proc.poll()
+        if code is None and wait_s > 0:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=wait_s)
         if code is not None:
             with self._lock:
                 self._children.pop(pid, None)
