@@ -71,7 +71,6 @@ from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import SubmissionLimits
 from fgpu.states import governor_word
-from fgpu.store import validate
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, ArrayPlan, QueueConfig, QueueRecord, WorkloadRecord
@@ -247,6 +246,7 @@ class Service(SchedulingLoop):
                     holders,
                     queue_name=queue_name,
                     keyed=keyed,
+                    stored=size,
                 )
             try:
                 record = self._tracked.submit(
@@ -294,9 +294,11 @@ class Service(SchedulingLoop):
         *,
         queue_name: str,
         keyed: tuple[str, str] | None = None,
+        stored: int,
     ) -> WorkloadView:
         """Store every task of an array in one transaction (under the names lock), named
-        ``NAME_INDEX``; the view of its first task.
+        ``NAME_INDEX``; the view of its first task. ``stored``: the bytes each task stores
+        (the submission's size, as :meth:`SubmissionLimits.check_size` gave it).
 
         Raises:
             Conflict: a task's name is taken by an active workload of the caller.
@@ -334,7 +336,6 @@ class Service(SchedulingLoop):
             )
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
-        stored = validate.stored_bytes(sub.argv, body.env, body.cwd)
         for record in records:
             self._sync(record)
             self.metrics.wrote("submit", record)

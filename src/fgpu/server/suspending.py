@@ -145,11 +145,7 @@ class Suspension(ProcessControl):
         if driver is None:
             log.info("suspend to host memory: off (%s)", note)
         elif driver.can_remap:  # CUDA 13: a restore may go onto other GPUs of the model
-            self.machine = replace(
-                self.machine,
-                nodes=tuple(replace(n, restore_other_gpus=True) for n in self.machine.nodes),
-            )
-            self._empty = ClusterState(self.machine.nodes)
+            self._set_remapping(True)
             self.suspend_note = "on (restores onto any GPU of the same model)"
 
     def _workload_driver(self) -> tuple[CheckpointDriver | None, str]:
@@ -321,10 +317,15 @@ class Suspension(ProcessControl):
         log.warning(
             "restores on %s go back onto their own GPUs: the driver refused a move (%s)", node, why
         )
+        self._set_remapping(False, node)
+
+    def _set_remapping(self, on: bool, node: str | None = None) -> None:
+        """Tell the core whether restores on ``node`` (None: every node) may go onto other
+        GPUs of its model (``Node.restore_other_gpus``)."""
         self.machine = replace(
             self.machine,
             nodes=tuple(
-                replace(n, restore_other_gpus=False) if n.name == node else n
+                replace(n, restore_other_gpus=on) if node in (None, n.name) else n
                 for n in self.machine.nodes
             ),
         )
