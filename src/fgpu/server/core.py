@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Self
@@ -47,6 +47,7 @@ from fgpu.store.records import (
     ACTIVE_PHASES,
     EVERYONE,
     QueueConfig,
+    QueueRecord,
     WorkloadRecord,
     to_core,
 )
@@ -185,6 +186,10 @@ class ServiceCore(EnforcementHooks):
         self._active: dict[str, Workload] | None = None
         self._records: dict[str, WorkloadRecord] = {}  # the mirror's records, as stored
         self._mig_active: dict[str, WorkloadRecord] = {}  # MIG workloads (in the same mirror)
+        # the mirror's names: (owner uid, name) -> ids of the owner's active workloads of
+        # that name, and (owner uid, array name) -> array id -> its active tasks
+        self._named: dict[tuple[int, str], set[str]] = {}
+        self._arrays: dict[tuple[int, str], dict[str, int]] = {}
         self._mirror_lock = threading.Lock()
         self._names_lock = threading.Lock()  # a name's check and its submission, together
         self._tracked = _Tracked(self)
@@ -193,6 +198,7 @@ class ServiceCore(EnforcementHooks):
         self._state_lock: IO[str] | None = None
         self._db_claim: DatabaseClaim | None = None
         self._tree: QueueTree | None = None
+        self._queues: dict[str, QueueRecord] | None = None
         self._empty = ClusterState(self.machine.nodes)
         self._background: set[asyncio.Task[object]] = set()
         self._fail_reasons: dict[str, str] = {}  # stopped by the memory guard: why
@@ -410,8 +416,11 @@ class ServiceCore(EnforcementHooks):
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None
         if record.is_active:
+            if record.id not in self._records:
+                self._name_taken(record, True)
             self._records[record.id] = record
-        elif self._records.pop(record.id, None) is not None:
+        elif (earlier := self._records.pop(record.id, None)) is not None:
+            self._name_taken(earlier, False)
             self.usage.ended(record.owner_uid, record.queue)
         if record.mig_request is not None:  # the MIG pass's, never the core's
             if record.is_active:
@@ -435,6 +444,46 @@ class ServiceCore(EnforcementHooks):
             self._active.pop(record.id, None)
             log.warning("workload %s is placed on a node that is gone", record.id)
 
+    def _name_taken(self, record: WorkloadRecord, active: bool) -> None:
+        """Keep the mirror's name index: ``record`` became active (True) or ended."""
+        key = (record.owner_uid, record.name)
+        if active:
+            self._named.setdefault(key, set()).add(record.id)
+        elif (ids := self._named.get(key)) is not None:
+            ids.discard(record.id)
+            if not ids:
+                del self._named[key]
+        array = record.array
+        if array is None:
+            return
+        tasks = self._arrays.setdefault((record.owner_uid, array.name), {})
+        left = tasks.get(array.id, 0) + (1 if active else -1)
+        if left > 0:
+            tasks[array.id] = left
+        else:
+            tasks.pop(array.id, None)
+            if not tasks:
+                del self._arrays[(record.owner_uid, array.name)]
+
+    def _active_holders(self, owner_uid: int, names: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """Which of ``names`` the owner's active workloads or arrays have: name -> (id,
+        phase) (the earliest submitted where several have it; ``(array id, "an array")``
+        for an array's name), from the mirror's name index (dictionary lookups, no store
+        read; the mirror is loaded first)."""
+        self._workloads()
+        found: dict[str, tuple[str, str]] = {}
+        with self._mirror_lock:
+            for name in names:
+                ids = self._named.get((owner_uid, name))
+                if ids:
+                    first = min(
+                        (self._records[i] for i in ids), key=lambda r: (r.submitted_at, r.id)
+                    )
+                    found[name] = (first.id, first.phase)
+                elif arrays := self._arrays.get((owner_uid, name)):
+                    found[name] = (next(iter(arrays)), "an array")
+        return found
+
     def checkpointed_gpus(self, workload_id: str, node: str) -> tuple[int, ...] | None:
         """Overridden where workloads are suspended (:mod:`fgpu.server.suspending`): None."""
         return None
@@ -449,8 +498,21 @@ class ServiceCore(EnforcementHooks):
         """The queue tree, read again only after a queue change through this service."""
         tree = self._tree
         if tree is None:
-            tree = self._tree = self.store.queue_tree()
+            tree = self._tree = QueueTree(q.to_spec() for q in self._queue_records().values())
         return tree
+
+    def _queue_records(self) -> dict[str, QueueRecord]:
+        """Every queue as stored, by name: read again only after a queue change through
+        this service (:meth:`_queues_changed`)."""
+        queues = self._queues
+        if queues is None:
+            queues = self._queues = {q.name: q for q in self.store.list_queues()}
+        return queues
+
+    def _queues_changed(self) -> None:
+        """Forget the queues read (a queue change through this service)."""
+        self._tree = None
+        self._queues = None
 
     def _node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.machine.nodes)}

@@ -153,21 +153,21 @@ class Service(SchedulingLoop):
         if sub.mig_request is not None:
             request = self.mig.request_for(sub.mig_request)
         assert request is not None
+        queues = self._queue_records()
         tree = self._queue_tree()
         queue_name = body.queue
         if queue_name is None:  # the caller's default queue
             queue_name = default_queue_of(
-                self.store.list_queues(), identity_of(caller.uid), DEFAULT_QUEUE
+                list(queues.values()), identity_of(caller.uid), DEFAULT_QUEUE
             )
         if queue_name not in tree:
             known = ", ".join(sorted(tree.specs))
             raise BadRequest("queue", f"unknown queue {queue_name!r}; queues: {known}")
         if queue_name not in tree.leaves:
             raise BadRequest("queue", f"queue {queue_name!r} has child queues; submit to a leaf")
-        try:
-            queue = self.store.get_queue(queue_name).config
-        except NotFound:  # removed since the tree was read
-            raise BadRequest("queue", f"unknown queue {queue_name!r}") from None
+        if queue_name not in queues:  # changed since the tree was read
+            raise BadRequest("queue", f"unknown queue {queue_name!r}")
+        queue = queues[queue_name].config
         # a memory-only share counts as its share of the largest GPU it may run on
         eligible = [
             n
@@ -213,10 +213,7 @@ class Service(SchedulingLoop):
             if not checked:
                 limits.check_usage(self.usage.usage(caller.uid, queue_name), queue, size, adding)
                 checked = True
-            _, found = store.active_holders(caller.uid, names, count=False)
-            for array_name, array_id in store.active_array_names(caller.uid, names).items():
-                found.setdefault(array_name, (array_id, "an array"))
-            return found
+            return self._active_holders(caller.uid, names)
 
         with self._names_lock:  # names are unique among the owner's active workloads
             if keyed is not None:  # the same key may have been stored since the first look
@@ -568,9 +565,9 @@ class Service(SchedulingLoop):
             self._check_defaults_are_members(config)
         try:
             with self._lock:
-                self._tree = None
+                self._queues_changed()
                 change()
-                self._tree = None
+                self._queues_changed()
         except InvalidRequestError as exc:
             raise BadRequest(exc.field, exc.reason) from None
         except NotFound as exc:

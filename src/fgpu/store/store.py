@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import cast
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
@@ -72,6 +74,13 @@ _INSERT_EVENT = insert(Base.metadata.tables[EventRow.__tablename__])
 # an id is taken by a workload or by an array (whose id is none of its tasks')
 _ID_TAKEN = select(_WORKLOADS.c.id).where(
     or_(_WORKLOADS.c.id == bindparam("id"), _WORKLOADS.c.array_id == bindparam("id"))
+)
+# a queue and its children, read-locked (a leaf has itself and nothing else): built once,
+# as the submissions' hot path runs it every time
+_QUEUE_AND_CHILDREN = (
+    select(_QUEUES.c.name, _QUEUES.c.parent)
+    .where(or_(_QUEUES.c.name == bindparam("queue"), _QUEUES.c.parent == bindparam("queue")))
+    .with_for_update(read=True)
 )
 
 
@@ -208,13 +217,7 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
             # Core statements on the session's connection (no ORM compilation or unit of
             # work): this is the hot path of the service's submissions.
             connection = session.connection()
-            queues = _QUEUES.c
-            # one query for the queue and its children: a leaf has itself and nothing else
-            names = connection.execute(
-                select(queues.name, queues.parent)
-                .where(or_(queues.name == queue, queues.parent == queue))
-                .with_for_update(read=True)
-            ).all()
+            names = connection.execute(_QUEUE_AND_CHILDREN, {"queue": queue}).all()
             if not any(found == queue for found, _ in names):
                 raise InvalidRequestError("queue", f"unknown queue {queue!r}")
             children = sorted(found for found, parent in names if parent == queue)
@@ -272,7 +275,11 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
                         }
                     ],
                 )
-                records.append(convert.workload_record(WorkloadRow(**values)))
+                # the record from the values as written (a plain namespace: an ORM row's
+                # instrumented construction would cost more than the insert)
+                records.append(
+                    convert.workload_record(cast(WorkloadRow, SimpleNamespace(**values)))
+                )
             if idempotency is not None:
                 self._claim_key(session, owner_uid, *idempotency, records[0].id)
             return records
