@@ -209,3 +209,49 @@ def test_a_submission_without_a_key_is_stored_each_time(server: ServerProcess) -
     body = {"command": SLEEP, "gpu": "0.25", "grace_s": 1}
     ids = {post(server, "", body)["body"]["id"] for _ in range(2)}
     assert len(ids) == 2
+
+
+def test_the_same_key_twice_at_once_stores_one_workload(tmp_path: Path) -> None:
+    """Two submissions with one key, both past the first look before either is stored (a
+    barrier holds each there until the other arrives): the store refuses the second claim,
+    which is answered with the first's workload; one workload is stored."""
+    from fgpu.server.service import Caller, Service
+    from fgpu.wire import SubmitRequest
+
+    svc = Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "f.db"))
+    try:
+        me = Caller(0, admin=True)
+        both_looked = threading.Barrier(2, timeout=60)
+        first_look = svc._replay
+        looked: set[int] = set()
+
+        def replay_then_wait(caller: Caller, keyed: tuple[str, str]) -> Any:
+            answer = first_look(caller, keyed)
+            if threading.get_ident() not in looked:  # only each thread's first look waits
+                looked.add(threading.get_ident())
+                both_looked.wait()
+            return answer
+
+        svc._replay = replay_then_wait  # type: ignore[method-assign]
+        body = SubmitRequest(command=SLEEP, gpu="0.5", name="once")
+        answers: list[str] = []
+        errors: list[BaseException] = []
+
+        def submit() -> None:
+            try:
+                answers.append(svc.submit(me, body, idempotency_key="k-twice").id)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=submit) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == []
+        assert len(answers) == 2, answers
+        assert answers[0] == answers[1], answers
+        stored = [w for w in svc.list_workloads(include_done=True) if w.name == "once"]
+        assert [w.id for w in stored] == [answers[0]]
+    finally:
+        svc.store.close()

@@ -410,8 +410,18 @@ class ServiceCore(EnforcementHooks):
             for node, devices in self.machine.devices.items()
             for index, device in enumerate(devices)
         }
-        names = {r.id: r.name for r in self._active_records()}
-        return lambda text: as_listed(text, gpus, names)
+        self._workloads()  # loads the mirror once
+        with self._mirror_lock:
+            names = {r.id: r.name for r in self._records.values()}
+        done: dict[str, str] = {}  # many waiting workloads share a reason's text
+
+        def listed(text: str) -> str:
+            found = done.get(text)
+            if found is None:
+                found = done[text] = as_listed(text, gpus, names)
+            return found
+
+        return listed
 
     def _mirror(self, record: WorkloadRecord, index: dict[str, int]) -> None:
         assert self._active is not None

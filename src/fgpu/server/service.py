@@ -69,7 +69,7 @@ from fgpu.server.listing import MAX_PAGE, format_cursor, parse_cursor
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
-from fgpu.server.quotas import SubmissionLimits
+from fgpu.server.quotas import LimitReached, SubmissionLimits
 from fgpu.states import governor_word
 from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
 from fgpu.store.idempotency import fingerprint
@@ -215,57 +215,62 @@ class Service(SchedulingLoop):
                 checked = True
             return self._active_holders(caller.uid, names)
 
-        with self._names_lock:  # names are unique among the owner's active workloads
-            if keyed is not None:  # the same key may have been stored since the first look
-                earlier = self._replay(caller, keyed)
-                if earlier is not None:
-                    return earlier
-            if body.name:
-                name = sub.name
-                check_name_free(name, holders([name]).get(name))
-            else:
-                if self._name_picker is None:
-                    self._name_picker = NamePicker(NAME_LENGTH)
-                name = self._name_picker.pick(
-                    caller.uid,
-                    base_name(sub.argv, body.shell),
-                    holders,
-                    lambda prefix: store.active_names(caller.uid, prefix),
-                )
-            if plan.array is not None:
-                return self._submit_array(
-                    caller,
-                    body,
-                    sub,
-                    request,
-                    name,
-                    plan,
-                    holders,
-                    queue_name=queue_name,
-                    keyed=keyed,
-                    stored=size,
-                )
-            try:
-                record = self._tracked.submit(
-                    time_limit_s=plan.time_limit_s,
-                    dependency=plan.dependency,
-                    owner_uid=caller.uid,
-                    queue=queue_name,
-                    request=request,
-                    argv=sub.argv,
-                    name=name,
-                    priority=sub.priority,
-                    preemptible=body.preemptible,
-                    shell=body.shell,
-                    cwd=body.cwd,
-                    env=body.env,
-                    grace_s=body.grace_s,
-                    mig_request=sub.mig_request,
-                    idempotency=keyed,
-                )
-            except InvalidRequestError as exc:
-                raise BadRequest(exc.field, exc.reason) from None
-            self.usage.submitted(caller.uid, queue_name, size)
+        try:
+            with self._names_lock:  # names are unique among the owner's active workloads
+                if body.name:
+                    name = sub.name
+                    check_name_free(name, holders([name]).get(name))
+                else:
+                    if self._name_picker is None:
+                        self._name_picker = NamePicker(NAME_LENGTH)
+                    name = self._name_picker.pick(
+                        caller.uid,
+                        base_name(sub.argv, body.shell),
+                        holders,
+                        lambda prefix: store.active_names(caller.uid, prefix),
+                    )
+                if plan.array is not None:
+                    return self._submit_array(
+                        caller,
+                        body,
+                        sub,
+                        request,
+                        name,
+                        plan,
+                        holders,
+                        queue_name=queue_name,
+                        keyed=keyed,
+                        stored=size,
+                    )
+                try:
+                    record = self._tracked.submit(
+                        time_limit_s=plan.time_limit_s,
+                        dependency=plan.dependency,
+                        owner_uid=caller.uid,
+                        queue=queue_name,
+                        request=request,
+                        argv=sub.argv,
+                        name=name,
+                        priority=sub.priority,
+                        preemptible=body.preemptible,
+                        shell=body.shell,
+                        cwd=body.cwd,
+                        env=body.env,
+                        grace_s=body.grace_s,
+                        mig_request=sub.mig_request,
+                        idempotency=keyed,
+                    )
+                except InvalidRequestError as exc:
+                    raise BadRequest(exc.field, exc.reason) from None
+                self.usage.submitted(caller.uid, queue_name, size)
+        except (StoreConflict, Conflict, LimitReached):
+            # the same retry twice at once, the key stored since the first look: the
+            # second finds its name taken, its limit reached or (the store refusing its
+            # claim of the key) nothing written; it is answered as the first
+            earlier = self._replay(caller, keyed) if keyed is not None else None
+            if earlier is None:
+                raise
+            return earlier
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 
