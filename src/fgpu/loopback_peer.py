@@ -6,15 +6,16 @@ Two sources, the same answer:
 - **sock_diag** (``NETLINK_SOCK_DIAG``, ``SOCK_DIAG_BY_FAMILY`` with an exact
   ``inet_diag_req_v2``; Linux ``sock_diag(7)``, ``linux/inet_diag.h``): the kernel looks the
   one socket up by its address pair in its connection hash, about 15 µs whatever the number
-  of sockets. This is what :func:`owner_uid` asks first.
+  of sockets. This is what :meth:`OwnerLookup.owner_uid` asks first.
 - **the socket tables** ``/proc/net/tcp`` and ``/proc/net/tcp6`` (``proc(5)``, as ``ss``
   without netlink reads them): one line per socket, ``local_address`` and ``rem_address``
   written ``HEX_IP:HEX_PORT`` (the address as the kernel stores it, each 32-bit word printed
   as a host-order integer, so ``127.0.0.1`` is ``0100007F`` on a little-endian host; the port
   printed as a number, so big-endian digits), the 8th column the owning uid, the 10th the
   inode (0 once no process holds the socket). Reading them costs time in proportion to all
-  the sockets of the machine (67 ms with 8,000 on the development machine), so
-  :func:`owner_uid` reads them only where the kernel has no sock_diag for TCP.
+  the sockets of the machine (``bench/loopback_owner.py``: 216 ms a lookup with 16,000
+  loopback sockets open, against 13 µs by sock_diag, on 2 busy cores), so
+  :meth:`OwnerLookup.owner_uid` reads them only where the kernel has no sock_diag for TCP.
 
 The client's socket of a connection that a server accepted on ``server`` from ``client`` is
 the one whose local end is ``client`` and remote end ``server``. Only a socket that a

@@ -1,5 +1,6 @@
 """The owner of a loopback connection's client socket (issue 27, point 1), with real local
-users: alice and bob each connect to a listener of the test over ``127.0.0.1`` and ``::1``;
+users: alice and bob each connect to a listener of the test over ``127.0.0.1``, ``::1`` and
+``::`` taking IPv4 (``::ffff:127.0.0.1``);
 sock_diag and the socket tables (``/proc/net/tcp*``) both name each one's uid, and a client
 that already closed its socket is nobody (not root, as the kernel's uid 0 for a socket
 no process holds would say)."""
@@ -38,12 +39,16 @@ def users() -> None:
     ensure_users()
 
 
-@pytest.fixture(params=["127.0.0.1", "::1"])
+@pytest.fixture(params=["127.0.0.1", "::1", "::"])
 def listener(request: pytest.FixtureRequest) -> Iterator[socket.socket]:
+    """A listening socket on ``127.0.0.1``, ``::1``, or ``::`` taking IPv4 too (its
+    clients connect to ``127.0.0.1`` and are seen as ``::ffff:127.0.0.1``)."""
     host = request.param
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as server:
         try:
+            if host == "::":
+                server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             server.bind((host, 0))
         except OSError:
             pytest.skip(f"no {host} here")
@@ -54,6 +59,7 @@ def listener(request: pytest.FixtureRequest) -> Iterator[socket.socket]:
 
 def connect_as(user: str, server: socket.socket) -> subprocess.Popen[str]:
     host, port = server.getsockname()[:2]
+    host = "127.0.0.1" if host == "::" else host
     return subprocess.Popen(
         [*as_user(user), sys.executable, "-c", CLIENT, host, str(port)],
         stdin=subprocess.PIPE,

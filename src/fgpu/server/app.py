@@ -8,7 +8,7 @@ loop.
 Identity:
 
 - on the Unix socket, the caller's uid comes from the connection's peer credentials, which
-  :mod:`fgpu.server.uds` puts in the ASGI scope under :data:`PEER_UID`; the caller is an
+  :mod:`fgpu.server.peerconn` puts in the ASGI scope under :data:`PEER_UID`; the caller is an
   admin when the uid is 0 or one of the service's admins;
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token

@@ -4,7 +4,7 @@ Without them one local user holding many half-open connections (a partial reques
 more line every few seconds) took every file descriptor of the server: other users' requests
 failed, the governor could not open its freezer files, and every refused ``accept`` was
 logged. Three rules, applied by :class:`ConnectionGuard` where a connection is accepted
-(:class:`fgpu.server.uds.PeerCredProtocol`):
+(:class:`fgpu.server.peerconn.PeerCredProtocol`):
 
 - **per peer:** at most :attr:`ConnectionLimits.per_peer` open connections per caller (its
   *client key*, :func:`peer_of`): the peer's uid on the Unix socket (``SO_PEERCRED``); on
@@ -214,7 +214,7 @@ class ConnectionGuard:
         self.timed_out = 0
         """Connections cut off for an incomplete request so far."""
         self.lingering = 0
-        """Refused connections being closed lingering now (:mod:`fgpu.server.uds`)."""
+        """Refused connections being closed lingering now (:mod:`fgpu.server.peerconn`)."""
         self.refusals = ThrottledLog("refused connections")
         self.cutoffs = ThrottledLog("closed connections with an incomplete request")
 
