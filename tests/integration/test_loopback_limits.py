@@ -16,6 +16,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -182,6 +183,7 @@ def test_bob_at_his_cap_on_loopback_leaves_alice_her_connections(
 
 def test_wrong_bearer_tokens_are_limited_per_local_user(served: ServerProcess) -> None:
     server = served
+    started = time.monotonic()
     bob = uid_of(BOB)
     answers = requests_as(BOB, server, *[api("not-the-token")] * GUESS_FAILURES)
     assert [status for status, _ in answers] == [401] * GUESS_FAILURES
@@ -197,10 +199,10 @@ def test_wrong_bearer_tokens_are_limited_per_local_user(served: ServerProcess) -
     for user in (ALICE, "root"):
         for status, answer in requests_as(user, server, *[api(TOKEN)] * 10):
             assert status == 200, answer[:400]
-    # seven wrong or refused tokens, one log line (the next comes a minute later at the
-    # earliest, with the count since)
+    # seven wrong or refused tokens, one log line: the next comes a minute after it at the
+    # earliest (with the count since), which only a test slowed past a minute would see
     lines = [ln for ln in server.server_log().splitlines() if "wrong or refused tokens" in ln]
-    assert len(lines) == 1, lines
+    assert 1 <= len(lines) <= 1 + (time.monotonic() - started) // 60, lines
     assert f"a wrong token from uid {bob}" in lines[0]
 
 
