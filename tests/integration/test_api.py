@@ -28,8 +28,9 @@ import pytest
 
 from fgpu.client import Client, ClientError, ServerUnavailable
 from fgpu.server.app import PEER_UID, create_app
+from fgpu.server.peerconn import peer_uid
 from fgpu.server.service import Service
-from fgpu.server.uds import ApiServer, SocketInUse, parse_listen, peer_uid
+from fgpu.server.uds import ApiServer, SocketInUse, parse_listen
 from fgpu.wire import LOG_OFFSET_HEADER, SubmitRequest
 
 TOKEN = "s3cret-token-for-tests"

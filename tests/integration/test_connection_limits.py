@@ -23,6 +23,7 @@ from tests.localusers import ALICE, BOB, as_user, ensure_users, uid_of
 from tests.serverproc import ServerProcess, started_server, wait_for
 
 LONG_S = 60.0
+TOKEN = "connection-limits-token-0123456789"
 
 HOLDER = r"""
 import json, socket, sys
@@ -53,35 +54,66 @@ sys.stdin.read()  # hold the connections until the test closes our stdin
 
 SLOW = r"""
 import json, select, socket, sys, time
-path = sys.argv[1]
-silent = socket.socket(socket.AF_UNIX)
-silent.connect(path)
-slow = socket.socket(socket.AF_UNIX)
-slow.connect(path)
-slow.sendall(b"GET /v1/healthz HTTP/1.1\r\n")
-answers = {"silent": b"", "slow": b""}
-open_ = {"silent": silent, "slow": slow}
-lines = 0
+target = sys.argv[1]
+
+
+def connect():
+    if target.startswith("unix:"):
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(target[5:])
+        return s
+    host, port = target[4:].rsplit(":", 1)
+    return socket.create_connection((host, int(port)))
+
+
+# seconds between header lines: silent sends nothing, slow a line each half second (a
+# slowloris); late too, and then, when its answer has come, 10 lines more at once (a client
+# still sending when the server answers), before it reads on
+every = {"silent": None, "slow": 0.5, "late": 0.5}
+conns = {name: connect() for name in every}
+for name in ("slow", "late"):
+    conns[name].sendall(b"GET /v1/healthz HTTP/1.1\r\n")
+answers = {name: b"" for name in every}
+ends = {}
+lines = {name: 0 for name in every}
+late_sent = []
+due = {name: time.monotonic() for name in every}
+open_ = dict(conns)
 deadline = time.monotonic() + 40
 while open_ and time.monotonic() < deadline:
     ready, _, _ = select.select(list(open_.values()), [], [], 0.5)
     for name, s in list(open_.items()):
         if s in ready:
-            chunk = s.recv(65536)
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:  # the end, after what was read so far
+                ends[name] = "reset"
+                del open_[name]
+                continue
             answers[name] += chunk
             if not chunk:
+                ends[name] = "eof"
                 del open_[name]
-    if "slow" in open_ and not ready:
-        try:
-            slow.sendall(b"x-line-%d: 1\r\n" % lines)  # one more header line, never the end
-            lines += 1
-        except OSError:
-            pass
+            elif name == "late" and not late_sent:
+                for n in range(10):
+                    try:
+                        s.sendall(b"x-late-%d: 1\r\n" % n)
+                        late_sent.append("sent")
+                    except OSError as exc:
+                        late_sent.append(type(exc).__name__)
+        elif every[name] is not None and not answers[name] and time.monotonic() >= due[name]:
+            try:
+                s.sendall(b"x-line-%d: 1\r\n" % lines[name])  # one more line, never the end
+                lines[name] += 1
+            except OSError:
+                pass
+            due[name] = time.monotonic() + every[name]
 print(json.dumps({
-    "silent": answers["silent"].decode(errors="replace"),
-    "slow": answers["slow"].decode(errors="replace"),
+    "answers": {name: a.decode(errors="replace") for name, a in answers.items()},
+    "ends": ends,
     "still_open": sorted(open_),
     "lines": lines,
+    "late_sent": late_sent,
 }), flush=True)
 """
 
@@ -161,16 +193,21 @@ def test_bob_at_his_connection_cap_leaves_alice_and_the_governor_working(
 @pytest.fixture
 def hurried(users: None) -> Iterator[ServerProcess]:
     extra = ["--request-timeout", "2"]
-    with started_server("fgpu-slow-", "1xA100-40GB", for_local_users=True, extra=extra) as s:
+    with started_server(
+        "fgpu-slow-", "1xA100-40GB", for_local_users=True, token=TOKEN, token_user="65534",
+        extra=extra,
+    ) as s:  # fmt: skip
         yield s
 
 
+@pytest.mark.parametrize("over", ["unix", "tcp"])
 def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
-    hurried: ServerProcess,
+    hurried: ServerProcess, over: str
 ) -> None:
     server = hurried
+    target = f"unix:{server.socket}" if over == "unix" else f"tcp:127.0.0.1:{server.tcp_port}"
     run = subprocess.run(
-        [*as_user(BOB), sys.executable, "-c", SLOW, str(server.socket)],
+        [*as_user(BOB), sys.executable, "-c", SLOW, target],
         capture_output=True,
         text=True,
         timeout=LONG_S + 30,
@@ -178,11 +215,16 @@ def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
     )
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
-    assert seen["still_open"] == [], seen  # both closed by the server within the 40 s
-    for name in ("silent", "slow"):
-        assert seen[name].startswith("HTTP/1.1 408 "), seen
-        assert "--request-timeout" in seen[name], seen
+    assert seen["still_open"] == [], seen  # all closed by the server within the 40 s
+    for name in ("silent", "slow", "late"):
+        assert seen["answers"][name].startswith("HTTP/1.1 408 "), seen
+        assert "--request-timeout" in seen["answers"][name], seen
+        # the whole answer, then the end of the connection: the server shut its side after
+        # the answer and read (and dropped) what the client still sent, so the client's
+        # sends go through and the server's close cannot reset the connection
+        assert seen["ends"][name] == "eof", seen
+    assert seen["late_sent"] == ["sent"] * 10, seen
     # the slowloris kept sending (a line each half second) and was cut all the same
-    assert seen["lines"] >= 1, seen
+    assert seen["lines"]["slow"] >= 1, seen
     # and the server still answers
     assert server.cli("ls", user=as_user(BOB)).returncode == 0

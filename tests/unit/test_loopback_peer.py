@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from fgpu.cli import loopback_peer
+from fgpu import loopback_peer
 
 pytestmark = pytest.mark.skipif(not loopback_peer.supported(), reason="no /proc/net/tcp")
 

@@ -8,7 +8,7 @@ and shows exactly what it would show them (another user's logs stay refused).
 Anyone on the machine can reach a loopback port, so the port alone proves nothing:
 
 - on Linux every connection's client socket must belong to the user who ran ``fgpu ui``
-  (its owner is read from ``/proc/net/tcp*``, :mod:`fgpu.cli.loopback_peer`); another user,
+  (its owner is read from ``/proc/net/tcp*``, :mod:`fgpu.loopback_peer`); another user,
   root included, gets 403;
 - the URL ``fgpu ui`` prints carries a random key, usable once: the first request trades it
   for a fresh random session cookie (HttpOnly, SameSite=Strict; not the key), and the key is
@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import httpx
 
-from fgpu.cli import loopback_peer
+from fgpu import loopback_peer
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

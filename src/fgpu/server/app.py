@@ -8,18 +8,21 @@ loop.
 Identity:
 
 - on the Unix socket, the caller's uid comes from the connection's peer credentials, which
-  :mod:`fgpu.server.uds` puts in the ASGI scope under :data:`PEER_UID`; the caller is an
+  :mod:`fgpu.server.peerconn` puts in the ASGI scope under :data:`PEER_UID`; the caller is an
   admin when the uid is 0 or one of the service's admins;
 - without peer credentials (the TCP listener), a bearer token is required, compared in
   constant time; the caller is then the server's own uid, as an admin. With no token
-  configured, such requests are refused. Only ``/v1/healthz`` and ``/v1/readyz`` answer
+  configured, such requests are refused. Wrong tokens are limited per client key
+  (:mod:`fgpu.server.guesses`): a client past the limit gets 429 with ``Retry-After``,
+  its token not looked at. Only ``/v1/healthz`` and ``/v1/readyz`` answer
   without it; the
   OpenAPI document (``/openapi.json``), ``/docs``, ``/metrics`` (Prometheus) and the
   dashboard (``/ui``, :mod:`fgpu.server.dashboard`) need it too.
 
 Every refusal has the body ``{"detail": {"field": ..., "reason": ...}}``: service refusals
 (:class:`fgpu.rules.errors.ServiceError`) with their status, request validation errors
-(malformed JSON, wrong types, unknown fields) with 422, a missing or wrong token with 401.
+(malformed JSON, wrong types, unknown fields) with 422, a missing or wrong token with 401,
+a client over the limit of wrong tokens with 429.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import hmac
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal, Protocol
 
@@ -54,6 +57,7 @@ from fgpu.log_files import read_log
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
+from fgpu.server.guesses import GuessThrottle
 from fgpu.server.listing import DEFAULT_PAGE, MAX_PAGE
 from fgpu.server.service import Caller
 from fgpu.store.errors import StoreUnwritable
@@ -77,6 +81,10 @@ from fgpu.wire_basics import IDEMPOTENCY_HEADER
 
 PEER_UID = "fgpu.peer_uid"
 """ASGI scope key holding the uid of the process on the other end of a Unix socket."""
+CLIENT_KEY = "fgpu.client_key"
+"""ASGI scope key holding what the connection is counted under (``uid 1001`` on the Unix
+socket and for a local TCP client's socket, else ``address 192.0.2.7``;
+:func:`fgpu.server.connlimit.peer_of`): never an identity, only the key of the limits."""
 
 LOG_CHUNK_MAX = 8 * 2**20
 """Most log bytes one ``GET .../logs`` answers (the client asks again from the next offset)."""
@@ -253,9 +261,28 @@ def current_caller(request: Request) -> Caller:
     if scheme.lower() != "bearer" or not given.strip():
         missing = {"field": "authorization", "reason": "a bearer token is required"}
         raise HTTPException(401, missing, unauthorized)
+    client = client_key(request)
+    wait = settings.guesses.check(settings.account, client)
+    if wait is not None:  # refused before the token is looked at
+        limited = {"field": "authorization", "reason": wait.reason}
+        raise HTTPException(429, limited, {"Retry-After": str(wait.seconds)})
     if not hmac.compare_digest(given.strip().encode(), settings.token):
+        settings.guesses.failed(settings.account, client)
         raise HTTPException(401, {"field": "authorization", "reason": "wrong token"}, unauthorized)
+    settings.guesses.succeeded(settings.account, client)
     return Caller(uid=settings.token_uid, admin=settings.is_admin(settings.token_uid))
+
+
+def client_key(request: Request) -> str:
+    """What a request's failed tokens count under: its connection's
+    :data:`CLIENT_KEY`, else ``uid N`` for a Unix socket peer, else ``address HOST``."""
+    key = request.scope.get(CLIENT_KEY)
+    if isinstance(key, str):
+        return key
+    uid = request.scope.get(PEER_UID)
+    if isinstance(uid, int):
+        return f"uid {uid}"
+    return f"address {request.client.host if request.client is not None else '?'}"
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
@@ -278,6 +305,13 @@ class _Settings:
     token: bytes | None
     server_uid: int
     token_uid: int
+    guesses: GuessThrottle = field(default_factory=GuessThrottle)
+    """Wrong tokens (API and dashboard login together) per (account, client key)."""
+
+    @property
+    def account(self) -> str:
+        """The account a token logs in as (the token user's uid; one per server)."""
+        return f"uid {self.token_uid}"
 
     def is_admin(self, uid: int) -> bool:
         """Root, the server's own user and the configured admins manage everything."""
@@ -386,7 +420,7 @@ def create_app(
     _install_error_handlers(app)
 
     refusals: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422, 507)
+        code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422, 429, 507)
     }
     too_large: dict[int | str, dict[str, Any]] = {
         413: {"model": ErrorResponse, "description": f"the body is over {MAX_BODY_BYTES} bytes"}

@@ -4,11 +4,17 @@ Without them one local user holding many half-open connections (a partial reques
 more line every few seconds) took every file descriptor of the server: other users' requests
 failed, the governor could not open its freezer files, and every refused ``accept`` was
 logged. Three rules, applied by :class:`ConnectionGuard` where a connection is accepted
-(:class:`fgpu.server.uds.PeerCredProtocol`):
+(:class:`fgpu.server.peerconn.PeerCredProtocol`):
 
-- **per peer:** at most :attr:`ConnectionLimits.per_peer` open connections per caller: the
-  peer's uid on the Unix socket (``SO_PEERCRED``), the remote address on TCP. One more is
-  answered at once with HTTP 429 and closed.
+- **per peer:** at most :attr:`ConnectionLimits.per_peer` open connections per caller (its
+  *client key*, :func:`peer_of`): the peer's uid on the Unix socket (``SO_PEERCRED``); on
+  TCP from this machine (a loopback address, or the server's own address) the uid owning
+  the client's socket (:mod:`fgpu.loopback_peer`), so that local users, who all come from
+  ``127.0.0.1`` or ``::1``, each have their own count, shared with their socket
+  connections; else the remote address. One more is answered at once with HTTP 429 and
+  closed. The uid only counts connections (and failed tokens,
+  :mod:`fgpu.server.guesses`): it never grants anything, a TCP caller is still who its
+  token says.
 - **in total:** at most :attr:`ConnectionLimits.total` open connections, by default the
   process's file limit (``RLIMIT_NOFILE``, soft) less :attr:`ConnectionLimits.reserve`
   descriptors kept for the store, the governor and the memory guard and the workloads' logs.
@@ -168,8 +174,13 @@ Peer = tuple[str, int | str]
 
 
 def peer_of(uid: int | None, peername: object) -> Peer:
-    """The key a connection is counted under: its uid when the kernel gave one, else the
-    remote host of a TCP peer name (``(host, port, ...)``), else ``("address", "?")``."""
+    """The key a connection is counted under: ``uid`` when one is known (the Unix socket's
+    peer credentials, or the owner of a local TCP client's socket), else the remote host of
+    a TCP peer name (``(host, port, ...)``), else ``("address", "?")``.
+
+    A local TCP client whose socket's owner cannot be found (it closed before the server
+    looked, or the kernel does not say) falls back to its address, ``127.0.0.1`` or ``::1``,
+    which it then shares with every other local client in the same case."""
     if uid is not None:
         return ("uid", uid)
     if isinstance(peername, tuple) and peername:
@@ -202,6 +213,8 @@ class ConnectionGuard:
         """Connections refused so far."""
         self.timed_out = 0
         """Connections cut off for an incomplete request so far."""
+        self.lingering = 0
+        """Refused connections being closed lingering now (:mod:`fgpu.server.peerconn`)."""
         self.refusals = ThrottledLog("refused connections")
         self.cutoffs = ThrottledLog("closed connections with an incomplete request")
 

@@ -1,10 +1,8 @@
 """Serving the API on a Unix socket, with the caller's uid from peer credentials.
 
-uvicorn serves the app; :class:`PeerCredProtocol` (its h11 protocol, one instance per
-connection) reads ``SO_PEERCRED`` when a connection is made and wraps the app for that
-connection so that every request's ASGI scope carries the peer's uid under
-:data:`fgpu.server.app.PEER_UID`. Connections without peer credentials (the optional TCP
-listener) carry nothing, and the app then asks for a bearer token.
+uvicorn serves the app; :class:`fgpu.server.peerconn.PeerCredProtocol` (its HTTP protocol,
+one instance per connection) tags every request with the peer's uid and client key and
+applies the connection limits.
 
 :class:`ApiServer` owns the listening sockets: it creates the socket's folder (0755), takes a
 lock beside the socket so that two servers never share it, refuses to start when another
@@ -25,25 +23,16 @@ import signal
 import socket
 import ssl
 import stat
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from starlette.types import ASGIApp
 
-from fgpu.server.app import PEER_UID
-from fgpu.server.connlimit import (
-    ConnectionGuard,
-    ConnectionLimits,
-    Peer,
-    closing_response,
-    peer_of,
-)
+from fgpu.server.connlimit import ConnectionGuard, ConnectionLimits
+from fgpu.server.peerconn import PeerCredProtocol
 
 log = logging.getLogger("fgpu.server")
 
@@ -53,124 +42,10 @@ PRIVATE_SOCKET_MODE = 0o600
 """Mode of another user's server socket: it serves only that user."""
 FOLDER_MODE = 0o755
 BACKLOG = 2048
-_UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;} (socket(7))
 
 
 class SocketInUse(Exception):
     """Another server holds or answers on the socket, or the path is not ours to take."""
-
-
-def peer_uid(sock: Any) -> int | None:
-    """The uid of the process at the other end of a Unix stream socket, or None for other
-    sockets (TCP) and when the kernel does not say (``SO_PEERCRED``, Linux socket(7))."""
-    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
-        return None
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    except OSError:
-        return None
-    _pid, uid, _gid = _UCRED.unpack(raw)
-    return int(uid)
-
-
-def with_peer_uid(app: ASGIApp, uid: int) -> ASGIApp:
-    """``app`` with ``scope[PEER_UID] = uid`` on every HTTP request of one connection."""
-
-    async def tagged(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope[PEER_UID] = uid
-        await app(scope, receive, send)
-
-    return tagged
-
-
-try:  # httptools parses HTTP in C: about twice the requests per second of pure-Python h11
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpBase
-except ImportError:  # pragma: no cover - httptools is a dependency; h11 is the fallback
-    _HttpBase = H11Protocol  # type: ignore[misc, assignment]
-
-
-class PeerCredProtocol(_HttpBase):
-    """uvicorn's HTTP protocol, tagging the connection's requests with the peer's uid.
-
-    With a :attr:`guard` (:class:`~fgpu.server.connlimit.ConnectionGuard`) it also applies
-    the connection limits: a connection over a cap is answered (429 or 503) and closed before
-    uvicorn sees it, and a request that has not fully arrived within the guard's
-    ``request_timeout_s`` of its first byte (of the connection, for the first request) is
-    answered 408 and closed.
-    """
-
-    guard: ConnectionGuard | None = None
-    _peer: Peer | None = None
-    _refused = False
-    _deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        uid = peer_uid(transport.get_extra_info("socket"))
-        guard = self.guard
-        if guard is not None:
-            peer = peer_of(uid, transport.get_extra_info("peername"))
-            refusal = guard.admit(peer)
-            if refusal is not None:
-                self._refused = True
-                transport.write(closing_response(refusal[0], "connection", refusal[1]))
-                transport.close()
-                return
-            self._peer = peer
-        super().connection_made(transport)
-        if uid is not None:
-            self.app = with_peer_uid(self.app, uid)
-        self._arm_deadline()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._refused:
-            return
-        self._disarm_deadline()
-        if self._peer is not None and self.guard is not None:
-            self.guard.release(self._peer)
-            self._peer = None
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self._deadline is None:
-            self._arm_deadline()
-        super().data_received(data)
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._disarm_deadline()
-
-    def _arm_deadline(self) -> None:
-        if self.guard is None or self._deadline is not None:
-            return
-        self._deadline = self.loop.call_later(
-            self.guard.limits.request_timeout_s, self._request_timed_out
-        )
-
-    def _disarm_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _request_timed_out(self) -> None:
-        self._deadline = None
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self.guard is not None and self._peer is not None:
-            self.guard.note_timeout(self._peer)
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:  # nothing answered on this request yet
-            seconds = self.guard.limits.request_timeout_s if self.guard else 0
-            transport.write(
-                closing_response(
-                    408,
-                    "request",
-                    f"no complete request within {seconds:g} s of its first byte "
-                    "(--request-timeout)",
-                )
-            )
-        transport.close()
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -45,7 +45,6 @@ from fgpu.rules.errors import BadRequest, NotFoundError, ServiceError
 from fgpu.server.dashboard.logtail import tail_chunks
 from fgpu.server.dashboard.sessions import (
     SESSION_LIFETIME_S,
-    LoginThrottle,
     new_session,
     session_valid,
 )
@@ -229,7 +228,7 @@ def _version(body: str) -> str:
 def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     """Add the dashboard's routes (``/ui``, ``/ui/login``, ``/ui/static``) to ``app``."""
     from fgpu.log_files import log_end
-    from fgpu.server.app import current_caller, read_from
+    from fgpu.server.app import client_key, current_caller, read_from
     from fgpu.server.service import Caller
 
     def bounded_url(request: Request) -> None:
@@ -341,37 +340,32 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
         """Where a browser on the TCP listener types the token once."""
         return page(request, "login.html", {"error": None})
 
-    throttle = LoginThrottle()
-
     @app.post("/ui/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         """Check the typed token; set the session cookie (HttpOnly, SameSite=Strict, for
-        :data:`~fgpu.server.dashboard.sessions.SESSION_LIFETIME_S`). An address with
-        :data:`~fgpu.server.dashboard.sessions.LOGIN_FAILURES` failures in the window gets
-        429 with ``Retry-After`` without its token being looked at."""
+        :data:`~fgpu.server.dashboard.sessions.SESSION_LIFETIME_S`). Wrong tokens count with
+        the API's (:mod:`fgpu.server.guesses`, per account and client key: the uid of a
+        local client, else the address); a client over the limit gets 429 with
+        ``Retry-After`` without its token being looked at."""
         settings = request.app.state.fgpu
-        address = request.client.host if request.client is not None else "?"
-        wait_s = throttle.wait_s(address)
-        if wait_s:
-            reason = (
-                f"{throttle.failures} wrong tokens from {address} within "
-                f"{throttle.window_s:g} s; try again in {wait_s} s"
-            )
+        client = client_key(request)
+        wait = settings.guesses.check(settings.account, client)
+        if wait is not None:
             return _templates.TemplateResponse(
                 request,
                 "login.html",
-                {"error": reason},
+                {"error": wait.reason},
                 status_code=429,
-                headers={"Retry-After": str(wait_s)},
+                headers={"Retry-After": str(wait.seconds)},
             )
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         given = (form.get("token") or [""])[0].strip().encode()
         if settings.token is None or not hmac.compare_digest(given, settings.token):
-            throttle.failed(address)
+            settings.guesses.failed(settings.account, client)
             return _templates.TemplateResponse(
                 request, "login.html", {"error": "wrong token"}, status_code=401
             )
-        throttle.succeeded(address)
+        settings.guesses.succeeded(settings.account, client)
         response = RedirectResponse("/ui", status_code=303)
         response.set_cookie(
             SESSION_COOKIE,

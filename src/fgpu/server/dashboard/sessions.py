@@ -6,29 +6,19 @@ digits). It proves the token was typed, cannot be used as the bearer token, and 
 after its expiry (:data:`SESSION_LIFETIME_S` after the login; the browser is told the same
 with ``Max-Age``). A new token ends every session.
 
-:class:`LoginThrottle` refuses a login from an address that failed :data:`LOGIN_FAILURES`
-times within :data:`LOGIN_WINDOW_S`, until the oldest of those failures leaves the window
-(HTTP 429 with ``Retry-After``): the token cannot be guessed at the speed of the server.
+Wrong tokens typed at the login are limited with the API's (:mod:`fgpu.server.guesses`):
+per account and client key (a local client's uid, else its address), with a server-wide
+slow-down; a client over the limit gets HTTP 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import math
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
 
 SESSION_LIFETIME_S = 12 * 3600
 """Seconds a dashboard session lasts from its login."""
-LOGIN_FAILURES = 5
-"""Failed logins from one address within :data:`LOGIN_WINDOW_S` before it must wait."""
-LOGIN_WINDOW_S = 300.0
-"""Seconds over which failed logins are counted."""
-MAX_ADDRESSES = 10_000
-"""Addresses whose failures are remembered at most (the oldest are forgotten first)."""
 
 _LABEL = b"fgpu dashboard session"
 _EXPIRY_DIGITS = 12
@@ -60,64 +50,8 @@ def session_valid(value: str, token: bytes, now: float | None = None) -> bool:
     return (time.time() if now is None else now) < expires
 
 
-class LoginThrottle:
-    """Failed dashboard logins per address, and whether one may try again.
-
-    Args:
-        failures: failures within ``window_s`` after which an address must wait.
-        window_s: the window, seconds.
-        clock: monotonic seconds (tests pass a fake).
-    """
-
-    def __init__(
-        self,
-        failures: int = LOGIN_FAILURES,
-        window_s: float = LOGIN_WINDOW_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.failures = failures
-        self.window_s = window_s
-        self._clock = clock
-        self._failed: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def wait_s(self, address: str) -> int:
-        """Seconds ``address`` must wait before its next login (0: it may try now)."""
-        now = self._clock()
-        with self._lock:
-            times = self._failed.get(address)
-            if times is None:
-                return 0
-            while times and now - times[0] >= self.window_s:
-                times.popleft()
-            if not times:
-                del self._failed[address]
-                return 0
-            if len(times) < self.failures:
-                return 0
-            return max(1, math.ceil(times[0] + self.window_s - now))
-
-    def failed(self, address: str) -> None:
-        """``address`` typed a wrong token."""
-        now = self._clock()
-        with self._lock:
-            times = self._failed.pop(address, None) or deque(maxlen=self.failures)
-            times.append(now)
-            self._failed[address] = times  # re-inserted: the dict is oldest first
-            while len(self._failed) > MAX_ADDRESSES:
-                del self._failed[next(iter(self._failed))]
-
-    def succeeded(self, address: str) -> None:
-        """``address`` typed the right token: its failures are forgotten."""
-        with self._lock:
-            self._failed.pop(address, None)
-
-
 __all__ = [
-    "LOGIN_FAILURES",
-    "LOGIN_WINDOW_S",
     "SESSION_LIFETIME_S",
-    "LoginThrottle",
     "new_session",
     "session_valid",
     "session_value",
