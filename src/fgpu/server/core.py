@@ -380,19 +380,25 @@ class ServiceCore(EnforcementHooks):
         then kept current: a round does not re-read every active workload.
         """
         with self._mirror_lock:
-            if self._active is None:
-                index = self._node_index()
-                self._active = {}
-                for record in self.store.list_workloads(ACTIVE_PHASES):
-                    self._mirror(record, index)
+            self._load_mirror()
+            assert self._active is not None
             return list(self._active.values())
+
+    def _load_mirror(self) -> None:
+        """Read the active workloads into the mirror, the first time (under the mirror's
+        lock)."""
+        if self._active is None:
+            index = self._node_index()
+            self._active = {}
+            for record in self.store.list_workloads(ACTIVE_PHASES):
+                self._mirror(record, index)
 
     def _active_records(self) -> list[WorkloadRecord]:
         """Active workloads (core and MIG) as stored, in submission order, from the mirror
         (no store read once it is loaded): what listings, ``/metrics`` and the dashboard
         show."""
-        self._workloads()  # loads the mirror once
         with self._mirror_lock:
+            self._load_mirror()
             records = list(self._records.values())
         records.sort(key=lambda r: (r.submitted_at, r.id))
         return records
@@ -410,8 +416,8 @@ class ServiceCore(EnforcementHooks):
             for node, devices in self.machine.devices.items()
             for index, device in enumerate(devices)
         }
-        self._workloads()  # loads the mirror once
         with self._mirror_lock:
+            self._load_mirror()
             names = {r.id: r.name for r in self._records.values()}
         done: dict[str, str] = {}  # many waiting workloads share a reason's text
 
@@ -480,9 +486,9 @@ class ServiceCore(EnforcementHooks):
         phase) (the earliest submitted where several have it; ``(array id, "an array")``
         for an array's name), from the mirror's name index (dictionary lookups, no store
         read; the mirror is loaded first)."""
-        self._workloads()
         found: dict[str, tuple[str, str]] = {}
         with self._mirror_lock:
+            self._load_mirror()
             for name in names:
                 ids = self._named.get((owner_uid, name))
                 if ids:

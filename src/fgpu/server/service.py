@@ -200,7 +200,8 @@ class Service(SchedulingLoop):
         limits = self.submission_limits
         size = limits.check_size(sub.argv, body.env, body.cwd)
         store = self.store
-        self._workloads()  # the mirror, which keeps the usage ledger current, is loaded
+        with self._mirror_lock:  # the mirror, which keeps the usage ledger current, is loaded
+            self._load_mirror()
         checked = False
 
         adding = len(plan.array.indices) if plan.array is not None else 1
