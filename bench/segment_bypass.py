@@ -18,7 +18,8 @@ user, the attacker then tries, one scenario at a time:
   only half of it.
 
 ``share`` is the attacker's part of the device time over a window (the fake driver's own
-per-process count: the ground truth), target 0.3; ``events`` the governor's ``gate-ignored``
+per-process count: the ground truth), target 0.3; ``of_wall`` each side's device time over
+the window's length; ``events`` the governor's ``gate-ignored``
 events and how long after the attack began the first came.
 
 ``memory``: the attacker (cap 8 GiB) lifts its cap (writes 0, "no cap", into its memory
@@ -419,6 +420,12 @@ def share_scenario(b: Bench, attack: str, window_s: float) -> dict[str, Any]:
         total = sum(used.values())
         theirs = sum(used[p] for p in mine)
         out["share"] = round(theirs / total, 3) if total else None
+        # each side's device time over the window's wall time: the neighbour's is below its
+        # 0.7 where the machine's CPUs cannot keep its launches coming
+        out["of_wall"] = {
+            "attacker": round(theirs / (window_s * 1e9), 3),
+            "neighbour": round(used[neighbour.pgid] / (window_s * 1e9), 3),
+        }
         out["target_share"] = 0.3
         events = [e for e in gov.events.since(0) if e.kind == "gate-ignored"]
         out["gate_ignored_events"] = len(events)

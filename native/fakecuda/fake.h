@@ -63,6 +63,10 @@ struct fk_ring {
     struct fk_sample s[FK_RING];
 };
 
+/* A waiter's seq at or above this is parked (its process was seen stopped): behind all
+ * others until it runs again (devlock.c). Arrival numbers never get near it. */
+#define FK_PARKED (1ull << 62)
+
 struct fk_waiter {
     _Atomic int32_t pid;  /* 0 = free slot; set first, to claim */
     uint32_t pad;
