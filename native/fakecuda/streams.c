@@ -17,7 +17,6 @@
 #include "graph.h"
 
 #define FK_SLICE_NS 5000000ull /* busy time is published in slices of at most 5 ms */
-#define FK_LATE_NS 2000000ull  /* lateness of a slice's wake-up that is still charged */
 
 struct fk_stream {
     uint32_t magic;
@@ -100,13 +99,7 @@ static void run_op(struct fk_stream *s, struct fk_op *op)
             sleep_until(next);
             if (!fk_dev_held(gpu, waiter))
                 break; /* stopped past its turn: the device went on without it */
-            /* a slice is charged at most FK_LATE_NS past its end: a thread stopped (SIGSTOP,
-             * a frozen cgroup) mid-kernel wakes up long after, when no other process waited
-             * to pass it over, and a GPU runs the kernel to its end without charging the
-             * stop; the kernel's rest is charged in the slices that follow */
             uint64_t now = fk_now_ns();
-            if (now > next + FK_LATE_NS)
-                now = next + FK_LATE_NS;
             fk_dev_busy(gpu, slot, now - last);
             last = now;
         }
