@@ -34,8 +34,9 @@ guard runs (policy kill) from before the workloads start. A neighbour (quota 24 
 18 GiB and allocates and frees 4 GiB more every millisecond, in quota; the attacker (quota
 8 GiB) takes 7.5 times its quota (8 allocations of 7.5 GiB, writing 0 into its reservations
 before each) for 2 ms every 300 ms. Over ``--window`` seconds: whether and when the guard
-stopped the attacker (``detected``, ``stopped_after_ms`` from its first burst), the bursts it
-made, and the neighbour's in-quota allocations that failed (``neighbour_failed``).
+stopped the attacker (``detected``, ``stopped_after_ms`` from the start of its first burst),
+the bursts it made (at least the one it was stopped in), and the neighbour's in-quota
+allocations that failed (``neighbour_failed``).
 
 The offsets written come from the ``fgpu_seg.h`` of the tree whose ``fgpu`` is imported, so
 the same script measures an older tree (``PYTHONPATH=<old>/src``) for a before/after pair.
@@ -171,6 +172,7 @@ cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
 dev, ctx = ctypes.c_int(), ctypes.c_void_p()
 cu.cuInit(0); cu.cuDeviceGet(ctypes.byref(dev), 0)
 cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+print(json.dumps({"start_ns": time.monotonic_ns()}), flush=True)  # the first burst follows
 n = 0
 while True:
     ptrs, at = [], time.monotonic_ns()
@@ -552,19 +554,20 @@ def burst_trial(b: Bench, window_s: float) -> dict[str, Any]:
                 ),
             ]
         )
-        first = b.first_lines(attacker, 1)[0]
+        start = b.first_lines(attacker, 1)[0]["start_ns"]
         result = b.first_lines(neighbour, 2)[1]  # its window began when it was ready
         lines = attacker.stdout_path.read_text().splitlines()
-        bursts = [json.loads(line) for line in lines if line.startswith("{")]
+        bursts = [json.loads(line) for line in lines if '"burst"' in line]
         out: dict[str, Any] = {
-            "burst_held_gib": first["held"] / GIB,
-            "bursts": len(bursts),
+            # the guard may stop it before it says what the first burst held
+            "burst_held_gib": bursts[0]["held"] / GIB if bursts else None,
+            "bursts": max(len(bursts), 1 if stopped else 0),
             "detected": bool(stopped),
             "neighbour_tries": result["tries"],
             "neighbour_failed": result["failed"],
         }
         if stopped:
-            out["stopped_after_ms"] = round((stopped[0] - first["at_ns"]) / 1e6, 1)
+            out["stopped_after_ms"] = round((stopped[0] - start) / 1e6, 1)
             out["event"] = found[0].message
         out["guard_says"] = getattr(guard, "describe_bursts", lambda: "(no such report)")()
         return out
