@@ -13,9 +13,13 @@ user, the attacker then tries, one scenario at a time:
   ``LD_PRELOAD`` (``env -u LD_PRELOAD -u FGPU_SEG``).
 - ``devtime``: write 0 into its own device-time counter (its part of the segment), every
   0.2 ms, to be charged less.
+- ``mixed``: its process group runs two kernel loops at once, one through the interposer and
+  one started without ``LD_PRELOAD`` (``env -u LD_PRELOAD -u FGPU_SEG``), so the gate holds
+  only half of it.
 
 ``share`` is the attacker's part of the device time over a window (the fake driver's own
-per-process count: the ground truth), target 0.3; ``events`` the governor's ``gate-ignored``
+per-process count: the ground truth), target 0.3; ``of_wall`` each side's device time over
+the window's length; ``events`` the governor's ``gate-ignored``
 events and how long after the attack began the first came.
 
 ``memory``: the attacker (cap 8 GiB) lifts its cap (writes 0, "no cap", into its memory
@@ -24,6 +28,15 @@ before each allocation), then allocates 8 GiB at a time until it holds 72 GiB; t
 guard (its default interval, policy kill) stops it. ``held_s`` is from holding 72 GiB to the
 guard's stop, per trial. ``bursts``: holding over the cap for L seconds, then freeing: the
 fraction of trials the guard saw (``detected``), per L.
+
+``burst``: short bursts, as an attacker tuned to the guard's interval would make them. The
+guard runs (policy kill) from before the workloads start. A neighbour (quota 24 GiB) holds
+18 GiB and allocates and frees 4 GiB more every millisecond, in quota; the attacker (quota
+8 GiB) takes 7.5 times its quota (8 allocations of 7.5 GiB, writing 0 into its reservations
+before each) for 2 ms every 300 ms. Over ``--window`` seconds: whether and when the guard
+stopped the attacker (``detected``, ``stopped_after_ms`` from the start of its first burst),
+the bursts it made (at least the one it was stopped in), and the neighbour's in-quota
+allocations that failed (``neighbour_failed``).
 
 The offsets written come from the ``fgpu_seg.h`` of the tree whose ``fgpu`` is imported, so
 the same script measures an older tree (``PYTHONPATH=<old>/src``) for a before/after pair.
@@ -60,7 +73,7 @@ from fgpu.agent.interposer.preload import FakeGpu, SegmentDir, fake_driver_env, 
 from fgpu.agent.interposer.segment import Segment
 from fgpu.agent.launcher import Launcher, LaunchSpec
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryViolation
-from fgpu.agent.process import ProcessHandle
+from fgpu.agent.process import ProcessHandle, group_pids
 from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 
 USER = "fgpu-test-alice"
@@ -147,6 +160,64 @@ while True:
 """
 
 
+SPIKER = r"""
+import ctypes, json, os, sys, time
+seg, res_off = sys.argv[1], int(sys.argv[2])
+chunk, count = int(sys.argv[3]), int(sys.argv[4])
+hold, period = float(sys.argv[5]), float(sys.argv[6])
+fd = os.open(seg, os.O_RDWR)
+cu = ctypes.CDLL("libcuda.so.1")
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+cu.cuInit(0); cu.cuDeviceGet(ctypes.byref(dev), 0)
+cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+print(json.dumps({"start_ns": time.monotonic_ns()}), flush=True)  # the first burst follows
+n = 0
+while True:
+    ptrs, at = [], time.monotonic_ns()
+    for _ in range(count):
+        os.pwrite(fd, bytes(8), res_off)
+        p = ctypes.c_uint64()
+        if cu.cuMemAlloc_v2(ctypes.byref(p), chunk) != 0:
+            break
+        ptrs.append(p.value)
+    time.sleep(hold)
+    for p in ptrs:
+        cu.cuMemFree_v2(p)
+    n += 1
+    print(json.dumps({"burst": n, "at_ns": at, "held": len(ptrs) * chunk}), flush=True)
+    time.sleep(period)
+"""
+
+NEIGHBOUR = r"""
+import ctypes, json, sys, time
+hold, extra, window = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+cu = ctypes.CDLL("libcuda.so.1")
+cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+cu.cuInit(0); cu.cuDeviceGet(ctypes.byref(dev), 0)
+cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
+base = ctypes.c_uint64()
+assert cu.cuMemAlloc_v2(ctypes.byref(base), hold) == 0
+print(json.dumps({"ready": True}), flush=True)
+tries = failed = 0
+end = time.monotonic() + window
+while time.monotonic() < end:
+    p = ctypes.c_uint64()
+    tries += 1
+    if cu.cuMemAlloc_v2(ctypes.byref(p), extra) != 0:
+        failed += 1
+    else:
+        cu.cuMemFree_v2(p.value)
+    time.sleep(0.001)
+print(json.dumps({"tries": tries, "failed": failed}), flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
 def ensure_user() -> pwd.struct_passwd:
     try:
         return pwd.getpwnam(USER)
@@ -180,6 +251,8 @@ class Bench:
         self.trials = 0
         (root / "poker.py").write_text(POKER)
         (root / "hog.py").write_text(HOG)
+        (root / "spiker.py").write_text(SPIKER)
+        (root / "neighbour.py").write_text(NEIGHBOUR)
         tree = Path(fgpu.__file__).resolve().parents[2]
         (root / "off.c").write_text(OFFSETS_C)
         cc = os.environ.get("CC", "cc")
@@ -284,6 +357,13 @@ def share_scenario(b: Bench, attack: str, window_s: float) -> dict[str, Any]:
             f"{cudemo} spin 1000000 20 >/dev/null && "
             f"exec env -u LD_PRELOAD -u FGPU_SEG {cudemo} spin 1000000 100000000",
         ]
+    elif attack == "mixed":
+        argv = [
+            "/bin/sh",
+            "-c",
+            f"{cudemo} spin 1000000 100000000 >/dev/null & "
+            f"env -u LD_PRELOAD -u FGPU_SEG {cudemo} spin 1000000 100000000 >/dev/null & wait",
+        ]
     else:
         argv = spin
     neighbour = b.launch(f"n-{attack}", spin, seg_n)
@@ -324,14 +404,30 @@ def share_scenario(b: Bench, attack: str, window_s: float) -> dict[str, Any]:
             out["write"] = b.poke(b.agent_file(seg_a), b.offsets["beat"], 8, 1)
         elif attack == "devtime":
             out["write"] = b.poke(seg_a.path, b.offsets["gpu_time0"], 8, 0)
+        mine: list[int] = [attacker.pgid]
+        if attack == "mixed":  # both loops of the attacker's group, as NVML lists them
+
+            def both() -> bool:
+                group = set(group_pids(attacker))
+                mine[:] = sorted({p.pid for p in b.backend.process_memory() if p.pid in group})
+                return len(mine) == 2
+
+            wait_until(both, "both of the attacker's loops on the GPU")
         time.sleep(1.5)  # settle: the governor reacts, the window then measures
-        pids = [neighbour.pgid, attacker.pgid]
+        pids = [neighbour.pgid, *mine]
         before = device_time(b.state, b.gpu.uuid, pids)
         time.sleep(window_s)
         after = device_time(b.state, b.gpu.uuid, pids)
         used = {p: after[p] - before[p] for p in pids}
         total = sum(used.values())
-        out["share"] = round(used[attacker.pgid] / total, 3) if total else None
+        theirs = sum(used[p] for p in mine)
+        out["share"] = round(theirs / total, 3) if total else None
+        # each side's device time over the window's wall time: the neighbour's is below its
+        # 0.7 where the machine's CPUs cannot keep its launches coming
+        out["of_wall"] = {
+            "attacker": round(theirs / (window_s * 1e9), 3),
+            "neighbour": round(used[neighbour.pgid] / (window_s * 1e9), 3),
+        }
         out["target_share"] = 0.3
         events = [e for e in gov.events.since(0) if e.kind == "gate-ignored"]
         out["gate_ignored_events"] = len(events)
@@ -415,6 +511,73 @@ def memory(b: Bench, trials: int, bursts: list[float]) -> dict[str, Any]:
     return out
 
 
+def burst_trial(b: Bench, window_s: float) -> dict[str, Any]:
+    """The ``burst`` attack (module docstring), once."""
+    b.trials += 1
+    seg_a, seg_n = b.segment(f"spk-{b.trials}", 8), b.segment(f"spn-{b.trials}", 24)
+    stopped: list[int] = []
+    found: list[MemoryViolation] = []
+
+    def stop(workload: GuardedWorkload, violation: MemoryViolation) -> None:
+        stopped.append(time.monotonic_ns())
+        found.append(violation)
+        b.launcher.signal(workload.handle, signal.SIGKILL)
+
+    guard = MemoryGuard(b.backend, stop=stop)
+    guard.start()  # before the workloads, as under fgpu serve (accounting on, where it is)
+    neighbour_argv = [PYTHON, str(b.root / "neighbour.py"), str(18 * GIB), str(4 * GIB)]
+    spiker_argv = [
+        PYTHON,
+        str(b.root / "spiker.py"),
+        str(seg_a.path),
+        str(b.offsets["reserved0"]),
+        str(int(7.5 * GIB)),
+        "8",
+        "0.002",
+        "0.3",
+    ]
+    try:
+        neighbour = b.launch(f"spn-{b.trials}", [*neighbour_argv, str(window_s)], seg_n)
+        b.first_lines(neighbour, 1)
+        attacker = b.launch(f"spk-{b.trials}", spiker_argv, seg_a)
+        guard.update(
+            [
+                GuardedWorkload(
+                    workload_id=f"spk-{b.trials}",
+                    handle=attacker,
+                    quotas_mib={b.gpu.uuid: 8192},
+                ),
+                GuardedWorkload(
+                    workload_id=f"spn-{b.trials}",
+                    handle=neighbour,
+                    quotas_mib={b.gpu.uuid: 24 * 1024},
+                ),
+            ]
+        )
+        start = b.first_lines(attacker, 1)[0]["start_ns"]
+        result = b.first_lines(neighbour, 2)[1]  # its window began when it was ready
+        lines = attacker.stdout_path.read_text().splitlines()
+        bursts = [json.loads(line) for line in lines if '"burst"' in line]
+        out: dict[str, Any] = {
+            # the guard may stop it before it says what the first burst held
+            "burst_held_gib": bursts[0]["held"] / GIB if bursts else None,
+            "bursts": max(len(bursts), 1 if stopped else 0),
+            "detected": bool(stopped),
+            "neighbour_tries": result["tries"],
+            "neighbour_failed": result["failed"],
+        }
+        if stopped:
+            out["stopped_after_ms"] = round((stopped[0] - start) / 1e6, 1)
+            out["event"] = found[0].message
+        out["guard_says"] = getattr(guard, "describe_bursts", lambda: "(no such report)")()
+        return out
+    finally:
+        guard.close()
+        b.stop_all()
+        seg_a.remove()
+        seg_n.remove()
+
+
 def guard_cost(b: Bench, counts: tuple[int, ...] = (1, 8), looks: int = 50) -> dict[str, Any]:
     """CPU time of one look of the memory guard (its default ``pids_of``: a scan of /proc per
     workload), with n workloads spinning on the GPU; and its part of one core at the default
@@ -459,7 +622,7 @@ def main() -> None:
     parser.add_argument("--label", default="", help="which tree this is (stored)")
     parser.add_argument(
         "--only",
-        default="none,gate,heartbeat,exec,devtime,memory,guardcost",
+        default="none,gate,heartbeat,exec,devtime,mixed,memory,burst,guardcost",
         help="comma-separated scenarios to run (default: all)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/segment-bypass.json"))
@@ -483,9 +646,12 @@ def main() -> None:
             "window_s": args.window,
             "compute": [
                 share_scenario(b, a, args.window)
-                for a in ("none", "gate", "heartbeat", "exec", "devtime")
+                for a in ("none", "gate", "heartbeat", "exec", "devtime", "mixed")
                 if a in chosen
             ],
+            "burst": [burst_trial(b, args.window) for _ in range(args.trials)]
+            if "burst" in chosen
+            else None,
             "memory": memory(b, args.trials, [0.05, 0.15, 0.3, 1.0])
             if "memory" in chosen
             else None,

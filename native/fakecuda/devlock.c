@@ -53,8 +53,12 @@ static void drop_waiter(struct fk_gpu *d, int i)
 /* After a wait that saw no progress (1 ms; idle such waits in a row): a dead holder or dead
  * first waiter is moved aside. A stopped holder loses the lock (its slot stays claimed until
  * its own unlock; the operation ends when it sees the lock gone, charging nothing more), a
- * stopped first waiter goes to the back of the queue. Stopped by a signal is seen at once; in
- * a frozen cgroup, every 5 ms (it takes two more file reads). */
+ * stopped first waiter is parked: behind every waiter that is not (FK_PARKED), until its own
+ * thread runs again and queues anew at the back (fk_dev_lock). A real GPU goes on with the
+ * others' work while a process is frozen; a stopped waiter sent only to the back would be
+ * ahead of every later arrival again, and each of them would wait for this check (1 ms per
+ * operation per stopped waiter). Stopped by a signal is seen at once; in a frozen cgroup,
+ * every 5 ms (it takes two more file reads). */
 static void clear_dead(struct fk_gpu *d, unsigned idle)
 {
     int cgroup = idle % 5 == 0;
@@ -83,7 +87,7 @@ static void clear_dead(struct fk_gpu *d, unsigned idle)
             drop_waiter(d, first);
             wake_all(d);
         } else if (fk_stopped(pid, cgroup)) {
-            uint64_t seq = atomic_fetch_add(&d->arrivals, 1) + 1;
+            uint64_t seq = FK_PARKED + atomic_fetch_add(&d->arrivals, 1) + 1;
             atomic_store_explicit(&w->seq, seq, memory_order_release);
             wake_all(d);
         }
@@ -132,6 +136,11 @@ void fk_dev_lock(int gpu, int *waiter_out)
             clear_dead(d, ++idle);
         else
             idle = 0;
+        /* parked while this process was stopped: running again, it queues at the back */
+        if (atomic_load_explicit(&w->seq, memory_order_acquire) > FK_PARKED) {
+            seq = atomic_fetch_add(&d->arrivals, 1) + 1;
+            atomic_store_explicit(&w->seq, seq, memory_order_release);
+        }
     }
     *waiter_out = mine;
 }

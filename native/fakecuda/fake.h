@@ -38,7 +38,7 @@
 #include "cuda_api.h"
 
 #define FK_MAGIC 0x4b415046u /* "FPAK" */
-#define FK_VERSION 3u /* 2: checkpoint fields in struct fk_proc; 3: ck_map */
+#define FK_VERSION 4u /* 2: checkpoint fields in struct fk_proc; 3: ck_map; 4: accounting */
 #define FK_MAX_GPUS 16
 #define FK_MAX_PROCS 256
 #define FK_MAX_WAITERS 512
@@ -63,6 +63,10 @@ struct fk_ring {
     struct fk_sample s[FK_RING];
 };
 
+/* A waiter's seq at or above this is parked (its process was seen stopped): behind all
+ * others until it runs again (devlock.c). Arrival numbers never get near it. */
+#define FK_PARKED (1ull << 62)
+
 struct fk_waiter {
     _Atomic int32_t pid;  /* 0 = free slot; set first, to claim */
     uint32_t pad;
@@ -82,6 +86,11 @@ struct fk_gpu {
     _Atomic uint64_t arrivals;
     struct fk_waiter waiters[FK_MAX_WAITERS];
     struct fk_ring ring;
+    /* NVML accounting mode (nvml_accounting.c): off until root turns it on, as after a
+     * driver load; kept in the state file as the real driver keeps it until unload */
+    _Atomic uint32_t accounting;
+    uint32_t pad_acct;
+    _Atomic uint64_t accounting_since_us; /* CLOCK_REALTIME us it was last turned on */
 };
 
 enum { FK_SLOT_FREE = 0, FK_SLOT_CLAIM, FK_SLOT_LIVE, FK_SLOT_RECLAIM, FK_SLOT_DEAD };
@@ -95,6 +104,9 @@ struct fk_proc {
     _Atomic uint64_t busy_ns[FK_MAX_GPUS];
     _Atomic uint64_t last_active_ns[FK_MAX_GPUS];
     _Atomic uint32_t contexts[FK_MAX_GPUS];
+    _Atomic uint64_t peak[FK_MAX_GPUS]; /* highest used[g] since the slot was claimed */
+    _Atomic uint64_t start_us;          /* CLOCK_REALTIME us the slot was claimed */
+    _Atomic uint64_t end_us;            /* CLOCK_REALTIME us it was reclaimed (dead) */
     struct fk_ring ring[FK_MAX_GPUS];
     /* checkpointing (checkpoint.c): a controller posts a request (ck_op, ck_arg), bumps
      * ck_req; the process's restore thread carries it out, sets ck_result, bumps ck_done */

@@ -4,10 +4,13 @@
  * (CUDA_VISIBLE_DEVICES does not apply to NVML). Memory and process queries first give back
  * the memory of dead processes. Utilization comes from the device time the fake driver
  * counted: over the last second for nvmlDeviceGetUtilizationRates, and since
- * lastSeenTimeStamp (at most 10 s back) for nvmlDeviceGetProcessUtilization.
+ * lastSeenTimeStamp (at most 10 s back) for nvmlDeviceGetProcessUtilization. Accounting (per
+ * process high-water mark of device memory and lifetime figures) is kept for every process
+ * slot and answered while root has turned accounting mode on, as the driver does.
  */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fake.h"
 #include "nvml_api.h"
@@ -338,4 +341,100 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode
     (void)pendingMode;
     nvmlReturn_t rc = dev_index(device, &g);
     return rc != NVML_SUCCESS ? rc : NVML_ERROR_NOT_SUPPORTED; /* no MIG in the fake */
+}
+
+/* ------------------------------------------------------------------ accounting
+ * As the NVML reference's "Accounting Statistics": the mode is per device, off after a
+ * driver load, changed only by root (NVML_ERROR_NO_PERMISSION otherwise); while it is off,
+ * nvmlDeviceGetAccountingStats answers NVML_ERROR_NOT_SUPPORTED. Stats are kept for running
+ * and terminated processes (the slots of dead processes, reused oldest first, are the
+ * driver's circular buffer); for a pid seen more than once, the running process, else the
+ * one that terminated last. A process that began before the mode was turned on is not
+ * accounted (NVML_ERROR_NOT_FOUND): the fake records only what began under accounting. */
+
+nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t device, nvmlEnableState_t *mode)
+{
+    int g;
+    nvmlReturn_t rc = dev_index(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (mode == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = atomic_load(&fk_sh->gpus[g].accounting) ? NVML_FEATURE_ENABLED
+                                                    : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetAccountingMode(nvmlDevice_t device, nvmlEnableState_t mode)
+{
+    int g;
+    nvmlReturn_t rc = dev_index(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (mode != NVML_FEATURE_DISABLED && mode != NVML_FEATURE_ENABLED)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (geteuid() != 0)
+        return NVML_ERROR_NO_PERMISSION;
+    struct fk_gpu *d = &fk_sh->gpus[g];
+    uint32_t was = atomic_exchange(&d->accounting, mode == NVML_FEATURE_ENABLED ? 1u : 0u);
+    if (mode == NVML_FEATURE_ENABLED && was == 0)
+        atomic_store(&d->accounting_since_us, fk_realtime_us());
+    return NVML_SUCCESS;
+}
+
+/* Whether slot p is a process of this pid that used GPU g and began under accounting. */
+static int accounted(struct fk_proc *p, unsigned int pid, int g, uint64_t since_us)
+{
+    if ((unsigned int)atomic_load(&p->pid) != pid || atomic_load(&p->start_us) < since_us)
+        return 0;
+    return atomic_load(&p->peak[g]) != 0 || atomic_load(&p->contexts[g]) != 0 ||
+           atomic_load(&p->busy_ns[g]) != 0;
+}
+
+nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
+                                          nvmlAccountingStats_t *stats)
+{
+    int g;
+    nvmlReturn_t rc = dev_index(device, &g);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (stats == NULL)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct fk_gpu *d = &fk_sh->gpus[g];
+    if (!atomic_load(&d->accounting))
+        return NVML_ERROR_NOT_SUPPORTED;
+    /* no sweep here (the guard asks for every process every 0.1 s): a process that died is
+     * reported terminated from the next process or memory query, which sweeps */
+    uint64_t since = atomic_load(&d->accounting_since_us);
+    struct fk_proc *found = NULL;
+    uint64_t found_order = 0;
+    for (int i = 0; i < FK_MAX_PROCS; i++) {
+        struct fk_proc *p = &fk_sh->procs[i];
+        uint32_t st = atomic_load(&p->state);
+        if ((st != FK_SLOT_LIVE && st != FK_SLOT_DEAD) || !accounted(p, pid, g, since))
+            continue;
+        if (st == FK_SLOT_LIVE) {
+            found = p;
+            break;
+        }
+        uint64_t order = atomic_load(&p->dead_order);
+        if (found == NULL || order > found_order) {
+            found = p;
+            found_order = order;
+        }
+    }
+    if (found == NULL)
+        return NVML_ERROR_NOT_FOUND;
+    int running = atomic_load(&found->state) == FK_SLOT_LIVE;
+    uint64_t start = atomic_load(&found->start_us);
+    uint64_t end = running ? fk_realtime_us() : atomic_load(&found->end_us);
+    uint64_t life_ns = end > start ? (end - start) * 1000u : 0;
+    memset(stats, 0, sizeof *stats);
+    stats->gpuUtilization = percent(atomic_load(&found->busy_ns[g]), life_ns);
+    stats->memoryUtilization = 0; /* the fake models no memory traffic */
+    stats->maxMemoryUsage = atomic_load(&found->peak[g]);
+    stats->time = running ? 0 : life_ns / 1000000u;
+    stats->startTime = start;
+    stats->isRunning = running ? 1u : 0u;
+    return NVML_SUCCESS;
 }

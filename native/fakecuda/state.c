@@ -453,6 +453,7 @@ static void reclaim_slot(struct fk_proc *p)
         if (atomic_load(&e->state) == FK_EXPORT_LIVE && e->pid == pid && e->start == start)
             atomic_store(&e->state, FK_EXPORT_FREE);
     }
+    atomic_store(&p->end_us, fk_realtime_us());
     atomic_store(&p->dead_order, atomic_fetch_add(&fk_sh->dead_seq, 1) + 1);
     atomic_store_explicit(&p->state, FK_SLOT_DEAD, memory_order_release);
 }
@@ -537,11 +538,14 @@ int fk_my_slot(void)
             struct fk_proc *p = &fk_sh->procs[i];
             atomic_store(&p->pid, me);
             atomic_store(&p->start, fk_self_start());
+            atomic_store(&p->start_us, fk_realtime_us());
+            atomic_store(&p->end_us, 0);
             for (int g = 0; g < FK_MAX_GPUS; g++) {
                 atomic_store(&p->used[g], 0);
                 atomic_store(&p->busy_ns[g], 0);
                 atomic_store(&p->last_active_ns[g], 0);
                 atomic_store(&p->contexts[g], 0);
+                atomic_store(&p->peak[g], 0);
                 atomic_store(&p->ring[g].count, 0);
                 atomic_store(&p->ck_saved[g], 0);
             }
@@ -595,7 +599,11 @@ CUresult fk_reserve_phys(int gpu, uint64_t bytes)
             if (atomic_compare_exchange_weak_explicit(&d->used, &cur, cur + bytes,
                                                       memory_order_acq_rel,
                                                       memory_order_relaxed)) {
-                atomic_fetch_add(&fk_sh->procs[slot].used[gpu], bytes);
+                struct fk_proc *p = &fk_sh->procs[slot];
+                uint64_t held = atomic_fetch_add(&p->used[gpu], bytes) + bytes;
+                uint64_t peak = atomic_load(&p->peak[gpu]);
+                while (held > peak && !atomic_compare_exchange_weak(&p->peak[gpu], &peak, held))
+                    ; /* the high-water mark NVML accounting reports (maxMemoryUsage) */
                 return CUDA_SUCCESS;
             }
         }

@@ -97,6 +97,24 @@ typedef struct nvmlUtilization_st {
     unsigned int memory; /* percent of the sample period memory was read or written */
 } nvmlUtilization_t;
 
+/* nvmlEnableState_t */
+typedef enum nvmlEnableState_enum {
+    NVML_FEATURE_DISABLED = 0,
+    NVML_FEATURE_ENABLED = 1
+} nvmlEnableState_t;
+
+/* nvmlDeviceGetAccountingStats: one process's figures over its lifetime ("Accounting
+ * Statistics" in the NVML reference). */
+typedef struct nvmlAccountingStats_st {
+    unsigned int gpuUtilization;       /* percent of its lifetime a kernel of it ran */
+    unsigned int memoryUtilization;    /* percent of its lifetime memory was read/written */
+    unsigned long long maxMemoryUsage; /* bytes: the most it ever held (a high-water mark) */
+    unsigned long long time;           /* ms its context was active; 0 while it runs */
+    unsigned long long startTime;      /* CPU time stamp, microseconds since the epoch */
+    unsigned int isRunning;            /* 1 running, 0 terminated */
+    unsigned int reserved[5];
+} nvmlAccountingStats_t;
+
 #define NVML_DEVICE_MIG_DISABLE 0u
 #define NVML_DEVICE_MIG_ENABLE 1u
 
@@ -106,6 +124,9 @@ _Static_assert(nvmlMemory_v2 == 0x02000028u, "nvmlMemory_v2 version value");
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t layout");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) == 32,
                "nvmlProcessUtilizationSample_t layout");
+_Static_assert(sizeof(nvmlAccountingStats_t) == 56, "nvmlAccountingStats_t layout");
+_Static_assert(offsetof(nvmlAccountingStats_t, maxMemoryUsage) == 8, "maxMemoryUsage offset");
+_Static_assert(offsetof(nvmlAccountingStats_t, isRunning) == 32, "isRunning offset");
 #endif
 
 nvmlReturn_t nvmlInit_v2(void);
@@ -130,6 +151,10 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
                                              unsigned int *processSamplesCount,
                                              unsigned long long lastSeenTimeStamp);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization);
+nvmlReturn_t nvmlDeviceGetAccountingMode(nvmlDevice_t device, nvmlEnableState_t *mode);
+nvmlReturn_t nvmlDeviceSetAccountingMode(nvmlDevice_t device, nvmlEnableState_t mode);
+nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t device, unsigned int pid,
+                                          nvmlAccountingStats_t *stats);
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode,
                                   unsigned int *pendingMode);
 

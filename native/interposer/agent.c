@@ -6,8 +6,9 @@
  * (<path>.ctl, mode 0644, owned by the agent's user: the workload can only read it),
  * mapping and unmapping both (one handle, struct fgpu_agent_seg), the agent's writes (gate and
  * heartbeat, max_inflight, a GPU's memory limit), the sweep of dead processes (seg.c, the same
- * code the interposer runs, plus the host's view of other pid namespaces below) and a
- * consistent-enough snapshot of the counters in a plain struct.
+ * code the interposer runs, plus the host's view of other pid namespaces below), a
+ * consistent-enough snapshot of the counters in a plain struct and the list of the processes
+ * that hold an entry (fgpu_agent_procs).
  *
  * Errors: functions return 0 or a negative errno value; fgpu_agent_open returns NULL and
  * writes the reason into the caller's buffer.
@@ -66,6 +67,16 @@ struct fgpu_agent_snapshot {
     uint32_t waiting;          /* sum over held entries */
     uint32_t pad0;
     struct fgpu_agent_gpu gpus[FGPU_SEG_MAX_GPUS];
+};
+
+/* One held procs[] entry: a process that claimed it through the interposer (its own word:
+ * the entries are in the workload's part). */
+struct fgpu_agent_proc {
+    int32_t pid;          /* in the owner's pid namespace */
+    uint32_t pad0;
+    uint64_t start_ticks; /* field 22 of /proc/<pid>/stat */
+    uint64_t pidns_dev;   /* the owner's /proc/self/ns/pid (both 0: unknown) */
+    uint64_t pidns_ino;
 };
 
 static uint64_t now_ns(void)
@@ -490,4 +501,31 @@ FGPU_API int fgpu_agent_snapshot(struct fgpu_agent_seg *h, struct fgpu_agent_sna
         out->waiting += atomic_load_explicit(&e->waiting, memory_order_relaxed);
     }
     return 0;
+}
+
+/* The held entries, up to max of them, into out; returns how many there are (may be more than
+ * max) or -EINVAL. */
+FGPU_API int fgpu_agent_procs(struct fgpu_agent_seg *h, struct fgpu_agent_proc *out, uint32_t max)
+{
+    if (h == NULL || (out == NULL && max > 0))
+        return -EINVAL;
+    struct fgpu_seg *s = h->s;
+    int n = 0;
+    for (int p = 0; p < FGPU_SEG_MAX_PROCS; p++) {
+        struct fgpu_seg_proc *e = &s->procs[p];
+        /* acquire: pairs with the claimer's release store of pid (the rest is filled) */
+        int32_t pid = atomic_load_explicit(&e->pid, memory_order_acquire);
+        if (pid <= 0)
+            continue;
+        if ((uint32_t)n < max) {
+            struct fgpu_agent_proc *o = &out[n];
+            memset(o, 0, sizeof *o);
+            o->pid = pid;
+            o->start_ticks = atomic_load_explicit(&e->start_ticks, memory_order_relaxed);
+            o->pidns_dev = atomic_load_explicit(&e->pidns_dev, memory_order_relaxed);
+            o->pidns_ino = atomic_load_explicit(&e->pidns_ino, memory_order_relaxed);
+        }
+        n++;
+    }
+    return n;
 }

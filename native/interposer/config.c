@@ -3,7 +3,7 @@
  *
  * Owns: reading FGPU_INTERPOSER, FGPU_LOG, FGPU_SEG, FGPU_REAL_LIBCUDA, FGPU_REAL_LIBNVML;
  * mapping the segment (once, lazily, from the first hook that needs it: pthread_once);
- * claiming this process's procs[] entry at first use; fork (the child forgets the parent's
+ * claiming this process's procs[] entry at cuInit (or its first use); fork (the child forgets the parent's
  * CUDA state and claims its own entry) and exit (the entry is given back).
  *
  * Nothing is printed before a CUDA or NVML hook (or a dlopen of the driver) runs, so a
@@ -169,6 +169,18 @@ int fgpu_proc(void)
     }
     pthread_mutex_unlock(&proc_lock);
     return p;
+}
+
+/* cuInit: the entry is claimed before the real driver knows the process, so no process of
+ * the workload is ever listed by NVML without one, not even one that only opens a context:
+ * the agent compares the two and takes a process on the GPU without an entry, past a grace
+ * time, for one that goes around the interposer (issue 27). */
+FGPU_EXPORT CUresult cuInit(unsigned int flags)
+{
+    FGPU_REAL_OR(cuInit, CUDA_ERROR_NOT_INITIALIZED);
+    if (fgpu_g.active)
+        (void)fgpu_proc();
+    return fgpu_real.cuInit(flags);
 }
 
 /* exec keeps the pid and the start time, and the driver freed the old image's memory: give

@@ -30,6 +30,9 @@
 FGPU_HOOK(cuGetProcAddress)
 FGPU_HOOK(cuGetProcAddress_v2)
 
+/* the process's entry in the segment, claimed before the driver knows it (config.c) */
+FGPU_HOOK(cuInit)
+
 /* memory accounting (memory.c) */
 FGPU_HOOK(cuMemAlloc_v2)
 FGPU_HOOK(cuMemAllocPitch_v2)

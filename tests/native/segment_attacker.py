@@ -10,6 +10,12 @@ Modes (``python segment_attacker.py MODE ARGS``; ``FGPU_SEG`` names the segment)
   burst CAP BYTES   a CUDA program: allocates BYTES, zeroes the segment's reservations
                     (``rewrite``), allocates BYTES again (over CAP if 2 * BYTES > CAP), prints
                     {"first": rc, "second": rc}, then holds the memory until killed.
+  context           a CUDA program that opens a context and nothing more, then waits.
+  spikes CHUNK COUNT HOLD PERIOD
+                    a CUDA program: COUNT allocations of CHUNK bytes, each after zeroing the
+                    segment's reservations, held HOLD seconds, then freed; again every
+                    PERIOD seconds, for ever. Prints {"spike": rc, "held": bytes, "ns": ...}
+                    after the first.
 """
 
 from __future__ import annotations
@@ -81,9 +87,10 @@ def rewrite() -> dict[str, str]:
     return out
 
 
-def burst(nbytes: int) -> None:
+def _cuda() -> ctypes.CDLL:
     cu = ctypes.CDLL("libcuda.so.1")
     cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+    cu.cuMemFree_v2.argtypes = [ctypes.c_uint64]
     dev = ctypes.c_int()
     ctx = ctypes.c_void_p()
     for rc in (
@@ -95,6 +102,11 @@ def burst(nbytes: int) -> None:
         if rc != 0:
             print(json.dumps({"init": rc}), flush=True)
             sys.exit(3)
+    return cu
+
+
+def burst(nbytes: int) -> None:
+    cu = _cuda()
     first, second = ctypes.c_uint64(), ctypes.c_uint64()
     rc1 = cu.cuMemAlloc_v2(ctypes.byref(first), nbytes)
     attempts = rewrite()
@@ -104,12 +116,46 @@ def burst(nbytes: int) -> None:
         time.sleep(3600)
 
 
+def context() -> None:
+    _cuda()
+    print(json.dumps({"context": 0}), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def spikes(chunk: int, count: int, hold_s: float, period_s: float) -> None:
+    cu = _cuda()
+    said = False
+    while True:
+        ptrs, rc = [], 0
+        start = time.monotonic_ns()
+        for _ in range(count):
+            rewrite()  # its reservations back to 0: the cap lets the next chunk through
+            ptr = ctypes.c_uint64()
+            rc = cu.cuMemAlloc_v2(ctypes.byref(ptr), chunk)
+            if rc != 0:
+                break
+            ptrs.append(ptr.value)
+        time.sleep(hold_s)
+        for p in ptrs:
+            cu.cuMemFree_v2(p)
+        held = time.monotonic_ns() - start
+        if not said:
+            print(json.dumps({"spike": rc, "held": len(ptrs) * chunk, "ns": held}), flush=True)
+            said = True
+        time.sleep(period_s)
+
+
 def main() -> None:
     mode = sys.argv[1]
     if mode == "rewrite":
         print(json.dumps(rewrite()), flush=True)
     elif mode == "burst":
         burst(int(sys.argv[3]))
+    elif mode == "context":
+        context()
+    elif mode == "spikes":
+        spikes(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -217,7 +217,7 @@ names = json.loads(sys.argv[1])
 cuda = ctypes.CDLL("libcuda.so.1")        # the interposer answers with its shim
 nvml = ctypes.CDLL("libnvidia-ml.so.1")
 out = {}
-for name in names + ["cuInit", "cuCtxGetCurrent", "nvmlInit_v2"]:
+for name in names + ["cuDeviceGet", "cuCtxGetCurrent", "nvmlInit_v2"]:
     lib = nvml if name.startswith("nvml") else cuda
     out[name] = owner(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
 print(json.dumps(out))
@@ -296,7 +296,7 @@ def test_hook_list_is_exported_provided_and_handed_out(
     assert proc.returncode == 0, proc.stderr
     owners = json.loads(proc.stdout)
     assert {n: owners[n] for n in names} == dict.fromkeys(names, "libfgpu.so")
-    assert owners["cuInit"] == "libcuda.so.1", "everything else is the driver's own"
+    assert owners["cuDeviceGet"] == "libcuda.so.1", "everything else is the driver's own"
     assert owners["cuCtxGetCurrent"] == "libcuda.so.1"
     assert owners["nvmlInit_v2"] == "libnvidia-ml.so.1"
 

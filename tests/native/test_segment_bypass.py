@@ -392,3 +392,164 @@ def test_a_workload_that_writes_its_device_time_down_is_frozen_with_an_event(
         gov.close()
         seg_a.remove()
         seg_b.remove()
+
+
+def test_a_process_of_a_held_workload_that_skips_the_interposer_is_caught(
+    box: Box, cleanup: None
+) -> None:
+    """alice's workload runs two kernel loops in one process group: one through the
+    interposer (held at its gate), one started without ``LD_PRELOAD`` (never held). The
+    governor sees a process of the workload on the GPU that holds no entry of its segment
+    and freezes the workload, with an event naming the process."""
+    seg_a = box.segment("w-mixed", 8192)
+    seg_b = box.segment("w-mixed-neighbour", 8192)
+    cudemo = str(lib_dir() / "bin" / "fgpu-cudemo")
+    mixed = (
+        f"{cudemo} spin 1000000 100000000 >/dev/null & "
+        f"env -u LD_PRELOAD -u FGPU_SEG {cudemo} spin 1000000 100000000 >/dev/null & wait"
+    )
+    a = box.launch("w-mixed", ["/bin/sh", "-c", mixed], seg_a)
+    b = box.launch("w-mixed-neighbour", [cudemo, "spin", "1000000", "100000000"], seg_b)
+    gov = Governor(
+        [box.gpu.uuid],
+        # the other checks out of the way (the gate-closed one waits 30 s after a gate
+        # closes, the device-time one never finds too little reported), so that only the
+        # comparison of NVML's processes with the segment's entries can see the bypass
+        config=GovernorConfig(
+            gpu_policy=GpuPolicy(mode=ComputeMode.STRICT), obey_grace_s=30, obey_report_ratio=0
+        ),
+        freezer=SignalFreezer(),
+        backend=box.backend,
+    )
+    try:
+        gov.update(
+            [
+                GovernedWorkload(
+                    workload_id="w-mixed",
+                    handle=a,
+                    gpu_uuids=(box.gpu.uuid,),
+                    compute_milli=(300,),
+                    segment=seg_a,
+                ),
+                GovernedWorkload(
+                    workload_id="w-mixed-neighbour",
+                    handle=b,
+                    gpu_uuids=(box.gpu.uuid,),
+                    compute_milli=(700,),
+                    segment=seg_b,
+                ),
+            ]
+        )
+        gov.start()
+
+        def events() -> list[str]:
+            return [e.workload_id for e in gov.events.since(0) if e.kind == GATE_IGNORED]
+
+        wait_until(lambda: bool(events()), "a gate-ignored event")
+        assert events() == ["w-mixed"]  # the neighbour, through the interposer, is not
+        event = next(e for e in gov.events.since(0) if e.kind == GATE_IGNORED)
+        assert event.reason == "interposer bypassed"
+        attached = {p.pid for p in seg_a.processes()}
+        bare = [pid for pid in gov.pids("w-mixed") if pid not in attached]
+        named = int(event.message.split()[1])  # "process <pid> used <gpu> ..."
+        assert named in bare, (event.message, attached)
+        assert "without the interposer" in event.message
+        view = {w.workload_id: w for w in gov.snapshot().workloads}
+        assert view["w-mixed"].enforcement == "signal"  # held by the freezer from now on
+        assert view["w-mixed-neighbour"].enforcement == "interposer"
+    finally:
+        gov.close()
+        seg_a.remove()
+        seg_b.remove()
+
+
+def test_processes_that_use_the_gpu_through_the_interposer_are_not_taken_for_a_bypass(
+    box: Box, cleanup: None
+) -> None:
+    """No false alarm: a process that only opens a context through the interposer (and then
+    waits), and children that inherited ``LD_PRELOAD`` (a shell's two kernel loops), all hold
+    an entry before the driver lists them."""
+    seg = box.segment("w-legit", 8192)
+    cudemo = str(lib_dir() / "bin" / "fgpu-cudemo")
+    script = (
+        f"{PYTHON} {box.root / 'segment_attacker.py'} context & "
+        f"{cudemo} spin 1000000 100000000 >/dev/null & "
+        f"{cudemo} spin 1000000 100000000 >/dev/null & wait"
+    )
+    handle = box.launch("w-legit", ["/bin/sh", "-c", script], seg)
+    gov = Governor(
+        [box.gpu.uuid],
+        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
+        freezer=SignalFreezer(),
+        backend=box.backend,
+    )
+    try:
+        gov.update(
+            [
+                GovernedWorkload(
+                    workload_id="w-legit",
+                    handle=handle,
+                    gpu_uuids=(box.gpu.uuid,),
+                    compute_milli=(300,),
+                    segment=seg,
+                )
+            ]
+        )
+        gov.start()
+
+        def on_gpu() -> set[int]:
+            pids = set(gov.pids("w-legit"))
+            return {p.pid for p in box.backend.process_memory() if p.pid in pids}
+
+        wait_until(lambda: len(on_gpu()) == 3, "three processes of the workload on the GPU")
+        assert on_gpu() <= {p.pid for p in seg.processes()}
+        # the check has looked for at least three times its grace: no event, still governed
+        # at launch
+        looked = time.monotonic()
+        wait_until(lambda: time.monotonic() - looked > 3 * gov.config.bypass_grace_s, "looks")
+        assert [e for e in gov.events.since(0) if e.kind == GATE_IGNORED] == []
+        view = {w.workload_id: w for w in gov.snapshot().workloads}
+        assert view["w-legit"].enforcement == "interposer"
+    finally:
+        gov.close()
+        seg.remove()
+
+
+def test_the_memory_guard_sees_bursts_shorter_than_its_interval(box: Box, cleanup: None) -> None:
+    """alice's workload (quota 1024 MiB) lies about its reservations and takes 7.5 times its
+    quota for 2 ms, then frees it: gone before the guard's next look, but the driver's
+    high-water mark (NVML accounting) keeps the peak, and the guard stops it at that look."""
+    seg = box.segment("w-spikes", 1024)
+    stopped: list[MemoryViolation] = []
+    # looks only when told (check), so that no look can fall inside the burst
+    guard = MemoryGuard(box.backend, interval_s=3600, stop=lambda _w, v: stopped.append(v))
+    try:
+        guard.start()  # accounting on before the workload starts, as under fgpu serve
+        assert guard.burst_detection == {box.gpu.uuid: "on"}
+        # one burst (the next would come in an hour): 8 x 960 MiB = 7680 MiB for 2 ms
+        spike = attacker(box, "spikes", str(960 * MIB), "8", "0.002", "3600")
+        handle = box.launch("w-spikes", spike, seg)
+        guard.update(
+            [
+                GuardedWorkload(
+                    workload_id="w-spikes", handle=handle, quotas_mib={box.gpu.uuid: 1024}
+                )
+            ]
+        )
+        first = first_line(handle)  # printed once the burst's memory is freed
+        assert (first["spike"], first["held"]) == (0, 7680 * MIB)  # the cap let it through
+        held_now = sum(p.used_mib for p in box.backend.process_memory() if p.pid == handle.pgid)
+        assert held_now < 1024  # what a look without the peak sees: nothing over the quota
+        found = guard.check()
+        assert [(v.workload_id, v.peak, v.used_mib, v.allowed_mib) for v in found] == [
+            ("w-spikes", True, 7680, 1024)
+        ]
+        assert stopped == found  # policy kill: stopped
+        events = [e for e in guard.events.since(0) if e.kind == MEMORY_EXCEEDED]
+        assert len(events) == 1
+        assert "peaked at 7680 MiB" in events[0].message
+        assert "allowed 1024 MiB" in events[0].message
+        assert "bursts between looks seen" in guard.describe_bursts()
+    finally:
+        guard.close()
+        seg.remove()

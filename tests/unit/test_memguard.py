@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from fgpu.agent.backend import GpuProcess
-from fgpu.agent.memguard import NOT_GRANTED_MIB, MemoryViolation, find_violations
+from fgpu.agent.memguard import (
+    NOT_GRANTED_MIB,
+    MemoryViolation,
+    find_peak_violations,
+    find_violations,
+)
 
 G0, G1 = "GPU-0", "GPU-1"
 
@@ -41,3 +46,27 @@ def test_a_gpu_not_given_allows_only_a_context() -> None:
 def test_message_names_used_and_allowed() -> None:
     v = MemoryViolation("a", G0, 5000, 4096, (1,))
     assert v.message == "GPU memory over quota on GPU-0: used 5000 MiB, allowed 4096 MiB"
+
+
+def test_a_peak_over_quota_is_a_violation_named_by_its_process() -> None:
+    """Peaks are high-water marks per process: the highest one of a workload on a GPU is
+    compared with its quota (never their sum: two processes' peaks need not come at once)."""
+    peaks = [
+        GpuProcess(10, G0, 3000),
+        GpuProcess(11, G0, 3000),  # 6000 together, but each under 4096: not a violation
+        GpuProcess(20, G0, 7680),  # over
+        GpuProcess(21, G0, 5000),
+        GpuProcess(20, G1, 2000),  # a GPU it was not given: over NOT_GRANTED_MIB
+        GpuProcess(99, G0, 80000),  # nobody's
+    ]
+    owners = {10: "a", 11: "a", 20: "b", 21: "b"}
+    quotas = {"a": {G0: 4096}, "b": {G0: 4096}}
+    found = find_peak_violations(peaks, owners, quotas)
+    assert found == [
+        MemoryViolation("b", G0, 7680, 4096, (20,), True, True),
+        MemoryViolation("b", G1, 2000, NOT_GRANTED_MIB, (20,), False, True),
+    ]
+    assert found[0].message == (
+        "GPU memory over quota on GPU-0: process 20 peaked at 7680 MiB (the driver's "
+        "high-water mark, a burst between two looks), allowed 4096 MiB"
+    )

@@ -96,6 +96,17 @@ class FakeDriverBackend(SimulatedBackend):
             found.extend(nvml.process_memory())
         return found
 
+    def enable_accounting(self) -> dict[str, str]:
+        """:meth:`NvmlBackend.enable_accounting` on the fake NVML (root only, as on a GPU)."""
+        nvml = self._nvml
+        return {} if nvml is None else nvml.enable_accounting()
+
+    def process_peak_memory(self, processes: list[GpuProcess]) -> list[GpuProcess]:
+        """:meth:`NvmlBackend.process_peak_memory`: the fake driver's per-process high-water
+        mark of device memory, through its NVML accounting."""
+        nvml = self._nvml
+        return [] if nvml is None else nvml.process_peak_memory(processes)
+
     def process_utilization_since(self, since_us: int) -> list[ProcessUtilization]:
         """What the fake NVML reports (:meth:`NvmlBackend.process_utilization_since`): the
         fake driver's per-process kernel time, in NVML's shape."""

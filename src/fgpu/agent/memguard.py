@@ -16,8 +16,16 @@ Over quota:
 
 The enforcement is after the fact (up to one interval late: :data:`DEFAULT_INTERVAL_S`, so
 that a burst over the quota held for longer than about that is seen, whatever the workload
-wrote into its own part of the interposer's segment; ``bench/segment_bypass.py`` measures it) and
-the framework limits of
+wrote into its own part of the interposer's segment; ``bench/segment_bypass.py`` measures it).
+A shorter burst, between two looks, is seen through the driver's own high-water mark: where
+the backend has NVML accounting (``maxMemoryUsage`` of ``nvmlDeviceGetAccountingStats``: the
+most device memory a process ever held; the guard turns accounting mode on at its first look,
+which needs root), a workload one of whose processes peaked over its quota on a GPU is handled
+as one over it now, with the peak named (:attr:`MemoryViolation.peak`). One process's peak is
+a lower bound of the workload's (its processes' peaks need not have come at once), so a
+burst split across processes is seen only where it lasts past a look. Where accounting is not
+available, :attr:`MemoryGuard.burst_detection` and the log say that bursts shorter than the
+interval are not seen. The framework limits of
 :func:`fgpu.agent.limits.launch_env` are what keep a well-behaved workload under its quota
 in the first place; the guard is for the ones that are not (DESIGN.md section 7).
 """
@@ -87,6 +95,8 @@ class MemoryViolation:
         pids: its processes holding memory there, ascending.
         granted: whether the GPU is one of its own (else ``allowed_mib`` is
             :data:`NOT_GRANTED_MIB`).
+        peak: found by a process's high-water mark (NVML accounting), not by what it holds
+            now: ``used_mib`` is then the peak of ``pids[0]``, the process that reached it.
     """
 
     workload_id: str
@@ -95,11 +105,18 @@ class MemoryViolation:
     allowed_mib: int
     pids: tuple[int, ...]
     granted: bool = True
+    peak: bool = False
 
     @property
     def message(self) -> str:
         """The sentence for the event."""
         where = self.gpu_uuid if self.granted else f"{self.gpu_uuid}, a GPU it was not given"
+        if self.peak:
+            return (
+                f"GPU memory over quota on {where}: process {self.pids[0]} peaked at "
+                f"{self.used_mib} MiB (the driver's high-water mark, a burst between two "
+                f"looks), allowed {self.allowed_mib} MiB"
+            )
         return (
             f"GPU memory over quota on {where}: used {self.used_mib} MiB, "
             f"allowed {self.allowed_mib} MiB"
@@ -139,6 +156,46 @@ def find_violations(
         if mib > allowed:
             found.append(
                 MemoryViolation(wid, gpu, mib, allowed, tuple(sorted(pids[(wid, gpu)])), granted)
+            )
+    return found
+
+
+def find_peak_violations(
+    peaks: Sequence[GpuProcess],
+    owners: Mapping[int, str],
+    quotas: Mapping[str, Mapping[str, int]],
+) -> list[MemoryViolation]:
+    """Workloads one of whose processes peaked over the quota (pure).
+
+    Args:
+        peaks: per (process, GPU) high-water mark of device memory, MiB
+            (``process_peak_memory`` of the NVML backends).
+        owners: pid -> workload id, for the governed workloads' processes.
+        quotas: workload id -> GPU uuid -> quota, MiB.
+
+    Returns:
+        One :class:`MemoryViolation` with ``peak`` set per (workload, GPU) where the highest
+        peak of one of its processes is above its quota (:data:`NOT_GRANTED_MIB` on a GPU it
+        has no quota on), naming that process first; ordered by workload id then GPU uuid.
+        A single process's peak is a lower bound of the workload's, so no workload that never
+        went over is reported.
+    """
+    top: dict[tuple[str, str], GpuProcess] = {}
+    for proc in peaks:
+        owner = owners.get(proc.pid)
+        if owner is None or owner not in quotas:
+            continue
+        key = (owner, proc.gpu_uuid)
+        best = top.get(key)
+        if best is None or proc.used_mib > best.used_mib:
+            top[key] = proc
+    found = []
+    for (wid, gpu), proc in sorted(top.items()):
+        granted = gpu in quotas[wid]
+        allowed = quotas[wid][gpu] if granted else NOT_GRANTED_MIB
+        if proc.used_mib > allowed:
+            found.append(
+                MemoryViolation(wid, gpu, proc.used_mib, allowed, (proc.pid,), granted, True)
             )
     return found
 
@@ -218,6 +275,9 @@ class MemoryGuard:
         self._stopped: set[str] = set()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self.burst_detection: dict[str, str] | None = None
+        """GPU uuid -> ``"on"`` where NVML accounting shows bursts between looks, or why
+        not; None before the first look."""
 
     def update(self, workloads: Sequence[GuardedWorkload]) -> None:
         """Guard exactly ``workloads`` from now on."""
@@ -247,11 +307,64 @@ class MemoryGuard:
         quotas = {wid: w.quotas_mib for wid, w in workloads.items()}
         found = find_violations(usage, owners, quotas)
         over_now = {(v.workload_id, v.gpu_uuid) for v in found}
+        for violation in find_peak_violations(self._peaks(usage, owners), owners, quotas):
+            key = (violation.workload_id, violation.gpu_uuid)
+            if key not in over_now:  # what it holds now is the figure to give
+                found.append(violation)
+                over_now.add(key)
         for violation in found:
             self._act(workloads[violation.workload_id], violation)
         with self._lock:
             self._over = over_now | {k for k in self._over if k[0] in self._stopped}
         return found
+
+    def _peaks(self, usage: Sequence[GpuProcess], owners: Mapping[int, str]) -> list[GpuProcess]:
+        """The high-water marks of the governed workloads' processes on the GPU (empty
+        without NVML accounting). Turns accounting on at the first call and says, once,
+        where bursts between looks cannot be seen."""
+        read = getattr(self.backend, "process_peak_memory", None)
+        if self.burst_detection is None:
+            enable = getattr(self.backend, "enable_accounting", None)
+            found: dict[str, str] = {}
+            if enable is not None:
+                try:
+                    found = dict(enable())
+                except Exception as exc:
+                    log.debug("memory guard: accounting mode: %s", exc)
+            self.burst_detection = found
+            off = {uuid: why for uuid, why in found.items() if why != "on"}
+            if read is None or not found or off:
+                where = ", ".join(f"{u} ({w})" for u, w in sorted(off.items())) or "any GPU"
+                log.warning(
+                    "memory guard: no NVML accounting on %s: a burst over a quota shorter "
+                    "than the %g s interval is not seen",
+                    where,
+                    self.interval_s,
+                )
+        if read is None:
+            return []
+        mine = [p for p in usage if p.pid in owners]
+        if not mine:
+            return []
+        try:
+            return list(read(mine))
+        except Exception as exc:
+            log.debug("memory guard: cannot read peaks: %s", exc)
+            return []
+
+    def describe_bursts(self) -> str:
+        """Whether bursts between two looks are seen, for ``fgpu nodes`` and logs."""
+        found = self.burst_detection
+        if found is None:
+            return "burst detection not known yet (before the first look)"
+        on = sorted(u for u, why in found.items() if why == "on")
+        off = sorted(f"{u} ({why})" for u, why in found.items() if why != "on")
+        if on and not off:
+            return "bursts between looks seen by NVML accounting (per-process peak)"
+        text = f"bursts shorter than {self.interval_s:g} s not seen"
+        if off:
+            text += " on " + ", ".join(off)
+        return text if on or off else text + " (no NVML accounting)"
 
     def _act(self, workload: GuardedWorkload, violation: MemoryViolation) -> None:
         wid = violation.workload_id
@@ -297,9 +410,12 @@ class MemoryGuard:
                 backend.forget_process(pid)
 
     def start(self) -> None:
-        """Poll every ``interval_s`` in a daemon thread (idempotent)."""
+        """Turn NVML accounting on where the backend can (so that processes started from now
+        on have a high-water mark), then poll every ``interval_s`` in a daemon thread
+        (idempotent)."""
         if self._thread is not None:
             return
+        self._peaks([], {})
         self._thread = threading.Thread(target=self._run, name="fgpu-memguard", daemon=True)
         self._thread.start()
 
@@ -324,5 +440,6 @@ __all__ = [
     "MemoryPolicy",
     "MemoryViolation",
     "Thawer",
+    "find_peak_violations",
     "find_violations",
 ]

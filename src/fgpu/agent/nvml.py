@@ -12,7 +12,13 @@ percent of the last sample period a kernel ran) and ``nvmlDeviceGetProcessUtiliz
 (per-process samples newer than a timestamp in microseconds, each with ``.pid``,
 ``.timeStamp`` and ``.smUtil`` in percent; "not found" when there are none). GPUs in MIG
 mode are also handed out as :class:`~fgpu.agent.mig_nvml.NvmlMigDevice`
-(:meth:`NvmlBackend.mig_devices`; the MIG calls are listed in that module).
+(:meth:`NvmlBackend.mig_devices`; the MIG calls are listed in that module). Accounting
+("Accounting Statistics" in the NVML reference): ``nvmlDeviceGetAccountingMode`` /
+``nvmlDeviceSetAccountingMode`` (``NVML_FEATURE_ENABLED`` = 1; setting needs root, else
+"no permission") and ``nvmlDeviceGetAccountingStats(handle, pid)`` (``.maxMemoryUsage``: the
+most device memory the process ever held, bytes, a high-water mark kept by the driver;
+``.isRunning``; "not supported" while the mode is off, "not found" for a process it has no
+record of).
 
 The module is reached through a seam: ``NvmlBackend(nvml=...)`` takes any object with these
 functions, so tests pass a stand-in instead of patching the import.
@@ -31,6 +37,8 @@ from fgpu.model.catalog import GPU_CATALOG, GpuModel
 _log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
+_FEATURE_ENABLED = 1  # NVML_FEATURE_ENABLED (nvmlEnableState_t)
+_NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
 
 MEMORY_TOLERANCE = 0.10
 """How far (as a fraction of the catalog's nominal size) a device's reported memory may be from
@@ -57,6 +65,9 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Any: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timestamp: int) -> Any: ...
+    def nvmlDeviceGetAccountingMode(self, handle: Any) -> int: ...
+    def nvmlDeviceSetAccountingMode(self, handle: Any, mode: int) -> None: ...
+    def nvmlDeviceGetAccountingStats(self, handle: Any, pid: int) -> Any: ...
 
 
 class NvmlUnavailableError(RuntimeError):
@@ -232,6 +243,48 @@ class NvmlBackend:
                 if used is None:
                     continue
                 found.append(GpuProcess(int(proc.pid), uuid, -(-int(used) // _MIB)))
+        return found
+
+    def enable_accounting(self) -> dict[str, str]:
+        """Turn NVML accounting mode on where it is off, for :meth:`process_peak_memory`.
+
+        Returns:
+            GPU uuid -> ``"on"`` (it is on now), or why it is not (the NVML error: "no
+            permission" when not root, "not supported" on boards without it). Accounting mode
+            lives in the driver until it unloads; it is left on at :meth:`close`.
+        """
+        nvml = self._nvml
+        found: dict[str, str] = {}
+        for uuid, handle in self._handles if self._open else []:
+            try:
+                if int(nvml.nvmlDeviceGetAccountingMode(handle)) != _FEATURE_ENABLED:
+                    nvml.nvmlDeviceSetAccountingMode(handle, _FEATURE_ENABLED)
+                found[uuid] = "on"
+            except (nvml.NVMLError, AttributeError) as exc:
+                found[uuid] = str(exc) or type(exc).__name__
+        return found
+
+    def process_peak_memory(self, processes: list[GpuProcess]) -> list[GpuProcess]:
+        """The high-water mark of device memory (NVML accounting's ``maxMemoryUsage``, MiB
+        rounded up) of each of ``processes`` on its GPU: the most it held since it began,
+        which shows a burst between two looks at :meth:`process_memory`. Processes without
+        a record (accounting off on that GPU, a process that began before it was on, figure
+        unavailable) are left out."""
+        nvml = self._nvml
+        handles = dict(self._handles) if self._open else {}
+        found: list[GpuProcess] = []
+        for proc in processes:
+            handle = handles.get(proc.gpu_uuid)
+            if handle is None:
+                continue
+            try:
+                stats = nvml.nvmlDeviceGetAccountingStats(handle, proc.pid)
+            except (nvml.NVMLError, AttributeError):
+                continue
+            peak = getattr(stats, "maxMemoryUsage", None)
+            if peak is None or int(peak) >= _NOT_AVAILABLE_ULL:
+                continue
+            found.append(GpuProcess(proc.pid, proc.gpu_uuid, -(-int(peak) // _MIB)))
         return found
 
     def utilization(self) -> dict[str, int]:

@@ -410,7 +410,7 @@ class Enforcement:
                 active=guard_on,
                 why=(
                     f"NVML per-process memory every {cfg.memory_interval_s:g} s; a workload "
-                    f"over its quota{margin} is {act}"
+                    f"over its quota{margin} is {act}; {self.guard.describe_bursts()}"
                     if measured
                     else "pretend memory reports (fgpu.sdk.report_memory)"
                     if guard_on

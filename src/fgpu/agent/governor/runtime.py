@@ -44,6 +44,7 @@ from fgpu.agent.events import (
     EventLog,
 )
 from fgpu.agent.governor.activity import Hint, HintListener
+from fgpu.agent.governor.bypass import BYPASS_GRACE_S, Bypass, BypassWatch
 from fgpu.agent.governor.freezer import Freezer, detect_freezer
 from fgpu.agent.governor.gate import LaunchGate
 from fgpu.agent.governor.plan import (
@@ -162,6 +163,9 @@ class GovernorConfig:
             the comparison to count.
         obey_report_ratio: a workload that reported less than this part of the device time
             NVML measured under-reports (it wrote its own counter): it goes to the freezer.
+        bypass_grace_s: a process of a workload held at launch that NVML lists on a GPU
+            without an entry of the workload's segment this long uses the GPU without the
+            interposer: the workload goes to the freezer (:mod:`fgpu.agent.governor.bypass`).
     """
 
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -182,6 +186,7 @@ class GovernorConfig:
     obey_window_s: float = 0.5
     obey_busy_fraction: float = 0.2
     obey_report_ratio: float = 0.25
+    bypass_grace_s: float = BYPASS_GRACE_S
 
 
 GATE_POLL_NS = 5_000_000
@@ -365,6 +370,7 @@ class Governor:
         self._shared_at = self._period_start
         self._next_poll = 0
         self._next_obey = 0
+        self._bypass = BypassWatch(self.config.bypass_grace_s)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -558,6 +564,7 @@ class Governor:
             self._apply_hints(self.listener.receive(), now)
         self._poll_gates(now)
         if now >= self._next_obey:
+            self._check_attached()
             self._check_obeyed()
             self._next_obey = now + int(self.config.obey_poll_s * 1e9)
         if now >= self._next_poll:
@@ -908,7 +915,14 @@ class Governor:
         return True
 
     def _defiant(
-        self, record: _Record, pid: int, uuid: str, percent: int, why: str | None = None
+        self,
+        record: _Record,
+        pid: int,
+        uuid: str,
+        percent: int,
+        why: str | None = None,
+        *,
+        bypass: Bypass | None = None,
     ) -> None:
         now = self._clock()
         held = record.state is not RunState.RUNNING
@@ -918,6 +932,7 @@ class Governor:
         self._set_busy(record, True, now, "nvml")
         if held:
             self.freezer.freeze(record.spec.handle)
+        self._bypass.forget(record.spec.workload_id)
         kind = self.freezer.kind
         log.warning(
             "governor: %s ran kernels past the interposer's account (pid %d, %s); frozen",
@@ -925,17 +940,64 @@ class Governor:
             pid,
             uuid,
         )
+        if bypass is not None:
+            reason = "interposer bypassed"
+            text = (
+                f"process {pid} used {uuid} ({bypass.used_mib} MiB there) for "
+                f"{bypass.seen_s:.1f} s without the interposer (it holds no entry of the "
+                f"workload's segment: started without LD_PRELOAD, or the driver loaded "
+                f"another way), so its launches never met the gate"
+            )
+        else:
+            reason = "launch gate ignored"
+            when = why or (
+                "while its launches were held" if held else "while its launches said idle"
+            )
+            text = (
+                f"process {pid} kept {uuid} {percent}% busy {when}: it does not go through "
+                f"the interposer or rewrites its counters"
+            )
         self.events.add(
             self._wall(),
             now,
             record.spec.workload_id,
             GATE_IGNORED,
-            "launch gate ignored",
-            f"process {pid} kept {uuid} {percent}% busy "
-            f"{why or ('while its launches were held' if held else 'while its launches said idle')}"
-            f": it does not go through the interposer or rewrites its counters; held by the "
-            f"freezer ({kind}) from now on",
+            reason,
+            f"{text}; held by the freezer ({kind}) from now on",
         )
+
+    def _check_attached(self) -> None:
+        """Make ``defiant`` (as :meth:`_check_obeyed` does) a workload held at launch one of
+        whose processes is on a GPU without holding an entry of its segment for
+        :attr:`GovernorConfig.bypass_grace_s` (:mod:`fgpu.agent.governor.bypass`). Only
+        backends with per-process figures (NVML, the fake driver) are looked at."""
+        if getattr(self.backend, "process_utilization_since", None) is None:
+            return
+        records = [
+            r for r in self._records.values() if r.cuda and not r.defiant and r.gate is not None
+        ]
+        if not records or self.backend is None:
+            return
+        try:
+            usage = self.backend.process_memory()
+        except Exception as exc:
+            log.debug("governor: NVML process list unavailable: %s", exc)
+            return
+        now = self._clock()
+        for record in records:
+            wid = record.spec.workload_id
+            pids = set(self.freezer.pids(record.spec.handle))
+            mine = [p for p in usage if p.pid in pids]
+            if not mine or record.gate is None:
+                self._bypass.forget(wid)
+                continue
+            try:
+                entries = record.gate.segment.processes()
+            except (SegmentError, ValueError):
+                continue
+            found = self._bypass.look(wid, mine, entries, now)
+            if found is not None:
+                self._defiant(record, found.pid, found.gpu_uuid, 0, bypass=found)
 
     def _report_refusals(self, record: _Record, stats: SegmentStats) -> None:
         """One ``memory-refused`` event per look at the segment that found new refusals."""
@@ -963,6 +1025,7 @@ class Governor:
             with contextlib.suppress(SegmentError, ValueError):
                 record.gate.release()
         self.freezer.release(record.spec.handle)
+        self._bypass.forget(record.spec.workload_id)
         del self._records[record.spec.workload_id]
 
     # -- activity ----------------------------------------------------------------------------

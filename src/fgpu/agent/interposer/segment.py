@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAX_GPUS = 16
+MAX_PROCS = 128
 ID_LEN = 64
 UUID_LEN = 96
 STALE_NS = 1_500_000_000
@@ -79,6 +80,35 @@ class Snapshot(ctypes.Structure):
         ("pad0", ctypes.c_uint32),
         ("gpus", AgentGpu * MAX_GPUS),
     ]
+
+
+class AgentProc(ctypes.Structure):
+    """``struct fgpu_agent_proc`` (``native/interposer/agent.c``)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_int32),
+        ("pad0", ctypes.c_uint32),
+        ("start_ticks", ctypes.c_uint64),
+        ("pidns_dev", ctypes.c_uint64),
+        ("pidns_ino", ctypes.c_uint64),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedProcess:
+    """A process that holds an entry of the segment: it claimed one through the interposer
+    (at ``cuInit`` or its first gated call). The entries are in the workload's part, so this
+    is the workload's own word.
+
+    Attributes:
+        pid: its pid in its own pid namespace.
+        start_ticks: its start time, clock ticks after boot (``/proc/<pid>/stat`` field 22).
+        pidns: ``(st_dev, st_ino)`` of its ``/proc/self/ns/pid``; ``(0, 0)`` when unknown.
+    """
+
+    pid: int
+    start_ticks: int
+    pidns: tuple[int, int]
 
 
 CONTROL_SUFFIX = ".ctl"
@@ -144,6 +174,8 @@ def agent_library(native_dir: Path | None = None) -> ctypes.CDLL:
             "fgpu_agent_set_uuid": ([ptr, u32, ctypes.c_char_p], ctypes.c_int),
             "fgpu_agent_sweep": ([ptr], u64),  # bytes given back
             "fgpu_agent_snapshot": ([ptr, ctypes.POINTER(Snapshot)], ctypes.c_int),
+            # held entries (may exceed max), or -errno
+            "fgpu_agent_procs": ([ptr, ctypes.POINTER(AgentProc), u32], ctypes.c_int),
         }
         for name, (args, result) in signatures.items():
             function = getattr(lib, name)
@@ -415,6 +447,18 @@ class Segment:
 
     # -- reads --------------------------------------------------------------------------------
 
+    def processes(self) -> list[AttachedProcess]:
+        """The processes that hold an entry now (see :class:`AttachedProcess`), in entry
+        order; at most ``FGPU_SEG_MAX_PROCS`` (128)."""
+        out = (AgentProc * MAX_PROCS)()
+        with self._lock:
+            n = int(self._lib.fgpu_agent_procs(self._mapped(), out, MAX_PROCS))
+        _check(min(n, 0), "processes")
+        return [
+            AttachedProcess(e.pid, e.start_ticks, (e.pidns_dev, e.pidns_ino))
+            for e in out[: min(n, MAX_PROCS)]
+        ]
+
     def stats(self) -> SegmentStats:
         """The segment now (see :class:`SegmentStats`)."""
         snap = Snapshot()
@@ -452,6 +496,8 @@ __all__ = [
     "FLAG_MEMORY_CAP",
     "GATE_CLOSED",
     "GATE_OPEN",
+    "AgentProc",
+    "AttachedProcess",
     "GpuStats",
     "Segment",
     "SegmentError",
