@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.store import Store
-from fgpu.store.records import QueueConfig
+from fgpu.store.records import QueueConfig, WorkloadRecord
 from fgpu.store.usage import OwnerUsage
 from fgpu.store.validate import stored_bytes
 from tests.unit.test_store_support import (
@@ -273,3 +273,26 @@ def test_r0007_fills_the_stored_size_of_workloads_already_stored(tmp_path: Path)
         size = connection.execute(text("SELECT stored_bytes FROM workloads")).scalar_one()
     engine.dispose()
     assert size == stored_bytes(["echo", "é"], {"K": "v"}, "/")
+
+
+def test_a_page_ended_by_its_reader_goes_on_after_the_last_record_taken(
+    store: Store, clock: Clock
+) -> None:
+    ids = []
+    for _ in range(5):
+        clock.now += 1
+        ids.append(submit(store, owner=BOB).id)
+    taken: list[str] = []
+
+    def two(record: WorkloadRecord) -> bool:
+        if len(taken) == 2:
+            return False
+        taken.append(record.id)
+        return True
+
+    page = store.workload_page(limit=1000, each=two)
+    assert page.records == []  # given to the reader, not kept
+    assert taken == ids[:2]
+    rest = store.workload_page(limit=1000, after=page.cursor)
+    assert [r.id for r in rest.records] == ids[2:]
+    assert rest.cursor is None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from fgpu.rules.errors import BadRequest, Unavailable
 
@@ -148,6 +148,44 @@ def brief_command(argv: Iterable[str], limit: int = BRIEF_COMMAND_CHARS) -> list
     return kept
 
 
+class PageEncoder(Generic[T]):
+    """A JSON array of items built one at a time, each encoded by ``encode``, refusing the
+    first item that would make the array longer than ``max_bytes`` (the first item is
+    always taken). The items themselves are not kept (only :attr:`last`)."""
+
+    def __init__(self, encode: Callable[[T], bytes], max_bytes: int) -> None:
+        self._encode = encode
+        self._max_bytes = max_bytes
+        self._parts: list[bytes] = [b"["]
+        self.size = 2
+        """Bytes of the array so far, brackets included."""
+        self.count = 0
+        """Items taken."""
+        self.last: T | None = None
+        """The last item taken."""
+
+    def add(self, item: T) -> bool:
+        """Take ``item``; False (not taken) when it would cross the budget."""
+        part = self._encode(item)
+        if self.count and self.size + len(part) + 1 > self._max_bytes:
+            return False
+        if self.count:
+            self._parts.append(b",")
+            self.size += 1
+        self._parts.append(part)
+        self.size += len(part)
+        self.count += 1
+        self.last = item
+        return True
+
+    def body(self) -> bytes:
+        """The array (one copy of the parts, which are then let go)."""
+        self._parts.append(b"]")
+        body = b"".join(self._parts)
+        self._parts = [b"["]
+        return body
+
+
 def encode_page(
     items: Iterable[T], encode: Callable[[T], bytes], max_bytes: int
 ) -> tuple[bytes, int]:
@@ -157,15 +195,11 @@ def encode_page(
     Returns:
         The array's bytes and how many items it holds.
     """
-    parts: list[bytes] = []
-    size = 2
+    page = PageEncoder(encode, max_bytes)
     for item in items:
-        part = encode(item)
-        if parts and size + len(part) + 1 > max_bytes:
+        if not page.add(item):
             break
-        parts.append(part)
-        size += len(part) + (1 if len(parts) > 1 else 0)
-    return b"[" + b",".join(parts) + b"]", len(parts)
+    return page.body(), page.count
 
 
 def format_cursor(cursor: tuple[float, str] | None) -> str | None:

@@ -795,6 +795,9 @@ def _start(
     from fgpu.server.uds import ApiServer, SocketInUse
     from fgpu.store.errors import StoreDamaged
 
+    from fgpu.server.allocator import tune_allocator
+
+    tune_allocator()  # before any thread starts (fgpu.server.allocator says why)
     server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
     try:
         server.bind()

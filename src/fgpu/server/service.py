@@ -39,6 +39,8 @@ import pwd
 from collections.abc import Callable
 from pathlib import Path
 
+import pydantic_core
+
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.rules.errors import (
     BadRequest,
@@ -70,8 +72,8 @@ from fgpu.server.listing import (
     MAX_PAGE,
     ListingAnswer,
     ListingGate,
+    PageEncoder,
     brief_command,
-    encode_page,
     format_cursor,
     parse_cursor,
 )
@@ -453,49 +455,54 @@ class Service(SchedulingLoop):
         owner = caller.uid if mine else None
         budget = self.listing_max_bytes
         with self.listing_gate.turn():
-            skipped: list[str] = []
-            following = None
-            if include_done:
-                page = self.store.workload_page(
+            reasons = self._reasons
+            states = self._gpu_states()
+            names = {r.id: r.name for r in self._active_records()}
+
+            def encoded(record: WorkloadRecord) -> bytes:
+                wanted = record.preempted_by
+                if wanted is not None and wanted not in names:
+                    with contextlib.suppress(NotFound, RowDamaged):
+                        names[wanted] = self.store.get(wanted).name
+                view = views.workload(record, reasons.get(record.id), states.get(record.id), names)
+                if brief:
+                    view.command = brief_command(record.argv)
+                return pydantic_core.to_json(view)  # bytes, no str copy between
+
+            page = PageEncoder(encoded, budget)
+            if include_done:  # each record encoded as it is read, then let go
+                read = self.store.workload_page(
                     after=after,
                     limit=limit if limit is not None else MAX_PAGE,
                     owner_uid=owner,
                     with_others_running=mine,
                     max_bytes=budget,
+                    each=page.add,
                 )
-                records, following = page.records, page.cursor
-                skipped = [d.id for d in page.damaged]
-            else:
-                records = [
-                    r
-                    for r in self._active_records()
-                    if (owner is None or r.owner_uid == owner or r.holds_allocation)
-                    and (after is None or (r.submitted_at, r.id) > after)
+                return ListingAnswer(
+                    page.body(), format_cursor(read.cursor), [d.id for d in read.damaged]
+                )
+            records = [
+                r
+                for r in self._active_records()
+                if (owner is None or r.owner_uid == owner or r.holds_allocation)
+                and (after is None or (r.submitted_at, r.id) > after)
+            ]
+            skipped: list[str] = []
+            if after is None:  # damaged active rows, named on the first page
+                skipped = [
+                    d.id
+                    for d in self.store.damaged()
+                    if d.phase is None or d.phase in ("pending", "running", "paused")
+                    if owner is None or d.owner_uid in (None, owner) or d.phase != "pending"
                 ]
-                if limit is not None and len(records) > limit:
-                    records = records[:limit]
-                    following = (records[-1].submitted_at, records[-1].id)
-                if after is None:  # damaged active rows, named on the first page
-                    skipped = [
-                        d.id
-                        for d in self.store.damaged()
-                        if d.phase is None or d.phase in ("pending", "running", "paused")
-                        if owner is None or d.owner_uid in (None, owner) or d.phase != "pending"
-                    ]
-            reasons = self._reasons
-            states = self._gpu_states()
-            names = self._preemptor_names(records)
-
-            def encoded(record: WorkloadRecord) -> bytes:
-                view = views.workload(record, reasons.get(record.id), states.get(record.id), names)
-                if brief:
-                    view.command = brief_command(record.argv)
-                return view.model_dump_json().encode()
-
-            body, count = encode_page(records, encoded, budget)
-        if count < len(records):
-            following = (records[count - 1].submitted_at, records[count - 1].id)
-        return ListingAnswer(body, format_cursor(following), skipped)
+            for record in records[:limit]:
+                if not page.add(record):
+                    break
+            last = page.last
+            more = page.count < len(records)
+            following = (last.submitted_at, last.id) if more and last is not None else None
+            return ListingAnswer(page.body(), format_cursor(following), skipped)
 
     def _end_damaged(self, caller: Caller, damage: RowDamaged) -> WorkloadView:
         """An admin's cancel of a workload whose row is damaged: the row is ended as
@@ -521,18 +528,6 @@ class Service(SchedulingLoop):
                 self._stop(damage.workload_id, record.reason)
         self.wake()
         return views.workload(record, None)
-
-    def _preemptor_names(self, records: list[WorkloadRecord]) -> dict[str, str]:
-        """Names of the workloads that preempted any of ``records`` (``ls`` says
-        ``preempted by NAME``), by id; one not found is left out (shown by its id)."""
-        wanted = {r.preempted_by for r in records if r.preempted_by is not None}
-        if not wanted:
-            return {}
-        names = {r.id: r.name for r in self._active_records() if r.id in wanted}
-        for missing in wanted - names.keys():
-            with contextlib.suppress(NotFound, RowDamaged):
-                names[missing] = self.store.get(missing).name
-        return names
 
     def _gpu_states(self) -> dict[str, str]:
         """The governor's state of each governed workload in the words of

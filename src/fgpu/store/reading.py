@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Select, update
@@ -32,23 +33,50 @@ class RowReader(StoreBase):
         super().__init__(*args, **kwargs)
         self._damaged: dict[str, DamagedRow] = {}
         self._damaged_lock = threading.Lock()
+        self._last_read = threading.local()
 
     def _read_rows(
-        self, session: Session, query: Select[Any]
+        self,
+        session: Session,
+        query: Select[Any],
+        each: Callable[[WorkloadRecord], bool] | None = None,
     ) -> tuple[list[WorkloadRecord], list[DamagedRow]]:
         """Run ``query`` (built on :func:`workload_select`) and decode each row: the records
-        and the damaged rows skipped, both in the query's order."""
+        and the damaged rows skipped, both in the query's order.
+
+        Args:
+            each: given, each record goes to it as it is decoded and is not kept (the
+                answer's record list stays empty); it returns False to stop the read there
+                (that record not taken). :attr:`last_read` then names the last row taken.
+        """
         records: list[WorkloadRecord] = []
         damaged: list[DamagedRow] = []
-        for row in session.execute(query):
+        seen: list[WorkloadRecord] = []  # for _note: only ids are needed
+        last: tuple[object, str] | None = None
+        # Core execution on the session's connection: rows are fetched as they are decoded
+        # (the ORM would buffer every row's JSON text alongside the decoded records)
+        for row in session.connection().execute(query):
             found = examine(row._mapping)
             if isinstance(found, DamagedRow):
                 damaged.append(found)
-            else:
+            elif each is None:
                 records.append(found)
+            elif not each(found):
+                break
+            elif self._damaged:
+                seen.append(found)
+            last = (row._mapping.get("submitted_at"), str(row._mapping.get("id")))
+        self._last_read.value = last
         if damaged or self._damaged:
-            self._note(records, damaged)
+            self._note(records or seen, damaged)
         return records, damaged
+
+    @property
+    def last_read(self) -> tuple[object, str] | None:
+        """``(submitted_at as stored, id)`` of the last row the latest :meth:`_read_rows`
+        of this thread took (None: none)."""
+        value: tuple[object, str] | None = getattr(self._last_read, "value", None)
+        return value
 
     def _note(self, records: list[WorkloadRecord], damaged: list[DamagedRow]) -> None:
         """Remember ``damaged`` (logging each new row or problem once) and forget rows of

@@ -12,7 +12,7 @@ backlog must cost others nothing, and nothing may be kept forever).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from sqlalchemy import Text, and_, cast, delete, func, or_, select, tuple_
@@ -139,6 +139,7 @@ class UsageStore(RowReader):
         with_others_running: bool = False,
         max_bytes: int | None = None,
         ids: Collection[str] | None = None,
+        each: Callable[[WorkloadRecord], bool] | None = None,
     ) -> Page:
         """Workloads in submission order after ``after``, at most ``limit`` and about
         ``max_bytes`` of commands and environments, and the cursor of the next page.
@@ -157,8 +158,11 @@ class UsageStore(RowReader):
             with_others_running: ... and other users' running and paused ones (what ``fgpu
                 ls`` shows by default: others' pending work is theirs to watch).
             max_bytes: most stored bytes read for the page (None: no bound).
-            ids: only these workloads (the listing of the service's mirror reads a page's
-                commands so).
+            ids: only these workloads.
+            each: given, each record goes to it as it is read, in order, and is not kept
+                (:attr:`Page.records` stays empty: a listing encodes each and lets it go);
+                it returns False to end the page before that record (the cursor then goes
+                on from the record before it).
         """
         size = func.coalesce(
             WorkloadRow.stored_bytes,
@@ -194,13 +198,14 @@ class UsageStore(RowReader):
                 .where(WorkloadRow.id.in_(taken))
                 .order_by(WorkloadRow.submitted_at, WorkloadRow.id)
             )
-            records, damaged = self._read_rows(session, query) if taken else ([], [])
+            records, damaged = self._read_rows(session, query, each) if taken else ([], [])
+            last = self.last_read
         cursor = None
-        if len(taken) < len(rows):
-            last = rows[len(taken) - 1]
-            when: object = last[0]  # a damaged row may hold text here (SQLite)
-            if isinstance(when, (int, float)):
-                cursor = (float(when), str(last[1]))
+        if len(taken) < len(rows) or (last is not None and last[1] != taken[-1]):
+            # more rows than this page took, or ``each`` ended it early
+            when: object = None if last is None else last[0]  # text in a damaged row
+            if last is not None and isinstance(when, (int, float)):
+                cursor = (float(when), last[1])
             elif records:
                 cursor = (records[-1].submitted_at, records[-1].id)
         return Page(records, cursor, damaged)
