@@ -788,14 +788,13 @@ def _start(
     from fgpu.agent.memguard import MemoryPolicy
     from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
     from fgpu.sched.decide import SchedulerConfig
+    from fgpu.server.allocator import tune_allocator
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
     from fgpu.server.service import Service
     from fgpu.server.uds import ApiServer, SocketInUse
     from fgpu.store.errors import StoreDamaged
-
-    from fgpu.server.allocator import tune_allocator
 
     tune_allocator()  # before any thread starts (fgpu.server.allocator says why)
     server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
