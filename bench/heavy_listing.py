@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,7 @@ def side(name: str, src: Path, count: int) -> dict[str, Any]:
         return result
     finally:
         stop(proc)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.localusers import ALICE, BOB, as_user, ensure_users
-from tests.serverproc import ServerProcess, started_server
+from tests.serverproc import ServerProcess, started_server, wait_for
 
 SERVER = os.environ.get("FGPU_TEST_POSTGRES_URL", "")
 
@@ -140,3 +140,33 @@ def test_a_damaged_row_is_left_out_named_and_ended_by_root(database: str) -> Non
         assert rows[waiting]["phase"] == rows[done]["phase"] == "cancelled"
         assert "damaged row ended by root" in rows[waiting]["reason"]
         assert "argv" in rows[waiting]["reason"]
+
+
+def test_a_damaged_running_row_does_not_stop_the_start_and_its_process_is_stopped() -> None:
+    with started_server("fgpu-damaged-run-", "1xA100-40GB") as s:
+        running = s.submit("--gpu", "1", command=["sleep", "600"])
+        s.wait_phase(running, "running")
+        handle = s.state_dir / "logs" / running / "handle.json"
+        wait_for(handle.is_file, "its handle")
+        pid = int(s.handle(running)["pid"])
+        assert s.stop() == 0  # workloads outlive the server
+        os.kill(pid, 0)
+        damage(s, "", [running])
+        s.start()  # the start reads every running row: this one skipped, not fatal
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            with open(f"/proc/{pid}/stat") as stat:  # a zombie until its parent reaps it
+                return stat.read().split(") ")[1].startswith("Z")
+
+        wait_for(gone, "the damaged row's process to be stopped")
+        listed = run(s, None, "ls", "--all-users")
+        assert listed.returncode == 0, listed.stderr
+        assert running in listed.stderr, listed.stderr
+        ended = run(s, None, "cancel", running, "--json")
+        assert ended.returncode == 0, ended.stderr
+        assert json.loads(ended.stdout)["phase"] == "cancelled"
+        assert s.phase(running) == "cancelled"

@@ -51,7 +51,7 @@ class RowReader(StoreBase):
         """
         records: list[WorkloadRecord] = []
         damaged: list[DamagedRow] = []
-        seen: list[WorkloadRecord] = []  # for _note: only ids are needed
+        seen: list[str] = []  # ids of the records given to ``each``, for _note
         last: tuple[object, str] | None = None
         # Core execution on the session's connection: rows are fetched as they are decoded
         # (the ORM would buffer every row's JSON text alongside the decoded records)
@@ -64,11 +64,11 @@ class RowReader(StoreBase):
             elif not each(found):
                 break
             elif self._damaged:
-                seen.append(found)
+                seen.append(found.id)
             last = (row._mapping.get("submitted_at"), str(row._mapping.get("id")))
         self._last_read.value = last
         if damaged or self._damaged:
-            self._note(records or seen, damaged)
+            self._note([r.id for r in records] + seen, damaged)
         return records, damaged
 
     @property
@@ -78,12 +78,12 @@ class RowReader(StoreBase):
         value: tuple[object, str] | None = getattr(self._last_read, "value", None)
         return value
 
-    def _note(self, records: list[WorkloadRecord], damaged: list[DamagedRow]) -> None:
-        """Remember ``damaged`` (logging each new row or problem once) and forget rows of
-        ``records`` that decode again."""
+    def _note(self, decoded: list[str], damaged: list[DamagedRow]) -> None:
+        """Remember ``damaged`` (logging each new row or problem once) and forget the rows
+        of the ids ``decoded`` (they decode again)."""
         with self._damaged_lock:
-            for record in records:
-                self._damaged.pop(record.id, None)
+            for workload_id in decoded:
+                self._damaged.pop(workload_id, None)
             for row in damaged:
                 known = self._damaged.get(row.id)
                 self._damaged[row.id] = row

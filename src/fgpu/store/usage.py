@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
-from sqlalchemy import Text, and_, cast, delete, func, or_, select, tuple_
+from sqlalchemy import and_, delete, func, or_, select, tuple_
 
 from fgpu.store.reading import RowReader
 from fgpu.store.records import ACTIVE_PHASES, FINAL_PHASES, HOLDING_PHASES, WorkloadRecord
 from fgpu.store.rows import DamagedRow, workload_select
 from fgpu.store.schema import EventRow, HoldRow, WorkloadRow
+from fgpu.wire_limits import MAX_COMMAND_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class UsageStore(RowReader):
         ``max_bytes`` of commands and environments, and the cursor of the next page.
 
         First the page's extent is read from the index columns and each row's stored bytes
-        (``stored_bytes``, else the length of its command and environment as stored): rows
+        (``stored_bytes``; :data:`MAX_COMMAND_BYTES` where a row has none): rows
         are taken while their bytes sum to at most ``max_bytes`` (the first always); then
         only those rows are read whole. A row that does not decode is skipped and named in
         :attr:`Page.damaged` (the cursor goes past it).
@@ -164,10 +165,9 @@ class UsageStore(RowReader):
                 it returns False to end the page before that record (the cursor then goes
                 on from the record before it).
         """
-        size = func.coalesce(
-            WorkloadRow.stored_bytes,
-            func.length(cast(WorkloadRow.argv, Text)) + func.length(cast(WorkloadRow.env, Text)),
-        )
+        # from the index alone (ix_workloads_listing); a row of before revision r0007 that
+        # was never counted is taken as the largest a submission may store
+        size = func.coalesce(WorkloadRow.stored_bytes, MAX_COMMAND_BYTES)
         extent = select(WorkloadRow.submitted_at, WorkloadRow.id, size)
         extent = extent.order_by(WorkloadRow.submitted_at, WorkloadRow.id)
         if phases is not None:
@@ -184,12 +184,16 @@ class UsageStore(RowReader):
                 tuple_(WorkloadRow.submitted_at, WorkloadRow.id) > tuple_(after[0], after[1])
             )
         with self._read() as session:
-            rows = session.execute(extent.limit(limit + 1)).all()
             taken: list[str] = []
             total = 0
-            for _, row_id, stored in rows[:limit]:
+            more = False
+            # read as far as the page goes (rows of the index, fetched one by one)
+            for _, row_id, stored in session.connection().execute(extent.limit(limit + 1)):
                 bytes_ = int(stored or 0) if isinstance(stored, (int, float)) else 0
-                if taken and max_bytes is not None and total + bytes_ > max_bytes:
+                if len(taken) == limit or (
+                    taken and max_bytes is not None and total + bytes_ > max_bytes
+                ):
+                    more = True
                     break
                 taken.append(row_id)
                 total += bytes_
@@ -198,10 +202,12 @@ class UsageStore(RowReader):
                 .where(WorkloadRow.id.in_(taken))
                 .order_by(WorkloadRow.submitted_at, WorkloadRow.id)
             )
-            records, damaged = self._read_rows(session, query, each) if taken else ([], [])
+            if not taken:
+                return Page([], None, [])
+            records, damaged = self._read_rows(session, query, each)
             last = self.last_read
         cursor = None
-        if len(taken) < len(rows) or (last is not None and last[1] != taken[-1]):
+        if more or (last is not None and last[1] != taken[-1]):
             # more rows than this page took, or ``each`` ended it early
             when: object = None if last is None else last[0]  # text in a damaged row
             if last is not None and isinstance(when, (int, float)):
