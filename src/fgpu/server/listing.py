@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -57,14 +58,22 @@ class ListingAnswer:
     """One answer of ``GET /v1/workloads``.
 
     Attributes:
-        body: the page as a JSON array of workload views.
+        body: the page as a JSON array of workload views, in pieces (one a workload).
         cursor: the next page's cursor (``X-Fgpu-Next-Cursor``); None on the last page.
         skipped: ids of damaged rows left out (``X-Fgpu-Skipped-Rows``; :mod:`fgpu.store.rows`).
     """
 
-    body: bytes
+    body: deque[bytes]
     cursor: str | None
     skipped: list[str] = field(default_factory=list)
+    size: int = 0
+    """Bytes of ``body`` in all (its ``Content-Length``)."""
+
+    def drain(self) -> Iterator[bytes]:
+        """The body's pieces in order, each let go once given (so a page is held once, and
+        less as it is sent)."""
+        while self.body:
+            yield self.body.popleft()
 
 
 class ListingGate:
@@ -178,12 +187,20 @@ class PageEncoder(Generic[T]):
         self.last = item
         return True
 
-    def body(self) -> bytes:
-        """The array (one copy of the parts, which are then let go)."""
+    def pieces(self) -> deque[bytes]:
+        """The array in pieces (no copy of the page; the encoder is empty afterwards)."""
         self._parts.append(b"]")
-        body = b"".join(self._parts)
-        self._parts = [b"["]
-        return body
+        parts, self._parts = deque(self._parts), [b"["]
+        return parts
+
+    def answer(self, cursor: str | None, skipped: list[str]) -> ListingAnswer:
+        """The page as a :class:`ListingAnswer`."""
+        size = self.size
+        return ListingAnswer(self.pieces(), cursor, skipped, size)
+
+    def body(self) -> bytes:
+        """The array as one bytes object (a copy of the pieces)."""
+        return b"".join(self.pieces())
 
 
 def encode_page(

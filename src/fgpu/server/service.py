@@ -458,12 +458,15 @@ class Service(SchedulingLoop):
             reasons = self._reasons
             states = self._gpu_states()
             names = {r.id: r.name for r in self._active_records()}
+            unnamed: set[str] = set()  # preemptors the store does not have (shown by id)
 
             def encoded(record: WorkloadRecord) -> bytes:
                 wanted = record.preempted_by
-                if wanted is not None and wanted not in names:
-                    with contextlib.suppress(NotFound, RowDamaged):
+                if wanted is not None and wanted not in names and wanted not in unnamed:
+                    try:
                         names[wanted] = self.store.get(wanted).name
+                    except (NotFound, RowDamaged):
+                        unnamed.add(wanted)
                 view = views.workload(record, reasons.get(record.id), states.get(record.id), names)
                 if brief:
                     view.command = brief_command(record.argv)
@@ -479,9 +482,7 @@ class Service(SchedulingLoop):
                     max_bytes=budget,
                     each=page.add,
                 )
-                return ListingAnswer(
-                    page.body(), format_cursor(read.cursor), [d.id for d in read.damaged]
-                )
+                return page.answer(format_cursor(read.cursor), [d.id for d in read.damaged])
             records = [
                 r
                 for r in self._active_records()
@@ -502,7 +503,7 @@ class Service(SchedulingLoop):
             last = page.last
             more = page.count < len(records)
             following = (last.submitted_at, last.id) if more and last is not None else None
-            return ListingAnswer(page.body(), format_cursor(following), skipped)
+            return page.answer(format_cursor(following), skipped)
 
     def _end_damaged(self, caller: Caller, damage: RowDamaged) -> WorkloadView:
         """An admin's cancel of a workload whose row is damaged: the row is ended as
