@@ -17,6 +17,7 @@ from pydantic.config import JsonDict
 from fgpu.wire_basics import API_PREFIX as API_PREFIX
 from fgpu.wire_basics import LOG_OFFSET_HEADER as LOG_OFFSET_HEADER
 from fgpu.wire_basics import NEXT_CURSOR_HEADER as NEXT_CURSOR_HEADER
+from fgpu.wire_basics import SKIPPED_ROWS_HEADER as SKIPPED_ROWS_HEADER
 from fgpu.wire_basics import TERMINAL_PHASES as TERMINAL_PHASES
 from fgpu.wire_limits import (
     ENV_NAME_PATTERN,

@@ -19,6 +19,10 @@ NEXT_CURSOR_HEADER = "X-Fgpu-Next-Cursor"
 """``GET /v1/workloads?limit=N`` answers one page; this header holds the ``cursor`` of the
 next page (absent on the last)."""
 
+SKIPPED_ROWS_HEADER = "X-Fgpu-Skipped-Rows"
+"""``GET /v1/workloads`` leaves out stored rows that cannot be decoded (a damaged store);
+this header names them as JSON, ``{"count": N, "ids": [...]}`` (absent when none)."""
+
 TERMINAL_PHASES = frozenset({"succeeded", "failed", "cancelled"})
 """Phases a workload never leaves (DESIGN.md section 8)."""
 
@@ -27,5 +31,6 @@ __all__ = [
     "IDEMPOTENCY_HEADER",
     "LOG_OFFSET_HEADER",
     "NEXT_CURSOR_HEADER",
+    "SKIPPED_ROWS_HEADER",
     "TERMINAL_PHASES",
 ]

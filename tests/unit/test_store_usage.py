@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.store import Store
-from fgpu.store.records import QueueConfig
+from fgpu.store.records import QueueConfig, WorkloadRecord
 from fgpu.store.usage import OwnerUsage
 from fgpu.store.validate import stored_bytes
 from tests.unit.test_store_support import (
@@ -98,8 +98,9 @@ def test_pages_follow_the_cursor_in_submission_order(store: Store, clock: Clock)
     cursor = None
     pages = 0
     while True:
-        page, cursor = store.workload_page(after=cursor, limit=3)
-        seen += [r.id for r in page]
+        page = store.workload_page(after=cursor, limit=3)
+        cursor = page.cursor
+        seen += [r.id for r in page.records]
         pages += 1
         if cursor is None:
             break
@@ -114,11 +115,33 @@ def test_a_page_of_mine_has_my_work_and_others_running_work_only(
     bob_running = submit(store, owner=BOB)
     store.mark_running(bob_running.id, allocation_for(bob_running.request))
     alice = submit(store, owner=ALICE)
-    page, cursor = store.workload_page(owner_uid=ALICE, with_others_running=True)
-    assert {r.id for r in page} == {alice.id, bob_running.id}
-    assert cursor is None
-    everyone, _ = store.workload_page()
-    assert {r.id for r in everyone} >= set(bob_pending)
+    page = store.workload_page(owner_uid=ALICE, with_others_running=True)
+    assert {r.id for r in page.records} == {alice.id, bob_running.id}
+    assert page.cursor is None
+    everyone = store.workload_page()
+    assert {r.id for r in everyone.records} >= set(bob_pending)
+
+
+def test_a_page_stops_at_its_byte_budget_and_the_cursor_goes_on(store: Store, clock: Clock) -> None:
+    big = "x" * 100_000
+    ids = []
+    for _ in range(5):
+        clock.now += 1
+        ids.append(store.submit(owner_uid=BOB, queue="default", request=half_gpu(), argv=[big]).id)
+    seen: list[str] = []
+    sizes = []
+    cursor = None
+    while True:
+        page = store.workload_page(after=cursor, limit=1000, max_bytes=250_000)
+        seen += [r.id for r in page.records]
+        sizes.append(len(page.records))
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert seen == ids
+    assert sizes == [2, 2, 1]  # each workload stores ~100 KB: two fit 250 KB, three do not
+    one = store.workload_page(limit=1000, max_bytes=10)
+    assert [r.id for r in one.records] == ids[:1]  # a page always holds one
 
 
 # ---------------------------------------------------------------------- retention
@@ -250,3 +273,26 @@ def test_r0007_fills_the_stored_size_of_workloads_already_stored(tmp_path: Path)
         size = connection.execute(text("SELECT stored_bytes FROM workloads")).scalar_one()
     engine.dispose()
     assert size == stored_bytes(["echo", "é"], {"K": "v"}, "/")
+
+
+def test_a_page_ended_by_its_reader_goes_on_after_the_last_record_taken(
+    store: Store, clock: Clock
+) -> None:
+    ids = []
+    for _ in range(5):
+        clock.now += 1
+        ids.append(submit(store, owner=BOB).id)
+    taken: list[str] = []
+
+    def two(record: WorkloadRecord) -> bool:
+        if len(taken) == 2:
+            return False
+        taken.append(record.id)
+        return True
+
+    page = store.workload_page(limit=1000, each=two)
+    assert page.records == []  # given to the reader, not kept
+    assert taken == ids[:2]
+    rest = store.workload_page(limit=1000, after=page.cursor)
+    assert [r.id for r in rest.records] == ids[2:]
+    assert rest.cursor is None

@@ -354,10 +354,16 @@ def ls(
     def listing(client: Client) -> RenderableType:
         if json_out:  # the wire models' JSON, as every --json prints
             listed = client.list_workloads(include_done, mine=mine)
+            warn_skipped(client)
             print(render.to_json([v for v in listed if kept(v)]))
             return ""
-        # the table reads the same fields without loading pydantic (a fast `fgpu ls`)
-        views = [v for v in client.list_workloads_plain(include_done, mine=mine) if kept(v)]
+        # the table reads the same fields without loading pydantic (a fast `fgpu ls`), and
+        # shows no command: the server sends each cut short (brief)
+        views = [
+            v for v in client.list_workloads_plain(include_done, mine=mine, brief=True) if kept(v)
+        ]
+        if not watch:
+            warn_skipped(client)
         if not views:
             filtered = queues or uids or phases
             hint = "" if include_done or filtered else " (--all shows finished ones)"
@@ -383,6 +389,19 @@ def ls(
         err.print(shown)
     elif shown:
         emit(shown)
+
+
+def warn_skipped(client: Client) -> None:
+    """One warning line on stderr when the listing left out damaged rows of the store."""
+    if not client.skipped_count:
+        return
+    ids = list(client.skipped_rows)
+    shown = ", ".join(ids[:10]) + (" ..." if len(ids) > 10 else "")
+    err.print(
+        f"warning: {client.skipped_count} damaged row(s) of the store left out ({shown}); "
+        "the server log says what is wrong; an admin ends one with `fgpu cancel ID`",
+        markup=False,
+    )
 
 
 def describe(

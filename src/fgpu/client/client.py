@@ -16,6 +16,7 @@ answers and the same errors.
 from __future__ import annotations
 
 import http.client
+import json
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +40,7 @@ from fgpu.wire_basics import (
     IDEMPOTENCY_HEADER,
     LOG_OFFSET_HEADER,
     NEXT_CURSOR_HEADER,
+    SKIPPED_ROWS_HEADER,
 )
 
 PAGE = 1000
@@ -179,6 +181,11 @@ class Client:
     ) -> None:
         self._headers = {"user-agent": USER_AGENT}
         self._timeout = timeout
+        self.skipped_rows: dict[str, None] = {}
+        """Ids of damaged store rows the server left out of the latest listing (the
+        ``X-Fgpu-Skipped-Rows`` header of its pages), in the order named."""
+        self.skipped_count = 0
+        """How many damaged rows the latest listing's pages said they left out."""
         self._http: httpx.Client | None = None
         self._socket: Path | None = None
         if base_url:
@@ -437,7 +444,8 @@ class Client:
         self, include_done: bool = False, *, mine: bool = False
     ) -> list[WorkloadView]:
         """Active workloads (all with ``include_done``), oldest first, read a page of
-        :data:`PAGE` at a time. ``mine``: only the caller's and others' running ones."""
+        :data:`PAGE` at a time. ``mine``: only the caller's and others' running ones.
+        Damaged rows the server left out are in :attr:`skipped_rows` afterwards."""
         from fgpu.wire import WorkloadView
 
         adapter = _adapter(list[WorkloadView])
@@ -448,30 +456,51 @@ class Client:
         ]
 
     def list_workloads_plain(
-        self, include_done: bool = False, *, mine: bool = False
+        self, include_done: bool = False, *, mine: bool = False, brief: bool = False
     ) -> list[PlainWorkloadView]:
         """:meth:`list_workloads` as :class:`fgpu.client.plain.PlainWorkloadView` objects (the
-        same fields), read without pydantic when the answer is well typed."""
+        same fields), read without pydantic when the answer is well typed. ``brief``: each
+        command cut short by the server (what a table shows)."""
         return [
             view
-            for answer in self._workload_pages(include_done, mine)
+            for answer in self._workload_pages(include_done, mine, brief)
             for view in _parsed(answer, plain_workloads)
         ]
 
-    def _workload_pages(self, include_done: bool, mine: bool) -> Iterator[Answer]:
-        """``GET /v1/workloads`` a page at a time, following the next-page cursor."""
+    def _workload_pages(
+        self, include_done: bool, mine: bool, brief: bool = False
+    ) -> Iterator[Answer]:
+        """``GET /v1/workloads`` a page at a time, following the next-page cursor; the
+        damaged rows each page names go to :attr:`skipped_rows`."""
         params: dict[str, str | int] = {"limit": PAGE}
         if include_done:
             params["all"] = "true"
         if mine:
             params["mine"] = "true"
+        if brief:
+            params["brief"] = "true"
+        self.skipped_rows = {}
+        self.skipped_count = 0
         while True:
             answer = self._request("GET", "/workloads", params=params)
+            self._note_skipped(answer.headers.get(SKIPPED_ROWS_HEADER.lower()))
             yield answer
             following = answer.headers.get(NEXT_CURSOR_HEADER.lower())
             if not following:
                 return
             params["cursor"] = following
+
+    def _note_skipped(self, header: str | None) -> None:
+        if not header:
+            return
+        try:
+            named = json.loads(header)
+            count, ids = int(named["count"]), [str(i) for i in named["ids"]]
+        except (ValueError, KeyError, TypeError):
+            return  # not what this client knows: the listing itself is still good
+        new = [i for i in ids if i not in self.skipped_rows]
+        self.skipped_rows.update(dict.fromkeys(ids))
+        self.skipped_count += max(count - (len(ids) - len(new)), 0)
 
     def get_workload(self, workload_id: str) -> WorkloadDetail:
         """One workload with its events."""

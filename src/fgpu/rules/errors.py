@@ -43,3 +43,21 @@ class InsufficientStorage(ServiceError):
     write (507, RFC 4918 section 11.5); the reason says which and what is free."""
 
     status = 507
+
+
+class Unavailable(ServiceError):
+    """The service is too busy for this now (503); ``retry_after_s`` goes in the answer's
+    ``Retry-After`` header (RFC 9110 section 10.2.3)."""
+
+    status = 503
+
+    def __init__(self, field: str, reason: str, retry_after_s: int = 1) -> None:
+        super().__init__(field, reason)
+        self.retry_after_s = retry_after_s
+
+
+class DamagedRecord(ServiceError):
+    """The workload's stored row is damaged (409): the reason names the id, what is wrong
+    and how an admin ends it."""
+
+    status = 409

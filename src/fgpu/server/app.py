@@ -28,6 +28,7 @@ a client over the limit of wrong tokens with 429.
 from __future__ import annotations
 
 import hmac
+import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -48,25 +49,32 @@ from fastapi import (
 )
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
 from fgpu.log_files import read_log
 from fgpu.metrics import CONTENT_TYPE, Exporter
-from fgpu.rules.errors import BadRequest, ServiceError
+from fgpu.rules.errors import BadRequest, ServiceError, Unavailable
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
 from fgpu.server.guesses import GuessThrottle
-from fgpu.server.listing import DEFAULT_PAGE, MAX_PAGE
+from fgpu.server.listing import (
+    BRIEF_COMMAND_CHARS,
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    SKIPPED_IDS_SHOWN,
+    ListingAnswer,
+)
 from fgpu.server.service import Caller
-from fgpu.store.errors import StoreUnwritable
+from fgpu.store.errors import RowDamaged, StoreUnwritable
 from fgpu.store.idempotency import KEY_TTL_S
 from fgpu.store.schema import ID_LENGTH, IDEMPOTENCY_KEY_LENGTH, NAME_LENGTH
 from fgpu.wire import (
     API_PREFIX,
     LOG_OFFSET_HEADER,
     NEXT_CURSOR_HEADER,
+    SKIPPED_ROWS_HEADER,
     ErrorResponse,
     EventView,
     Health,
@@ -118,7 +126,8 @@ class ServiceApi(Protocol):
         mine: bool = False,
         limit: int | None = None,
         cursor: str | None = None,
-    ) -> tuple[list[WorkloadView], str | None]: ...
+        brief: bool = False,
+    ) -> ListingAnswer: ...
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
     def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
@@ -153,7 +162,14 @@ def field_of(location: Sequence[int | str]) -> str:
 def _install_error_handlers(app: FastAPI) -> None:
     async def service_error(request: Request, exc: Exception) -> Any:
         assert isinstance(exc, ServiceError)
-        return _refusal(exc.status, exc.field, exc.reason)
+        answer = _refusal(exc.status, exc.field, exc.reason)
+        if isinstance(exc, Unavailable):
+            answer.headers["Retry-After"] = str(exc.retry_after_s)
+        return answer
+
+    async def row_damaged(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, RowDamaged)
+        return _refusal(409, "id", str(exc))
 
     async def validation_error(request: Request, exc: Exception) -> Any:
         assert isinstance(exc, RequestValidationError)
@@ -201,6 +217,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(StoreUnwritable, store_unwritable)
+    app.add_exception_handler(RowDamaged, row_damaged)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, internal_error)
@@ -435,6 +452,14 @@ def create_app(
         }
     }
 
+    busy: dict[int | str, dict[str, Any]] = {
+        503: {
+            "model": ErrorResponse,
+            "description": "too many listings at once (field listing; Retry-After says when "
+            "to try again)",
+        }
+    }
+
     def check_health() -> None:
         problem = getattr(service, "health_problem", None)
         cause = problem() if callable(problem) else None
@@ -462,10 +487,9 @@ def create_app(
         check_health()
         return {"ready": True}
 
-    @api.get("/workloads", tags=["workloads"])
+    @api.get("/workloads", tags=["workloads"], response_model=list[WorkloadView], responses=busy)
     def list_workloads(
         caller: CallerDep,
-        response: Response,
         include_done: Annotated[
             bool, Query(alias="all", description="also finished workloads")
         ] = False,
@@ -493,16 +517,43 @@ def create_app(
                 "header gave this",
             ),
         ] = None,
-    ) -> list[WorkloadView]:
+        brief: Annotated[
+            bool,
+            Query(
+                description=f"each command cut to {BRIEF_COMMAND_CHARS} characters in all "
+                "(the last argument kept ending in ...): what fgpu ls's table needs"
+            ),
+        ] = False,
+    ) -> Response:
         """Workloads, oldest first; active ones unless ``all=true``, a page of at most
         ``limit``: the header ``X-Fgpu-Next-Cursor`` (absent on the last page) is the
-        ``cursor`` of the next."""
-        shown, following = service.workload_page(
-            caller, include_done=include_done, mine=mine, limit=limit, cursor=cursor
+        ``cursor`` of the next. A page also ends before the workload that would make it
+        longer than the server's byte budget (``fgpu serve --listing-max-bytes``, 8 MiB).
+        Rows of the store that cannot be decoded are left out and named in the header
+        ``X-Fgpu-Skipped-Rows`` (JSON: ``{"count": N, "ids": [...]}``). 503 with
+        ``Retry-After`` when too many listings are made at once."""
+        answer = service.workload_page(
+            caller,
+            include_done=include_done,
+            mine=mine,
+            limit=limit,
+            cursor=cursor,
+            brief=brief,
         )
-        if following is not None:
-            response.headers[NEXT_CURSOR_HEADER] = following
-        return shown
+        headers = {}
+        if answer.cursor is not None:
+            headers[NEXT_CURSOR_HEADER] = answer.cursor
+        if answer.skipped:
+            headers[SKIPPED_ROWS_HEADER] = json.dumps(
+                {"count": len(answer.skipped), "ids": answer.skipped[:SKIPPED_IDS_SHOWN]}
+            )
+        headers["content-length"] = str(answer.size)
+
+        async def pieces() -> AsyncIterator[bytes]:  # in the event loop: no thread per piece
+            for piece in answer.drain():
+                yield piece
+
+        return StreamingResponse(pieces(), media_type="application/json", headers=headers)
 
     @api.post("/workloads", status_code=201, tags=["workloads"], responses=too_large)
     def submit(

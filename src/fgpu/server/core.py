@@ -25,6 +25,7 @@ from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
 from fgpu.plugins import DEFAULT_POLICY, create_policy
+from fgpu.rules.errors import NotFoundError
 from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET
@@ -542,13 +543,27 @@ class ServiceCore(EnforcementHooks):
 
         Raises:
             NotFoundError: nothing fits; BadRequest: several fit (listed).
+            RowDamaged: only a damaged row fits (by id, id prefix or name; the caller's
+                own first): the error names its id.
         """
         try:
             return self.store.get(workload_id)
         except NotFound:
             pass
         uid = os.geteuid() if caller_uid is None else caller_uid
-        return resolve(workload_id, self.store.list_workloads(), uid)
+        records = self.store.list_workloads()
+        try:
+            return resolve(workload_id, records, uid)
+        except NotFoundError:
+            fits = [
+                d
+                for d in self.store.damaged()
+                if d.name == workload_id or d.id.startswith(workload_id)
+            ]
+            if fits:
+                fits.sort(key=lambda d: d.owner_uid != uid)
+                raise fits[0].error() from None
+            raise
 
 
 __all__ = ["DEFAULT_QUEUE", "Caller", "ServiceCore", "claim_state_dir", "default_state_dir"]

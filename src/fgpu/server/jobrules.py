@@ -44,7 +44,7 @@ from fgpu.rules.slurm import (
 from fgpu.sched.workload import Workload
 from fgpu.server.core import Caller
 from fgpu.server.recovery import Recovery
-from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
+from fgpu.store.errors import NotFound, PermissionDenied, RowDamaged, StoreConflict
 from fgpu.store.records import (
     CANCELLED,
     FAILED,
@@ -300,6 +300,8 @@ class JobRules(Recovery):
             record = self.store.get(workload_id)
         except NotFound:
             return GONE, workload_id
+        except RowDamaged:  # unreadable until an admin ends it: wait, do not guess
+            return "damaged", workload_id
         outcome = (record.phase, record.name)
         if record.phase in FINAL_PHASES:
             if len(self._outcomes) > 100_000:

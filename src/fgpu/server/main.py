@@ -359,6 +359,22 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "60s",
+    listing_max_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Most bytes of JSON one listing answer (GET /v1/workloads) holds; a page "
+            "stops early and its cursor goes on (a size, at least 64KiB).",
+            rich_help_panel="Limits",
+        ),
+    ] = "8MiB",
+    listings_at_once: Annotated[
+        int,
+        typer.Option(
+            help="Listing answers made at once; 16 more wait, beyond that HTTP 503 with "
+            "Retry-After.",
+            rich_help_panel="Limits",
+        ),
+    ] = 2,
     suspend_host_memory: Annotated[
         str,
         typer.Option(
@@ -402,6 +418,7 @@ def serve(
             retention=(retention, event_interval),
             max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
+            listing=(listing_max_bytes, listings_at_once),
         )
     )
 
@@ -435,6 +452,7 @@ def run_serve(
     suspend_host_memory: str = "25%",
     max_log_bytes: str = "64MiB",
     preempt_delay: str = DEFAULT_PREEMPT_DELAY,
+    listing: tuple[str, int] = ("8MiB", 2),
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -536,6 +554,7 @@ def run_serve(
             raise ServeOptionError(str(exc)) from None
         submission_limits, retention = _limits(submission_limits, retention)
         log_cap = _log_cap(max_log_bytes)
+        listing_limits = _listing_limits(*listing)
         from fgpu.model.units import UnitError, parse_duration_s
 
         try:
@@ -579,6 +598,7 @@ def run_serve(
         retention,
         log_cap,
         preempt_delay_s,
+        listing_limits,
     )
 
 
@@ -620,6 +640,32 @@ def _log_cap(text: str) -> int:
             f"{MIN_LOG_BYTES} (a log keeps whole records of up to 64 KiB)"
         )
     return cap
+
+
+MIN_LISTING_BYTES = 64 * 1024
+"""Smallest ``--listing-max-bytes``."""
+
+
+def _listing_limits(size_text: str, at_once: int) -> tuple[int, int]:
+    """``--listing-max-bytes`` in bytes and ``--listings-at-once``, checked.
+
+    Raises:
+        ServeOptionError: naming the flag and echoing the value.
+    """
+    from fgpu.model.units import UnitError, parse_bytes
+
+    try:
+        size = parse_bytes(size_text, "--listing-max-bytes")
+    except UnitError as exc:
+        raise ServeOptionError(f"--listing-max-bytes: {size_text!r}: {exc.reason}") from None
+    if size < MIN_LISTING_BYTES:
+        raise ServeOptionError(
+            f"--listing-max-bytes: {size_text!r} is {size} bytes; give at least "
+            f"{MIN_LISTING_BYTES} (64KiB)"
+        )
+    if at_once < 1:
+        raise ServeOptionError(f"--listings-at-once: {at_once} must be at least 1")
+    return size, at_once
 
 
 def _limits(
@@ -734,6 +780,7 @@ def _start(
     retention: RetentionPolicy | None = None,
     max_log_bytes: int | None = None,
     preempt_delay_s: float = 0.0,
+    listing_limits: tuple[int, int] | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -741,6 +788,7 @@ def _start(
     from fgpu.agent.memguard import MemoryPolicy
     from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
     from fgpu.sched.decide import SchedulerConfig
+    from fgpu.server.allocator import tune_allocator
     from fgpu.server.app import create_app
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
@@ -748,6 +796,7 @@ def _start(
     from fgpu.server.uds import ApiServer, SocketInUse
     from fgpu.store.errors import StoreDamaged
 
+    tune_allocator()  # before any thread starts (fgpu.server.allocator says why)
     server = ApiServer(path, address, log_level=level, tls=tls, limits=connection_limits)
     try:
         server.bind()
@@ -799,6 +848,11 @@ def _start(
         service.submission_limits = submission_limits
     if retention is not None:
         service.retention = retention
+    if listing_limits is not None:
+        from fgpu.server.listing import ListingGate
+
+        service.listing_max_bytes = listing_limits[0]
+        service.listing_gate = ListingGate(concurrent=listing_limits[1])
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

@@ -23,7 +23,7 @@ from fgpu.agent.runner import ExitRecord
 from fgpu.model.types import InvalidRequestError
 from fgpu.sched.state import ClusterState
 from fgpu.server.suspending import Suspension
-from fgpu.store.errors import NotFound
+from fgpu.store.errors import NotFound, RowDamaged
 from fgpu.store.records import LOST_REASON, WorkloadRecord
 
 log = logging.getLogger("fgpu.server")
@@ -136,6 +136,8 @@ class Recovery(Suspension):
             try:
                 record: WorkloadRecord | None = self.store.get(workload_id)
             except NotFound:
+                record = None
+            except RowDamaged:  # its row cannot be read: as unknown, so it is stopped
                 record = None
             unknown.append((handle, record))
         groups = self._unknown_cgroups()

@@ -39,6 +39,8 @@ import pwd
 from collections.abc import Callable
 from pathlib import Path
 
+import pydantic_core
+
 from fgpu.model.types import InvalidRequestError, Request
 from fgpu.rules.errors import (
     BadRequest,
@@ -65,13 +67,22 @@ from fgpu.server.access import (
 from fgpu.server.core import DEFAULT_QUEUE, Caller, claim_state_dir, default_state_dir
 from fgpu.server.idempotent import check_key, replay
 from fgpu.server.jobrules import JobPlan
-from fgpu.server.listing import MAX_PAGE, format_cursor, parse_cursor
+from fgpu.server.listing import (
+    DEFAULT_MAX_BYTES,
+    MAX_PAGE,
+    ListingAnswer,
+    ListingGate,
+    PageEncoder,
+    brief_command,
+    format_cursor,
+    parse_cursor,
+)
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
 from fgpu.server.quotas import LimitReached, SubmissionLimits
 from fgpu.states import governor_word
-from fgpu.store.errors import NotFound, PermissionDenied, StoreConflict
+from fgpu.store.errors import NotFound, PermissionDenied, RowDamaged, StoreConflict
 from fgpu.store.idempotency import fingerprint
 from fgpu.store.records import EVERYONE, ArrayPlan, QueueConfig, QueueRecord, WorkloadRecord
 from fgpu.store.schema import NAME_LENGTH
@@ -112,6 +123,20 @@ class Service(SchedulingLoop):
 
     submission_limits: SubmissionLimits = SubmissionLimits()
     _name_picker: NamePicker | None = None
+    listing_max_bytes: int = DEFAULT_MAX_BYTES
+    """Most bytes of JSON one listing answer holds (``fgpu serve --listing-max-bytes``)."""
+    _listing_gate: ListingGate | None = None
+
+    @property
+    def listing_gate(self) -> ListingGate:
+        """Listings made at once and waiting (``fgpu serve --listings-at-once``)."""
+        if self._listing_gate is None:
+            self._listing_gate = ListingGate()
+        return self._listing_gate
+
+    @listing_gate.setter
+    def listing_gate(self, gate: ListingGate) -> None:
+        self._listing_gate = gate
 
     def submit(
         self, caller: Caller, body: SubmitRequest, idempotency_key: str | None = None
@@ -404,59 +429,109 @@ class Service(SchedulingLoop):
         mine: bool = False,
         limit: int | None = None,
         cursor: str | None = None,
-    ) -> tuple[list[WorkloadView], str | None]:
-        """A page of workloads, oldest first, and the cursor of the next page (None: last).
+        brief: bool = False,
+    ) -> ListingAnswer:
+        """A page of workloads, oldest first, as the JSON array the API answers, with the
+        cursor of the next page (None: last) and the ids of damaged rows skipped.
+
+        The page holds at most ``limit`` workloads and at most :attr:`listing_max_bytes`
+        of JSON (it stops before the workload that would cross it; the cursor goes on from
+        there), and is made in a turn of :attr:`listing_gate` (at most so many at once).
 
         Args:
             caller: who asks.
             include_done: finished ones too (read from the store, a page at a time).
             mine: only the caller's work and others' running or paused work (others'
                 pending work is theirs to watch: one user's backlog costs others nothing).
-            limit: most workloads (1..:data:`MAX_PAGE`; None: all).
+            limit: most workloads (1..:data:`MAX_PAGE`; None: all that fit the bytes).
             cursor: where the previous page ended (its ``next`` cursor).
+            brief: each ``command`` cut to :data:`BRIEF_COMMAND_CHARS` characters (what
+                ``fgpu ls``'s table needs).
 
         Raises:
             BadRequest: ``limit`` out of range, or a malformed ``cursor`` (echoed).
+            Unavailable: too many listings at once (503).
         """
         if limit is not None and not 1 <= limit <= MAX_PAGE:
             raise BadRequest("limit", f"{limit} must be between 1 and {MAX_PAGE}")
         after = parse_cursor(cursor)
         owner = caller.uid if mine else None
-        if include_done:
-            records, following = self.store.workload_page(
-                after=after,
-                limit=limit if limit is not None else 2**62,
-                owner_uid=owner,
-                with_others_running=mine,
-            )
-        else:
+        budget = self.listing_max_bytes
+        with self.listing_gate.turn():
+            reasons = self._reasons
+            states = self._gpu_states()
+            names = {r.id: r.name for r in self._active_records()}
+            unnamed: set[str] = set()  # preemptors the store does not have (shown by id)
+
+            def encoded(record: WorkloadRecord) -> bytes:
+                wanted = record.preempted_by
+                if wanted is not None and wanted not in names and wanted not in unnamed:
+                    try:
+                        names[wanted] = self.store.get(wanted).name
+                    except (NotFound, RowDamaged):
+                        unnamed.add(wanted)
+                view = views.workload(record, reasons.get(record.id), states.get(record.id), names)
+                if brief:
+                    view.command = brief_command(record.argv)
+                return pydantic_core.to_json(view)  # bytes, no str copy between
+
+            page = PageEncoder(encoded, budget)
+            if include_done:  # each record encoded as it is read, then let go
+                read = self.store.workload_page(
+                    after=after,
+                    limit=limit if limit is not None else MAX_PAGE,
+                    owner_uid=owner,
+                    with_others_running=mine,
+                    max_bytes=budget,
+                    each=page.add,
+                )
+                return page.answer(format_cursor(read.cursor), [d.id for d in read.damaged])
             records = [
                 r
                 for r in self._active_records()
                 if (owner is None or r.owner_uid == owner or r.holds_allocation)
                 and (after is None or (r.submitted_at, r.id) > after)
             ]
-            following = None
-            if limit is not None and len(records) > limit:
-                records = records[:limit]
-                following = (records[-1].submitted_at, records[-1].id)
-        reasons = self._reasons
-        states = self._gpu_states()
-        names = self._preemptor_names(records)
-        shown = [views.workload(r, reasons.get(r.id), states.get(r.id), names) for r in records]
-        return shown, format_cursor(following)
+            skipped: list[str] = []
+            if after is None:  # damaged active rows, named on the first page
+                skipped = [
+                    d.id
+                    for d in self.store.damaged()
+                    if d.phase is None or d.phase in ("pending", "running", "paused")
+                    if owner is None or d.owner_uid in (None, owner) or d.phase != "pending"
+                ]
+            for record in records[:limit]:
+                if not page.add(record):
+                    break
+            last = page.last
+            more = page.count < len(records)
+            following = (last.submitted_at, last.id) if more and last is not None else None
+            return page.answer(format_cursor(following), skipped)
 
-    def _preemptor_names(self, records: list[WorkloadRecord]) -> dict[str, str]:
-        """Names of the workloads that preempted any of ``records`` (``ls`` says
-        ``preempted by NAME``), by id; one not found is left out (shown by its id)."""
-        wanted = {r.preempted_by for r in records if r.preempted_by is not None}
-        if not wanted:
-            return {}
-        names = {r.id: r.name for r in self._active_records() if r.id in wanted}
-        for missing in wanted - names.keys():
-            with contextlib.suppress(NotFound):
-                names[missing] = self.store.get(missing).name
-        return names
+    def _end_damaged(self, caller: Caller, damage: RowDamaged) -> WorkloadView:
+        """An admin's cancel of a workload whose row is damaged: the row is ended as
+        cancelled (:meth:`fgpu.store.Store.end_damaged`), and its process, if the service
+        knows one, stopped. Anyone else gets the damage named (409).
+
+        Raises:
+            RowDamaged: the caller is not an admin.
+        """
+        if not self._is_admin(caller):
+            raise damage
+        with self._lock:
+            try:
+                found, record = self.store.end_damaged(damage.workload_id, caller.uid)
+            except NotFound:
+                raise NotFoundError("id", f"no workload {damage.workload_id!r}") from None
+            except StoreConflict as exc:
+                raise Conflict("id", str(exc)) from None
+            self._sync(record)
+            if found.phase in ("pending", "running", "paused"):  # the ledger counted it
+                self.usage.ended(record.owner_uid, record.queue)
+            if damage.workload_id in self._handles:
+                self._stop(damage.workload_id, record.reason)
+        self.wake()
+        return views.workload(record, None)
 
     def _gpu_states(self) -> dict[str, str]:
         """The governor's state of each governed workload in the words of
@@ -478,7 +553,7 @@ class Service(SchedulingLoop):
         events = self.store.events(record.id)
         names: dict[str, str] = {}
         if record.preempted_by is not None:
-            with contextlib.suppress(NotFound):
+            with contextlib.suppress(NotFound, RowDamaged):
                 names[record.preempted_by] = self.store.get(record.preempted_by).name
         detail = views.detail(
             record,
@@ -501,13 +576,18 @@ class Service(SchedulingLoop):
         """
         try:
             workload_id = self.store.get(workload_id).id
+        except RowDamaged as exc:
+            return self._end_damaged(caller, exc)
         except NotFound:  # not a workload's id: an array's id or name, else a name or prefix
             tasks = self._array_refs(caller, workload_id)
             if tasks is not None:
                 done = self._cancel_tasks(caller, tasks)
                 first = self.store.get(done[0])
                 return views.workload(first, None).model_copy(update={"cancelled_tasks": done})
-            workload_id = self._get(workload_id, caller.uid).id
+            try:
+                workload_id = self._get(workload_id, caller.uid).id
+            except RowDamaged as exc:
+                return self._end_damaged(caller, exc)
         with self._lock:
             try:
                 record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))

@@ -68,3 +68,26 @@ class StoreDamaged(StoreError):
         self.database = database
         self.problems = problems
         super().__init__(f"{database} is damaged: {'; '.join(problems)}")
+
+
+class RowDamaged(StoreError):
+    """A workload's stored row does not hold what fgpu writes (a JSON column that does not
+    parse or has the wrong shape, an unknown phase, text where a number belongs, a NULL where
+    a value is needed): :mod:`fgpu.store.rows`. Listings skip such a row; a lookup of it
+    raises this. An admin ends it with ``fgpu cancel ID`` (:meth:`Store.end_damaged`).
+
+    Attributes:
+        workload_id: the row's id.
+        problem: each bad column and what is wrong with it.
+    """
+
+    def __init__(self, workload_id: str, problem: str) -> None:
+        self.workload_id = workload_id
+        self.problem = problem
+        super().__init__(
+            f"workload {workload_id}'s stored row is damaged ({problem}); an admin can end it "
+            f"with `fgpu cancel {workload_id}` (run as root or an admin)"
+        )
+
+    def __reduce__(self) -> tuple[type[RowDamaged], tuple[str, str]]:
+        return (type(self), (self.workload_id, self.problem))

@@ -118,6 +118,8 @@ class WorkloadRow(Base):
         Index("ix_workloads_owner_queue_phase", "owner_uid", "queue", "phase", "stored_bytes"),
         # retention: finished workloads oldest first
         Index("ix_workloads_finished_at", "finished_at"),
+        # a listing page's extent from the index alone (issue 27, revision r0013)
+        Index("ix_workloads_listing", "submitted_at", "id", "phase", "owner_uid", "stored_bytes"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)

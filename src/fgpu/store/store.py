@@ -55,6 +55,7 @@ from fgpu.store.records import (
     models_to_text,
     to_core,
 )
+from fgpu.store.rows import DamagedRow, workload_select
 from fgpu.store.schema import Base, EventRow, HoldRow, QueueRow, WorkloadRow
 from fgpu.store.suspension import SuspensionStore
 from fgpu.store.usage import UsageStore
@@ -651,12 +652,15 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
 
         Raises:
             NotFound: no such workload.
+            RowDamaged: its row does not decode (:mod:`fgpu.store.rows`).
         """
         with self._read() as session:
-            row = session.get(WorkloadRow, workload_id)
-            if row is None:
-                raise NotFound("workload", workload_id)
-            return convert.workload_record(row)
+            found = self._read_one(session, workload_id)
+        if found is None:
+            raise NotFound("workload", workload_id)
+        if isinstance(found, DamagedRow):
+            raise found.error()
+        return found
 
     def list_workloads(
         self,
@@ -666,8 +670,9 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
         owner_uid: int | None = None,
     ) -> builtins.list[WorkloadRecord]:
         """Workloads in submission order, optionally only those in ``phases``, in ``queue``
-        or of ``owner_uid``."""
-        query = select(WorkloadRow).order_by(WorkloadRow.submitted_at, WorkloadRow.id)
+        or of ``owner_uid``. A row that does not decode is left out (logged once;
+        :meth:`damaged` lists those seen)."""
+        query = workload_select().order_by(WorkloadRow.submitted_at, WorkloadRow.id)
         if phases is not None:
             query = query.where(WorkloadRow.phase.in_(builtins.list(phases)))
         if queue is not None:
@@ -675,7 +680,7 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
         if owner_uid is not None:
             query = query.where(WorkloadRow.owner_uid == owner_uid)
         with self._read() as session:
-            return [convert.workload_record(r) for r in session.scalars(query)]
+            return self._read_rows(session, query)[0]
 
     def active_holders(
         self, owner_uid: int, names: Collection[str], *, count: bool = True
@@ -741,12 +746,12 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
     def array_tasks(self, array_id: str) -> builtins.list[WorkloadRecord]:
         """Every task of the array ``array_id``, by index (none for an unknown id)."""
         query = (
-            select(WorkloadRow)
+            workload_select()
             .where(WorkloadRow.array_id == array_id)
             .order_by(WorkloadRow.array_index)
         )
         with self._read() as session:
-            return [convert.workload_record(r) for r in session.scalars(query)]
+            return self._read_rows(session, query)[0]
 
     def running_records(self) -> builtins.list[WorkloadRecord]:
         """Workloads that hold an allocation (running or paused): after a restart, re-adopt

@@ -12,15 +12,16 @@ backlog must cost others nothing, and nothing may be kept forever).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 
 from sqlalchemy import and_, delete, func, or_, select, tuple_
 
-from fgpu.store import convert
-from fgpu.store.base import StoreBase
+from fgpu.store.reading import RowReader
 from fgpu.store.records import ACTIVE_PHASES, FINAL_PHASES, HOLDING_PHASES, WorkloadRecord
+from fgpu.store.rows import DamagedRow, workload_select
 from fgpu.store.schema import EventRow, HoldRow, WorkloadRow
+from fgpu.wire_limits import MAX_COMMAND_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,22 @@ Cursor = tuple[float, str]
 """Where a page of workloads ends: ``(submitted_at, id)`` of its last workload."""
 
 
-class UsageStore(StoreBase):
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A page of :meth:`UsageStore.workload_page`.
+
+    Attributes:
+        records: its workloads, in submission order.
+        cursor: where the next page begins; None when this page is the last.
+        damaged: rows of its range that do not decode, skipped (:mod:`fgpu.store.rows`).
+    """
+
+    records: list[WorkloadRecord]
+    cursor: Cursor | None
+    damaged: list[DamagedRow] = field(default_factory=list)
+
+
+class UsageStore(RowReader):
     """Usage, pages and retention operations of :class:`fgpu.store.Store`."""
 
     def owner_usage(self, owner_uid: int, queue: str) -> OwnerUsage:
@@ -122,9 +138,18 @@ class UsageStore(StoreBase):
         limit: int = 1000,
         owner_uid: int | None = None,
         with_others_running: bool = False,
-    ) -> tuple[list[WorkloadRecord], Cursor | None]:
-        """Workloads in submission order after ``after``, at most ``limit``, and the cursor
-        of the next page (None when this page is the last).
+        max_bytes: int | None = None,
+        ids: Collection[str] | None = None,
+        each: Callable[[WorkloadRecord], bool] | None = None,
+    ) -> Page:
+        """Workloads in submission order after ``after``, at most ``limit`` and about
+        ``max_bytes`` of commands and environments, and the cursor of the next page.
+
+        First the page's extent is read from the index columns and each row's stored bytes
+        (``stored_bytes``; :data:`MAX_COMMAND_BYTES` where a row has none): rows
+        are taken while their bytes sum to at most ``max_bytes`` (the first always); then
+        only those rows are read whole. A row that does not decode is skipped and named in
+        :attr:`Page.damaged` (the cursor goes past it).
 
         Args:
             phases: only these phases (None: all).
@@ -133,25 +158,63 @@ class UsageStore(StoreBase):
             owner_uid: only this user's workloads ...
             with_others_running: ... and other users' running and paused ones (what ``fgpu
                 ls`` shows by default: others' pending work is theirs to watch).
+            max_bytes: most stored bytes read for the page (None: no bound).
+            ids: only these workloads.
+            each: given, each record goes to it as it is read, in order, and is not kept
+                (:attr:`Page.records` stays empty: a listing encodes each and lets it go);
+                it returns False to end the page before that record (the cursor then goes
+                on from the record before it).
         """
-        query = select(WorkloadRow).order_by(WorkloadRow.submitted_at, WorkloadRow.id)
+        # from the index alone (ix_workloads_listing); a row of before revision r0007 that
+        # was never counted is taken as the largest a submission may store
+        size = func.coalesce(WorkloadRow.stored_bytes, MAX_COMMAND_BYTES)
+        extent = select(WorkloadRow.submitted_at, WorkloadRow.id, size)
+        extent = extent.order_by(WorkloadRow.submitted_at, WorkloadRow.id)
         if phases is not None:
-            query = query.where(WorkloadRow.phase.in_(list(phases)))
+            extent = extent.where(WorkloadRow.phase.in_(list(phases)))
         if owner_uid is not None:
             own = WorkloadRow.owner_uid == owner_uid
             if with_others_running:
                 own = or_(own, WorkloadRow.phase.in_(sorted(HOLDING_PHASES)))
-            query = query.where(own)
+            extent = extent.where(own)
+        if ids is not None:
+            extent = extent.where(WorkloadRow.id.in_(list(ids)))
         if after is not None:
-            query = query.where(
+            extent = extent.where(
                 tuple_(WorkloadRow.submitted_at, WorkloadRow.id) > tuple_(after[0], after[1])
             )
         with self._read() as session:
-            records = [convert.workload_record(r) for r in session.scalars(query.limit(limit + 1))]
-        more = len(records) > limit
-        records = records[:limit]
-        cursor = (records[-1].submitted_at, records[-1].id) if more and records else None
-        return records, cursor
+            taken: list[str] = []
+            total = 0
+            more = False
+            # read as far as the page goes (rows of the index, fetched one by one)
+            for _, row_id, stored in session.connection().execute(extent.limit(limit + 1)):
+                bytes_ = int(stored or 0) if isinstance(stored, (int, float)) else 0
+                if len(taken) == limit or (
+                    taken and max_bytes is not None and total + bytes_ > max_bytes
+                ):
+                    more = True
+                    break
+                taken.append(row_id)
+                total += bytes_
+            query = (
+                workload_select()
+                .where(WorkloadRow.id.in_(taken))
+                .order_by(WorkloadRow.submitted_at, WorkloadRow.id)
+            )
+            if not taken:
+                return Page([], None, [])
+            records, damaged = self._read_rows(session, query, each)
+            last = self.last_read
+        cursor = None
+        if more or (last is not None and last[1] != taken[-1]):
+            # more rows than this page took, or ``each`` ended it early
+            when: object = None if last is None else last[0]  # text in a damaged row
+            if last is not None and isinstance(when, (int, float)):
+                cursor = (float(when), last[1])
+            elif records:
+                cursor = (records[-1].submitted_at, records[-1].id)
+        return Page(records, cursor, damaged)
 
     def prune(self, before: float, *, batch: int = 200) -> Pruned:
         """Delete one batch: at most ``batch`` finished workloads that finished before
@@ -202,4 +265,4 @@ class UsageStore(StoreBase):
         return Pruned(ids, events, freed)
 
 
-__all__ = ["Cursor", "OwnerUsage", "Pruned", "UsageStore"]
+__all__ = ["Cursor", "OwnerUsage", "Page", "Pruned", "UsageStore"]
