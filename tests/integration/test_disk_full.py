@@ -11,6 +11,10 @@ filled with a real file. Then:
   507 with the cause;
 - once the disk has room again, the kept end is written without a restart (the workload ends
   ``succeeded``, exit code 0), and health and submissions come back.
+
+These servers run without the ballast (``--disk-ballast 0``), the last resort when even that
+was used: with it, cancels and ends are written at once (``test_disk_room.py``). Their
+output reserve (``--log-disk-reserve 1MiB``) fits the small disk.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ def small_disk() -> Iterator[Path]:
 
 @pytest.fixture
 def server(small_disk: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(small_disk, "1xA100-40GB")
+    proc = ServerProcess(
+        small_disk, "1xA100-40GB", ["--disk-ballast", "0", "--log-disk-reserve", "1MiB"]
+    )
     proc.start()
     try:
         yield proc

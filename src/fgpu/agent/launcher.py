@@ -71,6 +71,7 @@ from fgpu.agent.process import (
     start_ticks,
 )
 from fgpu.agent.runner import ExitRecord, read_exit_record
+from fgpu.disk_room import DiskReserve
 from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.sdk import PYTHONPATH_DIR
 
@@ -178,6 +179,9 @@ class Launcher:
         ready_timeout_s: how long :meth:`launch` waits for the wrapper to report.
         max_log_bytes: each log of a workload keeps about this many bytes, its head and its
             latest tail (:mod:`fgpu.log_files`; 0: no cap).
+        disk_reserve: free space of the log folder's disk that output never takes
+            (:mod:`fgpu.disk_room`); None: none (the service sets ``fgpu serve
+            --log-disk-reserve``).
     """
 
     def __init__(
@@ -185,9 +189,11 @@ class Launcher:
         python: str | None = None,
         ready_timeout_s: float = 10.0,
         max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        disk_reserve: DiskReserve | None = None,
     ) -> None:
         self._python = python or sys.executable
         self.max_log_bytes = max_log_bytes
+        self.disk_reserve = disk_reserve
         self._ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -240,6 +246,7 @@ class Launcher:
             str(work_dir / OUTPUT_LOG),
             "--max-log-bytes",
             str(self.max_log_bytes),
+            *(self.disk_reserve.argv() if self.disk_reserve is not None else []),
             "--",
             *command,
         ]

@@ -35,6 +35,7 @@ from fgpu.server.quotas import SubmissionLimits
 from fgpu.server.retention import RetentionPolicy, parse_duration
 
 if TYPE_CHECKING:
+    from fgpu.disk_room import DiskReserve
     from fgpu.store.errors import StoreDamaged
 
 TOKEN_ENV = "FGPU_TOKEN"
@@ -351,6 +352,23 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "64MiB",
+    log_disk_reserve: Annotated[
+        str,
+        typer.Option(
+            help="Free space of the state disk that workloads' output never takes: a size "
+            "(256MiB), a share of the disk (5%), or both (the larger); below it output is "
+            "dropped and `fgpu logs` says so where it was cut (0: no reserve).",
+            rich_help_panel="Limits",
+        ),
+    ] = "256MiB,5%",
+    disk_ballast: Annotated[
+        str,
+        typer.Option(
+            help="Space held in the state folder (a file) and released when the disk is "
+            "full, so that cancels and workloads' ends are still recorded (a size; 0: none).",
+            rich_help_panel="Limits",
+        ),
+    ] = "16MiB",
     event_interval: Annotated[
         str,
         typer.Option(
@@ -402,6 +420,7 @@ def serve(
             retention=(retention, event_interval),
             max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
+            disk=(log_disk_reserve, disk_ballast),
         )
     )
 
@@ -435,6 +454,7 @@ def run_serve(
     suspend_host_memory: str = "25%",
     max_log_bytes: str = "64MiB",
     preempt_delay: str = DEFAULT_PREEMPT_DELAY,
+    disk: tuple[str, str] = ("256MiB,5%", "16MiB"),
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -536,6 +556,7 @@ def run_serve(
             raise ServeOptionError(str(exc)) from None
         submission_limits, retention = _limits(submission_limits, retention)
         log_cap = _log_cap(max_log_bytes)
+        disk_room = _disk_room(*disk)
         from fgpu.model.units import UnitError, parse_duration_s
 
         try:
@@ -579,6 +600,7 @@ def run_serve(
         retention,
         log_cap,
         preempt_delay_s,
+        disk_room,
     )
 
 
@@ -620,6 +642,37 @@ def _log_cap(text: str) -> int:
             f"{MIN_LOG_BYTES} (a log keeps whole records of up to 64 KiB)"
         )
     return cap
+
+
+def _disk_room(reserve_text: str, ballast_text: str) -> tuple[DiskReserve, int]:
+    """``--log-disk-reserve`` and ``--disk-ballast`` (bytes), checked.
+
+    Raises:
+        ServeOptionError: naming the flag, echoing the value and saying what is wrong.
+    """
+    from fgpu.disk_room import parse_reserve
+    from fgpu.model.units import UnitError, parse_bytes
+
+    try:
+        reserve = parse_reserve(reserve_text, "--log-disk-reserve")
+    except ValueError as exc:
+        raise ServeOptionError(str(exc)) from None
+    if ballast_text.strip() in ("0", "0B", "0b"):
+        return reserve, 0
+    try:
+        ballast = parse_bytes(ballast_text, "--disk-ballast")
+    except UnitError as exc:
+        raise ServeOptionError(f"--disk-ballast: {ballast_text!r}: {exc.reason}") from None
+    if ballast < MIN_BALLAST_BYTES:
+        raise ServeOptionError(
+            f"--disk-ballast: {ballast_text!r} is {ballast} bytes; give 0 (none) or at least "
+            f"{MIN_BALLAST_BYTES} (room for a few of the store's writes)"
+        )
+    return reserve, ballast
+
+
+MIN_BALLAST_BYTES = 256 * 1024
+"""Smallest ``--disk-ballast`` other than 0."""
 
 
 def _limits(
@@ -734,6 +787,7 @@ def _start(
     retention: RetentionPolicy | None = None,
     max_log_bytes: int | None = None,
     preempt_delay_s: float = 0.0,
+    disk_room: tuple[DiskReserve, int] | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -745,6 +799,7 @@ def _start(
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
     from fgpu.server.service import Service
+    from fgpu.server.storage import DEFAULT_BALLAST_BYTES
     from fgpu.server.uds import ApiServer, SocketInUse
     from fgpu.store.errors import StoreDamaged
 
@@ -779,6 +834,8 @@ def _start(
             config=SchedulerConfig(squeeze=squeeze, preempt_delay_s=preempt_delay_s),
             suspend_host_memory_mib=suspend_mib,
             max_log_bytes=DEFAULT_MAX_LOG_BYTES if max_log_bytes is None else max_log_bytes,
+            disk_reserve=disk_room[0] if disk_room is not None else None,
+            disk_ballast=disk_room[1] if disk_room is not None else DEFAULT_BALLAST_BYTES,
         )
     except StoreDamaged as exc:
         server.release()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -141,7 +142,7 @@ class ProcessControl(ServiceCore):
         """
         record = self.store.get(workload_id)
         if record.stop_requested_at is None:
-            record = self._tracked.mark_stopping(workload_id, reason)
+            record = self._freeing(lambda: self._tracked.mark_stopping(workload_id, reason))
         handle = self._handles.get(workload_id)
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
@@ -206,7 +207,7 @@ class ProcessControl(ServiceCore):
         with self._lock:
             self._handles.pop(workload_id, None)
             try:
-                self._record_end(workload_id, state.exit_code, reason)
+                self._freeing(lambda: self._record_end(workload_id, state.exit_code, reason))
             except Exception as exc:  # kept, with its time, and written once the store can
                 self._keep_end(workload_id, state.exit_code, reason, self.clock(), exc)
                 return
@@ -240,7 +241,7 @@ class ProcessControl(ServiceCore):
                 self._unrecorded.items(), key=lambda item: item[1][2]
             ):
                 try:
-                    self._record_end(workload_id, code, why, at)
+                    self._freeing(functools.partial(self._record_end, workload_id, code, why, at))
                 except Exception as exc:
                     self._keep_end(workload_id, code, why, at, exc)
                     break
@@ -271,21 +272,25 @@ class ProcessControl(ServiceCore):
         if record.phase not in ("running", "paused"):
             return
         code = shell_exit_code(code)
-        over_quota = self._fail_reasons.pop(workload_id, None)
+        # read, and forgotten only once written: a write that fails is tried again
+        over_quota = self._fail_reasons.get(workload_id)
         if over_quota is not None:
             self._tracked.mark_finished(
                 workload_id, FAILED, exit_code=code, reason=over_quota, finished_at=at
             )
+            self._fail_reasons.pop(workload_id, None)
         elif record.cancelled_by is not None:
             self._tracked.mark_finished(
                 workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
-            kind = self._evict_kinds.pop(workload_id, "preemption")
-            by = self._evict_by.pop(workload_id, None)
+            kind = self._evict_kinds.get(workload_id, "preemption")
+            by = self._evict_by.get(workload_id)
             self._tracked.mark_preempted(
                 workload_id, record.reason or "preempted", None if by is None else (by, kind)
             )
+            self._evict_kinds.pop(workload_id, None)
+            self._evict_by.pop(workload_id, None)
             ended = at if at is not None else self.clock()
             self.metrics.events.lost(record.queue, kind, gpu_seconds(record, ended))
         elif code == 0:

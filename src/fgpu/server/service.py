@@ -507,7 +507,10 @@ class Service(SchedulingLoop):
             workload_id = self._get(workload_id, caller.uid).id
         with self._lock:
             try:
-                record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
+                admin = self._is_admin(caller)
+                record = self._freeing(
+                    lambda: self._tracked.cancel(workload_id, caller.uid, admin=admin)
+                )
             except NotFound:
                 raise NotFoundError("id", f"no workload {workload_id!r}") from None
             except PermissionDenied as exc:
