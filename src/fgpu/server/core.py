@@ -39,6 +39,7 @@ from fgpu.server.machine import Machine, discover
 from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
+from fgpu.server.output_limits import OutputLedger
 from fgpu.server.storage import DEFAULT_BALLAST_BYTES, Ballast, StorageCheck
 from fgpu.server.usage import UsageLedger
 from fgpu.store import Store
@@ -207,6 +208,8 @@ class ServiceCore(EnforcementHooks):
         # by the retry task (ProcessControl._flush_exits) once the store can write
         self._unrecorded: dict[str, tuple[int | None, str | None, float]] = {}
         self.storage = StorageCheck(store, [state_dir], ballast=Ballast(state_dir, disk_ballast))
+        self.output = OutputLedger(self.log_dir, store.owner_workloads)
+        """Output stored per user; its ``max_bytes`` is ``fgpu serve --max-output-bytes``."""
         self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {

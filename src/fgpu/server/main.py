@@ -335,6 +335,16 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "256MiB",
+    max_output_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Bytes of output (logs) one user's stored workloads (active, and finished "
+            "until pruned) may keep, all queues (a size: 4GiB); a queue may set less for its "
+            "own (fgpu queue set --max-output-bytes); past it the user's running workloads' "
+            "output is dropped and `fgpu logs` says so, naming the limit.",
+            rich_help_panel="Limits",
+        ),
+    ] = "4GiB",
     retention: Annotated[
         str,
         typer.Option(
@@ -420,7 +430,7 @@ def serve(
             retention=(retention, event_interval),
             max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
-            disk=(log_disk_reserve, disk_ballast),
+            disk=(log_disk_reserve, disk_ballast, max_output_bytes),
         )
     )
 
@@ -454,7 +464,7 @@ def run_serve(
     suspend_host_memory: str = "25%",
     max_log_bytes: str = "64MiB",
     preempt_delay: str = DEFAULT_PREEMPT_DELAY,
-    disk: tuple[str, str] = ("256MiB,5%", "16MiB"),
+    disk: tuple[str, str, str] = ("256MiB,5%", "16MiB", "4GiB"),
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -644,21 +654,34 @@ def _log_cap(text: str) -> int:
     return cap
 
 
-def _disk_room(reserve_text: str, ballast_text: str) -> tuple[DiskReserve, int]:
-    """``--log-disk-reserve`` and ``--disk-ballast`` (bytes), checked.
+def _disk_room(
+    reserve_text: str, ballast_text: str, output_text: str
+) -> tuple[DiskReserve, int, int]:
+    """``--log-disk-reserve``, ``--disk-ballast`` (bytes) and ``--max-output-bytes``
+    (bytes), checked.
 
     Raises:
         ServeOptionError: naming the flag, echoing the value and saying what is wrong.
     """
     from fgpu.disk_room import parse_reserve
     from fgpu.model.units import UnitError, parse_bytes
+    from fgpu.wire_limits import MIN_OUTPUT_BYTES
 
     try:
         reserve = parse_reserve(reserve_text, "--log-disk-reserve")
     except ValueError as exc:
         raise ServeOptionError(str(exc)) from None
+    try:
+        output = parse_bytes(output_text, "--max-output-bytes")
+    except UnitError as exc:
+        raise ServeOptionError(f"--max-output-bytes: {output_text!r}: {exc.reason}") from None
+    if output < MIN_OUTPUT_BYTES:
+        raise ServeOptionError(
+            f"--max-output-bytes: {output_text!r} is {output} bytes; give at least "
+            f"{MIN_OUTPUT_BYTES} (1 MiB)"
+        )
     if ballast_text.strip() in ("0", "0B", "0b"):
-        return reserve, 0
+        return reserve, 0, output
     try:
         ballast = parse_bytes(ballast_text, "--disk-ballast")
     except UnitError as exc:
@@ -668,7 +691,7 @@ def _disk_room(reserve_text: str, ballast_text: str) -> tuple[DiskReserve, int]:
             f"--disk-ballast: {ballast_text!r} is {ballast} bytes; give 0 (none) or at least "
             f"{MIN_BALLAST_BYTES} (room for a few of the store's writes)"
         )
-    return reserve, ballast
+    return reserve, ballast, output
 
 
 MIN_BALLAST_BYTES = 256 * 1024
@@ -787,7 +810,7 @@ def _start(
     retention: RetentionPolicy | None = None,
     max_log_bytes: int | None = None,
     preempt_delay_s: float = 0.0,
-    disk_room: tuple[DiskReserve, int] | None = None,
+    disk_room: tuple[DiskReserve, int, int] | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -856,6 +879,8 @@ def _start(
         service.submission_limits = submission_limits
     if retention is not None:
         service.retention = retention
+    if disk_room is not None:
+        service.output.max_bytes = disk_room[2]
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

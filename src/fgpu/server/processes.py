@@ -26,6 +26,7 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation
 from fgpu.rules.slurm import array_task_env
 from fgpu.server.core import ServiceCore
+from fgpu.server.output_limits import Running
 from fgpu.store.errors import NotFound, StoreUnwritable
 from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance, WorkloadRecord
 
@@ -83,6 +84,11 @@ class ProcessControl(ServiceCore):
                 workload_id, FAILED, reason=f"could not set its host limits: {exc.strerror}"
             )
             return
+        cut = self.output.before_launch(
+            Running(workload_id, record.owner_uid, record.queue), self._queue_output_limit(record)
+        )
+        if cut is not None:
+            log.info("output of %s dropped from its start: %s", workload_id, cut)
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -314,6 +320,13 @@ class ProcessControl(ServiceCore):
             self._tracked.mark_finished(
                 workload_id, FAILED, exit_code=code, reason=detail, finished_at=at
             )
+
+    def _queue_output_limit(self, record: WorkloadRecord) -> int | None:
+        """The per-user output limit of ``record``'s queue (None: none, or no such queue)."""
+        try:
+            return self.store.get_queue(record.queue).config.max_output_bytes
+        except NotFound:
+            return None
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"
