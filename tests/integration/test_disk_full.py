@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from fgpu.client.transport import Answer, unix_exchange
+from fgpu.log_files import stream_text
 from tests.serverproc import ServerProcess, wait_for
 
 DEADLINE_S = 60.0
@@ -175,7 +176,7 @@ def test_a_cancel_under_way_completes_when_its_end_could_not_be_recorded_at_once
     job = server.submit("-g", "0.5", "--grace", "300", command=[sys.executable, "-c", program])
     server.wait_phase(job, "running")
     wait_for(
-        lambda: "ready" in (server.state_dir / "logs" / job / "stdout.log").read_text(),
+        lambda: "ready" in stream_text(server.state_dir / "logs" / job / "stdout.log"),
         "the workload to handle SIGTERM",
     )
     cancel = call(server, "POST", f"/workloads/{job}/cancel")

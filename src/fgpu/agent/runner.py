@@ -54,6 +54,10 @@ Options:
   :data:`DRAIN_S`, then records the exit: once the exit record exists, the logs are whole. A
   process that left the group and still writes after that gets a broken pipe. Without this
   option the command writes to the wrapper's stdout and stderr directly.
+- ``--only-output-log``: with ``--output-log``, the streams go to the framed log only (each
+  byte is stored once; what the launcher asks for: the API reads one stream back from the
+  framed log, :func:`fgpu.log_files.read_stream`); the wrapper's own stdout and stderr then
+  carry only its own messages.
 - ``--max-log-bytes N``: with ``--output-log``, each of the three logs keeps about ``N``
   bytes: its first half and its latest quarter to half, the rest between is dropped
   (:mod:`fgpu.log_files`; the API says the cut where it falls). 0 (the default): no cap.
@@ -295,10 +299,14 @@ class _Relay:
     each within its cap (:class:`fgpu.log_files.CappedLog`)."""
 
     def __init__(
-        self, log: CappedLog, stdout: CappedLog, stderr: CappedLog, gate: OutputGate | None = None
+        self,
+        log: CappedLog,
+        stdout: CappedLog | None,
+        stderr: CappedLog | None,
+        gate: OutputGate | None = None,
     ) -> None:
         self.log = log
-        self.sinks = {1: stdout, 2: stderr}
+        self.sinks = {fd: sink for fd, sink in ((1, stdout), (2, stderr)) if sink is not None}
         self.gate = gate
         self.pipes: dict[int, tuple[str, int]] = {}
         self.thread: threading.Thread | None = None
@@ -357,7 +365,9 @@ class _Relay:
                     open_fds.discard(fd)
                     continue
                 if self.keep(stream, len(data)):
-                    self.sinks[target].write(data)
+                    sink = self.sinks.get(target)
+                    if sink is not None:
+                        sink.write(data)
                     self.record(stream, data)
 
     def finish(self) -> None:
@@ -599,6 +609,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--output-log", type=Path, default=None)
     parser.add_argument("--max-log-bytes", type=int, default=0)
     parser.add_argument("--disk-reserve", type=parse_wrapper_reserve, default=None)
+    parser.add_argument("--only-output-log", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -606,11 +617,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _relay(output_log: Path, cap: int, reserve: DiskReserve | None = None) -> _Relay:
-    """The relay of ``--output-log``: the framed log and the plain ``stdout.log`` and
-    ``stderr.log`` beside it, each capped at ``cap`` bytes (0: no cap). The plain logs are
-    written through the wrapper's own stdout and stderr, which the launcher opened on them;
-    where they are something else (a terminal, a pipe), they are passed on uncapped."""
+def _relay(
+    output_log: Path, cap: int, reserve: DiskReserve | None = None, only_framed: bool = False
+) -> _Relay:
+    """The relay of ``--output-log``: the framed log, and (unless ``only_framed``) the plain
+    ``stdout.log`` and ``stderr.log`` beside it, each capped at ``cap`` bytes (0: no cap).
+    The plain logs are written through the wrapper's own stdout and stderr, where they are
+    those files; where they are something else (a terminal, a pipe), the streams are passed
+    on uncapped."""
 
     def plain(fd: int, name: str) -> CappedLog:
         path = output_log.with_name(name)
@@ -620,6 +634,10 @@ def _relay(output_log: Path, cap: int, reserve: DiskReserve | None = None) -> _R
             same = False
         return CappedLog(path, cap if same else 0, fd=fd)
 
+    if only_framed:
+        return _Relay(
+            CappedLog(output_log, cap), None, None, OutputGate(output_log.parent, reserve)
+        )
     return _Relay(
         CappedLog(output_log, cap),
         plain(1, "stdout.log"),
@@ -642,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     wrapper = _Wrapper(args.exit_file, args.ready_fd, None)
     if args.output_log is not None:
         try:
-            wrapper.relay = _relay(args.output_log, args.max_log_bytes, args.disk_reserve)
+            wrapper.relay = _relay(
+                args.output_log, args.max_log_bytes, args.disk_reserve, args.only_output_log
+            )
         except (OSError, ValueError) as exc:
             return wrapper.fail(EXIT_WRAPPER_FAILED, f"cannot open the output log: {exc}")
     for signum in FORWARDED_SIGNALS:
