@@ -132,3 +132,15 @@ def test_no_ballast_gives_nothing(tmp_path: Path) -> None:
     assert ballast.allocate()
     assert not ballast.path.exists()
     assert not ballast.release("full")
+
+
+def test_a_ballast_with_no_room_says_why_and_leaves_no_file(tmp_path: Path) -> None:
+    ballast = Ballast(tmp_path, 1 << 60)  # more than this disk holds
+    assert not ballast.allocate()
+    assert not ballast.path.exists()
+    assert list(tmp_path.iterdir()) == []  # no partial file left
+    ballast.released_because = "no room for it when the service started"
+    said = ballast.problem()
+    assert said is not None
+    assert f"the disk of {tmp_path} has no room for fgpu's reserve (disk-ballast" in said
+    assert "fgpu serve --disk-ballast; no room for it when the service started" in said

@@ -323,9 +323,10 @@ class ServiceCore(EnforcementHooks):
         )
         ballast = service.storage.ballast
         if ballast is not None and not ballast.allocate():
-            log.warning(
-                "no room for the disk ballast %s (%d bytes): a full state disk may block "
-                "cancels until it has room",
+            ballast.released_because = "no room for it when the service started"
+            log.error(
+                "no room for the disk ballast %s (%d bytes): submissions are refused until "
+                "the state disk has room for it (fgpu serve --disk-ballast sets its size)",
                 ballast.path,
                 ballast.size,
             )

@@ -17,10 +17,11 @@ fails for want of space, the service deletes the ballast and tries the write onc
 (:meth:`fgpu.server.core.ServiceCore._freeing`); the room it freed is then the store's
 (workloads' output never takes it: it stays below the disk's free space reserve,
 :mod:`fgpu.disk_room`). While the ballast is gone the service is not healthy and
-submissions get 507, saying so; once the disk has room for it again (checked with the
-store's probe, at most every :data:`PROBE_INTERVAL_S`), it is allocated again and the service
-is healthy. Where the ballast is gone too, a workload's end is kept in memory and written
-when the store can (:mod:`fgpu.server.processes`), and a cancel gets 507 with the cause.
+submissions get 507, saying so; once the disk has room for it again (checked at most every
+:data:`PROBE_INTERVAL_S`), it is allocated again and the service is healthy. A service that
+finds no room for it at start is unhealthy the same way. Where the ballast is gone too, a
+workload's end is kept in memory and written when the store can
+(:mod:`fgpu.server.processes`), and a cancel gets 507 with the cause.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ class Ballast:
         self.path = folder / BALLAST_NAME
         self.size = size
         self.released_because: str | None = None
-        """Why it was released (the write that failed), while it is not back."""
+        """Why it is missing (released for a write that failed, or no room for it at the
+        service's start), while it is not back."""
         self._lock = threading.Lock()
 
     def allocate(self) -> bool:
@@ -113,7 +115,7 @@ class Ballast:
             except OSError as exc:
                 log.error("cannot release the disk ballast %s: %s", self.path, exc)
                 return False
-            self.released_because = cause
+            self.released_because = f"released when the disk ran full: {cause}"
         log.error(
             "the state disk is full (%s): released the ballast %s (%s) so that cancels and "
             "workloads' ends are recorded; submissions are refused until the disk has room "
@@ -135,10 +137,10 @@ class Ballast:
             log.info("the disk ballast %s is allocated again", self.path)
             return None
         return (
-            f"the disk of {self.path.parent} ran full ({self.released_because}); fgpu used "
-            f"its reserve ({self.path.name}, {size_words(self.size)}) to record cancels and "
-            "workloads' ends, and takes new work again once that disk has room for the "
-            "reserve again"
+            f"the disk of {self.path.parent} has no room for fgpu's reserve "
+            f"({self.path.name}, {size_words(self.size)}, fgpu serve --disk-ballast; "
+            f"{self.released_because}), which keeps cancels and workloads' ends recordable "
+            "on a full disk; fgpu takes new work again once the disk has room for it"
         )
 
 
