@@ -18,8 +18,10 @@ Two guards, each a plain rule on the free space of the state folder's file syste
 
 Free space is what this process may use (``f_bfree`` for root, who may use the blocks ext4
 reserves, else ``f_bavail``), times the fragment size, read with ``statvfs`` (no write) before
-each chunk of output (one system call per read of the wrapper's pipes, at most 64 KiB).
-Standard library only (the wrapper loads it).
+each chunk of output, with a look for the stop file: two system calls per read of the
+wrapper's pipes (at most 64 KiB), none on the workload's own path. What the wrapper uses is
+standard library only (:func:`parse_reserve`, for ``fgpu serve``, reads sizes with
+:mod:`fgpu.model.units`).
 """
 
 from __future__ import annotations
