@@ -43,6 +43,7 @@ from fgpu.agent.governor.freezer import detect_freezer
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle
+from fgpu.log_files import stream_text
 
 SRC = str(Path(fgpu.__file__).resolve().parent.parent)
 DEADLINE_S = 280.0
@@ -69,6 +70,7 @@ if kind == "train":
         count += 1
         struct.pack_into("q", m, 0, count)
 import fgpu.sdk
+from fgpu.log_files import stream_text
 if kind == "idle":
     torch.zeros(1, device=dev)
     fgpu.sdk.mark_idle()
@@ -162,7 +164,7 @@ class GpuBench:
         deadline = time.monotonic() + timeout_s
         while not all(w.ready() for w in workers):
             if time.monotonic() > deadline:
-                errors = [w.handle.stderr_path.read_text()[-500:] for w in workers]
+                errors = [stream_text(w.handle.stderr_path)[-500:] for w in workers]
                 raise RuntimeError(f"workers did not start: {errors}")
             time.sleep(0.1)
 

@@ -67,6 +67,7 @@ from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConf
 from fgpu.agent.interposer.preload import SegmentDir, preload_env  # noqa: E402
 from fgpu.agent.interposer.segment import Segment  # noqa: E402
 from fgpu.agent.launcher import Launcher, LaunchSpec  # noqa: E402
+from fgpu.log_files import stream_text  # noqa: E402
 
 GIB = 1 << 30
 
@@ -264,9 +265,9 @@ class Check:
         deadline = time.monotonic() + timeout_s
         while self.launcher.poll(handle).running and time.monotonic() < deadline:
             time.sleep(0.2)
-        lines = handle.stdout_path.read_text().strip().splitlines()
+        lines = stream_text(handle.stdout_path).strip().splitlines()
         if not lines:
-            return {"stderr": handle.stderr_path.read_text()[-2000:]}
+            return {"stderr": stream_text(handle.stderr_path)[-2000:]}
         return dict(json.loads(lines[-1]))
 
 

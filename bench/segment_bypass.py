@@ -74,6 +74,7 @@ from fgpu.agent.interposer.segment import Segment
 from fgpu.agent.launcher import Launcher, LaunchSpec
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryViolation
 from fgpu.agent.process import ProcessHandle, group_pids
+from fgpu.log_files import stream_text
 from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 
 USER = "fgpu-test-alice"
@@ -338,7 +339,7 @@ class Bench:
 
         def ready() -> bool:
             path = handle.stdout_path
-            found[:] = path.read_text().splitlines() if path.exists() else []
+            found[:] = stream_text(path).splitlines()
             return len(found) >= n
 
         wait_until(ready, f"{n} lines from {handle.workload_id}")
@@ -478,7 +479,7 @@ def memory_trial(b: Bench, hold_s: float) -> dict[str, Any]:
         if hold_s > 0:
 
             def over() -> bool:
-                text = handle.stdout_path.read_text()
+                text = stream_text(handle.stdout_path)
                 return bool(stopped) or "freed_ns" in text
 
             wait_until(over, "the burst to end", 30)

@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from fgpu.wire_logs import frame
+from fgpu.wire_logs import CUT, STREAM_MARKS, FrameReader, frame
 
 DEFAULT_MAX_LOG_BYTES = 64 * 2**20
 """Each log of a workload keeps about this many bytes (``fgpu serve --max-log-bytes``)."""
@@ -199,6 +199,89 @@ def read_log(path: Path, offset: int, limit: int) -> tuple[bytes, int]:
     return b"", min(offset, end)
 
 
+SKIP_BITS = 17
+"""A stream cursor (:func:`read_stream`) is ``record_offset << SKIP_BITS | skip``: a record's
+data is at most 64 KiB (the wrapper's reads) plus a notice's few hundred bytes, below
+``2 ** SKIP_BITS``."""
+_SKIP_MASK = (1 << SKIP_BITS) - 1
+_RECORD_READ = 2 * 65536 + 4096
+"""Bytes read at a time to find whole records (one record at most 64 KiB and a header)."""
+PLAIN_LOGS = {"stdout.log": "stdout", "stderr.log": "stderr"}
+"""The plain logs a stream read stands for (:func:`read_stream`)."""
+
+
+def read_stream(output_log: Path, stream: str, cursor: int, limit: int) -> tuple[bytes, int]:
+    """At most ``limit`` bytes of one stream (``stdout`` or ``stderr``) of the framed log
+    ``output_log`` from ``cursor``, and the cursor to read next: what ``stdout.log`` or
+    ``stderr.log`` held when the wrapper still wrote each stream twice (issue 27).
+
+    A cursor is opaque (see :data:`SKIP_BITS`): 0 is the start, and each answer gives the
+    next. Records of the other stream are passed over; a cut (a capped log's dropped bytes,
+    or the notice of a cut the wrapper wrote) reads as its text (a capped log's notice comes
+    whole, even past ``limit``). An answer may be shorter than ``limit`` (it ends at the last
+    whole record read); it is empty only at the log's end.
+    """
+    start, skip = cursor >> SKIP_BITS, cursor & _SKIP_MASK
+    out = bytearray()
+    while len(out) < limit:
+        data, following = read_log(output_log, start, _RECORD_READ)
+        if not data:
+            break
+        if following != start + len(data):  # a capped log's cut: its notice
+            for chunk in FrameReader().feed(data):
+                out += chunk.data[skip:]
+            start, skip = following, 0
+            continue
+        reader = FrameReader()
+        at = start
+        moved = False
+        for chunk in reader.feed(data):
+            size = _header_size(chunk.stream, chunk.time_ns, len(chunk.data)) + len(chunk.data)
+            if chunk.stream in (stream, CUT):
+                room = limit - len(out)
+                piece = chunk.data[skip : skip + room]
+                out += piece
+                if skip + len(piece) < len(chunk.data):
+                    return bytes(out), at << SKIP_BITS | (skip + len(piece))
+            at += size
+            skip = 0
+            moved = True
+            if len(out) >= limit:
+                break
+        if not moved:  # a record still being written: read on next time
+            break
+        start = at
+    return bytes(out), start << SKIP_BITS | skip
+
+
+def _header_size(stream: str, time_ns: int, length: int) -> int:
+    """Bytes of a record's header (:func:`fgpu.wire_logs.frame`)."""
+    return len(b"%s %d %d\n" % (STREAM_MARKS[stream], time_ns, length))
+
+
+def stream_bytes(path: Path) -> bytes:
+    """All of one stream's log as the API serves it: ``path`` is a workload's ``stdout.log``
+    or ``stderr.log``; where the wrapper did not write it (it writes each stream once, into
+    the framed ``output.log`` beside it) the stream is read from there (cut notices
+    included). Empty when neither exists."""
+    if path.exists() or path.name not in PLAIN_LOGS:
+        return read_log(path, 0, 1 << 62)[0]
+    out = bytearray()
+    cursor = 0
+    while True:
+        data, cursor = read_stream(
+            path.with_name("output.log"), PLAIN_LOGS[path.name], cursor, 1 << 24
+        )
+        if not data:
+            return bytes(out)
+        out += data
+
+
+def stream_text(path: Path) -> str:
+    """:func:`stream_bytes` as text (UTF-8, undecodable bytes replaced)."""
+    return stream_bytes(path).decode("utf-8", "replace")
+
+
 def log_end(path: Path) -> int:
     """The log offset after the last byte written to the log ``path`` (head and tail)."""
     head = _size(path)
@@ -217,10 +300,15 @@ def _read(path: Path, offset: int, limit: int) -> bytes:
 __all__ = [
     "DEFAULT_MAX_LOG_BYTES",
     "MIN_LOG_BYTES",
+    "PLAIN_LOGS",
+    "SKIP_BITS",
     "CappedLog",
     "cut_notice",
     "log_end",
     "read_log",
+    "read_stream",
     "segments",
+    "stream_bytes",
+    "stream_text",
     "write_all",
 ]

@@ -29,6 +29,7 @@ from fgpu.wire_limits import (
     MAX_PRIORITY,
     MAX_QUOTA_GPUS,
     MEMBER_PATTERN,
+    MIN_OUTPUT_BYTES,
     MIN_STORED_BYTES,
     NAME_LENGTH,
     QUEUE_NAME_PATTERN,
@@ -381,6 +382,13 @@ class QueueBody(_Strict):
         "machine's limit (fgpu serve --max-stored-bytes)",
         json_schema_extra={"minimum": MIN_STORED_BYTES, "maximum": MAX_AMOUNT},
     )
+    max_output_bytes: int | None = Field(
+        default=None,
+        description="most bytes of output (logs) one user's workloads of this queue may keep "
+        "(active and finished ones not yet pruned); past it their output is dropped, and "
+        "their logs say so; null: only the machine's limit (fgpu serve --max-output-bytes)",
+        json_schema_extra={"minimum": MIN_OUTPUT_BYTES, "maximum": MAX_AMOUNT},
+    )
     preempt_delay_s: float | None = Field(
         default=None,
         description="wait before evict: seconds a preemptor below priority 100 waits for "
@@ -416,6 +424,7 @@ class QueueView(BaseModel):
     default_for: list[str] = Field(default_factory=list)
     max_active_per_user: int | None = None
     max_stored_bytes: int | None = None
+    max_output_bytes: int | None = None
     preempt_delay_s: float | None = Field(
         default=None, description="the queue's own wait before evict, seconds; null: the service's"
     )

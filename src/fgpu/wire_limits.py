@@ -39,6 +39,9 @@ MAX_QUOTA_GPUS = 1_000_000
 MIN_STORED_BYTES = 1024
 """Smallest per-user stored-bytes limit a queue may set (a submission stores at least a few
 dozen bytes; less would refuse everything)."""
+MIN_OUTPUT_BYTES = 1 << 20
+"""Smallest per-user output limit (machine or queue): room for a few lines of output and the
+notice of the cut."""
 
 MAX_CWD_CHARS = 4095
 """The longest working directory a submission may give (Linux's ``PATH_MAX`` of 4096 bytes
@@ -109,6 +112,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MAX_QUOTA_GPUS",
     "MEMBER_PATTERN",
+    "MIN_OUTPUT_BYTES",
     "MIN_STORED_BYTES",
     "NAME_LENGTH",
     "QUEUE_NAME_PATTERN",

@@ -32,6 +32,7 @@ from fgpu.server.peerconn import peer_uid
 from fgpu.server.service import Service
 from fgpu.server.uds import ApiServer, SocketInUse, parse_listen
 from fgpu.wire import LOG_OFFSET_HEADER, SubmitRequest
+from fgpu.wire_logs import FrameReader
 
 TOKEN = "s3cret-token-for-tests"
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -372,16 +373,29 @@ def test_logs_are_read_from_an_offset(running: Running) -> None:
             )
         )
         wait_for(lambda: client.get_workload(view.id).phase == "succeeded", "the job to end")
-        assert client.logs(view.id) == (b"hello\nworld\n", 12)
-        assert client.logs(view.id, offset=6) == (b"world\n", 12)
-        assert client.logs(view.id, offset=12) == (b"", 12)
-        assert client.logs(view.id, offset=99) == (b"", 12)
-        assert client.logs(view.id, "stderr") == (b"oops\n", 5)
+        both, end = client.logs(view.id, "all")
+        assert [(c.stream, c.data) for c in FrameReader().feed(both)] == [
+            ("stdout", b"hello\nworld\n"),
+            ("stderr", b"oops\n"),
+        ]
+        assert client.logs(view.id, "all", offset=end) == (b"", end)
+        # one stream is read back from that log: its offset is a cursor the answers give
+        out, cursor = client.logs(view.id)
+        assert out == b"hello\nworld\n"
+        assert client.logs(view.id, offset=cursor) == (b"", cursor)
+        assert client.logs(view.id, "stderr")[0] == b"oops\n"
     with running.unix() as http:
-        answer = http.get(f"/v1/workloads/{view.id}/logs", params={"offset": 6, "limit": 3})
-    assert answer.content == b"wor"
-    assert answer.headers[LOG_OFFSET_HEADER] == "9"
-    assert answer.headers["content-type"] == "application/octet-stream"
+        pieces, cursor = [], 0
+        while True:
+            answer = http.get(
+                f"/v1/workloads/{view.id}/logs", params={"offset": cursor, "limit": 5}
+            )
+            assert answer.headers["content-type"] == "application/octet-stream"
+            if not answer.content:
+                break
+            pieces.append(answer.content)
+            cursor = int(answer.headers[LOG_OFFSET_HEADER])
+    assert pieces == [b"hello", b"\nworl", b"d\n"]
 
 
 # --------------------------------------------------------------------------- socket

@@ -310,7 +310,10 @@ def test_a_workload_of_an_older_fgpu_shows_one_stream_and_says_why_not_both(
     workload_id = server.submit("-g", "0.5", command=job)
     server.wait_phase(workload_id, "succeeded")
     # what an fgpu before the ordered log left: the two plain logs only
-    (server.state_dir / "logs" / workload_id / "output.log").unlink()
+    folder = server.state_dir / "logs" / workload_id
+    (folder / "output.log").unlink()
+    (folder / "stdout.log").write_text("out\n")
+    (folder / "stderr.log").write_text("err\n")
     assert server.cli("logs", "--stdout", workload_id).stdout == "out\n"
     assert server.cli("logs", "--stderr", "--tail", "1", workload_id).stdout == "err\n"
     refused = server.cli("logs", workload_id, check=False)

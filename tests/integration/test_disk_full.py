@@ -11,6 +11,10 @@ filled with a real file. Then:
   507 with the cause;
 - once the disk has room again, the kept end is written without a restart (the workload ends
   ``succeeded``, exit code 0), and health and submissions come back.
+
+These servers run without the ballast (``--disk-ballast 0``), the last resort when even that
+was used: with it, cancels and ends are written at once (``test_disk_room.py``). Their
+output reserve (``--log-disk-reserve 1MiB``) fits the small disk.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import pytest
 
 from fgpu.client.transport import Answer, unix_exchange
+from fgpu.log_files import stream_text
 from tests.serverproc import ServerProcess, wait_for
 
 DEADLINE_S = 60.0
@@ -60,7 +65,9 @@ def small_disk() -> Iterator[Path]:
 
 @pytest.fixture
 def server(small_disk: Path) -> Iterator[ServerProcess]:
-    proc = ServerProcess(small_disk, "1xA100-40GB")
+    proc = ServerProcess(
+        small_disk, "1xA100-40GB", ["--disk-ballast", "0", "--log-disk-reserve", "1MiB"]
+    )
     proc.start()
     try:
         yield proc
@@ -169,7 +176,7 @@ def test_a_cancel_under_way_completes_when_its_end_could_not_be_recorded_at_once
     job = server.submit("-g", "0.5", "--grace", "300", command=[sys.executable, "-c", program])
     server.wait_phase(job, "running")
     wait_for(
-        lambda: "ready" in (server.state_dir / "logs" / job / "stdout.log").read_text(),
+        lambda: "ready" in stream_text(server.state_dir / "logs" / job / "stdout.log"),
         "the workload to handle SIGTERM",
     )
     cancel = call(server, "POST", f"/workloads/{job}/cancel")

@@ -37,6 +37,7 @@ from fgpu.agent.governor.plan import (
 )
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor, GovernorConfig
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle
+from fgpu.log_files import stream_text
 from fgpu.sdk.wire import Message, encode
 
 MS = 1_000_000
@@ -193,7 +194,7 @@ def test_thaw_before_signal_lets_a_frozen_workload_exit_cleanly(
     gov = Governor([GPU], freezer=freezer)
     high = launched("high")
     low = launched("low", trap)
-    wait_for(lambda: "ready" in low.stdout_path.read_text(), "the handler to be installed")
+    wait_for(lambda: "ready" in stream_text(low.stdout_path), "the handler to be installed")
     gov.update([governed("high", high, 500, priority=125), governed("low", low, 500)])
     gov.start()
     try:
@@ -204,7 +205,7 @@ def test_thaw_before_signal_lets_a_frozen_workload_exit_cleanly(
         state = Launcher().terminate(low, grace_s=10.0)
 
         assert state.exit_code == 0
-        assert "clean exit" in low.stdout_path.read_text()
+        assert "clean exit" in stream_text(low.stdout_path)
         assert [v.workload_id for v in gov.snapshot().workloads] == ["high"]
         kinds = [(e.workload_id, e.kind) for e in gov.events.since()]
         assert ("low", PAUSED) in kinds

@@ -22,6 +22,7 @@ import pytest
 from fgpu.agent.governor.freezer import CgroupFreezer, cgroup2_mount
 from fgpu.agent.hostlimits import HostLimiter, LimitGroup, cpu_stat, own_cgroups
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle, ProcessState
+from fgpu.log_files import stream_text
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
 from tests.localusers import ALICE, ensure_users, uid_of
@@ -97,7 +98,7 @@ def test_a_process_past_its_memory_limit_is_killed_with_that_reason(
     state = wait_done(handle)
     assert state.exit_code == -9, state
     assert state.reason == "out of host memory (limit 64 MiB)"
-    assert "allocated all" not in handle.stdout_path.read_text()
+    assert "allocated all" not in stream_text(handle.stdout_path)
     # the wrapper removed the workload's cgroup(s) once it ended
     assert not [p for p in limiter._dirs.values() for p in p.iterdir() if p.is_dir()]
 
@@ -109,7 +110,7 @@ def test_a_process_within_its_memory_limit_runs_to_the_end(
     handle = launch(tmp_path, limiter, [sys.executable, "-c", HOG, "16"], memory_mib=256)
     state = wait_done(handle)
     assert (state.exit_code, state.reason) == (0, None)
-    assert "allocated all" in handle.stdout_path.read_text()
+    assert "allocated all" in stream_text(handle.stdout_path)
 
 
 def quota_us(where: Path) -> int:
@@ -312,7 +313,7 @@ def test_another_users_job_cannot_lift_its_own_limit(tmp_path: Path, limiter: Ho
         )
     )
     state = wait_done(handle)
-    assert handle.stdout_path.read_text().split("\n")[:2] == [
+    assert stream_text(handle.stdout_path).split("\n")[:2] == [
         "refused PermissionError",
         "refused PermissionError",
     ]

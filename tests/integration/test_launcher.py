@@ -27,6 +27,7 @@ from fgpu.agent.launcher import (
     ProcessState,
     ProcessStatus,
 )
+from fgpu.log_files import stream_text
 from fgpu.sdk import PYTHONPATH_DIR
 
 PATH_ONLY = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -132,7 +133,7 @@ def test_environment_reaches_the_child(launcher: Launcher, spec: Callable[..., L
         ),
     )
     assert wait_done(launcher, handle) == ProcessState(ProcessStatus.EXITED, 0)
-    assert json.loads(handle.stdout_path.read_text()) == {
+    assert json.loads(stream_text(handle.stdout_path)) == {
         "CUDA_VISIBLE_DEVICES": "GPU-aaaa,MIG-bbbb",
         "NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,MIG-bbbb",
         "FGPU_WORKLOAD_ID": "env-1",
@@ -149,7 +150,7 @@ def test_argv_is_not_shell_interpreted(launcher: Launcher, spec: Callable[..., L
         spec([sys.executable, "-c", "import sys; print(sys.argv[1:])", "$HOME", "a;b", "*"]),
     )
     assert wait_done(launcher, handle).exit_code == 0
-    assert handle.stdout_path.read_text() == "['$HOME', 'a;b', '*']\n"
+    assert stream_text(handle.stdout_path) == "['$HOME', 'a;b', '*']\n"
 
 
 def test_shell_runs_the_joined_line(launcher: Launcher, spec: Callable[..., LaunchSpec]) -> None:
@@ -159,7 +160,7 @@ def test_shell_runs_the_joined_line(launcher: Launcher, spec: Callable[..., Laun
         ),
     )
     assert wait_done(launcher, handle).exit_code == 0
-    assert handle.stdout_path.read_text() == "SH-1\n"
+    assert stream_text(handle.stdout_path) == "SH-1\n"
 
 
 def test_cwd_is_honoured(
@@ -171,7 +172,7 @@ def test_cwd_is_honoured(
         spec([sys.executable, "-c", "import os; print(os.getcwd())"], cwd=str(workdir))
     )
     assert wait_done(launcher, handle).exit_code == 0
-    assert handle.stdout_path.read_text() == f"{workdir}\n"
+    assert stream_text(handle.stdout_path) == f"{workdir}\n"
 
 
 def test_logs_are_per_workload_and_appended_on_relaunch(
@@ -185,9 +186,27 @@ def test_logs_are_per_workload_and_appended_on_relaunch(
     assert wait_done(launcher, other).exit_code == 0
     assert wait_done(launcher, again).exit_code == 0
     assert first.stdout_path == tmp_path / "logs" / "logs-1" / "stdout.log"
-    assert first.stdout_path.read_text() == "out 1\nout 2\n"
-    assert first.stderr_path.read_text() == "err 1\nerr 2\n"
-    assert other.stdout_path.read_text() == "out x\n"
+    assert stream_text(first.stdout_path) == "out 1\nout 2\n"
+    assert stream_text(first.stderr_path) == "err 1\nerr 2\n"
+    assert stream_text(other.stdout_path) == "out x\n"
+    # each byte is stored once: the framed log holds both streams, no plain copy beside it
+    folder = tmp_path / "logs" / "logs-1"
+    assert not first.stdout_path.exists()
+    assert not first.stderr_path.exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["exit.json", "output.log", "wrapper.log"]
+    assert (folder / "wrapper.log").read_text() == ""  # the wrapper had nothing to say
+
+
+def test_an_older_fgpus_plain_logs_are_set_aside_on_relaunch(
+    launcher: Launcher, spec: Callable[..., LaunchSpec], tmp_path: Path
+) -> None:
+    folder = tmp_path / "logs" / "old-1"
+    folder.mkdir(parents=True)
+    (folder / "stdout.log").write_text("from the older fgpu\n")
+    handle = launcher.launch(spec(["echo", "new"], workload_id="old-1"))
+    assert wait_done(launcher, handle).exit_code == 0
+    assert stream_text(handle.stdout_path) == "new\n"
+    assert (folder / "stdout.log.old").read_text() == "from the older fgpu\n"
 
 
 @pytest.mark.parametrize(
@@ -229,7 +248,7 @@ def test_commands_that_cannot_start_are_results_not_crashes(
     for launch_spec, code, reason in cases:
         handle = launcher.launch(launch_spec)
         assert wait_done(launcher, handle) == ProcessState(ProcessStatus.EXITED, code, reason)
-        assert handle.stderr_path.read_text() == f"fgpu: {reason}\n"
+        assert stream_text(handle.stderr_path) == f"fgpu: {reason}\n"
 
 
 @pytest.mark.parametrize(
@@ -272,7 +291,7 @@ def test_signal_reaches_the_whole_group(
 ) -> None:
     handle = launcher.launch(spec(["sh", "-c", GRANDCHILD]))
     pid_file = tmp_path / "grandchild.pid"
-    wait_for(lambda: handle.stdout_path.read_text() == "ready\n", "the grandchild")
+    wait_for(lambda: stream_text(handle.stdout_path) == "ready\n", "the grandchild")
     grandchild = int(pid_file.read_text())
     assert os.getpgid(grandchild) == handle.pgid
     assert launcher.pids(handle) == sorted([handle.pgid, grandchild])
@@ -301,7 +320,7 @@ def test_terminate_escalates_to_sigkill(
     launcher: Launcher, spec: Callable[..., LaunchSpec]
 ) -> None:
     handle = launcher.launch(spec(["sh", "-c", "trap '' TERM; echo ready; sleep 30"]))
-    wait_for(lambda: handle.stdout_path.read_text() == "ready\n", "the trap")
+    wait_for(lambda: stream_text(handle.stdout_path) == "ready\n", "the trap")
     started = time.monotonic()
     state = launcher.terminate(handle, grace_s=0.5)
     took = time.monotonic() - started
@@ -331,7 +350,7 @@ def test_terminate_thaws_a_stopped_workload(
 
 def test_terminate_async(launcher: Launcher, spec: Callable[..., LaunchSpec]) -> None:
     handle = launcher.launch(spec(["sh", "-c", "trap '' TERM; echo ready; sleep 30"]))
-    wait_for(lambda: handle.stdout_path.read_text() == "ready\n", "the trap")
+    wait_for(lambda: stream_text(handle.stdout_path) == "ready\n", "the trap")
     state = asyncio.run(launcher.terminate_async(handle, grace_s=0.2))
     assert state.exit_code == -9
 
@@ -472,7 +491,7 @@ def test_runs_as_another_user_when_root(
     uid, gid = nobody
     handle = launcher.launch(spec(["sh", "-c", "id -u; id -g; id -G"], cwd="/", uid=uid))
     assert wait_done(launcher, handle).exit_code == 0
-    lines = handle.stdout_path.read_text().split("\n")
+    lines = stream_text(handle.stdout_path).split("\n")
     assert lines[:2] == [str(uid), str(gid)]
     assert "0" not in lines[2].split()  # root's groups are dropped
 
@@ -533,15 +552,15 @@ def test_the_sdk_imports_in_a_python_without_fgpu(
                 agent_socket=str(tmp_path / "agent.sock"),
             ),
         )
-        assert wait_done(launcher, handle) == ProcessState(ProcessStatus.EXITED, 0), (
-            handle.stderr_path.read_text()
+        assert wait_done(launcher, handle) == ProcessState(ProcessStatus.EXITED, 0), stream_text(
+            handle.stderr_path
         )
         kinds = [json.loads(agent.recv(1024))["k"] for _ in range(2)]
     finally:
         agent.close()
     assert kinds == ["busy", "idle"]
     # the SDK's folder first, the workload's own PYTHONPATH kept after it
-    assert handle.stdout_path.read_text().splitlines() == [
+    assert stream_text(handle.stdout_path).splitlines() == [
         "step",
         PYTHONPATH_DIR,
         "/users/own/path",

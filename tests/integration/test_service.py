@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fgpu.log_files import stream_text
 from fgpu.rules.errors import BadRequest, Forbidden
 from fgpu.server.service import Caller, Service
 from fgpu.users import user_text
@@ -335,7 +336,7 @@ def test_a_second_cancel_does_not_signal_again(tmp_path: Path) -> None:
                 ME, SubmitRequest(command=[sys.executable, "-c", program], gpu="1", grace_s=1.5)
             )
             log = tmp_path / "logs" / run.id / "stdout.log"
-            await until(lambda: log.is_file() and "ready" in log.read_text())
+            await until(lambda: "ready" in stream_text(log))
             assert not svc.list_workloads()[0].stopping
             svc.cancel(ME, run.id)
             await until(lambda: marks.is_file())
@@ -580,7 +581,7 @@ def test_a_stop_resumed_after_a_restart_waits_only_the_rest_of_its_grace(
         await svc.start()
         run = svc.submit(ME, SubmitRequest(command=stubborn, gpu="1", grace_s=60.0))
         log = tmp_path / "logs" / run.id / "stdout.log"
-        await until(lambda: log.is_file() and "ready" in log.read_text())
+        await until(lambda: "ready" in stream_text(log))
         svc.cancel(ME, run.id)  # SIGTERM is ignored; SIGKILL is due 60 s from now
         crash(svc)
         return run.id

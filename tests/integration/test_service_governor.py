@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from fgpu.agent.governor.runtime import WorkloadView
+from fgpu.log_files import stream_text
 from fgpu.server.service import Service
 from fgpu.wire import QueueBody, SubmitRequest
 from tests.integration.test_service import ME, make, phases, until
@@ -98,7 +99,7 @@ def governed(svc: Service, workload_id: str) -> WorkloadView | None:
 
 def ready(tmp_path: Path, workload_id: str) -> bool:
     log = tmp_path / "logs" / workload_id / "stdout.log"
-    return log.is_file() and "ready" in log.read_text()
+    return "ready" in stream_text(log)
 
 
 def test_a_busy_critical_workload_pauses_low_ones_which_resume_after_it_idles(

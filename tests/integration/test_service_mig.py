@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fgpu.log_files import stream_text
 from fgpu.mig.device import SimulatedMigDevice
 from fgpu.rules.errors import BadRequest
 from fgpu.server.service import Service
@@ -44,7 +45,7 @@ def sleeping(seconds: float = 60, **kw: object) -> SubmitRequest:
 
 def printed(tmp_path: Path, workload_id: str) -> list[str]:
     log = tmp_path / "logs" / workload_id / "stdout.log"
-    return log.read_text().split() if log.is_file() else []
+    return stream_text(log).split()
 
 
 def devices(svc: Service) -> list[SimulatedMigDevice]:

@@ -48,6 +48,7 @@ from fgpu.agent.interposer.segment import Segment
 from fgpu.agent.launcher import Launcher, LaunchSpec
 from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryViolation
 from fgpu.agent.process import ProcessHandle
+from fgpu.log_files import stream_text
 from fgpu.native import ensure_built, fake_driver_dir, lib_dir
 
 MIB = 1 << 20
@@ -165,7 +166,7 @@ def first_line(handle: ProcessHandle) -> dict[str, object]:
     text: list[str] = []
 
     def ready() -> bool:
-        lines = handle.stdout_path.read_text().splitlines() if handle.stdout_path.exists() else []
+        lines = stream_text(handle.stdout_path).splitlines()
         text[:] = lines
         return bool(lines)
 

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from fgpu.log_files import MIN_LOG_BYTES, CappedLog, log_end, read_log, segments
+from fgpu.log_files import (
+    MIN_LOG_BYTES,
+    CappedLog,
+    log_end,
+    read_log,
+    read_stream,
+    segments,
+    stream_bytes,
+    stream_text,
+)
 from fgpu.wire_logs import Chunk, FrameReader, frame
 
 CAP = 256 * 1024
@@ -157,3 +166,51 @@ def test_a_record_the_disk_cuts_short_is_not_left_half_written(
         ("stdout", b"before\n"),
         ("stdout", b"after\n"),
     ]
+
+
+def framed(path: Path, records: list[tuple[str, bytes]], cap: int = 0) -> None:
+    log = CappedLog(path, cap)
+    for stream, data in records:
+        log.write(frame(stream, 1, data), whole=True)
+    log.close()
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7, 1000, 1 << 20], ids=lambda n: f"limit-{n}")
+def test_one_stream_reads_back_from_the_framed_log_in_any_pieces(
+    tmp_path: Path, limit: int
+) -> None:
+    """What stdout.log held when each stream was written twice, from the one framed log;
+    a cursor may stop inside a record."""
+    path = tmp_path / "output.log"
+    framed(path, [("stdout", b"one\n"), ("stderr", b"ERR\n"), ("stdout", b"two\nthree\n")])
+    for stream, whole in (("stdout", b"one\ntwo\nthree\n"), ("stderr", b"ERR\n")):
+        cursor, got = 0, b""
+        while True:
+            data, cursor = read_stream(path, stream, cursor, limit)
+            assert len(data) <= limit
+            if not data:
+                break
+            got += data
+        assert got == whole
+    assert stream_bytes(tmp_path / "stdout.log") == b"one\ntwo\nthree\n"
+    assert stream_text(tmp_path / "stderr.log") == "ERR\n"
+
+
+def test_a_stream_read_says_the_cuts_and_goes_on_after_them(tmp_path: Path) -> None:
+    path = tmp_path / "output.log"
+    line = b"x" * 1000 + b"\n"
+    framed(path, [("stdout", line)] * 600 + [("stdout", b"LAST\n")], cap=CAP)
+    framed(path, [("cut", b"[fgpu: output dropped from here: a reason]\n")], cap=CAP)
+    text = stream_bytes(tmp_path / "stdout.log")
+    assert text.startswith(line)
+    found = NOTICE.search(text)
+    assert found is not None
+    assert found[2] == b"output"
+    assert text.endswith(b"LAST\n[fgpu: output dropped from here: a reason]\n")
+
+
+def test_a_plain_log_written_by_an_older_fgpu_is_read_as_it_is(tmp_path: Path) -> None:
+    (tmp_path / "stdout.log").write_bytes(b"old\n")
+    framed(tmp_path / "output.log", [("stdout", b"new\n")])
+    assert stream_bytes(tmp_path / "stdout.log") == b"old\n"
+    assert stream_bytes(tmp_path / "missing.log") == b""

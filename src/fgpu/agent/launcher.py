@@ -23,10 +23,14 @@ Failures, by whose they are:
 - the agent cannot start the wrapper (log directory not writable, invalid spec, user switch
   refused because the agent is not root, wrapper did not report): :class:`LaunchError`.
 
-Files, per workload, under ``<log_dir>/<workload_id>/``: ``stdout.log`` and ``stderr.log``,
-and ``output.log``, both streams as records in the order the wrapper read them
-(:mod:`fgpu.wire_logs`), all appended to, so a workload restarted after preemption keeps one
-log; ``exit.json`` (the
+Files, per workload, under ``<log_dir>/<workload_id>/``: ``output.log``, both streams as
+records in the order the wrapper read them (:mod:`fgpu.wire_logs`), appended to, so a
+workload restarted after preemption keeps one log. Each byte of output is stored once, there:
+:attr:`ProcessHandle.stdout_path` and :attr:`ProcessHandle.stderr_path` name the two streams
+as the API serves them (read back from the framed log, :func:`fgpu.log_files.read_stream`;
+:func:`fgpu.log_files.stream_text` reads one whole), not files the wrapper writes (a
+workload started by an fgpu before issue 27 has them as files). ``wrapper.log``: the
+wrapper's own messages. ``exit.json`` (the
 outcome; removed at each launch, so launch a workload id again only after its previous run
 has ended).
 
@@ -71,6 +75,7 @@ from fgpu.agent.process import (
     start_ticks,
 )
 from fgpu.agent.runner import ExitRecord, read_exit_record
+from fgpu.disk_room import DiskReserve
 from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.sdk import PYTHONPATH_DIR
 
@@ -80,6 +85,8 @@ wrapper to write the exit record."""
 
 OUTPUT_LOG = "output.log"
 """A workload's two output streams in one file, in order (:mod:`fgpu.wire_logs`)."""
+WRAPPER_LOG = "wrapper.log"
+"""The wrapper's own messages (its stdout and stderr): not the workload's output."""
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
@@ -178,6 +185,9 @@ class Launcher:
         ready_timeout_s: how long :meth:`launch` waits for the wrapper to report.
         max_log_bytes: each log of a workload keeps about this many bytes, its head and its
             latest tail (:mod:`fgpu.log_files`; 0: no cap).
+        disk_reserve: free space of the log folder's disk that output never takes
+            (:mod:`fgpu.disk_room`); None: none (the service sets ``fgpu serve
+            --log-disk-reserve``).
     """
 
     def __init__(
@@ -185,9 +195,11 @@ class Launcher:
         python: str | None = None,
         ready_timeout_s: float = 10.0,
         max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        disk_reserve: DiskReserve | None = None,
     ) -> None:
         self._python = python or sys.executable
         self.max_log_bytes = max_log_bytes
+        self.disk_reserve = disk_reserve
         self._ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
@@ -208,23 +220,22 @@ class Launcher:
         work_dir = spec.log_dir / spec.workload_id
         stdout_path = work_dir / "stdout.log"
         stderr_path = work_dir / "stderr.log"
+        wrapper_log = work_dir / WRAPPER_LOG
         exit_path = work_dir / "exit.json"
         try:
             work_dir.mkdir(parents=True, exist_ok=True)
             exit_path.unlink(missing_ok=True)
             for stale in work_dir.glob(".exit-*.tmp"):  # prepared by a wrapper killed early
                 stale.unlink(missing_ok=True)
-            # before the plain logs: a reader that finds those finds this one (the service
-            # tells a workload of an older fgpu, which has none, by that)
+            # the service tells a workload of an older fgpu (no framed log) by its absence
             os.close(_open_log(work_dir / OUTPUT_LOG))
-            out_fd = _open_log(stdout_path)
+            for plain in (stdout_path, stderr_path):  # an older fgpu's second copy, set aside
+                if plain.exists():  # so the stream is read from the framed log from now on
+                    plain.replace(plain.with_name(plain.name + ".old"))
+            out_fd = _open_log(wrapper_log)
         except OSError as exc:
             raise LaunchError(f"cannot prepare logs in {work_dir}: {exc}") from exc
-        try:
-            err_fd = _open_log(stderr_path)
-        except OSError as exc:
-            os.close(out_fd)
-            raise LaunchError(f"cannot prepare logs in {work_dir}: {exc}") from exc
+        err_fd = os.dup(out_fd)
 
         ready_r, ready_w = os.pipe()
         runner_argv = [
@@ -238,8 +249,10 @@ class Launcher:
             "--spec-stdin",
             "--output-log",
             str(work_dir / OUTPUT_LOG),
+            "--only-output-log",
             "--max-log-bytes",
             str(self.max_log_bytes),
+            *(self.disk_reserve.argv() if self.disk_reserve is not None else []),
             "--",
             *command,
         ]
@@ -266,7 +279,7 @@ class Launcher:
             # The wrapper has not been reaped, so it exists (perhaps as a zombie) here.
             create_time = psutil.Process(proc.pid).create_time()
             ticks = start_ticks(proc.pid)
-            self._send_settings(proc, settings, stderr_path)
+            self._send_settings(proc, settings, wrapper_log)
             try:
                 line = _read_ready_line(ready_r, self._ready_timeout_s)
             except TimeoutError:
@@ -288,7 +301,7 @@ class Launcher:
             proc.wait()
             raise LaunchError(
                 f"the wrapper of {spec.workload_id} ended without starting the command "
-                f"(status {proc.returncode}): {_tail(stderr_path) or 'no output'}",
+                f"(status {proc.returncode}): {_tail(wrapper_log) or 'no output'}",
             )
         return ProcessHandle(
             workload_id=spec.workload_id,

@@ -54,9 +54,18 @@ Options:
   :data:`DRAIN_S`, then records the exit: once the exit record exists, the logs are whole. A
   process that left the group and still writes after that gets a broken pipe. Without this
   option the command writes to the wrapper's stdout and stderr directly.
+- ``--only-output-log``: with ``--output-log``, the streams go to the framed log only (each
+  byte is stored once; what the launcher asks for: the API reads one stream back from the
+  framed log, :func:`fgpu.log_files.read_stream`); the wrapper's own stdout and stderr then
+  carry only its own messages.
 - ``--max-log-bytes N``: with ``--output-log``, each of the three logs keeps about ``N``
   bytes: its first half and its latest quarter to half, the rest between is dropped
   (:mod:`fgpu.log_files`; the API says the cut where it falls). 0 (the default): no cap.
+- ``--disk-reserve SIZE,PERCENT``: with ``--output-log``, output is appended only while the
+  log folder's disk has more free than the larger of ``SIZE`` bytes and ``PERCENT`` % of
+  the disk; below it, and once a stop file appears in the log folder (the user's output
+  limit), output is dropped and each log says so where the cut falls
+  (:class:`fgpu.disk_room.OutputGate`). Without it only the stop file counts.
 
 A full disk: at its start the wrapper prepares the exit record's file (a temporary file of
 :data:`SLOT_BYTES` spaces beside ``F``); the record is later written over those spaces, which
@@ -86,8 +95,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fgpu.disk_room import DiskReserve, OutputGate, parse_wrapper_reserve
 from fgpu.log_files import CappedLog, write_all
-from fgpu.wire_logs import frame
+from fgpu.wire_logs import CUT, frame
 
 EXIT_WRAPPER_FAILED = 125
 EXIT_CANNOT_RUN = 126
@@ -288,15 +298,45 @@ class _Relay:
     framed output log, in the order read (see ``--output-log`` in the module docstring),
     each within its cap (:class:`fgpu.log_files.CappedLog`)."""
 
-    def __init__(self, log: CappedLog, stdout: CappedLog, stderr: CappedLog) -> None:
+    def __init__(
+        self,
+        log: CappedLog,
+        stdout: CappedLog | None,
+        stderr: CappedLog | None,
+        gate: OutputGate | None = None,
+    ) -> None:
         self.log = log
-        self.sinks = {1: stdout, 2: stderr}
+        self.sinks = {fd: sink for fd, sink in ((1, stdout), (2, stderr)) if sink is not None}
+        self.gate = gate
         self.pipes: dict[int, tuple[str, int]] = {}
         self.thread: threading.Thread | None = None
 
     def record(self, stream: str, data: bytes) -> None:
         # a full disk loses log lines, not the workload (CappedLog swallows write errors)
         self.log.write(frame(stream, time.time_ns(), data), whole=True)
+
+    def notice(self, text: str) -> None:
+        """Say ``text`` (the gate's notice of a cut) in all three logs, where it falls."""
+        data = text.encode()
+        self.log.write(frame(CUT, time.time_ns(), data), whole=True)
+        for sink in self.sinks.values():
+            sink.write(data)
+
+    def keep(self, stream: str, size: int) -> bool:
+        """Whether a chunk of ``size`` bytes of ``stream`` may be appended now (the gate:
+        the disk's reserve and the stop file, :mod:`fgpu.disk_room`); writes the notices
+        where a cut begins or ends."""
+        if self.gate is None:
+            return True
+        began, ended = self.gate.check()
+        if ended is not None:
+            self.notice(ended)
+        if began is not None:
+            self.notice(began)
+        if self.gate.dropping is None:
+            return True
+        self.gate.dropped[stream] += size
+        return False
 
     def open(self) -> tuple[int, int]:
         """Two pipes; returns their write ends (the command's stdout and stderr)."""
@@ -324,12 +364,18 @@ class _Relay:
                     poller.unregister(fd)
                     open_fds.discard(fd)
                     continue
-                self.sinks[target].write(data)
-                self.record(stream, data)
+                if self.keep(stream, len(data)):
+                    sink = self.sinks.get(target)
+                    if sink is not None:
+                        sink.write(data)
+                    self.record(stream, data)
 
     def finish(self) -> None:
         if self.thread is not None:
             self.thread.join(DRAIN_S)
+        closing = self.gate.closing() if self.gate is not None else None
+        if closing is not None:
+            self.notice(closing)
         for sink in (self.log, *self.sinks.values()):
             with contextlib.suppress(OSError):
                 sink.close()
@@ -562,6 +608,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--spec-stdin", action="store_true")
     parser.add_argument("--output-log", type=Path, default=None)
     parser.add_argument("--max-log-bytes", type=int, default=0)
+    parser.add_argument("--disk-reserve", type=parse_wrapper_reserve, default=None)
+    parser.add_argument("--only-output-log", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command and args.command[0] == "--":
@@ -569,11 +617,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def _relay(output_log: Path, cap: int) -> _Relay:
-    """The relay of ``--output-log``: the framed log and the plain ``stdout.log`` and
-    ``stderr.log`` beside it, each capped at ``cap`` bytes (0: no cap). The plain logs are
-    written through the wrapper's own stdout and stderr, which the launcher opened on them;
-    where they are something else (a terminal, a pipe), they are passed on uncapped."""
+def _relay(
+    output_log: Path, cap: int, reserve: DiskReserve | None = None, only_framed: bool = False
+) -> _Relay:
+    """The relay of ``--output-log``: the framed log, and (unless ``only_framed``) the plain
+    ``stdout.log`` and ``stderr.log`` beside it, each capped at ``cap`` bytes (0: no cap).
+    The plain logs are written through the wrapper's own stdout and stderr, where they are
+    those files; where they are something else (a terminal, a pipe), the streams are passed
+    on uncapped."""
 
     def plain(fd: int, name: str) -> CappedLog:
         path = output_log.with_name(name)
@@ -583,7 +634,16 @@ def _relay(output_log: Path, cap: int) -> _Relay:
             same = False
         return CappedLog(path, cap if same else 0, fd=fd)
 
-    return _Relay(CappedLog(output_log, cap), plain(1, "stdout.log"), plain(2, "stderr.log"))
+    if only_framed:
+        return _Relay(
+            CappedLog(output_log, cap), None, None, OutputGate(output_log.parent, reserve)
+        )
+    return _Relay(
+        CappedLog(output_log, cap),
+        plain(1, "stdout.log"),
+        plain(2, "stderr.log"),
+        OutputGate(output_log.parent, reserve),
+    )
 
 
 def _reset_realtime_policy() -> None:
@@ -600,7 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     wrapper = _Wrapper(args.exit_file, args.ready_fd, None)
     if args.output_log is not None:
         try:
-            wrapper.relay = _relay(args.output_log, args.max_log_bytes)
+            wrapper.relay = _relay(
+                args.output_log, args.max_log_bytes, args.disk_reserve, args.only_output_log
+            )
         except (OSError, ValueError) as exc:
             return wrapper.fail(EXIT_WRAPPER_FAILED, f"cannot open the output log: {exc}")
     for signum in FORWARDED_SIGNALS:

@@ -172,6 +172,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "default_for": ("--default-for",),
     "max_active_per_user": ("--max-active-per-user",),
     "max_stored_bytes": ("--max-stored-bytes",),
+    "max_output_bytes": ("--max-output-bytes",),
     "preempt_delay_s": ("--preempt-delay",),
 }
 """API field -> the flags that set it (``fgpu queue create|set``)."""

@@ -103,6 +103,16 @@ MaxStoredOption = Annotated[
         "may store, e.g. 64MiB ('none': only the machine's --max-stored-bytes).",
     ),
 ]
+MaxOutputOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-output-bytes",
+        metavar="SIZE",
+        help="Most bytes of output (logs) one user's workloads of this queue may keep, e.g. "
+        "1GiB; past it their output is dropped and the logs say so ('none': only the "
+        "machine's --max-output-bytes).",
+    ),
+]
 PreemptDelayOption = Annotated[
     str | None,
     typer.Option(
@@ -117,7 +127,10 @@ PreemptDelayOption = Annotated[
 
 
 def _per_user_limits(
-    max_active: str | None, max_stored: str | None, current: QueueView | None = None
+    max_active: str | None,
+    max_stored: str | None,
+    current: QueueView | None = None,
+    max_output: str | None = None,
 ) -> dict[str, int | None]:
     """The queue's per-user limits from their flags (None: kept from ``current``, or unset
     when creating; ``none``: unset). Fails naming the flag and echoing the value."""
@@ -126,6 +139,7 @@ def _per_user_limits(
     limits: dict[str, int | None] = {
         "max_active_per_user": current.max_active_per_user if current else None,
         "max_stored_bytes": current.max_stored_bytes if current else None,
+        "max_output_bytes": current.max_output_bytes if current else None,
     }
     if max_active is not None:
         text = max_active.strip()
@@ -143,6 +157,14 @@ def _per_user_limits(
                 limits["max_stored_bytes"] = parse_bytes(max_stored, "--max-stored-bytes")
             except UnitError as exc:
                 fail(f"--max-stored-bytes {max_stored!r}: {exc.reason}")
+    if max_output is not None:
+        if max_output.strip().lower() == "none":
+            limits["max_output_bytes"] = None
+        else:
+            try:
+                limits["max_output_bytes"] = parse_bytes(max_output, "--max-output-bytes")
+            except UnitError as exc:
+                fail(f"--max-output-bytes {max_output!r}: {exc.reason}")
     return limits
 
 
@@ -211,6 +233,7 @@ def create(
     default_for: DefaultForOption = None,
     max_active_per_user: MaxActiveOption = None,
     max_stored_bytes: MaxStoredOption = None,
+    max_output_bytes: MaxOutputOption = None,
     preempt_delay: PreemptDelayOption = None,
     json_out: JsonOption = False,
     socket: SocketOption = None,
@@ -221,7 +244,7 @@ def create(
     from fgpu.wire import QueueBody
 
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
-    fields |= _per_user_limits(max_active_per_user, max_stored_bytes)
+    fields |= _per_user_limits(max_active_per_user, max_stored_bytes, max_output=max_output_bytes)
     if preempt_delay is not None:
         fields["preempt_delay_s"] = _preempt_delay(preempt_delay)
     for key, value in (
@@ -288,6 +311,7 @@ def update(
     ] = False,
     max_active_per_user: MaxActiveOption = None,
     max_stored_bytes: MaxStoredOption = None,
+    max_output_bytes: MaxOutputOption = None,
     preempt_delay: Annotated[
         str | None,
         typer.Option(
@@ -346,7 +370,7 @@ def update(
                 if default_for is not None
                 else current.default_for
             ),
-            **_per_user_limits(max_active_per_user, max_stored_bytes, current),
+            **_per_user_limits(max_active_per_user, max_stored_bytes, current, max_output_bytes),
             preempt_delay_s=delay if preempt_delay is not None else current.preempt_delay_s,
         )
         view = client.update_queue(body)

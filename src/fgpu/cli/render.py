@@ -653,6 +653,8 @@ def _per_user(queue: QueueView) -> str:
         parts.append(f"{queue.max_active_per_user} active")
     if queue.max_stored_bytes is not None:
         parts.append(_size(queue.max_stored_bytes))
+    if queue.max_output_bytes is not None:
+        parts.append(f"{_size(queue.max_output_bytes)} output")
     return ", ".join(parts) or "-"
 
 

@@ -342,6 +342,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
     for field_name, value, least in (
         ("max_active_per_user", body.max_active_per_user, 1),
         ("max_stored_bytes", body.max_stored_bytes, validate.MIN_STORED_BYTES),
+        ("max_output_bytes", body.max_output_bytes, validate.MIN_OUTPUT_BYTES),
     ):
         if value is not None and not least <= value <= validate.MAX_AMOUNT:
             raise BadRequest(
@@ -365,6 +366,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         default_for=default_for,
         max_active_per_user=body.max_active_per_user,
         max_stored_bytes=body.max_stored_bytes,
+        max_output_bytes=body.max_output_bytes,
         preempt_delay_s=_preempt_delay(body.preempt_delay_s),
     )
 

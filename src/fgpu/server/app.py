@@ -54,7 +54,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fgpu import __version__
-from fgpu.log_files import read_log
+from fgpu.log_files import PLAIN_LOGS, read_log, read_stream
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError, Unavailable
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
@@ -600,7 +600,9 @@ def create_app(
         """Log bytes from ``offset`` (at most ``limit``); the header ``X-Fgpu-Log-Offset``
         is the offset to ask for next. Empty while the workload has not written anything.
         ``stream=all``: both streams in the order written, as records (stream, time, bytes;
-        the format is in ``fgpu.wire_logs``); a chunk may end inside a record."""
+        the format is in ``fgpu.wire_logs``); a chunk may end inside a record. ``stdout``
+        and ``stderr`` are read back from that log (output is stored once): their offset is
+        a cursor, 0 or what the header gave."""
         path = service.log_path(caller, workload_id, stream)
         data, next_offset = read_from(path, offset, limit)
         return Response(
@@ -689,5 +691,12 @@ def read_from(path: FilePath, offset: int, limit: int) -> tuple[bytes, int]:
 
     A missing file reads as empty. When the log is shorter than ``offset`` (it was started
     again), the next offset is its current end, so a follower goes on with new output.
+
+    ``stdout.log`` or ``stderr.log`` that the wrapper did not write (it writes each stream
+    once, into the framed ``output.log`` beside them) is read from the framed log
+    (:func:`fgpu.log_files.read_stream`; the offset is then a cursor that answer gives).
     """
+    stream = PLAIN_LOGS.get(path.name)
+    if stream is not None and not path.exists():
+        return read_stream(path.with_name("output.log"), stream, offset, limit)
     return read_log(path, offset, limit)

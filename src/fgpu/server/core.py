@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, Self, TypeVar
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from fgpu.agent.backend import GpuBackend, SimulatedBackend, detect_backend, mig
 from fgpu.agent.hostlimits import HostLimiter
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import ProcessHandle
+from fgpu.disk_room import DiskReserve
 from fgpu.log_files import DEFAULT_MAX_LOG_BYTES
 from fgpu.mig.device import MigDevice
 from fgpu.model.types import Request
@@ -39,11 +40,12 @@ from fgpu.server.machine import Machine, discover
 from fgpu.server.metrics import ServiceMetrics
 from fgpu.server.mig_pool import MigPool
 from fgpu.server.naming import resolve
-from fgpu.server.storage import StorageCheck
+from fgpu.server.output_limits import OutputLedger
+from fgpu.server.storage import DEFAULT_BALLAST_BYTES, Ballast, StorageCheck
 from fgpu.server.usage import UsageLedger
 from fgpu.store import Store
 from fgpu.store.claim import DatabaseClaim, LockHeld, claim_database, hold_lock_file
-from fgpu.store.errors import NotFound, StoreConflict
+from fgpu.store.errors import NotFound, StoreConflict, StoreUnwritable
 from fgpu.store.records import (
     ACTIVE_PHASES,
     EVERYONE,
@@ -52,6 +54,8 @@ from fgpu.store.records import (
     WorkloadRecord,
     to_core,
 )
+
+T = TypeVar("T")
 
 log = logging.getLogger("fgpu.server")
 
@@ -136,6 +140,9 @@ class ServiceCore(EnforcementHooks):
         fake_driver: the fake CUDA driver the workloads use, if any.
         suspend_host_memory_mib: host memory for suspended work, MiB, shared among the
             machine's nodes like its memory (0: suspend off; :mod:`fgpu.server.suspending`).
+        disk_ballast: bytes of the state folder's ballast, released to record cancels and
+            ends on a full disk (:class:`fgpu.server.storage.Ballast`; 0: none). Allocated
+            by :meth:`create`.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class ServiceCore(EnforcementHooks):
         enforcement: EnforcementConfig | None = None,
         fake_driver: FakeDriver | None = None,
         suspend_host_memory_mib: int = 0,
+        disk_ballast: int = 0,
     ) -> None:
         create_policy(policy, target=FALLBACK_TARGET)  # fail early on a bad name
         self.store = store
@@ -206,7 +214,9 @@ class ServiceCore(EnforcementHooks):
         # ends seen while the store could not write: id -> (exit code, why, when); written
         # by the retry task (ProcessControl._flush_exits) once the store can write
         self._unrecorded: dict[str, tuple[int | None, str | None, float]] = {}
-        self.storage = StorageCheck(store, [state_dir])
+        self.storage = StorageCheck(store, [state_dir], ballast=Ballast(state_dir, disk_ballast))
+        self.output = OutputLedger(self.log_dir, store.owner_workloads)
+        """Output stored per user; its ``max_bytes`` is ``fgpu serve --max-output-bytes``."""
         self.metrics = ServiceMetrics(self)
         self._register_inventory()
         shared = {
@@ -251,6 +261,8 @@ class ServiceCore(EnforcementHooks):
         launcher: Launcher | None = None,
         suspend_host_memory_mib: int = 0,
         max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+        disk_reserve: DiskReserve | None = None,
+        disk_ballast: int = DEFAULT_BALLAST_BYTES,
     ) -> Self:
         """The composition root: store, GPU backend, launcher (default: a new
         :class:`Launcher`), service.
@@ -259,6 +271,10 @@ class ServiceCore(EnforcementHooks):
         workloads of the server's own user only; ``fgpu serve`` puts it beside the API
         socket instead). ``max_log_bytes``: each log of a workload keeps about that many
         bytes (:mod:`fgpu.log_files`; a given ``launcher`` keeps its own).
+        ``disk_reserve``: free space of the state disk that workloads' output never takes
+        (default :class:`fgpu.disk_room.DiskReserve`'s; a given ``launcher`` keeps its own).
+        ``disk_ballast``: see the class; allocated here (a disk without room for it starts
+        without, and says so).
         ``fake_driver``: workloads on the simulated GPUs run against the fake CUDA driver
         and NVML (``native/fakecuda``), with the interposer, and the memory guard reads the
         fake NVML.
@@ -299,7 +315,8 @@ class ServiceCore(EnforcementHooks):
         service = cls(
             store,
             backend,
-            launcher or Launcher(max_log_bytes=max_log_bytes),
+            launcher
+            or Launcher(max_log_bytes=max_log_bytes, disk_reserve=disk_reserve or DiskReserve()),
             folder,
             policy=policy,
             admins=admins,
@@ -309,7 +326,17 @@ class ServiceCore(EnforcementHooks):
             enforcement=enforcement,
             fake_driver=fake,
             suspend_host_memory_mib=suspend_host_memory_mib,
+            disk_ballast=disk_ballast,
         )
+        ballast = service.storage.ballast
+        if ballast is not None and not ballast.allocate():
+            ballast.released_because = "no room for it when the service started"
+            log.error(
+                "no room for the disk ballast %s (%d bytes): submissions are refused until "
+                "the state disk has room for it (fgpu serve --disk-ballast sets its size)",
+                ballast.path,
+                ballast.size,
+            )
         service._state_lock = lock
         service._db_claim = claim
         return service
@@ -533,6 +560,22 @@ class ServiceCore(EnforcementHooks):
 
     def _node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.machine.nodes)}
+
+    def _freeing(self, write: Callable[[], T]) -> T:
+        """Run ``write``, a store write that frees resources (a cancel, a stop, a
+        workload's end); when the store cannot take it for want of space, release the
+        ballast (:class:`fgpu.server.storage.Ballast`) and run it once more.
+
+        Raises:
+            StoreUnwritable: it failed again, or there was no ballast to release.
+        """
+        try:
+            return write()
+        except StoreUnwritable as exc:
+            ballast = self.storage.ballast
+            if ballast is None or not ballast.release(exc.cause):
+                raise
+        return write()
 
     def _is_admin(self, caller: Caller) -> bool:
         return caller.admin or caller.uid == 0 or caller.uid in self.admins

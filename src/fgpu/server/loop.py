@@ -31,10 +31,12 @@ from fgpu.sched.workload import (
 )
 from fgpu.server.jobrules import JobRules
 from fgpu.server.mig_pool import MigCandidate
+from fgpu.server.output_limits import CHECK_EVERY_S, Running
 from fgpu.server.retention import Pruner, RetentionPolicy
 from fgpu.server.squeezing import record_squeeze
 from fgpu.store.errors import StoreUnwritable
 from fgpu.store.records import WorkloadRecord
+from fgpu.store.usage import Pruned
 
 log = logging.getLogger("fgpu.server")
 
@@ -71,17 +73,22 @@ class SchedulingLoop(JobRules):
         await asyncio.to_thread(self._recover)
         await asyncio.to_thread(self._enforce)
         self._task = asyncio.create_task(self._run_loop(), name="fgpu-scheduling-loop")
-        retry = asyncio.create_task(self._retry_writes(), name="fgpu-retry-writes")
-        self._background.add(retry)
-        retry.add_done_callback(self._background.discard)
+        for work, name in (
+            (self._retry_writes(), "fgpu-retry-writes"),
+            (self._watch_output(), "fgpu-output-limits"),
+        ):
+            task = asyncio.create_task(work, name=name)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         self.store.event_coalesce_s = self.retention.event_interval_s
-        ledger = self.usage
+        ledger, output = self.usage, self.output
+
+        def pruned(deleted: Pruned) -> None:
+            ledger.pruned(deleted.freed)
+            output.pruned(deleted.workload_ids)
+
         self.pruner = Pruner(
-            self.store.prune,
-            self.log_dir,
-            self.clock,
-            self.retention.retention_s,
-            on_pruned=lambda pruned: ledger.pruned(pruned.freed),
+            self.store.prune, self.log_dir, self.clock, self.retention.retention_s, pruned
         )
         pruning = asyncio.create_task(self.pruner.run(), name="fgpu-retention")
         self._background.add(pruning)
@@ -159,6 +166,40 @@ class SchedulingLoop(JobRules):
                     self.wake()
             except Exception:  # keep retrying; the cause is logged where it is known
                 log.exception("retrying the store's writes failed")
+
+    async def _watch_output(self) -> None:
+        """Every :data:`fgpu.server.output_limits.CHECK_EVERY_S`: the per-user output limit
+        (:meth:`check_output`, in a worker thread)."""
+        while not self._stopping:
+            await asyncio.sleep(CHECK_EVERY_S)
+            try:
+                await asyncio.to_thread(self.check_output)
+            except Exception:  # keep checking; the cause is logged
+                log.exception("checking the output limits failed")
+
+    def check_output(self) -> list[tuple[str, str]]:
+        """Measure the running workloads' logs and cut the output of those whose user is at
+        an output limit (:mod:`fgpu.server.output_limits`), with an event each; returns
+        ``(workload id, reason)`` of those cut now."""
+        running = [
+            Running(r.id, r.owner_uid, r.queue)
+            for r in self._active_records()
+            if r.phase in ("running", "paused")
+        ]
+        if not running:
+            return []
+        stopped = self.output.check(running, self._output_limits())
+        for workload_id, reason in stopped:
+            log.info("output of %s dropped from now: %s", workload_id, reason)
+            with contextlib.suppress(Exception):  # the cut is said in its logs regardless
+                self.store.record_event(
+                    workload_id, "output-cut", "output limit", f"output dropped: {reason}"
+                )
+        return stopped
+
+    def _output_limits(self) -> dict[str, int | None]:
+        """Each queue's per-user output limit (None: the machine's only)."""
+        return {q.config.name: q.config.max_output_bytes for q in self.store.list_queues()}
 
     # --------------------------------------------------------------- scheduling
     def schedule_once(self) -> Decision:

@@ -35,6 +35,7 @@ from fgpu.server.quotas import SubmissionLimits
 from fgpu.server.retention import RetentionPolicy, parse_duration
 
 if TYPE_CHECKING:
+    from fgpu.disk_room import DiskReserve
     from fgpu.store.errors import StoreDamaged
 
 TOKEN_ENV = "FGPU_TOKEN"
@@ -334,6 +335,16 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "256MiB",
+    max_output_bytes: Annotated[
+        str,
+        typer.Option(
+            help="Bytes of output (logs) one user's stored workloads (active, and finished "
+            "until pruned) may keep, all queues (a size: 4GiB); a queue may set less for its "
+            "own (fgpu queue set --max-output-bytes); past it the user's running workloads' "
+            "output is dropped and `fgpu logs` says so, naming the limit.",
+            rich_help_panel="Limits",
+        ),
+    ] = "4GiB",
     retention: Annotated[
         str,
         typer.Option(
@@ -351,6 +362,23 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = "64MiB",
+    log_disk_reserve: Annotated[
+        str,
+        typer.Option(
+            help="Free space of the state disk that workloads' output never takes: a size "
+            "(256MiB), a share of the disk (5%), or both (the larger); below it output is "
+            "dropped and `fgpu logs` says so where it was cut (0: no reserve).",
+            rich_help_panel="Limits",
+        ),
+    ] = "256MiB,5%",
+    disk_ballast: Annotated[
+        str,
+        typer.Option(
+            help="Space held in the state folder (a file) and released when the disk is "
+            "full, so that cancels and workloads' ends are still recorded (a size; 0: none).",
+            rich_help_panel="Limits",
+        ),
+    ] = "16MiB",
     event_interval: Annotated[
         str,
         typer.Option(
@@ -419,6 +447,7 @@ def serve(
             max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
             listing=(listing_max_bytes, listings_at_once),
+            disk=(log_disk_reserve, disk_ballast, max_output_bytes),
         )
     )
 
@@ -453,6 +482,7 @@ def run_serve(
     max_log_bytes: str = "64MiB",
     preempt_delay: str = DEFAULT_PREEMPT_DELAY,
     listing: tuple[str, int] = ("8MiB", 2),
+    disk: tuple[str, str, str] = ("256MiB,5%", "16MiB", "4GiB"),
 ) -> int:
     """Check the options, claim the socket, build the service and serve until stopped.
 
@@ -555,6 +585,7 @@ def run_serve(
         submission_limits, retention = _limits(submission_limits, retention)
         log_cap = _log_cap(max_log_bytes)
         listing_limits = _listing_limits(*listing)
+        disk_room = _disk_room(*disk)
         from fgpu.model.units import UnitError, parse_duration_s
 
         try:
@@ -599,6 +630,7 @@ def run_serve(
         log_cap,
         preempt_delay_s,
         listing_limits,
+        disk_room,
     )
 
 
@@ -666,6 +698,50 @@ def _listing_limits(size_text: str, at_once: int) -> tuple[int, int]:
     if at_once < 1:
         raise ServeOptionError(f"--listings-at-once: {at_once} must be at least 1")
     return size, at_once
+
+
+def _disk_room(
+    reserve_text: str, ballast_text: str, output_text: str
+) -> tuple[DiskReserve, int, int]:
+    """``--log-disk-reserve``, ``--disk-ballast`` (bytes) and ``--max-output-bytes``
+    (bytes), checked.
+
+    Raises:
+        ServeOptionError: naming the flag, echoing the value and saying what is wrong.
+    """
+    from fgpu.disk_room import parse_reserve
+    from fgpu.model.units import UnitError, parse_bytes
+    from fgpu.wire_limits import MIN_OUTPUT_BYTES
+
+    try:
+        reserve = parse_reserve(reserve_text, "--log-disk-reserve")
+    except ValueError as exc:
+        raise ServeOptionError(str(exc)) from None
+    try:
+        output = parse_bytes(output_text, "--max-output-bytes")
+    except UnitError as exc:
+        raise ServeOptionError(f"--max-output-bytes: {output_text!r}: {exc.reason}") from None
+    if output < MIN_OUTPUT_BYTES:
+        raise ServeOptionError(
+            f"--max-output-bytes: {output_text!r} is {output} bytes; give at least "
+            f"{MIN_OUTPUT_BYTES} (1 MiB)"
+        )
+    if ballast_text.strip() in ("0", "0B", "0b"):
+        return reserve, 0, output
+    try:
+        ballast = parse_bytes(ballast_text, "--disk-ballast")
+    except UnitError as exc:
+        raise ServeOptionError(f"--disk-ballast: {ballast_text!r}: {exc.reason}") from None
+    if ballast < MIN_BALLAST_BYTES:
+        raise ServeOptionError(
+            f"--disk-ballast: {ballast_text!r} is {ballast} bytes; give 0 (none) or at least "
+            f"{MIN_BALLAST_BYTES} (room for a few of the store's writes)"
+        )
+    return reserve, ballast, output
+
+
+MIN_BALLAST_BYTES = 256 * 1024
+"""Smallest ``--disk-ballast`` other than 0."""
 
 
 def _limits(
@@ -781,6 +857,7 @@ def _start(
     max_log_bytes: int | None = None,
     preempt_delay_s: float = 0.0,
     listing_limits: tuple[int, int] | None = None,
+    disk_room: tuple[DiskReserve, int, int] | None = None,
 ) -> int:
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -793,6 +870,7 @@ def _start(
     from fgpu.server.enforcement import EnforcementConfig
     from fgpu.server.interposing import InterposerMode
     from fgpu.server.service import Service
+    from fgpu.server.storage import DEFAULT_BALLAST_BYTES
     from fgpu.server.uds import ApiServer, SocketInUse
     from fgpu.store.errors import StoreDamaged
 
@@ -828,6 +906,8 @@ def _start(
             config=SchedulerConfig(squeeze=squeeze, preempt_delay_s=preempt_delay_s),
             suspend_host_memory_mib=suspend_mib,
             max_log_bytes=DEFAULT_MAX_LOG_BYTES if max_log_bytes is None else max_log_bytes,
+            disk_reserve=disk_room[0] if disk_room is not None else None,
+            disk_ballast=disk_room[1] if disk_room is not None else DEFAULT_BALLAST_BYTES,
         )
     except StoreDamaged as exc:
         server.release()
@@ -853,6 +933,8 @@ def _start(
 
         service.listing_max_bytes = listing_limits[0]
         service.listing_gate = ListingGate(concurrent=listing_limits[1])
+    if disk_room is not None:
+        service.output.max_bytes = disk_room[2]
     metrics_server = None
     if metrics_address is not None:
         from fgpu.metrics.http import serve_metrics

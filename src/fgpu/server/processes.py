@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
 from fgpu.model.types import Allocation
 from fgpu.rules.slurm import array_task_env
 from fgpu.server.core import ServiceCore
+from fgpu.server.output_limits import Running
 from fgpu.store.errors import NotFound, StoreUnwritable
 from fgpu.store.records import CANCELLED, FAILED, SUCCEEDED, StoredMigInstance, WorkloadRecord
 
@@ -82,6 +84,11 @@ class ProcessControl(ServiceCore):
                 workload_id, FAILED, reason=f"could not set its host limits: {exc.strerror}"
             )
             return
+        cut = self.output.before_launch(
+            Running(workload_id, record.owner_uid, record.queue), self._queue_output_limit(record)
+        )
+        if cut is not None:
+            log.info("output of %s dropped from its start: %s", workload_id, cut)
         spec = LaunchSpec(
             workload_id=workload_id,
             argv=list(record.argv),
@@ -141,7 +148,7 @@ class ProcessControl(ServiceCore):
         """
         record = self.store.get(workload_id)
         if record.stop_requested_at is None:
-            record = self._tracked.mark_stopping(workload_id, reason)
+            record = self._freeing(lambda: self._tracked.mark_stopping(workload_id, reason))
         handle = self._handles.get(workload_id)
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
@@ -206,7 +213,7 @@ class ProcessControl(ServiceCore):
         with self._lock:
             self._handles.pop(workload_id, None)
             try:
-                self._record_end(workload_id, state.exit_code, reason)
+                self._freeing(lambda: self._record_end(workload_id, state.exit_code, reason))
             except Exception as exc:  # kept, with its time, and written once the store can
                 self._keep_end(workload_id, state.exit_code, reason, self.clock(), exc)
                 return
@@ -240,7 +247,7 @@ class ProcessControl(ServiceCore):
                 self._unrecorded.items(), key=lambda item: item[1][2]
             ):
                 try:
-                    self._record_end(workload_id, code, why, at)
+                    self._freeing(functools.partial(self._record_end, workload_id, code, why, at))
                 except Exception as exc:
                     self._keep_end(workload_id, code, why, at, exc)
                     break
@@ -271,21 +278,25 @@ class ProcessControl(ServiceCore):
         if record.phase not in ("running", "paused"):
             return
         code = shell_exit_code(code)
-        over_quota = self._fail_reasons.pop(workload_id, None)
+        # read, and forgotten only once written: a write that fails is tried again
+        over_quota = self._fail_reasons.get(workload_id)
         if over_quota is not None:
             self._tracked.mark_finished(
                 workload_id, FAILED, exit_code=code, reason=over_quota, finished_at=at
             )
+            self._fail_reasons.pop(workload_id, None)
         elif record.cancelled_by is not None:
             self._tracked.mark_finished(
                 workload_id, CANCELLED, exit_code=code, reason=record.reason, finished_at=at
             )
         elif record.stop_requested_at is not None:
-            kind = self._evict_kinds.pop(workload_id, "preemption")
-            by = self._evict_by.pop(workload_id, None)
+            kind = self._evict_kinds.get(workload_id, "preemption")
+            by = self._evict_by.get(workload_id)
             self._tracked.mark_preempted(
                 workload_id, record.reason or "preempted", None if by is None else (by, kind)
             )
+            self._evict_kinds.pop(workload_id, None)
+            self._evict_by.pop(workload_id, None)
             ended = at if at is not None else self.clock()
             self.metrics.events.lost(record.queue, kind, gpu_seconds(record, ended))
         elif code == 0:
@@ -309,6 +320,13 @@ class ProcessControl(ServiceCore):
             self._tracked.mark_finished(
                 workload_id, FAILED, exit_code=code, reason=detail, finished_at=at
             )
+
+    def _queue_output_limit(self, record: WorkloadRecord) -> int | None:
+        """The per-user output limit of ``record``'s queue (None: none, or no such queue)."""
+        try:
+            return self.store.get_queue(record.queue).config.max_output_bytes
+        except NotFound:
+            return None
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"

@@ -590,7 +590,10 @@ class Service(SchedulingLoop):
                 return self._end_damaged(caller, exc)
         with self._lock:
             try:
-                record = self._tracked.cancel(workload_id, caller.uid, admin=self._is_admin(caller))
+                admin = self._is_admin(caller)
+                record = self._freeing(
+                    lambda: self._tracked.cancel(workload_id, caller.uid, admin=admin)
+                )
             except NotFound:
                 raise NotFoundError("id", f"no workload {workload_id!r}") from None
             except PermissionDenied as exc:
@@ -605,8 +608,10 @@ class Service(SchedulingLoop):
         return views.workload(record, None)
 
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> Path:
-        """The workload's stdout or stderr log file, or (``all``) both streams in order as
-        records of :mod:`fgpu.wire_logs` (its owner's and admins' to read).
+        """The workload's stdout or stderr log (a file only for workloads of an fgpu before
+        issue 27; else a name that :func:`fgpu.server.app.read_from` reads from the framed
+        log), or (``all``) both streams in order as records of :mod:`fgpu.wire_logs` (its
+        owner's and admins' to read).
 
         Raises:
             NotFoundError: unknown id; BadRequest: stream not stdout/stderr/all, or ``all``

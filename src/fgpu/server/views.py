@@ -205,6 +205,7 @@ def queue(
         default_for=list(c.default_for),
         max_active_per_user=c.max_active_per_user,
         max_stored_bytes=c.max_stored_bytes,
+        max_output_bytes=c.max_output_bytes,
         preempt_delay_s=c.preempt_delay_s,
         effective_preempt_delay_s=(
             c.preempt_delay_s if c.preempt_delay_s is not None else preempt_delay_s

@@ -96,6 +96,8 @@ class QueueRow(Base):
     max_stored_bytes: Mapped[int | None]
     # wait before evict: seconds a preemptor below priority 100 waits; NULL: the service's
     preempt_delay_s: Mapped[float | None]
+    # per-user limit of stored output (logs) in this queue; NULL: only the machine's
+    max_output_bytes: Mapped[int | None]
 
 
 class WorkloadRow(Base):

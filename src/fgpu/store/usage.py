@@ -111,6 +111,13 @@ class UsageStore(RowReader):
                 stored_in_queue += size if here else 0
         return OwnerUsage(active, active_in_queue, stored, stored_in_queue)
 
+    def owner_workloads(self, owner_uid: int) -> list[tuple[str, str]]:
+        """(id, queue) of every stored workload of ``owner_uid``, any phase (the per-user
+        output limit measures their log folders, :mod:`fgpu.server.output_limits`)."""
+        query = select(WorkloadRow.id, WorkloadRow.queue).where(WorkloadRow.owner_uid == owner_uid)
+        with self._read() as session:
+            return [(str(i), str(q)) for i, q in session.execute(query)]
+
     def usage_totals(self) -> dict[tuple[int, str], tuple[int, int]]:
         """Every user's figures: (owner uid, queue) -> (active workloads, stored bytes),
         one grouped read of the ``(owner_uid, queue, phase, stored_bytes)`` index (the

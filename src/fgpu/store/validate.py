@@ -25,6 +25,7 @@ MAX_MEMBERS = wire_limits.MAX_MEMBERS
 MAX_WORKLOAD_PRIORITY = wire_limits.MAX_PRIORITY
 """Highest workload priority there is (submissions above it are refused)."""
 MIN_STORED_BYTES = wire_limits.MIN_STORED_BYTES
+MIN_OUTPUT_BYTES = wire_limits.MIN_OUTPUT_BYTES
 MAX_AMOUNT = wire_limits.MAX_AMOUNT
 """Largest amount the store keeps (below :data:`fgpu.store.records.UNCAPPED`)."""
 assert MAX_AMOUNT < UNCAPPED
@@ -130,6 +131,8 @@ def queue_config(config: QueueConfig) -> None:
         integer("max_active_per_user", config.max_active_per_user, minimum=1)
     if config.max_stored_bytes is not None:
         integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
+    if config.max_output_bytes is not None:
+        integer("max_output_bytes", config.max_output_bytes, minimum=MIN_OUTPUT_BYTES)
     if config.preempt_delay_s is not None:
         delay = seconds("preempt_delay_s", config.preempt_delay_s)
         if delay > MAX_DURATION_S:
