@@ -4,7 +4,7 @@ commands each stores) is then read from the index alone; without it SQLite reads
 to its last column, walking the overflow pages of a long command on the way.
 
 Revision ID: r0013
-Revises: r0011
+Revises: r0012
 Create Date: 2026-12-06
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "r0013"
-down_revision: str | None = "r0011"
+down_revision: str | None = "r0012"
 branch_labels: str | None = None
 depends_on: str | None = None
 
