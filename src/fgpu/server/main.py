@@ -651,6 +651,27 @@ def damaged_message(exc: StoreDamaged) -> str:
     )
 
 
+def _size_option(flag: str, text: str, minimum: int, why: str, *, zero: str = "") -> int:
+    """A size flag's value in bytes (``parse_bytes``), at least ``minimum`` (``why`` says
+    why); with ``zero`` (what 0 means, e.g. "no cap"), 0 is allowed too.
+
+    Raises:
+        ServeOptionError: naming the flag, echoing the value and saying what is wrong.
+    """
+    from fgpu.model.units import UnitError, parse_bytes
+
+    if zero and text.strip() in ("0", "0B", "0b"):
+        return 0
+    try:
+        size = parse_bytes(text, flag)
+    except UnitError as exc:
+        raise ServeOptionError(f"{flag}: {text!r}: {exc.reason}") from None
+    if size < minimum:
+        floor = f"give 0 ({zero}) or at least" if zero else "give at least"
+        raise ServeOptionError(f"{flag}: {text!r} is {size} bytes; {floor} {minimum} ({why})")
+    return size
+
+
 def _log_cap(text: str) -> int:
     """``--max-log-bytes`` in bytes (0: no cap).
 
@@ -658,20 +679,9 @@ def _log_cap(text: str) -> int:
         ServeOptionError: not a size, or a cap below the smallest.
     """
     from fgpu.log_files import MIN_LOG_BYTES
-    from fgpu.model.units import UnitError, parse_bytes
 
-    if text.strip() in ("0", "0B", "0b"):
-        return 0
-    try:
-        cap = parse_bytes(text, "--max-log-bytes")
-    except UnitError as exc:
-        raise ServeOptionError(f"--max-log-bytes: {text!r}: {exc.reason}") from None
-    if cap < MIN_LOG_BYTES:
-        raise ServeOptionError(
-            f"--max-log-bytes: {text!r} is {cap} bytes; give 0 (no cap) or at least "
-            f"{MIN_LOG_BYTES} (a log keeps whole records of up to 64 KiB)"
-        )
-    return cap
+    why = "a log keeps whole records of up to 64 KiB"
+    return _size_option("--max-log-bytes", text, MIN_LOG_BYTES, why, zero="no cap")
 
 
 MIN_LISTING_BYTES = 64 * 1024
@@ -684,17 +694,7 @@ def _listing_limits(size_text: str, at_once: int) -> tuple[int, int]:
     Raises:
         ServeOptionError: naming the flag and echoing the value.
     """
-    from fgpu.model.units import UnitError, parse_bytes
-
-    try:
-        size = parse_bytes(size_text, "--listing-max-bytes")
-    except UnitError as exc:
-        raise ServeOptionError(f"--listing-max-bytes: {size_text!r}: {exc.reason}") from None
-    if size < MIN_LISTING_BYTES:
-        raise ServeOptionError(
-            f"--listing-max-bytes: {size_text!r} is {size} bytes; give at least "
-            f"{MIN_LISTING_BYTES} (64KiB)"
-        )
+    size = _size_option("--listing-max-bytes", size_text, MIN_LISTING_BYTES, "64KiB")
     if at_once < 1:
         raise ServeOptionError(f"--listings-at-once: {at_once} must be at least 1")
     return size, at_once
@@ -710,33 +710,15 @@ def _disk_room(
         ServeOptionError: naming the flag, echoing the value and saying what is wrong.
     """
     from fgpu.disk_room import parse_reserve
-    from fgpu.model.units import UnitError, parse_bytes
     from fgpu.wire_limits import MIN_OUTPUT_BYTES
 
     try:
         reserve = parse_reserve(reserve_text, "--log-disk-reserve")
     except ValueError as exc:
         raise ServeOptionError(str(exc)) from None
-    try:
-        output = parse_bytes(output_text, "--max-output-bytes")
-    except UnitError as exc:
-        raise ServeOptionError(f"--max-output-bytes: {output_text!r}: {exc.reason}") from None
-    if output < MIN_OUTPUT_BYTES:
-        raise ServeOptionError(
-            f"--max-output-bytes: {output_text!r} is {output} bytes; give at least "
-            f"{MIN_OUTPUT_BYTES} (1 MiB)"
-        )
-    if ballast_text.strip() in ("0", "0B", "0b"):
-        return reserve, 0, output
-    try:
-        ballast = parse_bytes(ballast_text, "--disk-ballast")
-    except UnitError as exc:
-        raise ServeOptionError(f"--disk-ballast: {ballast_text!r}: {exc.reason}") from None
-    if ballast < MIN_BALLAST_BYTES:
-        raise ServeOptionError(
-            f"--disk-ballast: {ballast_text!r} is {ballast} bytes; give 0 (none) or at least "
-            f"{MIN_BALLAST_BYTES} (room for a few of the store's writes)"
-        )
+    output = _size_option("--max-output-bytes", output_text, MIN_OUTPUT_BYTES, "1 MiB")
+    why = "room for a few of the store's writes"
+    ballast = _size_option("--disk-ballast", ballast_text, MIN_BALLAST_BYTES, why, zero="none")
     return reserve, ballast, output
 
 
