@@ -158,6 +158,34 @@ def cleanup(box: Box) -> Iterator[None]:
     box.handles.clear()
 
 
+def strict_governor(box: Box, **config: float) -> Governor:
+    """A strict governor of the box's GPU, signal freezer (``config``: more
+    :class:`GovernorConfig` fields)."""
+    return Governor(
+        [box.gpu.uuid],
+        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT), **config),  # type: ignore[arg-type]
+        freezer=SignalFreezer(),
+        backend=box.backend,
+    )
+
+
+def govern(gov: Governor, box: Box, *shares: tuple[str, ProcessHandle, int, Segment]) -> None:
+    """Hand ``gov`` the workloads (id, handle, compute milli, segment) and start it."""
+    gov.update(
+        [
+            GovernedWorkload(
+                workload_id=wid,
+                handle=handle,
+                gpu_uuids=(box.gpu.uuid,),
+                compute_milli=(milli,),
+                segment=segment,
+            )
+            for wid, handle, milli, segment in shares
+        ]
+    )
+    gov.start()
+
+
 def attacker(box: Box, *args: str) -> list[str]:
     return [PYTHON, str(box.root / "segment_attacker.py"), *args]
 
@@ -257,32 +285,9 @@ def test_a_workload_that_execs_without_the_interposer_is_frozen_with_an_event(
     )
     a = box.launch("w-exec", ["/bin/sh", "-c", escape], seg_a)
     b = box.launch("w-neighbour", [cudemo, "spin", "1000000", "100000000"], seg_b)
-    gov = Governor(
-        [box.gpu.uuid],
-        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
-        freezer=SignalFreezer(),
-        backend=box.backend,
-    )
+    gov = strict_governor(box)
     try:
-        gov.update(
-            [
-                GovernedWorkload(
-                    workload_id="w-exec",
-                    handle=a,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(300,),
-                    segment=seg_a,
-                ),
-                GovernedWorkload(
-                    workload_id="w-neighbour",
-                    handle=b,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(700,),
-                    segment=seg_b,
-                ),
-            ]
-        )
-        gov.start()
+        govern(gov, box, ("w-exec", a, 300, seg_a), ("w-neighbour", b, 700, seg_b))
 
         def ignored() -> bool:
             return any(e.kind == GATE_IGNORED for e in gov.events.since(0))
@@ -341,12 +346,7 @@ def test_a_workload_that_writes_its_device_time_down_is_frozen_with_an_event(
     spin = [str(lib_dir() / "bin" / "fgpu-cudemo"), "spin", "1000000", "100000000"]
     a = box.launch("w-devtime", spin, seg_a)
     b = box.launch("w-devtime-neighbour", spin, seg_b)
-    gov = Governor(
-        [box.gpu.uuid],
-        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
-        freezer=SignalFreezer(),
-        backend=box.backend,
-    )
+    gov = strict_governor(box)
     poker = subprocess.Popen(
         [PYTHON, str(box.root / "poker.py"), str(seg_a.path), str(offset)],
         user=box.uid,
@@ -357,25 +357,7 @@ def test_a_workload_that_writes_its_device_time_down_is_frozen_with_an_event(
     try:
         assert poker.stdout is not None
         assert poker.stdout.readline().strip() == "open"  # its own part: it may write it
-        gov.update(
-            [
-                GovernedWorkload(
-                    workload_id="w-devtime",
-                    handle=a,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(300,),
-                    segment=seg_a,
-                ),
-                GovernedWorkload(
-                    workload_id="w-devtime-neighbour",
-                    handle=b,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(700,),
-                    segment=seg_b,
-                ),
-            ]
-        )
-        gov.start()
+        govern(gov, box, ("w-devtime", a, 300, seg_a), ("w-devtime-neighbour", b, 700, seg_b))
 
         def ignored() -> list[str]:
             return [e.workload_id for e in gov.events.since(0) if e.kind == GATE_IGNORED]
@@ -411,37 +393,12 @@ def test_a_process_of_a_held_workload_that_skips_the_interposer_is_caught(
     )
     a = box.launch("w-mixed", ["/bin/sh", "-c", mixed], seg_a)
     b = box.launch("w-mixed-neighbour", [cudemo, "spin", "1000000", "100000000"], seg_b)
-    gov = Governor(
-        [box.gpu.uuid],
-        # the other checks out of the way (the gate-closed one waits 30 s after a gate
-        # closes, the device-time one never finds too little reported), so that only the
-        # comparison of NVML's processes with the segment's entries can see the bypass
-        config=GovernorConfig(
-            gpu_policy=GpuPolicy(mode=ComputeMode.STRICT), obey_grace_s=30, obey_report_ratio=0
-        ),
-        freezer=SignalFreezer(),
-        backend=box.backend,
-    )
+    # the other checks out of the way (the gate-closed one waits 30 s after a gate closes,
+    # the device-time one never finds too little reported), so that only the comparison of
+    # NVML's processes with the segment's entries can see the bypass
+    gov = strict_governor(box, obey_grace_s=30, obey_report_ratio=0)
     try:
-        gov.update(
-            [
-                GovernedWorkload(
-                    workload_id="w-mixed",
-                    handle=a,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(300,),
-                    segment=seg_a,
-                ),
-                GovernedWorkload(
-                    workload_id="w-mixed-neighbour",
-                    handle=b,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(700,),
-                    segment=seg_b,
-                ),
-            ]
-        )
-        gov.start()
+        govern(gov, box, ("w-mixed", a, 300, seg_a), ("w-mixed-neighbour", b, 700, seg_b))
 
         def events() -> list[str]:
             return [e.workload_id for e in gov.events.since(0) if e.kind == GATE_IGNORED]
@@ -478,25 +435,9 @@ def test_processes_that_use_the_gpu_through_the_interposer_are_not_taken_for_a_b
         f"{cudemo} spin 1000000 100000000 >/dev/null & wait"
     )
     handle = box.launch("w-legit", ["/bin/sh", "-c", script], seg)
-    gov = Governor(
-        [box.gpu.uuid],
-        config=GovernorConfig(gpu_policy=GpuPolicy(mode=ComputeMode.STRICT)),
-        freezer=SignalFreezer(),
-        backend=box.backend,
-    )
+    gov = strict_governor(box)
     try:
-        gov.update(
-            [
-                GovernedWorkload(
-                    workload_id="w-legit",
-                    handle=handle,
-                    gpu_uuids=(box.gpu.uuid,),
-                    compute_milli=(300,),
-                    segment=seg,
-                )
-            ]
-        )
-        gov.start()
+        govern(gov, box, ("w-legit", handle, 300, seg))
 
         def on_gpu() -> set[int]:
             pids = set(gov.pids("w-legit"))
