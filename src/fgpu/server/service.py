@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pwd
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pydantic_core
@@ -268,27 +268,17 @@ class Service(SchedulingLoop):
                         keyed=keyed,
                         stored=size,
                     )
-                try:
-                    record = self._tracked.submit(
-                        time_limit_s=plan.time_limit_s,
-                        dependency=plan.dependency,
-                        owner_uid=caller.uid,
-                        queue=queue_name,
-                        request=request,
-                        argv=sub.argv,
-                        name=name,
-                        priority=sub.priority,
-                        preemptible=body.preemptible,
-                        shell=body.shell,
-                        cwd=body.cwd,
-                        env=body.env,
-                        grace_s=body.grace_s,
-                        mig_request=sub.mig_request,
-                        idempotency=keyed,
-                    )
-                except InvalidRequestError as exc:
-                    raise BadRequest(exc.field, exc.reason) from None
-                self.usage.submitted(caller.uid, queue_name, size)
+                (record,) = self._store_tasks(
+                    caller,
+                    body,
+                    sub,
+                    request,
+                    plan,
+                    [(name, body.env, None)],
+                    queue_name,
+                    keyed,
+                    size,
+                )
         except (StoreConflict, Conflict, LimitReached):
             # the same retry twice at once, the key stored since the first look: the
             # second finds its name taken, its limit reached or (the store refusing its
@@ -345,6 +335,32 @@ class Service(SchedulingLoop):
             (task, body.env, ArrayPlan(name, index, size, spec.throttle))
             for task, index in zip(names, spec.indices, strict=True)
         ]
+        records = self._store_tasks(
+            caller, body, sub, request, plan, tasks, queue_name, keyed, stored
+        )
+        self.wake()
+        return views.workload(records[0], None)
+
+    def _store_tasks(
+        self,
+        caller: Caller,
+        body: SubmitRequest,
+        sub: Submission,
+        request: Request,
+        plan: JobPlan,
+        tasks: Sequence[tuple[str, Mapping[str, str], ArrayPlan | None]],
+        queue_name: str,
+        keyed: tuple[str, str] | None,
+        stored: int,
+    ) -> list[WorkloadRecord]:
+        """Store a submission's tasks (one for a plain workload, one per index for an
+        array) in one transaction, then bring the mirror, the metrics and the usage ledger
+        up to date (``stored``: the bytes each task stores).
+
+        Raises:
+            BadRequest: a field the store refuses.
+            StoreConflict: the idempotency key is stored already (nothing written).
+        """
         try:
             records = self.store.submit_tasks(
                 owner_uid=caller.uid,
@@ -368,8 +384,7 @@ class Service(SchedulingLoop):
             self._sync(record)
             self.metrics.wrote("submit", record)
             self.usage.submitted(caller.uid, queue_name, stored)
-        self.wake()
-        return views.workload(records[0], None)
+        return records
 
     def _check_could_fit(self, request: Request) -> None:
         """Refuse a request that no GPU of this machine could ever hold, naming the field
