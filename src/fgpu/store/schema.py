@@ -96,6 +96,8 @@ class QueueRow(Base):
     max_stored_bytes: Mapped[int | None]
     # wait before evict: seconds a preemptor below priority 100 waits; NULL: the service's
     preempt_delay_s: Mapped[float | None]
+    # running workloads one user may have in this queue at once; NULL: the machine's
+    max_running_per_user: Mapped[int | None]
 
 
 class WorkloadRow(Base):

@@ -738,6 +738,32 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
                 return str(array_id)
         return str(rows[0][0]) if rows else None
 
+    def dependency_targets(
+        self, refs: Collection[str]
+    ) -> tuple[dict[str, builtins.list[WorkloadRecord]], dict[str, WorkloadRecord]]:
+        """What of ``refs`` are array ids and workload ids, in one indexed query (the
+        primary key and the ``array_id`` index): array id -> its tasks by index, and
+        workload id -> the workload. Refs that are neither are in neither answer."""
+        wanted = builtins.list(dict.fromkeys(refs))
+        arrays: dict[str, builtins.list[WorkloadRecord]] = {}
+        workloads: dict[str, WorkloadRecord] = {}
+        if not wanted:
+            return arrays, workloads
+        query = (
+            select(WorkloadRow)
+            .where(or_(WorkloadRow.id.in_(wanted), WorkloadRow.array_id.in_(wanted)))
+            .order_by(WorkloadRow.array_index)
+        )
+        asked = set(wanted)
+        with self._read() as session:
+            for row in session.scalars(query):
+                record = convert.workload_record(row)
+                if row.id in asked:
+                    workloads[row.id] = record
+                if row.array_id is not None and row.array_id in asked:
+                    arrays.setdefault(row.array_id, []).append(record)
+        return arrays, workloads
+
     def array_tasks(self, array_id: str) -> builtins.list[WorkloadRecord]:
         """Every task of the array ``array_id``, by index (none for an unknown id)."""
         query = (
