@@ -57,9 +57,7 @@ def test_an_array_named_a_thousand_times_costs_what_naming_it_once_does(tmp_path
         svc = make(tmp_path, "1xA100-40GB")
         await svc.start()
         try:
-            svc.submit(
-                ME, SubmitRequest(command=SLEEP, gpu="0.5", array="0-299%1", name="bigarr")
-            )
+            svc.submit(ME, SubmitRequest(command=SLEEP, gpu="0.5", array="0-299%1", name="bigarr"))
             with statements(svc) as once:
                 one = svc.submit(
                     ME, SubmitRequest(command=["true"], gpu="0.01", dependency="afterok:bigarr")
@@ -99,14 +97,10 @@ def test_the_limit_counts_an_arrays_tasks_and_the_refusal_names_it(tmp_path: Pat
         svc = make(tmp_path, "1xA100-40GB")
         await svc.start()
         try:
-            svc.submit(
-                ME, SubmitRequest(command=SLEEP, gpu="0.5", array="0-999%1", name="bigarr")
-            )
+            svc.submit(ME, SubmitRequest(command=SLEEP, gpu="0.5", array="0-999%1", name="bigarr"))
             other = svc.submit(ME, SubmitRequest(command=SLEEP, gpu="0.1", name="other"))
             # the whole array is at the limit: accepted
-            svc.submit(
-                ME, SubmitRequest(command=["true"], gpu="0.01", dependency="afterok:bigarr")
-            )
+            svc.submit(ME, SubmitRequest(command=["true"], gpu="0.01", dependency="afterok:bigarr"))
             before = len(svc.list_workloads())
             text = f"afterok:bigarr:{other.id},afterany:" + ":".join(["bigarr"] * 500)
             with statements(svc) as work, pytest.raises(BadRequest) as refused:
