@@ -123,3 +123,49 @@ def test_the_limit_counts_an_arrays_tasks_and_the_refusal_names_it(tmp_path: Pat
             await _stop(svc)
 
     asyncio.run(scenario())
+
+
+def test_a_round_reads_finished_targets_in_one_query(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        svc = make(tmp_path, "1xA100-40GB")
+        await svc.start()
+        try:
+            first = svc.submit(
+                ME, SubmitRequest(command=["true"], gpu="0.01", array="0-39", name="quick")
+            )
+            blocker = svc.submit(ME, SubmitRequest(command=SLEEP, gpu="0.01", name="blocker"))
+            assert first.array is not None
+            array_id = first.array.id
+            await until(
+                lambda: all(
+                    w.phase == "succeeded"
+                    for w in svc.list_workloads(include_done=True)
+                    if w.array is not None and w.array.id == array_id
+                ),
+                60,
+            )
+            waiting = svc.submit(
+                ME,
+                SubmitRequest(
+                    command=["true"], gpu="0.01", dependency="afterany:quick,afterok:blocker"
+                ),
+            )
+            # as after a restart: what the service learnt of finished targets is forgotten
+            svc._outcomes.clear()
+            with statements(svc) as round_:
+                await asyncio.to_thread(svc.schedule_once)
+            by_id = [s for s in round_ if s.startswith("SELECT") and "workloads.id = ?" in s]
+            together = [
+                s  # whole rows by id (another read of ids alone may run in a round)
+                for s in round_
+                if s.startswith("SELECT workloads.id, workloads.name") and "workloads.id IN" in s
+            ]
+            assert not by_id, by_id
+            assert len(together) == 1, together
+            view = svc.get_workload(waiting.id)
+            assert view.phase == "pending"
+            assert view.reason.startswith(f"waits for afterok:{blocker.id} (blocker, running)")
+        finally:
+            await _stop(svc)
+
+    asyncio.run(scenario())

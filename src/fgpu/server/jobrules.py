@@ -329,6 +329,7 @@ class JobRules(Recovery):
     def _dependency_wait(self, record: WorkloadRecord) -> tuple[str, str]:
         """Why ``record`` waits for its dependencies (empty: they all hold), and the first
         condition that can never hold (empty: none)."""
+        self._learn_outcomes([target for _, target in record.dependency])
         waits: list[str] = []
         more = 0  # waited for beyond those named (an array's tasks): only counted
         for kind, target in record.dependency:
@@ -347,6 +348,22 @@ class JobRules(Recovery):
         if more:
             waits.append(f"{more} more")
         return ("waits for " + ", ".join(waits) if waits else ""), ""
+
+    def _learn_outcomes(self, targets: Sequence[str]) -> None:
+        """Read, in one indexed query, the targets that are neither active (the mirror) nor
+        known finished (:attr:`_outcomes`), so that :meth:`_phase_of` reads none one by
+        one; a target the store no longer has is left for it to say so."""
+        with self._mirror_lock:
+            active = self._records
+            unknown = [t for t in targets if t not in active and t not in self._outcomes]
+        if len(unknown) < 2:
+            return
+        _, found = self.store.dependency_targets(unknown, arrays=False)
+        if len(self._outcomes) + len(found) > 100_000:
+            self._outcomes.clear()
+        for workload_id, record in found.items():
+            if record.phase in FINAL_PHASES:
+                self._outcomes[workload_id] = (record.phase, record.name)
 
     def _phase_of(self, workload_id: str) -> tuple[str, str]:
         """``(phase, name)`` of a workload: from the mirror while active, else from the
