@@ -103,7 +103,7 @@ def test_a_queues_running_limit_holds_its_users_below_the_machines(server: Serve
     )[second["id"]]
     assert held["phase"] == "pending"
     assert held["reason"] == (
-        f"waits: {ALICE} runs 1 workloads in queue team, the most queue team allows a user "
+        f"waits: {ALICE} runs 1 workload in queue team, the most queue team allows a user "
         "at once (max_running_per_user 1; fgpu queue set team --max-running-per-user N)"
     )
     # bob has his own count in the queue

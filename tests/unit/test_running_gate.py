@@ -76,7 +76,7 @@ def test_users_are_counted_apart_and_nothing_binds_under_the_limit() -> None:
     assert running_gate(running, pending, {}, machine_cap=2) == {}
     reasons = running_gate(running, pending, {}, machine_cap=1)
     assert set(reasons) == {"a", "b"}
-    assert reasons["a"].startswith("waits: uid 4000123 runs 1 workloads")
+    assert reasons["a"].startswith("waits: uid 4000123 runs 1 workload")
 
 
 def test_a_queues_limit_binds_in_that_queue_only() -> None:
@@ -85,7 +85,7 @@ def test_a_queues_limit_binds_in_that_queue_only() -> None:
     pending = [record("t2", queue="team"), record("d1"), record("d2")]
     reasons = running_gate(running, pending, queues, machine_cap=64)
     assert reasons == {
-        "t2": f"waits: {user_text(ME)} runs 1 workloads in queue team, the most queue team "
+        "t2": f"waits: {user_text(ME)} runs 1 workload in queue team, the most queue team "
         "allows a user at once (max_running_per_user 1; fgpu queue set team "
         "--max-running-per-user N)"
     }

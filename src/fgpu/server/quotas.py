@@ -243,13 +243,13 @@ def running_gate(
             cap = _queue_cap(queues, record.queue)
             if total >= machine_cap:
                 reasons[record.id] = (
-                    f"waits: {who} runs {total} workloads, the most this machine allows a "
+                    f"waits: {who} runs {_workloads(total)}, the most this machine allows a "
                     f"user at once (fgpu serve --max-running-per-user {machine_cap})"
                 )
             elif cap is not None and per_queue[record.queue] >= cap:
                 q = record.queue
                 reasons[record.id] = (
-                    f"waits: {who} runs {per_queue[q]} workloads in queue {q}, the most queue "
+                    f"waits: {who} runs {_workloads(per_queue[q])} in queue {q}, the most queue "
                     f"{q} allows a user at once (max_running_per_user {cap}; fgpu queue set "
                     f"{q} --max-running-per-user N)"
                 )
@@ -257,6 +257,10 @@ def running_gate(
                 total += 1
                 per_queue[record.queue] += 1
     return reasons
+
+
+def _workloads(count: int) -> str:
+    return f"{count} workload" if count == 1 else f"{count} workloads"
 
 
 def _queue_cap(queues: Mapping[str, QueueConfig], name: str) -> int | None:
