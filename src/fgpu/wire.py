@@ -375,6 +375,12 @@ class QueueBody(_Strict):
         "this queue; null: only the machine's limit (fgpu serve --max-active-per-user)",
         json_schema_extra={"minimum": 1, "maximum": MAX_AMOUNT},
     )
+    max_running_per_user: int | None = Field(
+        default=None,
+        description="most workloads one user may have running at once in this queue (more "
+        "wait pending); null: only the machine's limit (fgpu serve --max-running-per-user)",
+        json_schema_extra={"minimum": 1, "maximum": MAX_AMOUNT},
+    )
     max_stored_bytes: int | None = Field(
         default=None,
         description="most bytes of commands and environments one user's workloads of this "
@@ -423,6 +429,7 @@ class QueueView(BaseModel):
     )
     default_for: list[str] = Field(default_factory=list)
     max_active_per_user: int | None = None
+    max_running_per_user: int | None = None
     max_stored_bytes: int | None = None
     max_output_bytes: int | None = None
     preempt_delay_s: float | None = Field(

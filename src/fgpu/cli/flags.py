@@ -171,6 +171,7 @@ QUEUE_FLAGS: Mapping[str, tuple[str, ...]] = {
     "max_time": ("--max-time",),
     "default_for": ("--default-for",),
     "max_active_per_user": ("--max-active-per-user",),
+    "max_running_per_user": ("--max-running-per-user",),
     "max_stored_bytes": ("--max-stored-bytes",),
     "max_output_bytes": ("--max-output-bytes",),
     "preempt_delay_s": ("--preempt-delay",),

@@ -94,6 +94,15 @@ MaxActiveOption = Annotated[
         "machine's --max-active-per-user).",
     ),
 ]
+MaxRunningOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-running-per-user",
+        metavar="N",
+        help="Most workloads one user may have running at once in this queue; more wait "
+        "pending ('none': only the machine's --max-running-per-user).",
+    ),
+]
 MaxStoredOption = Annotated[
     str | None,
     typer.Option(
@@ -131,6 +140,7 @@ def _per_user_limits(
     max_stored: str | None,
     current: QueueView | None = None,
     max_output: str | None = None,
+    max_running: str | None = None,
 ) -> dict[str, int | None]:
     """The queue's per-user limits from their flags (None: kept from ``current``, or unset
     when creating; ``none``: unset). Fails naming the flag and echoing the value."""
@@ -140,15 +150,21 @@ def _per_user_limits(
         "max_active_per_user": current.max_active_per_user if current else None,
         "max_stored_bytes": current.max_stored_bytes if current else None,
         "max_output_bytes": current.max_output_bytes if current else None,
+        "max_running_per_user": current.max_running_per_user if current else None,
     }
-    if max_active is not None:
-        text = max_active.strip()
+    for field_name, flag, given in (
+        ("max_active_per_user", "--max-active-per-user", max_active),
+        ("max_running_per_user", "--max-running-per-user", max_running),
+    ):
+        if given is None:
+            continue
+        text = given.strip()
         if text.lower() == "none":
-            limits["max_active_per_user"] = None
+            limits[field_name] = None
         elif text.isdigit() and int(text) >= 1:
-            limits["max_active_per_user"] = int(text)
+            limits[field_name] = int(text)
         else:
-            fail(f"--max-active-per-user {max_active!r}: give a whole number >= 1, or none")
+            fail(f"{flag} {given!r}: give a whole number >= 1, or none")
     if max_stored is not None:
         if max_stored.strip().lower() == "none":
             limits["max_stored_bytes"] = None
@@ -232,6 +248,7 @@ def create(
     max_time: MaxTimeOption = None,
     default_for: DefaultForOption = None,
     max_active_per_user: MaxActiveOption = None,
+    max_running_per_user: MaxRunningOption = None,
     max_stored_bytes: MaxStoredOption = None,
     max_output_bytes: MaxOutputOption = None,
     preempt_delay: PreemptDelayOption = None,
@@ -244,7 +261,12 @@ def create(
     from fgpu.wire import QueueBody
 
     fields: dict[str, object] = {"name": name, "parent": parent, "limit": limit}
-    fields |= _per_user_limits(max_active_per_user, max_stored_bytes, max_output=max_output_bytes)
+    fields |= _per_user_limits(
+        max_active_per_user,
+        max_stored_bytes,
+        max_output=max_output_bytes,
+        max_running=max_running_per_user,
+    )
     if preempt_delay is not None:
         fields["preempt_delay_s"] = _preempt_delay(preempt_delay)
     for key, value in (
@@ -310,6 +332,7 @@ def update(
         bool, typer.Option("--no-default-for", help="Make it nobody's default queue.")
     ] = False,
     max_active_per_user: MaxActiveOption = None,
+    max_running_per_user: MaxRunningOption = None,
     max_stored_bytes: MaxStoredOption = None,
     max_output_bytes: MaxOutputOption = None,
     preempt_delay: Annotated[
@@ -370,7 +393,13 @@ def update(
                 if default_for is not None
                 else current.default_for
             ),
-            **_per_user_limits(max_active_per_user, max_stored_bytes, current, max_output_bytes),
+            **_per_user_limits(
+                max_active_per_user,
+                max_stored_bytes,
+                current,
+                max_output=max_output_bytes,
+                max_running=max_running_per_user,
+            ),
             preempt_delay_s=delay if preempt_delay is not None else current.preempt_delay_s,
         )
         view = client.update_queue(body)

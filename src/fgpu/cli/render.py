@@ -647,10 +647,12 @@ def queues_table(queues: Sequence[QueueView]) -> Table:
 
 
 def _per_user(queue: QueueView) -> str:
-    """A queue's per-user limits: ``5 active, 64 MiB``; ``-`` for the machine's only."""
+    """A queue's per-user limits: ``5 active, 2 running, 64 MiB``; ``-`` for the machine's only."""
     parts = []
     if queue.max_active_per_user is not None:
         parts.append(f"{queue.max_active_per_user} active")
+    if queue.max_running_per_user is not None:
+        parts.append(f"{queue.max_running_per_user} running")
     if queue.max_stored_bytes is not None:
         parts.append(_size(queue.max_stored_bytes))
     if queue.max_output_bytes is not None:

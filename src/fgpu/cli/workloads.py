@@ -468,15 +468,24 @@ def cancel(
                 err.print(f"no active workloads of {render.user_text(owner)}")
                 return
         assert workload_ids is not None
+        ended = 0  # with --all: listed active, finished before their cancel came
         for workload_id in workload_ids:
             try:
                 views.append(client.cancel_plain(workload_id))
             except ServerUnavailable:
                 raise
             except ClientError as exc:
+                if every and exc.status == 409:
+                    ended += 1
+                    continue
                 message = _about(workload_id)(exc)
                 err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
                 first_error = first_error or exc
+    if ended:
+        err.print(
+            f"{ended} of the {len(workload_ids)} workloads listed had finished before their "
+            "cancel came (left as they are)"
+        )
     if json_out:
         if len(workload_ids) > 1 or every:
             print(render.to_json(views))  # a list, as many as were cancelled

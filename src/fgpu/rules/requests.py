@@ -302,7 +302,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
             :data:`MAX_PRIORITY`; ``members`` malformed or repeated; ``default_time`` or
             ``max_time`` not a Slurm time (:func:`fgpu.rules.slurm.parse_time`), the default
             above the maximum; ``default_for`` malformed or repeated (it may not hold
-            ``*``); ``max_active_per_user`` below 1,
+            ``*``); ``max_active_per_user`` or ``max_running_per_user`` below 1,
             ``max_stored_bytes`` below :data:`fgpu.store.validate.MIN_STORED_BYTES` (either
             above the largest amount); ``preempt_delay_s``
             not a number of seconds in 0..1e9.
@@ -341,6 +341,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         )
     for field_name, value, least in (
         ("max_active_per_user", body.max_active_per_user, 1),
+        ("max_running_per_user", body.max_running_per_user, 1),
         ("max_stored_bytes", body.max_stored_bytes, validate.MIN_STORED_BYTES),
         ("max_output_bytes", body.max_output_bytes, validate.MIN_OUTPUT_BYTES),
     ):
@@ -365,6 +366,7 @@ def queue_config(body: QueueBody, name: str | None = None) -> QueueConfig:
         max_time_s=max_time,
         default_for=default_for,
         max_active_per_user=body.max_active_per_user,
+        max_running_per_user=body.max_running_per_user,
         max_stored_bytes=body.max_stored_bytes,
         max_output_bytes=body.max_output_bytes,
         preempt_delay_s=_preempt_delay(body.preempt_delay_s),

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from fgpu.rules.errors import BadRequest
+from fgpu.rules.names import shorten
 from fgpu.rules.slurmtime import format_time
 from fgpu.store.records import StoredArrayTask
 
@@ -112,9 +113,11 @@ class Dependency:
 def parse_dependency(text: str, field: str = "dependency") -> list[Dependency]:
     """``afterok:ID[:ID...][,TYPE:ID...]`` as conditions, all of which must hold.
 
+    A condition written twice is one (the first place it appears keeps its order).
+
     Raises:
         BadRequest: ``field``: empty, ``?`` (any of), an unknown type, a type without ids,
-            an empty id.
+            an empty id; more than :data:`MAX_DEPENDENCIES` conditions as written.
     """
     value = text.strip()
     if not value:
@@ -141,9 +144,13 @@ def parse_dependency(text: str, field: str = "dependency") -> list[Dependency]:
                 field, f"{text!r}: {kind} needs workload ids or names, e.g. {kind}:3f2a9c1b"
             )
         conditions.extend(Dependency(kind, n.strip()) for n in names)
-    if len(conditions) > MAX_DEPENDENCIES:
-        raise BadRequest(field, f"{len(conditions)} conditions; at most {MAX_DEPENDENCIES}")
-    return conditions
+        if len(conditions) > MAX_DEPENDENCIES:  # before the rest is even split
+            raise BadRequest(
+                field,
+                f"{shorten(text)}: more than {MAX_DEPENDENCIES} conditions; at most "
+                f"{MAX_DEPENDENCIES} workloads (an array counts each task)",
+            )
+    return list(dict.fromkeys(conditions))  # a repeated condition is one
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,7 @@ from fgpu import __version__
 from fgpu.log_files import PLAIN_LOGS, read_log, read_stream
 from fgpu.metrics import CONTENT_TYPE, Exporter
 from fgpu.rules.errors import BadRequest, ServiceError, Unavailable
+from fgpu.rules.names import ECHO_LENGTH, shorten
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
 from fgpu.server.guesses import GuessThrottle
 from fgpu.server.listing import (
@@ -150,6 +151,25 @@ def _refusal(status: int, field: str, reason: str) -> Any:
     return JSONResponse({"detail": {"field": field, "reason": reason}}, status_code=status)
 
 
+def echo(value: object) -> str:
+    """A refused value as a reason echoes it: a string quoted and shortened when long
+    (:func:`fgpu.rules.names.shorten`), another value as JSON would write it, shortened
+    the same way (``10001``, ``'abc…' (256 characters)``)."""
+    if isinstance(value, str):
+        return shorten(value)
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) <= ECHO_LENGTH:
+        return text
+    return f"{text[:ECHO_LENGTH]}… ({len(text)} characters as JSON)"
+
+
 def field_of(location: Sequence[int | str]) -> str:
     """Dotted field name of a pydantic error location, without FastAPI's ``body``/``query``
     prefix: ``("body", "command", 0)`` -> ``"command.0"``; ``("body",)`` -> ``"body"``."""
@@ -179,6 +199,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = errors[0]
         field = field_of(first.get("loc", ()))
         reason = str(first.get("msg", "invalid value"))
+        if first.get("type") != "missing" and "input" in first:
+            reason = f"{echo(first['input'])}: {reason}"
         if first.get("type") == "json_invalid":
             field = "body"
             reason = f"malformed JSON: {first.get('ctx', {}).get('error', reason)}"

@@ -17,6 +17,8 @@
 - **Arrays** (``--array 0-99%N``): the throttle is the same kind of filter: of an array's
   pending tasks, only as many as ``N`` minus its running ones (lowest index first) go to the
   round.
+- **Running limits per user** (``fgpu serve --max-running-per-user``, a queue's
+  ``--max-running-per-user``): the last filter, :func:`fgpu.server.quotas.running_gate`.
 
 The submission side (parsing, the queue's times, resolving dependency references, naming
 the tasks) is :meth:`JobRules._job_plan`; the store writes all tasks of an array in one
@@ -34,7 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fgpu.rules.errors import BadRequest, Conflict, NotFoundError
+from fgpu.rules.names import shorten
 from fgpu.rules.slurm import (
+    MAX_DEPENDENCIES,
     ArraySpec,
     format_time,
     parse_array,
@@ -43,6 +47,8 @@ from fgpu.rules.slurm import (
 )
 from fgpu.sched.workload import Workload
 from fgpu.server.core import Caller
+from fgpu.server.naming import resolve
+from fgpu.server.quotas import SubmissionLimits, running_gate
 from fgpu.server.recovery import Recovery
 from fgpu.store.errors import NotFound, PermissionDenied, RowDamaged, StoreConflict
 from fgpu.store.records import (
@@ -133,14 +139,32 @@ def _condition_state(kind: str, phase: str) -> bool | None:
     return phase in (FAILED, CANCELLED)  # afternotok
 
 
+def _too_many(text: str, count: int) -> BadRequest:
+    return BadRequest(
+        "dependency",
+        f"{shorten(text)} names {count} workloads or more (an array counts each of its "
+        f"tasks, a repeated one counts once); at most {MAX_DEPENDENCIES}",
+    )
+
+
+def _check_count(text: str, count: int) -> None:
+    """Refuse a dependency naming more than :data:`MAX_DEPENDENCIES` workloads."""
+    if count > MAX_DEPENDENCIES:
+        raise _too_many(text, count)
+
+
 class JobRules(Recovery):
-    """Part of :class:`fgpu.server.service.Service`: time limits, dependencies, arrays."""
+    """Part of :class:`fgpu.server.service.Service`: time limits, dependencies, arrays,
+    and the per-user running limits."""
+
+    submission_limits: SubmissionLimits
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._gate_reasons: dict[str, str] = {}
         self._outcomes: dict[str, tuple[str, str]] = {}  # finished workloads: (phase, name)
         self._limit_timer: asyncio.TimerHandle | None = None
+        self._dependency_memo: dict[str, tuple[str, str]] = {}
 
     # ------------------------------------------------------------- at submission
     def _job_plan(self, caller: Caller, body: SubmitRequest, queue: QueueConfig) -> JobPlan:
@@ -153,10 +177,12 @@ class JobRules(Recovery):
         """
         limit = time_limit(body.time, queue)
         array = parse_array(body.array, "array") if body.array is not None else None
-        conditions: list[tuple[str, str]] = []
+        conditions: dict[tuple[str, str], None] = {}
         if body.dependency is not None:
-            for condition in parse_dependency(body.dependency, "dependency"):
-                for target in self._dependency_targets(condition.ref, caller):
+            parsed = parse_dependency(body.dependency, "dependency")
+            targets = self._dependency_targets([c.ref for c in parsed], caller, body.dependency)
+            for condition in parsed:
+                for target in targets[condition.ref]:
                     state = _condition_state(condition.kind, target.phase)
                     if state is False:
                         raise BadRequest(
@@ -164,31 +190,59 @@ class JobRules(Recovery):
                             f"{condition.kind}:{condition.ref}: {target.id} ({target.name}) "
                             f"already ended {target.phase}; the condition can never hold",
                         )
-                    pair = (condition.kind, target.id)
-                    if pair not in conditions:
-                        conditions.append(pair)
+                    conditions[(condition.kind, target.id)] = None
+                    if len(conditions) > MAX_DEPENDENCIES:
+                        raise _too_many(body.dependency, len(conditions))
         return JobPlan(limit, tuple(conditions), array)
 
-    def _dependency_targets(self, ref: str, caller: Caller) -> list[WorkloadRecord]:
-        """The workloads a dependency reference means, first fit: every task of an array
+    def _dependency_targets(
+        self, refs: Sequence[str], caller: Caller, text: str
+    ) -> dict[str, list[WorkloadRecord]]:
+        """The workloads each dependency reference means, first fit: every task of an array
         by the array's id or by the name of the caller's active array; the one workload of
         an id, id prefix or name (:func:`fgpu.server.naming.resolve`); every task of the
         caller's latest array of that name. Users see all work (DESIGN.md section 5), so
         another user's workload may be waited for.
 
+        Cost: one indexed query for the ids (arrays' and workloads'), one for the caller's
+        active array names, one for those arrays' tasks; prefixes and names left over are
+        resolved against one listing of the active work, and only a name of a finished
+        array reads the store per reference. Distinct references are resolved once each,
+        and the expanded count (an array counts each task) is checked as it grows.
+
         Raises:
-            BadRequest: field ``dependency``: nothing or several fit.
+            BadRequest: field ``dependency``: nothing or several fit; more than
+                :data:`MAX_DEPENDENCIES` workloads in all.
         """
-        tasks = self._array_refs(caller, ref)
-        if tasks is not None:
-            return tasks
-        try:
-            return [self._get(ref, caller.uid)]
-        except (NotFoundError, BadRequest) as exc:
-            array_id = self.store.array_named(caller.uid, ref)
-            if array_id is not None:
-                return self.store.array_tasks(array_id)
-            raise BadRequest("dependency", exc.reason) from None
+        wanted = list(dict.fromkeys(refs))
+        arrays, workloads = self.store.dependency_targets(wanted)
+        found: dict[str, list[WorkloadRecord]] = {}
+        for ref in wanted:
+            if ref in arrays:
+                found[ref] = arrays[ref]
+        rest = [r for r in wanted if r not in found]
+        named = self.store.active_array_names(caller.uid, rest) if rest else {}
+        if named:
+            tasks_of, _ = self.store.dependency_targets(set(named.values()))
+            for ref, array_id in named.items():
+                found[ref] = tasks_of.get(array_id, [])
+        for ref in wanted:
+            if ref not in found and ref in workloads:
+                found[ref] = [workloads[ref]]
+        rest = [r for r in wanted if r not in found]
+        _check_count(text, sum(len(t) for t in found.values()) + len(rest))
+        if rest:
+            listing = self.store.list_workloads()  # once, for every prefix or name left
+            for ref in rest:
+                try:
+                    found[ref] = [resolve(ref, listing, caller.uid)]
+                except (NotFoundError, BadRequest) as exc:
+                    latest = self.store.array_named(caller.uid, ref)
+                    if latest is None:
+                        raise BadRequest("dependency", exc.reason) from None
+                    found[ref] = self.store.array_tasks(latest)
+                    _check_count(text, sum(len(t) for t in found.values()))
+        return found
 
     def _array_refs(self, caller: Caller, ref: str) -> list[WorkloadRecord] | None:
         """The tasks of the array ``ref`` means, by its id (anyone's) or as the name of the
@@ -237,6 +291,10 @@ class JobRules(Recovery):
         their time limit and the pending ones whose dependency can never hold."""
         now = self.clock()
         me = os.geteuid()
+        # this round's dependency answers, for _gated to reuse (a cancelled one is not
+        # pending any more when it looks)
+        memo: dict[str, tuple[str, str]] = {}
+        self._dependency_memo = memo
         for record in self._active_records():
             if record.holds_allocation:
                 limit, started = record.time_limit_s, record.started_at
@@ -248,7 +306,8 @@ class JobRules(Recovery):
                 ):
                     self._cancel_by_rule(record, me, TIME_LIMIT_REASON)
             elif record.phase == "pending" and record.dependency and self._unstarted(record):
-                _, never = self._dependency_wait(record)
+                memo[record.id] = found = self._dependency_wait(record)
+                _, never = found
                 if never:
                     self._cancel_by_rule(record, me, f"{NEVER_MET}: {never}")
 
@@ -270,7 +329,9 @@ class JobRules(Recovery):
     def _dependency_wait(self, record: WorkloadRecord) -> tuple[str, str]:
         """Why ``record`` waits for its dependencies (empty: they all hold), and the first
         condition that can never hold (empty: none)."""
+        self._learn_outcomes([target for _, target in record.dependency])
         waits: list[str] = []
+        more = 0  # waited for beyond those named (an array's tasks): only counted
         for kind, target in record.dependency:
             phase, name = self._phase_of(target)
             if phase == GONE:
@@ -280,10 +341,29 @@ class JobRules(Recovery):
                 how = f"ended {phase}" if phase in FINAL_PHASES else phase
                 return "", f"{kind}:{target} ({name}) {how}"
             if state is None:
-                waits.append(f"{kind}:{target} ({name}, {phase})")
-        if len(waits) > _WAITS_SHOWN:  # an array's tasks: the first ones, then a count
-            waits = [*waits[:_WAITS_SHOWN], f"{len(waits) - _WAITS_SHOWN} more"]
+                if len(waits) < _WAITS_SHOWN:
+                    waits.append(f"{kind}:{target} ({name}, {phase})")
+                else:
+                    more += 1
+        if more:
+            waits.append(f"{more} more")
         return ("waits for " + ", ".join(waits) if waits else ""), ""
+
+    def _learn_outcomes(self, targets: Sequence[str]) -> None:
+        """Read, in one indexed query, the targets that are neither active (the mirror) nor
+        known finished (:attr:`_outcomes`), so that :meth:`_phase_of` reads none one by
+        one; a target the store no longer has is left for it to say so."""
+        with self._mirror_lock:
+            active = self._records
+            unknown = [t for t in targets if t not in active and t not in self._outcomes]
+        if len(unknown) < 2:
+            return
+        _, found = self.store.dependency_targets(unknown, arrays=False)
+        if len(self._outcomes) + len(found) > 100_000:
+            self._outcomes.clear()
+        for workload_id, record in found.items():
+            if record.phase in FINAL_PHASES:
+                self._outcomes[workload_id] = (record.phase, record.name)
 
     def _phase_of(self, workload_id: str) -> tuple[str, str]:
         """``(phase, name)`` of a workload: from the mirror while active, else from the
@@ -311,34 +391,47 @@ class JobRules(Recovery):
 
     def _gated(self, workloads: list[Workload]) -> list[Workload]:
         """The workloads the decision core may consider this round: all but the pending
-        ones that wait for a dependency or for their array's throttle (their reasons go to
+        ones that wait for a dependency, for their array's throttle or for their owner's
+        running limits (:func:`fgpu.server.quotas.running_gate`; their reasons go to
         :attr:`_gate_reasons`)."""
         reasons: dict[str, str] = {}
         running: dict[str, int] = {}
         pending: dict[str, list[WorkloadRecord]] = {}
+        runs: list[WorkloadRecord] = []  # for the owners' running limits
+        candidates: list[WorkloadRecord] = []
+        memo, self._dependency_memo = self._dependency_memo, {}
         for record in self._active_records():
             array = record.array
-            if array is not None and (record.holds_allocation or record.is_suspended):
-                running[array.id] = running.get(array.id, 0) + 1
+            if record.holds_allocation or record.is_suspended:
+                runs.append(record)
+                if array is not None:
+                    running[array.id] = running.get(array.id, 0) + 1
             if record.phase != "pending" or record.is_suspended:
                 continue  # a suspended task is restored where it was: it counts as running
             if record.dependency and self._unstarted(record):
-                wait, never = self._dependency_wait(record)
+                found = memo.get(record.id)
+                wait, never = found if found is not None else self._dependency_wait(record)
                 if wait or never:
                     reasons[record.id] = wait or f"{NEVER_MET}: {never}"
                     continue
             if array is not None and array.throttle is not None:
                 pending.setdefault(array.id, []).append(record)  # preempted ones too
+            else:
+                candidates.append(record)
         for array_id, tasks in pending.items():
             first = tasks[0].array
             assert first is not None
             assert first.throttle is not None
             room = max(0, first.throttle - running.get(array_id, 0))
-            for task in sorted(tasks, key=lambda t: t.array.index if t.array else 0)[room:]:
+            turns = sorted(tasks, key=lambda t: t.array.index if t.array else 0)
+            candidates.extend(turns[:room])
+            for task in turns[room:]:
                 reasons[task.id] = (
                     f"array {first.name}: waits for its turn, at most {first.throttle} at once "
                     f"(%{first.throttle})"
                 )
+        queues = {name: q.config for name, q in self._queue_records().items()}
+        reasons.update(running_gate(runs, candidates, queues, self.submission_limits.max_running))
         self._gate_reasons = reasons
         return [w for w in workloads if w.id not in reasons]
 

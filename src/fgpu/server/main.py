@@ -31,7 +31,7 @@ import typer
 
 from fgpu.addresses import SOCKET_ENV, default_socket_path
 from fgpu.server.connlimit import ConnectionLimits, LimitError
-from fgpu.server.quotas import SubmissionLimits
+from fgpu.server.quotas import DEFAULT_MAX_RUNNING, SubmissionLimits
 from fgpu.server.retention import RetentionPolicy, parse_duration
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ DEFAULT_PREEMPT_DELAY = "5m"
 decision core lazily)."""
 
 log = logging.getLogger("fgpu.server")
+
+LimitFlags = tuple[int, int, str] | tuple[int, int, str, int]
+"""``(--max-active-per-user, --max-submission-bytes, --max-stored-bytes[,
+--max-running-per-user])`` as given."""
 
 
 class ServeOptionError(ValueError):
@@ -319,6 +323,16 @@ def serve(
             rich_help_panel="Limits",
         ),
     ] = 10_000,
+    max_running_per_user: Annotated[
+        int,
+        typer.Option(
+            help="Workloads one user may have running (or paused) at once, all queues; more "
+            "wait pending (each running one holds a runner process of the server, about "
+            "10 MB of host memory); a queue may set less (fgpu queue set "
+            "--max-running-per-user).",
+            rich_help_panel="Limits",
+        ),
+    ] = DEFAULT_MAX_RUNNING,
     max_submission_bytes: Annotated[
         int,
         typer.Option(
@@ -442,7 +456,12 @@ def serve(
                 request_timeout_s=request_timeout,
                 idle_timeout_s=idle_timeout,
             ),
-            submission_limits=(max_active_per_user, max_submission_bytes, max_stored_bytes),
+            submission_limits=(
+                max_active_per_user,
+                max_submission_bytes,
+                max_stored_bytes,
+                max_running_per_user,
+            ),
             retention=(retention, event_interval),
             max_log_bytes=max_log_bytes,
             suspend_host_memory=suspend_host_memory,
@@ -476,7 +495,7 @@ def run_serve(
     metrics_listen: str | None = None,
     squeeze: bool = True,
     connection_limits: ConnectionLimits | None = None,
-    submission_limits: SubmissionLimits | tuple[int, int, str] | None = None,
+    submission_limits: SubmissionLimits | LimitFlags | None = None,
     retention: RetentionPolicy | tuple[str, str] | None = None,
     suspend_host_memory: str = "25%",
     max_log_bytes: str = "64MiB",
@@ -727,10 +746,11 @@ MIN_BALLAST_BYTES = 256 * 1024
 
 
 def _limits(
-    submission: SubmissionLimits | tuple[int, int, str] | None,
+    submission: SubmissionLimits | LimitFlags | None,
     retention: RetentionPolicy | tuple[str, str] | None,
 ) -> tuple[SubmissionLimits, RetentionPolicy]:
     """The per-user limits and the retention from their flags (``--max-active-per-user``,
+    ``--max-running-per-user``,
     ``--max-submission-bytes``, ``--max-stored-bytes``; ``--retention``,
     ``--event-interval``), checked.
 
@@ -741,12 +761,14 @@ def _limits(
 
     try:
         if isinstance(submission, tuple):
-            active, per_submission, stored_text = submission
+            active, per_submission, stored_text, *running = submission
             try:
                 stored = parse_bytes(stored_text, "--max-stored-bytes")
             except UnitError as exc:
                 raise ValueError(f"--max-stored-bytes: {stored_text!r}: {exc.reason}") from None
-            submission = SubmissionLimits(active, per_submission, stored)
+            submission = SubmissionLimits(
+                active, per_submission, stored, *(running[:1] or [DEFAULT_MAX_RUNNING])
+            )
         submission = submission or SubmissionLimits()
         submission.check()
         if isinstance(retention, tuple):

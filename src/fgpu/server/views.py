@@ -204,6 +204,7 @@ def queue(
         max_time_s=c.max_time_s,
         default_for=list(c.default_for),
         max_active_per_user=c.max_active_per_user,
+        max_running_per_user=c.max_running_per_user,
         max_stored_bytes=c.max_stored_bytes,
         max_output_bytes=c.max_output_bytes,
         preempt_delay_s=c.preempt_delay_s,

@@ -40,6 +40,7 @@ def queue_record(row: QueueRow) -> QueueRecord:
         max_stored_bytes=row.max_stored_bytes,
         max_output_bytes=row.max_output_bytes,
         preempt_delay_s=row.preempt_delay_s,
+        max_running_per_user=row.max_running_per_user,
     )
     return QueueRecord(config=config, created_at=row.created_at, updated_at=row.updated_at)
 
@@ -62,6 +63,7 @@ def apply_queue_config(row: QueueRow, config: QueueConfig) -> None:
     row.max_active_per_user = config.max_active_per_user
     row.max_stored_bytes = config.max_stored_bytes
     row.max_output_bytes = config.max_output_bytes
+    row.max_running_per_user = config.max_running_per_user
     row.preempt_delay_s = None if config.preempt_delay_s is None else float(config.preempt_delay_s)
 
 

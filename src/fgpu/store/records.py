@@ -98,6 +98,10 @@ class QueueConfig:
             keep (active ones and finished ones not yet pruned); past it their output is
             dropped (:mod:`fgpu.server.output_limits`); None: only the machine's limit
             (``fgpu serve --max-output-bytes``).
+        max_running_per_user: most workloads one user may have running (or paused, or
+            suspended in place) in this queue at once; the scheduler keeps more waiting
+            pending. None: only the machine's limit (``fgpu serve --max-running-per-user``)
+            over all queues.
         preempt_delay_s: seconds a preemptor of this queue below priority 100 waits for
             capacity to free by itself before it suspends or evicts anyone (wait before
             evict, :mod:`fgpu.sched.decide` rule 10), 0..1e9; None (default): the service's
@@ -121,6 +125,7 @@ class QueueConfig:
     max_stored_bytes: int | None = None
     preempt_delay_s: float | None = None
     max_output_bytes: int | None = None
+    max_running_per_user: int | None = None
 
     def to_spec(self) -> QueueSpec:
         """The decision core's :class:`QueueSpec` (uncapped dimensions become

@@ -98,6 +98,8 @@ class QueueRow(Base):
     preempt_delay_s: Mapped[float | None]
     # per-user limit of stored output (logs) in this queue; NULL: only the machine's
     max_output_bytes: Mapped[int | None]
+    # running workloads one user may have in this queue at once; NULL: the machine's
+    max_running_per_user: Mapped[int | None]
 
 
 class WorkloadRow(Base):

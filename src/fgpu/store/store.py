@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import cast
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, or_, select
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
@@ -742,6 +742,32 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
             if phase in ACTIVE_PHASES:
                 return str(array_id)
         return str(rows[0][0]) if rows else None
+
+    def dependency_targets(
+        self, refs: Collection[str], *, arrays: bool = True
+    ) -> tuple[dict[str, builtins.list[WorkloadRecord]], dict[str, WorkloadRecord]]:
+        """What of ``refs`` are array ids and workload ids, in one indexed query (the
+        primary key and the ``array_id`` index): array id -> its tasks by index, and
+        workload id -> the workload. Refs that are neither are in neither answer; with
+        ``arrays=False`` only workload ids are looked for."""
+        wanted = builtins.list(dict.fromkeys(refs))
+        tasks: dict[str, builtins.list[WorkloadRecord]] = {}
+        workloads: dict[str, WorkloadRecord] = {}
+        if not wanted:
+            return tasks, workloads
+        match: ColumnElement[bool] = WorkloadRow.id.in_(wanted)
+        if arrays:
+            match = or_(match, WorkloadRow.array_id.in_(wanted))
+        query = select(WorkloadRow).where(match).order_by(WorkloadRow.array_index)
+        asked = set(wanted)
+        with self._read() as session:
+            for row in session.scalars(query):
+                record = convert.workload_record(row)
+                if row.id in asked:
+                    workloads[row.id] = record
+                if row.array_id is not None and row.array_id in asked:
+                    tasks.setdefault(row.array_id, []).append(record)
+        return tasks, workloads
 
     def array_tasks(self, array_id: str) -> builtins.list[WorkloadRecord]:
         """Every task of the array ``array_id``, by index (none for an unknown id)."""

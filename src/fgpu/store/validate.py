@@ -129,6 +129,8 @@ def queue_config(config: QueueConfig) -> None:
     time_limits(config.default_time_s, config.max_time_s, queue_name)
     if config.max_active_per_user is not None:
         integer("max_active_per_user", config.max_active_per_user, minimum=1)
+    if config.max_running_per_user is not None:
+        integer("max_running_per_user", config.max_running_per_user, minimum=1)
     if config.max_stored_bytes is not None:
         integer("max_stored_bytes", config.max_stored_bytes, minimum=MIN_STORED_BYTES)
     if config.max_output_bytes is not None:
