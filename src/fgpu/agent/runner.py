@@ -86,6 +86,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fgpu.agent.cgroupkill import kill_cgroup, kill_session, remove_cgroup
 from fgpu.log_files import CappedLog, write_all
 from fgpu.wire_logs import frame
 
@@ -393,6 +394,15 @@ class _Limits:
             pass
         return 0
 
+    def kill(self) -> list[int]:
+        """SIGKILL whatever is still in the cgroups (what the command left, also outside its
+        process group) and wait until they are empty (:mod:`fgpu.agent.cgroupkill`);
+        the pids killed."""
+        killed: list[int] = []
+        for directory in self.join:
+            killed += kill_cgroup(directory)
+        return killed
+
     def finish(self, code: int) -> str | None:
         """The reason to record when the memory limit ended the command (None otherwise);
         removes the cgroups (those still holding exiting processes are retried for a
@@ -402,21 +412,8 @@ class _Limits:
             reason = f"out of host memory (limit {self.limit})"
             if code != -signal.SIGKILL:
                 reason += ": one of its processes was killed"
-        deadline = time.monotonic() + 1.0
-        left = list(self.join)
-        while left:
-            for directory in list(left):
-                try:
-                    os.rmdir(directory)
-                except FileNotFoundError:
-                    left.remove(directory)
-                except OSError:
-                    continue
-                else:
-                    left.remove(directory)
-            if not left or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
+        for directory in self.join:
+            remove_cgroup(directory)
         return reason
 
 
@@ -543,6 +540,14 @@ class _Wrapper:
             os.killpg(self.child.pid, signal.SIGKILL)
         code = self.child.wait()
         self.finished = True
+        if limits is not None:
+            # what it left running outside its group (setsid) is still in its cgroup(s):
+            # killed now, before the exit is recorded and its share handed to anyone else
+            limits.kill()
+        elif os.getsid(0) == os.getpid():
+            # no cgroup: what left the group but not the session, when the wrapper leads
+            # its session (as the launcher starts it; never a session it was run from)
+            kill_session(os.getpid(), spare=os.getpid())
         if self.relay is not None:
             self.relay.finish()
         reason = _signal_reason(code)
