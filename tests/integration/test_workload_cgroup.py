@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -28,6 +30,7 @@ from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.hostlimits import HostLimiter
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec, ProcessHandle, ProcessState
 from fgpu.agent.process import DEAD_STATES, proc_stat
+from fgpu.server.fdbudget import FDS_PER_WORKLOAD, FLOOR_FDS, LAUNCH_FDS
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
 from tests.localusers import ALICE, ensure_users, uid_of
@@ -133,10 +136,10 @@ def test_a_child_that_calls_setsid_at_once_is_in_the_workloads_cgroup(
     out_of = mount / "cgroup.procs"  # the root cgroup: out of the workload's
     line = escaper(pid_file, f"echo $(cat {pid_file}) > {out_of} 2>/dev/null || echo refused")
     handle, groups = launch(tmp_path, limiter, line + "; exec sleep 300", uid=uid_of(ALICE))
-    wait_for(lambda: pid_file.exists() and bool(pid_file.read_text().strip()), "the child's pid")
-    child = int(pid_file.read_text())
-    strays.append(child)
     try:
+        wait_for(lambda: pid_file.exists() and bool(pid_file.read_text().strip()), "its pid")
+        child = int(pid_file.read_text())
+        strays.append(child)
         own = next(
             Path(g).name for g in groups if limiter.track and Path(g).parent == limiter.track
         )
@@ -174,6 +177,7 @@ def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
         )
         await svc.start()
         loop = asyncio.get_running_loop()
+        started: list[str] = []
         try:
             for how in ("cancel", "time limit"):
                 pid_file = tmp_path / f"{how.replace(' ', '-')}.pid"
@@ -187,6 +191,7 @@ def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
                         time="0:03" if how == "time limit" else None,
                     ),
                 )
+                started.append(view.id)
                 end = loop.time() + TIMEOUT_S
                 while not pid_file.exists() or not pid_file.read_text().strip():
                     assert loop.time() < end, "the child did not start"
@@ -201,6 +206,14 @@ def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
                 # its share is free now: nothing of it may still run
                 assert not alive(child), f"the setsid child outlived the workload ({how})"
         finally:
+            for workload_id in started:  # a failed check leaves nothing running
+                with contextlib.suppress(Exception):
+                    svc.cancel(ME, workload_id)
+            end = loop.time() + TIMEOUT_S
+            while loop.time() < end and any(
+                svc.get_workload(w, ME).phase in ("running", "stopping") for w in started
+            ):
+                await asyncio.sleep(0.05)
             await svc.stop()
 
     asyncio.run(scenario())
@@ -262,3 +275,53 @@ def test_a_launch_works_when_the_agent_has_descriptors_past_1023(tmp_path: Path)
             os.close(fd)
     assert (state.exit_code, state.reason) == (0, None)
     assert handle.stdout_path.read_text() == "hi\n"
+
+
+def test_launches_wait_when_the_service_runs_short_of_descriptors() -> None:
+    # bob's array of tiny workloads against the server's file limit (lowered here so that a
+    # few dozen reach it): launches past it wait, pending with the reason; none fails half-way
+    # and nothing runs untracked; once his work ends, another job runs
+    from tests.serverproc import started_server, wait_for
+
+    with started_server("fgpu-fds-", "1xA100-80GB") as server:
+        assert server.process is not None
+        pid = server.process.pid
+        base = len(os.listdir(f"/proc/{pid}/fd"))
+        limit = base + LAUNCH_FDS + FLOOR_FDS + 6 * FDS_PER_WORKLOAD + 8
+        subprocess.run(["prlimit", f"--pid={pid}", f"--nofile={limit}:{limit}"], check=True)
+        server.cli("submit", "-g", "0.001", "--array", "0-29", "--", "sleep", "300")
+
+        def held(listing: dict[str, dict[str, object]]) -> bool:
+            return any(
+                w["phase"] == "pending" and "file descriptors" in json.dumps(w)
+                for w in listing.values()
+            ) and not any(
+                w["phase"] == "pending" and "file descriptors" not in json.dumps(w)
+                for w in listing.values()
+            )
+
+        listing = server.wait_listing(held, "launches held for descriptors")
+        phases = [w["phase"] for w in listing.values()]
+        assert "failed" not in phases, listing
+        running = [w for w in listing.values() if w["phase"] == "running"]
+        assert running, listing
+        assert len(os.listdir(f"/proc/{pid}/fd")) < limit
+        other = server.submit("-g", "0.001", command=["echo", "hi"])
+        seen = server.wait_listing(
+            lambda ls: (
+                ls[other]["phase"] == "pending" and "file descriptors" in json.dumps(ls[other])
+            ),
+            "the other job held",
+        )
+        assert seen[other]["phase"] == "pending"
+        for workload_id in [w for w, v in listing.items() if v["phase"] in ("running", "pending")]:
+            server.cli("cancel", workload_id)
+        done = server.wait_phase(other, "succeeded", "failed", timeout_s=120.0)
+        assert done["phase"] == "succeeded", done
+        assert server.cli("logs", other).stdout == "hi\n"
+        final = server.workloads()
+        assert not [w for w in final.values() if w["phase"] == "failed"], final
+        wait_for(
+            lambda: not [h for h in server.handles() if alive(int(h["pid"]))],
+            "every workload's wrapper to end",
+        )
