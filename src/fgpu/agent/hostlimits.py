@@ -28,6 +28,11 @@ already counted) and leaves it right after, so only the workload's own processes
 On cgroup v2 the freezer then governs the workload in that same cgroup
 (:class:`fgpu.agent.governor.freezer.CgroupFreezer` finds it).
 
+Every workload gets a cgroup v2 of its own where that hierarchy is writable
+(:attr:`HostLimiter.track`), with or without limits (on hybrid hosts beside the v1 ones), so
+that nothing it forks can leave it; when the command ends the wrapper kills what is left in
+its cgroups and removes them (:mod:`fgpu.agent.cgroupkill`; issue 27).
+
 When neither is writable (no cgroup v2 with the controllers delegated, not root, no v1
 hierarchy) :attr:`HostLimiter.support` says why, ``fgpu nodes`` shows it, and ``--cpu``/
 ``--memory`` stay what the scheduler counts for placement only.

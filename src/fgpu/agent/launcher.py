@@ -114,9 +114,10 @@ class LaunchSpec:
         compute_milli: compute share per GPU, milli-GPU (``FGPU_GPU_COMPUTE_MILLI``).
         memory_mib: memory quota per GPU, MiB (``FGPU_GPU_MEMORY_MIB``).
         agent_socket: path of the agent's activity-hint socket (``FGPU_AGENT_SOCKET``).
-        limits: the cgroup(s) with the workload's ``--cpu``/``--memory`` limits
+        limits: the workload's cgroup(s), with its ``--cpu``/``--memory`` limits if any
             (:meth:`fgpu.agent.hostlimits.HostLimiter.prepare`), which the wrapper starts
-            the command in; None: no host limits.
+            the command in and empties and removes when it ends; None: no cgroup (only its
+            process group and the wrapper's session are reached).
     """
 
     workload_id: str
@@ -205,8 +206,10 @@ class Launcher:
 
         Raises:
             LaunchError: invalid spec (id, empty command, negative figures), user switch
-                impossible, log directory not writable, or the wrapper did not start or did
-                not report within ``ready_timeout_s``.
+                impossible, log directory not writable, the wrapper did not start or did
+                not report within ``ready_timeout_s``, or any other failure once it was
+                started; then whatever it started (its session, the workload's cgroups) has
+                been killed first.
         """
         command = self._command(spec)
         settings = self._settings(spec)

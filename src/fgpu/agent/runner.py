@@ -17,8 +17,10 @@ can signal (and the governor can freeze) the whole workload -- the command and e
 forks -- with the wrapper outside that group: a SIGKILL to the workload leaves the wrapper
 alive to record ``-9``. Signals sent to the wrapper itself (TERM, INT, HUP, QUIT, USR1, USR2)
 are passed on to the workload's group. When the command ends, whatever it left running in its
-group is killed (SIGKILL): a workload's processes end with it. A process that left the group
-(``setsid``) is out of reach of process groups; only a cgroup would hold it.
+group is killed (SIGKILL), and so is everything in its cgroups (``cgroups`` below; also what
+left the group with ``setsid``: :mod:`fgpu.agent.cgroupkill`), before the exit is recorded.
+Without cgroups the wrapper's session (it leads it) is killed too; a process that left the
+group and the session is then out of reach.
 
 Options:
 
@@ -35,9 +37,9 @@ Options:
 - ``--spec-stdin``: read the command's settings from stdin as JSON: ``cwd`` (str or null),
   ``env`` (object or null: the command's whole environment), ``uid``, ``gid`` (int or null),
   ``groups`` (list of int or null: supplementary groups), ``cgroups`` (object or null:
-  host-limit cgroups to start the command in, :meth:`fgpu.agent.hostlimits.LimitGroup.
-  settings`; when the memory limit killed the command the recorded reason is ``out of host
-  memory (limit X)``). Without it the command inherits
+  the workload's cgroups to start the command in, :meth:`fgpu.agent.hostlimits.LimitGroup.
+  settings`: emptied and removed when it ends; when the memory limit killed the command the
+  recorded reason is ``out of host memory (limit X)``). Without it the command inherits
   the wrapper's working directory and environment. The settings come through stdin rather
   than the wrapper's environment or command line so that the workload's environment (which
   may hold secrets) is neither visible in ``ps`` nor able to break the wrapper's own Python
