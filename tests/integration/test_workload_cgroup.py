@@ -306,6 +306,7 @@ def test_launches_wait_when_the_service_runs_short_of_descriptors() -> None:
         running = [w for w in listing.values() if w["phase"] == "running"]
         assert running, listing
         assert len(os.listdir(f"/proc/{pid}/fd")) < limit
+        assert "file limit (RLIMIT_NOFILE)" in server.server_log()  # raised, or said why not
         other = server.submit("-g", "0.001", command=["echo", "hi"])
         seen = server.wait_listing(
             lambda ls: (
