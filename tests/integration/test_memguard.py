@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from fgpu.agent.governor.activity import HintListener
 from fgpu.agent.governor.freezer import SignalFreezer
 from fgpu.agent.governor.runtime import GovernedWorkload, Governor
 from fgpu.agent.launcher import Launcher, LaunchSpec, ProcessHandle
-from fgpu.agent.memguard import GuardedWorkload, MemoryGuard, MemoryPolicy
+from fgpu.agent.memguard import OUTSIDE_MEMORY, GuardedWorkload, MemoryGuard, MemoryPolicy
 
 SRC = str(Path(fgpu.__file__).resolve().parent.parent)
 TIMEOUT_S = 15.0
@@ -159,3 +160,42 @@ def test_warn_policy_records_once_and_leaves_it_running(tmp_path: Path) -> None:
         for h in (greedy, modest):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(h.pgid, signal.SIGKILL)
+
+
+def test_gpu_memory_of_no_workload_is_reported_and_counted_per_gpu() -> None:
+    # issue 27 point 1c: what a workload left running (or a program started outside fgpu)
+    # holds GPU memory: an event names it once, and its MiB are counted per GPU
+    backend = SimulatedBackend("1xA100-80GB")
+    gpu = backend.gpus()[0].uuid
+    events = EventLog()
+    stray = subprocess.Popen(["sleep", "300"])
+    member = subprocess.Popen(["sleep", "300"])
+    try:
+        guard = MemoryGuard(backend, events=events, inside=lambda pid: pid == member.pid)
+        backend.report_usage(stray.pid, gpu, 61440)
+        backend.report_usage(member.pid, gpu, 1000)
+        guard.check()
+        [event] = [e for e in events.since() if e.kind == OUTSIDE_MEMORY]
+        assert event.workload_id == ""
+        assert event.message == (
+            f"process {stray.pid} (uid {os.getuid()}) holds 61440 MiB of GPU {gpu} and "
+            "belongs to no running workload"
+        )
+        assert guard.outside_mib == {gpu: 61440}
+        guard.check()  # once per process and GPU
+        assert len([e for e in events.since() if e.kind == OUTSIDE_MEMORY]) == 1
+        stray.kill()
+        stray.wait()
+        guard.check()  # the process ended: its report is dropped, nothing is outside
+        assert guard.outside_mib == {}
+        # without a way to tell (no cgroups) nothing is looked for
+        quiet = EventLog()
+        blind = MemoryGuard(backend, events=quiet)
+        backend.report_usage(member.pid, gpu, 2000)
+        blind.check()
+        assert blind.outside_mib == {}
+        assert quiet.since() == []
+    finally:
+        for proc in (stray, member):
+            proc.kill()
+            proc.wait()

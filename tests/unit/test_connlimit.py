@@ -104,3 +104,23 @@ def test_the_closing_answer_is_whole_http() -> None:
     assert b"connection: close" in head
     assert f"content-length: {len(body)}".encode() in head
     assert body == b'{"detail": {"field": "connection", "reason": "too many"}}'
+
+
+def test_the_total_is_lowered_by_what_the_workloads_hold() -> None:
+    held = [0]
+    guard = ConnectionGuard(
+        ConnectionLimits(per_peer=100, total=40, reserve=0),
+        nofile=1024,
+        workload_fds=lambda: held[0],
+    )
+    assert guard.cap() == 40
+    held[0] = 4 * 5  # five running workloads
+    assert guard.cap() == 20
+    peers = [peer_of(uid, None) for uid in range(3000, 3030)]
+    answers = [guard.admit(p) for p in peers]
+    assert guard.open_connections == 20
+    refused = next(a for a in answers if a is not None)
+    assert refused[0] == 503
+    assert "--max-connections 40, less what its workloads hold: 20" in refused[1]
+    held[0] = 4 * 1000  # never below the floor: users can still cancel their work
+    assert guard.cap() == 16

@@ -138,7 +138,12 @@ def test_on_cgroup_v2_the_limits_are_written_as_the_kernel_reads_them(tmp_path: 
     assert (where / "memory.oom.group").read_text() == "1"
     assert group.oom_file == str(where / "memory.events")
     assert group.memory_limit == "100 MiB"
-    assert limiter.prepare("idle", cpu_milli=0, memory_mib=0) is None
+    # nothing to limit: still a cgroup of its own, which holds all it forks (issue 27)
+    idle = limiter.prepare("idle", cpu_milli=0, memory_mib=0)
+    assert idle is not None
+    assert (idle.oom_file, idle.memory_limit) == (None, None)
+    assert Path(idle.join[0]).parent == where.parent
+    assert not (Path(idle.join[0]) / "cpu.max").exists()
     cpu_only = limiter.prepare("cpu", cpu_milli=5, memory_mib=0)  # below the kernel's minimum
     assert cpu_only is not None
     assert cpu_only.oom_file is None

@@ -28,6 +28,11 @@ already counted) and leaves it right after, so only the workload's own processes
 On cgroup v2 the freezer then governs the workload in that same cgroup
 (:class:`fgpu.agent.governor.freezer.CgroupFreezer` finds it).
 
+Every workload gets a cgroup v2 of its own where that hierarchy is writable
+(:attr:`HostLimiter.track`), with or without limits (on hybrid hosts beside the v1 ones), so
+that nothing it forks can leave it; when the command ends the wrapper kills what is left in
+its cgroups and removes them (:mod:`fgpu.agent.cgroupkill`; issue 27).
+
 When neither is writable (no cgroup v2 with the controllers delegated, not root, no v1
 hierarchy) :attr:`HostLimiter.support` says why, ``fgpu nodes`` shows it, and ``--cpu``/
 ``--memory`` stay what the scheduler counts for placement only.
@@ -36,11 +41,13 @@ hierarchy) :attr:`HostLimiter.support` says why, ``fgpu nodes`` shows it, and ``
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fgpu.agent.cgroupkill import end_cgroups
 from fgpu.agent.cgroupsweep import remove_stale_neighbours
 
 CPU_PERIOD_US = 100_000
@@ -209,6 +216,29 @@ class HostLimiter:
         self._dirs: dict[str, Path] = {}  # controller -> fgpu folder ("" on v2: both)
         self._homes: dict[str, Path] = {}
         self.support = self._probe(mounts, prefer)
+        self.track: Path | None = None
+        """The cgroup v2 folder every workload starts in a cgroup of (whatever its limits),
+        so that nothing it forks can leave it (:mod:`fgpu.agent.cgroupkill`); None where no
+        cgroup v2 hierarchy is writable (then only its process group is reached)."""
+        self._track_home: Path | None = None
+        if prefer != "off":
+            self._probe_track(mounts)
+
+    def _probe_track(self, mounts: str) -> None:
+        if "" in self._dirs:
+            self.track, self._track_home = self._dirs[""], self._homes[""]
+            return
+        v2 = next((m for m in _mounts(mounts) if m[1] == "cgroup2"), None)
+        if v2 is None:
+            return
+        folder = self._folder(Path(v2[0]))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
+        if (folder / "cgroup.procs").exists() and os.access(folder / "cgroup.procs", os.W_OK):
+            self.track = folder
+            self._track_home = _under(v2[0], own_cgroups().get("", "/"))
 
     # ------------------------------------------------------------------ probing
     def _probe(self, mounts: str, prefer: str) -> LimitSupport:
@@ -328,8 +358,9 @@ class HostLimiter:
 
     # ------------------------------------------------------------------ per workload
     def prepare(self, workload_id: str, *, cpu_milli: int, memory_mib: int) -> LimitGroup | None:
-        """Create the workload's cgroup(s) with its limits; None when there is nothing to
-        limit (both 0, or this host cannot).
+        """Create the workload's cgroup(s) with its limits, and its cgroup v2 that holds
+        everything it forks (:attr:`track`, also without limits); None when there is no
+        cgroup to make (no limits asked or possible, and no writable cgroup v2).
 
         Args:
             workload_id: names the cgroup (with a random suffix: one per run).
@@ -342,7 +373,7 @@ class HostLimiter:
         """
         want_cpu = cpu_milli > 0 and self.support.cpu
         want_memory = memory_mib > 0 and self.support.memory
-        if not (want_cpu or want_memory):
+        if not (want_cpu or want_memory or self.track is not None):
             return None
         name = f"{_SAFE.sub('_', workload_id) or 'workload'}-l{secrets.token_hex(4)}"
         quota = max(MIN_QUOTA_US, cpu_milli * CPU_PERIOD_US // 1000)
@@ -371,6 +402,11 @@ class HostLimiter:
             home: list[str] = []
             stat: dict[str, str] = {}
             oom = None
+            if self.track is not None and self._track_home is not None:
+                group = self.track / name
+                self._mkdir(group, created)
+                join.append(str(group))
+                home.append(str(self._track_home))
             if want_cpu:
                 group = self._dirs["cpu"] / name
                 self._mkdir(group, created)
@@ -410,6 +446,21 @@ class HostLimiter:
             with contextlib.suppress(OSError):
                 Path(directory).rmdir()
 
+    def end_workload(self, workload_id: str) -> list[int]:
+        """Kill every process left in the workload's cgroups (those of each of its runs,
+        found by name under this service's folders) and remove them; the pids killed.
+        What the wrapper does when the command ends, for a wrapper that could not (killed
+        from outside, or its launch failed half-way)."""
+        pattern = re.compile(
+            re.escape(_SAFE.sub("_", workload_id) or "workload") + r"-l[0-9a-f]{8}"
+        )
+        groups: list[Path] = []
+        folders = set(self._dirs.values()) | ({self.track} if self.track is not None else set())
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                groups += [g for g in folder.iterdir() if pattern.fullmatch(g.name)]
+        return end_cgroups(groups)
+
     def _mkdir(self, group: Path, created: list[Path]) -> None:
         try:
             group.mkdir()
@@ -425,7 +476,8 @@ class HostLimiter:
         """Remove the empty per-workload cgroups of ended runs (the wrapper removes its own;
         one killed with its workload leaves it). Returns what was removed."""
         removed: list[Path] = []
-        for folder in self._dirs.values():
+        folders = set(self._dirs.values()) | ({self.track} if self.track is not None else set())
+        for folder in folders:
             with contextlib.suppress(OSError):
                 for group in folder.iterdir():
                     if group.is_dir() and "-l" in group.name:
@@ -442,7 +494,8 @@ class HostLimiter:
         removed: list[Path] = []
         if not self.name:
             return removed
-        for folder in self._dirs.values():
+        folders = set(self._dirs.values()) | ({self.track} if self.track is not None else set())
+        for folder in folders:
             removed += remove_stale_neighbours(folder, min_age_s)
         return removed
 
@@ -450,7 +503,8 @@ class HostLimiter:
         """Remove the empty cgroups of ended runs and this service's folders when empty
         (a cgroup that still holds a running workload stays)."""
         self.sweep()
-        for folder in self._dirs.values():
+        folders = set(self._dirs.values()) | ({self.track} if self.track is not None else set())
+        for folder in folders:
             with contextlib.suppress(OSError):
                 folder.rmdir()
                 if self.name and folder.parent.name == "fgpu":

@@ -62,6 +62,7 @@ from typing import Any
 import psutil
 
 import fgpu
+from fgpu.agent.cgroupkill import end_cgroups, kill_session
 from fgpu.agent.hostlimits import LimitGroup
 from fgpu.agent.process import (
     CREATE_TIME_TOLERANCE_S,
@@ -120,9 +121,10 @@ class LaunchSpec:
         compute_milli: compute share per GPU, milli-GPU (``FGPU_GPU_COMPUTE_MILLI``).
         memory_mib: memory quota per GPU, MiB (``FGPU_GPU_MEMORY_MIB``).
         agent_socket: path of the agent's activity-hint socket (``FGPU_AGENT_SOCKET``).
-        limits: the cgroup(s) with the workload's ``--cpu``/``--memory`` limits
+        limits: the workload's cgroup(s), with its ``--cpu``/``--memory`` limits if any
             (:meth:`fgpu.agent.hostlimits.HostLimiter.prepare`), which the wrapper starts
-            the command in; None: no host limits.
+            the command in and empties and removes when it ends; None: no cgroup (only its
+            process group and the wrapper's session are reached).
     """
 
     workload_id: str
@@ -141,15 +143,19 @@ class LaunchSpec:
 
 
 def _read_ready_line(fd: int, timeout_s: float) -> str:
-    """Read from ``fd`` until EOF or ``timeout_s``; raise TimeoutError on timeout."""
+    """Read from ``fd`` until EOF or ``timeout_s``; raise TimeoutError on timeout.
+
+    Waits with ``poll`` (no limit on the descriptor's number, unlike ``select``, which
+    cannot take one above 1023)."""
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        readable, _, _ = select.select([fd], [], [], remaining)
-        if not readable:
+        if not poller.poll(max(1, int(remaining * 1000))):
             continue
         data = os.read(fd, 4096)
         if not data:
@@ -212,8 +218,10 @@ class Launcher:
 
         Raises:
             LaunchError: invalid spec (id, empty command, negative figures), user switch
-                impossible, log directory not writable, or the wrapper did not start or did
-                not report within ``ready_timeout_s``.
+                impossible, log directory not writable, the wrapper did not start or did
+                not report within ``ready_timeout_s``, or any other failure once it was
+                started; then whatever it started (its session, the workload's cgroups) has
+                been killed first.
         """
         command = self._command(spec)
         settings = self._settings(spec)
@@ -237,7 +245,12 @@ class Launcher:
             raise LaunchError(f"cannot prepare logs in {work_dir}: {exc}") from exc
         err_fd = os.dup(out_fd)
 
-        ready_r, ready_w = os.pipe()
+        try:
+            ready_r, ready_w = os.pipe()
+        except OSError as exc:
+            os.close(out_fd)
+            os.close(err_fd)
+            raise LaunchError(f"cannot start the wrapper: {exc}") from exc
         runner_argv = [
             self._python,
             "-m",
@@ -256,6 +269,7 @@ class Launcher:
             "--",
             *command,
         ]
+        proc: subprocess.Popen[bytes] | None = None
         try:
             try:
                 proc = subprocess.Popen(
@@ -283,26 +297,34 @@ class Launcher:
             try:
                 line = _read_ready_line(ready_r, self._ready_timeout_s)
             except TimeoutError:
-                with contextlib.suppress(OSError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
                 raise LaunchError(
                     f"the wrapper of {spec.workload_id} did not report within "
                     f"{self._ready_timeout_s:g} s; it was killed",
                 ) from None
+            if line.startswith("ok "):
+                pgid = int(line.split()[1])
+            elif line == "fail":
+                pgid = proc.pid
+            else:
+                proc.wait()
+                raise LaunchError(
+                    f"the wrapper of {spec.workload_id} ended without starting the command "
+                    f"(status {proc.returncode}): {_tail(wrapper_log) or 'no output'}",
+                )
+        except BaseException as exc:
+            # whatever it started must not run on untracked: the wrapper's session (the
+            # command's process group is in it) and the workload's cgroups
+            if proc is not None:
+                self._abort(proc, spec)
+            if isinstance(exc, LaunchError) or not isinstance(exc, Exception):
+                raise
+            raise LaunchError(
+                f"the launch of {spec.workload_id} failed ({type(exc).__name__}: {exc}); "
+                "what it had started was killed"
+            ) from exc
         finally:
             os.close(ready_r)
 
-        if line.startswith("ok "):
-            pgid = int(line.split()[1])
-        elif line == "fail":
-            pgid = proc.pid
-        else:
-            proc.wait()
-            raise LaunchError(
-                f"the wrapper of {spec.workload_id} ended without starting the command "
-                f"(status {proc.returncode}): {_tail(wrapper_log) or 'no output'}",
-            )
         return ProcessHandle(
             workload_id=spec.workload_id,
             pid=proc.pid,
@@ -314,6 +336,20 @@ class Launcher:
             start_ticks=ticks,
             boot_id=boot_id(),
         )
+
+    def _abort(self, proc: subprocess.Popen[bytes], spec: LaunchSpec) -> None:
+        """Kill everything a failed launch started: the wrapper's session (the wrapper leads
+        it; the command's group is in it) and every process in the workload's cgroups, which
+        are removed; then reap the wrapper."""
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        kill_session(proc.pid)
+        if spec.limits is not None:
+            end_cgroups(spec.limits.join)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=RECORD_WAIT_S)
+        with self._lock:
+            self._children.pop(proc.pid, None)
 
     @staticmethod
     def _command(spec: LaunchSpec) -> list[str]:

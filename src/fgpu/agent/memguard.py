@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import signal
 import threading
 import time
@@ -46,6 +47,9 @@ from fgpu.agent.events import MEMORY_EXCEEDED, MEMORY_WARNING, EventLog
 from fgpu.agent.governor.freezer import stat_fields
 from fgpu.agent.launcher import Launcher
 from fgpu.agent.process import DEAD_STATES, ProcessHandle, group_pids, proc_stat
+
+OUTSIDE_MEMORY = "gpu-memory-outside"
+"""Event kind: a process of no workload of this service holds GPU memory."""
 
 log = logging.getLogger(__name__)
 
@@ -243,12 +247,16 @@ class MemoryGuard:
         pids_of: a workload's processes (default: its process group; pass
             ``lambda h: governor.pids(h.workload_id)`` to count processes that left it).
         clock: monotonic clock, ns (event stamps). wall: wall clock, s.
+        inside: whether a process belongs to a workload of this service (its cgroup is one
+            of the service's); None: not known (no cgroups), and GPU memory outside
+            workloads is not looked for (:meth:`_note_outside`).
     """
 
     def __init__(
         self,
         backend: GpuBackend,
         *,
+        inside: Callable[[int], bool] | None = None,
         policy: MemoryPolicy = MemoryPolicy.KILL,
         interval_s: float = DEFAULT_INTERVAL_S,
         events: EventLog | None = None,
@@ -278,6 +286,11 @@ class MemoryGuard:
         self.burst_detection: dict[str, str] | None = None
         """GPU uuid -> ``"on"`` where NVML accounting shows bursts between looks, or why
         not; None before the first look."""
+        self._inside = inside
+        self._outside_seen: set[tuple[int, str]] = set()
+        self.outside_mib: dict[str, int] = {}
+        """GPU uuid -> MiB held by processes of no workload of this service, at the last
+        look (:meth:`_note_outside`)."""
 
     def update(self, workloads: Sequence[GuardedWorkload]) -> None:
         """Guard exactly ``workloads`` from now on."""
@@ -304,6 +317,7 @@ class MemoryGuard:
             for wid, w in workloads.items():
                 for pid in self._pids_of(w.handle):
                     owners[pid] = wid
+        self._note_outside(usage, owners)
         quotas = {wid: w.quotas_mib for wid, w in workloads.items()}
         found = find_violations(usage, owners, quotas)
         over_now = {(v.workload_id, v.gpu_uuid) for v in found}
@@ -365,6 +379,44 @@ class MemoryGuard:
         if off:
             text += " on " + ", ".join(off)
         return text if on or off else text + " (no NVML accounting)"
+
+    def _note_outside(self, usage: Sequence[GpuProcess], owners: Mapping[int, str]) -> None:
+        """GPU memory held by processes that belong to no workload of this service (what a
+        workload left running after its end, or a program started outside fgpu): kept per
+        GPU in :attr:`outside_mib`, and one :data:`OUTSIDE_MEMORY` event per process and GPU
+        when first seen, naming the pid, its uid, the MiB and the GPU (workload id ``""``).
+        Nothing without ``inside``."""
+        if self._inside is None:
+            return
+        held: dict[tuple[int, str], int] = {}
+        for proc in usage:
+            if proc.pid in owners or self._inside(proc.pid):
+                continue
+            stat = proc_stat(proc.pid)
+            if stat is None or stat.state in DEAD_STATES:
+                continue  # ended since the report: holds nothing now
+            key = (proc.pid, proc.gpu_uuid)
+            held[key] = held.get(key, 0) + proc.used_mib
+        per_gpu: dict[str, int] = {}
+        for (pid, gpu), mib in sorted(held.items()):
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + mib
+            if (pid, gpu) in self._outside_seen:
+                continue
+            try:
+                uid: int | str = os.stat(f"/proc/{pid}").st_uid
+            except OSError:
+                uid = "unknown"
+            self.events.add(
+                self._wall(),
+                self._clock(),
+                "",
+                OUTSIDE_MEMORY,
+                "GPU memory outside fgpu",
+                f"process {pid} (uid {uid}) holds {mib} MiB of GPU {gpu} and belongs to no "
+                "running workload",
+            )
+        self._outside_seen = set(held)
+        self.outside_mib = per_gpu
 
     def _act(self, workload: GuardedWorkload, violation: MemoryViolation) -> None:
         wid = violation.workload_id
@@ -435,6 +487,7 @@ class MemoryGuard:
 
 __all__ = [
     "DEFAULT_INTERVAL_S",
+    "OUTSIDE_MEMORY",
     "GuardedWorkload",
     "MemoryGuard",
     "MemoryPolicy",

@@ -17,8 +17,10 @@ can signal (and the governor can freeze) the whole workload -- the command and e
 forks -- with the wrapper outside that group: a SIGKILL to the workload leaves the wrapper
 alive to record ``-9``. Signals sent to the wrapper itself (TERM, INT, HUP, QUIT, USR1, USR2)
 are passed on to the workload's group. When the command ends, whatever it left running in its
-group is killed (SIGKILL): a workload's processes end with it. A process that left the group
-(``setsid``) is out of reach of process groups; only a cgroup would hold it.
+group is killed (SIGKILL), and so is everything in its cgroups (``cgroups`` below; also what
+left the group with ``setsid``: :mod:`fgpu.agent.cgroupkill`), before the exit is recorded.
+Without cgroups the wrapper's session (it leads it) is killed too; a process that left the
+group and the session is then out of reach.
 
 Options:
 
@@ -35,9 +37,9 @@ Options:
 - ``--spec-stdin``: read the command's settings from stdin as JSON: ``cwd`` (str or null),
   ``env`` (object or null: the command's whole environment), ``uid``, ``gid`` (int or null),
   ``groups`` (list of int or null: supplementary groups), ``cgroups`` (object or null:
-  host-limit cgroups to start the command in, :meth:`fgpu.agent.hostlimits.LimitGroup.
-  settings`; when the memory limit killed the command the recorded reason is ``out of host
-  memory (limit X)``). Without it the command inherits
+  the workload's cgroups to start the command in, :meth:`fgpu.agent.hostlimits.LimitGroup.
+  settings`: emptied and removed when it ends; when the memory limit killed the command the
+  recorded reason is ``out of host memory (limit X)``). Without it the command inherits
   the wrapper's working directory and environment. The settings come through stdin rather
   than the wrapper's environment or command line so that the workload's environment (which
   may hold secrets) is neither visible in ``ps`` nor able to break the wrapper's own Python
@@ -95,6 +97,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from fgpu.agent.cgroupkill import kill_cgroup, kill_session, remove_cgroup
 from fgpu.disk_room import DiskReserve, OutputGate, parse_wrapper_reserve
 from fgpu.log_files import CappedLog, write_all
 from fgpu.wire_logs import CUT, frame
@@ -439,6 +442,15 @@ class _Limits:
             pass
         return 0
 
+    def kill(self) -> list[int]:
+        """SIGKILL whatever is still in the cgroups (what the command left, also outside its
+        process group) and wait until they are empty (:mod:`fgpu.agent.cgroupkill`);
+        the pids killed."""
+        killed: list[int] = []
+        for directory in self.join:
+            killed += kill_cgroup(directory)
+        return killed
+
     def finish(self, code: int) -> str | None:
         """The reason to record when the memory limit ended the command (None otherwise);
         removes the cgroups (those still holding exiting processes are retried for a
@@ -448,21 +460,8 @@ class _Limits:
             reason = f"out of host memory (limit {self.limit})"
             if code != -signal.SIGKILL:
                 reason += ": one of its processes was killed"
-        deadline = time.monotonic() + 1.0
-        left = list(self.join)
-        while left:
-            for directory in list(left):
-                try:
-                    os.rmdir(directory)
-                except FileNotFoundError:
-                    left.remove(directory)
-                except OSError:
-                    continue
-                else:
-                    left.remove(directory)
-            if not left or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
+        for directory in self.join:
+            remove_cgroup(directory)
         return reason
 
 
@@ -589,6 +588,14 @@ class _Wrapper:
             os.killpg(self.child.pid, signal.SIGKILL)
         code = self.child.wait()
         self.finished = True
+        if limits is not None:
+            # what it left running outside its group (setsid) is still in its cgroup(s):
+            # killed now, before the exit is recorded and its share handed to anyone else
+            limits.kill()
+        elif os.getsid(0) == os.getpid():
+            # no cgroup: what left the group but not the session, when the wrapper leads
+            # its session (as the launcher starts it; never a session it was run from)
+            kill_session(os.getpid(), spare=os.getpid())
         if self.relay is not None:
             self.relay.finish()
         reason = _signal_reason(code)

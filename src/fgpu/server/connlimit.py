@@ -16,8 +16,10 @@ logged. Three rules, applied by :class:`ConnectionGuard` where a connection is a
   :mod:`fgpu.server.guesses`): it never grants anything, a TCP caller is still who its
   token says.
 - **in total:** at most :attr:`ConnectionLimits.total` open connections, by default the
-  process's file limit (``RLIMIT_NOFILE``, soft) less :attr:`ConnectionLimits.reserve`
-  descriptors kept for the store, the governor and the memory guard and the workloads' logs.
+  process's file limit (``RLIMIT_NOFILE``, soft, which the service raises to the hard limit
+  at start: :mod:`fgpu.server.fdbudget`) less :attr:`ConnectionLimits.reserve`
+  descriptors kept for the store, the governor and the memory guard and the workloads' logs,
+  less the descriptors its running workloads hold (:attr:`ConnectionGuard.workload_fds`).
   One more is answered with HTTP 503 and closed.
 - **time:** a request (head and body) must arrive completely within
   :attr:`ConnectionLimits.request_timeout_s` of its first byte (of the connection, for the
@@ -203,9 +205,19 @@ class ConnectionGuard:
         nofile: the file limit to size the total from (default :func:`file_limit`).
     """
 
-    def __init__(self, limits: ConnectionLimits, nofile: int | None = None) -> None:
+    def __init__(
+        self,
+        limits: ConnectionLimits,
+        nofile: int | None = None,
+        workload_fds: Callable[[], int] | None = None,
+    ) -> None:
         self.limits = limits
         self.total = limits.resolved_total(nofile)
+        self.workload_fds = workload_fds
+        """Descriptors the running workloads hold in the service now (pidfds, freezer
+        files: :data:`fgpu.server.fdbudget.FDS_PER_WORKLOAD` each); the total cap is lowered
+        by them (to no less than :data:`MIN_TOTAL`), so that connections and workloads
+        together stay under the file limit with the reserve kept."""
         self._open: dict[Peer, int] = {}
         self._count = 0
         self._lock = threading.Lock()
@@ -227,6 +239,13 @@ class ConnectionGuard:
         """Connections of ``peer`` admitted and not yet released."""
         return self._open.get(peer, 0)
 
+    def cap(self) -> int:
+        """The total cap now: :attr:`total` less :attr:`workload_fds`, at least
+        :data:`MIN_TOTAL`."""
+        if self.workload_fds is None:
+            return self.total
+        return max(MIN_TOTAL, self.total - self.workload_fds())
+
     def admit(self, peer: Peer) -> tuple[int, str] | None:
         """Count one more connection of ``peer``; or, over a cap, count nothing and return
         ``(HTTP status, reason)`` to refuse it with (429 per peer, 503 in total)."""
@@ -238,11 +257,12 @@ class ConnectionGuard:
                     f"too many open connections from {describe(peer)}: {have} open, limit "
                     f"{self.limits.per_peer} (--max-connections-per-user); close some first",
                 )
-            elif self._count >= self.total:
+            elif self._count >= (cap := self.cap()):
+                held = "" if cap == self.total else ", less what its workloads hold"
                 refusal = (
                     503,
                     f"the server has {self._count} open connections, its limit "
-                    f"(--max-connections {self.total}); try again shortly",
+                    f"(--max-connections {self.total}{held}: {cap}); try again shortly",
                 )
             else:
                 self._open[peer] = have + 1

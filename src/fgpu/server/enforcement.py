@@ -44,7 +44,7 @@ from fgpu import states
 from fgpu.agent.backend import GpuBackend, GpuProcess, SimulatedBackend
 from fgpu.agent.events import AgentEvent, EventLog
 from fgpu.agent.governor.activity import HintListener
-from fgpu.agent.governor.freezer import detect_freezer
+from fgpu.agent.governor.freezer import CgroupFreezer, cgroup2_mount, detect_freezer
 from fgpu.agent.governor.plan import ComputeMode, GpuPolicy, PriorityPolicy
 from fgpu.agent.governor.runtime import (
     GovernedWorkload,
@@ -212,6 +212,7 @@ class Enforcement:
         )
         self.guard = MemoryGuard(
             backend,
+            inside=_inside_workloads(self.governor.freezer),
             policy=config.memory_policy,
             interval_s=config.memory_interval_s,
             events=self.events,
@@ -550,3 +551,27 @@ class Enforcement:
                 self._record(event)
             except Exception as exc:  # e.g. the workload row is gone; the log has it
                 log.warning("agent event not stored (%s): %s", exc, event)
+
+
+def _inside_workloads(freezer: object) -> Callable[[int], bool] | None:
+    """Whether a process is in a workload cgroup of this service (under the cgroup v2
+    freezer's root, where every workload starts: :mod:`fgpu.agent.hostlimits`); None without
+    such a root (then GPU memory outside workloads cannot be told, issue 27 point 1c). A
+    process already gone counts as inside (nothing to report)."""
+    inner = getattr(freezer, "inner", freezer)
+    mount = cgroup2_mount()
+    if not isinstance(inner, CgroupFreezer) or mount is None:
+        return None
+    try:
+        prefix = "/" + str(inner.root.relative_to(mount)) + "/"
+    except ValueError:
+        return None
+
+    def inside(pid: int) -> bool:
+        try:
+            text = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8")
+        except OSError:
+            return True
+        return any(line[3:].startswith(prefix) for line in text.splitlines() if line[:3] == "0::")
+
+    return inside

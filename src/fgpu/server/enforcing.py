@@ -91,7 +91,10 @@ class EnforcementHooks:
 
     def _store_agent_event(self, event: AgentEvent) -> None:
         self.store.record_event(
-            event.workload_id, event.kind, event.reason, self._listed(event.message)
+            event.workload_id or None,  # "": of no workload (GPU memory outside fgpu)
+            event.kind,
+            event.reason,
+            self._listed(event.message),
         )
 
 

@@ -29,6 +29,7 @@ from fgpu.sched.workload import (
     Wait,
     Workload,
 )
+from fgpu.server.fdbudget import launch_shortfall
 from fgpu.server.jobrules import JobRules
 from fgpu.server.mig_pool import MigCandidate
 from fgpu.server.output_limits import CHECK_EVERY_S, Running
@@ -222,6 +223,10 @@ class SchedulingLoop(JobRules):
                 if self._stopping:  # stopping: start nothing more (the next start decides)
                     break
                 if isinstance(action, Place):
+                    short = launch_shortfall()
+                    if short is not None:  # pending, with why, rather than half-launched
+                        reasons[action.workload] = short
+                        continue
                     self._start(action.workload, action.allocation)
                 elif isinstance(action, Preempt):
                     self._evict_kinds[action.victim] = action.kind
@@ -285,9 +290,14 @@ class SchedulingLoop(JobRules):
         result = self.mig.schedule(candidates, instances, budget, self.store.record_event)
         for line in result.changes:
             log.info("MIG: %s", line)
+        waits = dict(result.waits)
         for place in result.places:
+            short = launch_shortfall()
+            if short is not None:
+                waits[place.workload] = short
+                continue
             self._start(place.workload, place.allocation, mig=place.instance, reason=place.reason)
-        return result.waits
+        return waits
 
     def plan(self) -> Decision:
         """Read the store and ask the decision core, without acting (what a round decides)."""

@@ -597,6 +597,9 @@ def run_serve(
         if policy.strip() == "":
             raise ServeOptionError("--policy: give a policy name")
         connection_limits = connection_limits or ConnectionLimits()
+        from fgpu.server.fdbudget import raise_file_limit
+
+        raise_file_limit()  # workloads hold descriptors too (fgpu.server.fdbudget)
         try:
             connection_limits.check()
         except LimitError as exc:
@@ -953,6 +956,9 @@ def _start(
         log.info("serving metrics on http://%s:%d/metrics", *metrics_address)
     log.info("serving the API on %s (pid %d)", path, os.getpid())
     try:
+        from fgpu.server.fdbudget import FDS_PER_WORKLOAD
+
+        server.workload_fds = lambda: FDS_PER_WORKLOAD * service.running_processes
         server.run(create_app(service, token=token, token_uid=token_uid))
     finally:
         if metrics_server is not None:

@@ -105,12 +105,13 @@ class ProcessControl(ServiceCore):
         )
         try:
             handle = self.launcher.launch(spec)
-        except LaunchError as exc:
+        except LaunchError as exc:  # the launcher killed what it had started
             if limits is not None:
                 self.host_limits.discard(limits)
             self._tracked.mark_finished(workload_id, FAILED, reason=f"could not launch: {exc}")
             return
         except Exception as exc:  # never leave a placement without a process
+            self._end_cgroups(workload_id)  # nor a process without a placement
             if limits is not None:
                 self.host_limits.discard(limits)
             log.exception("launching %s failed", workload_id)
@@ -131,6 +132,7 @@ class ProcessControl(ServiceCore):
             log.exception("recording the process of %s failed; stopping it", workload_id)
             with contextlib.suppress(Exception):
                 self.launcher.terminate(handle, 0.0)
+            self._end_cgroups(workload_id)
             why = f"could not record its process: {type(exc).__name__}: {exc}"
             try:
                 self._tracked.mark_finished(workload_id, FAILED, reason=why)
@@ -139,6 +141,11 @@ class ProcessControl(ServiceCore):
             return
         self._watch(handle)
         self._enforce()
+
+    @property
+    def running_processes(self) -> int:
+        """How many workload processes the service watches now."""
+        return len(self._handles)
 
     def _stop(self, workload_id: str, reason: str) -> None:
         """Record the stop, then signal the process (grace period, then SIGKILL).
@@ -210,6 +217,12 @@ class ProcessControl(ServiceCore):
         if state.status is ProcessStatus.LOST and self.launcher.signal(handle, signal.SIGKILL):
             # the wrapper died (killed from outside); what it ran must not keep the GPU
             reason = f"{reason}; its remaining processes were killed"
+        # The wrapper empties and removes the workload's cgroups before it records the exit;
+        # one killed from outside could not: nothing it started may outlive the share
+        # (also what left its process group, setsid), so that is done here.
+        left = self._end_cgroups(workload_id)
+        if left and state.status is ProcessStatus.LOST:
+            reason = f"{reason}; {len(left)} process(es) left in its cgroup were killed"
         with self._lock:
             self._handles.pop(workload_id, None)
             try:
@@ -219,6 +232,23 @@ class ProcessControl(ServiceCore):
                 return
         self._enforce()
         self.wake()
+
+    def _end_cgroups(self, workload_id: str) -> list[int]:
+        """Kill what is left in the workload's cgroups and remove them
+        (:meth:`fgpu.agent.hostlimits.HostLimiter.end_workload`); the pids killed, logged."""
+        try:
+            killed = self.host_limits.end_workload(workload_id)
+        except OSError as exc:
+            log.error("could not empty the cgroups of workload %s: %s", workload_id, exc)
+            return []
+        if killed:
+            log.warning(
+                "workload %s left %d process(es) in its cgroup after its end (pids %s); killed",
+                workload_id,
+                len(killed),
+                " ".join(map(str, killed[:20])),
+            )
+        return killed
 
     def _keep_end(
         self, workload_id: str, code: int | None, why: str | None, at: float, exc: Exception

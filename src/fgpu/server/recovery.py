@@ -205,6 +205,9 @@ class Recovery(Suspension):
         if not isinstance(inner, CgroupFreezer):
             return []
         watched = {inner.path(h).name for h in self._handles.values()}
+        # the cgroup each watched workload started in (the wrapper joined it before the
+        # command), also before the governor has adopted it again after a restart
+        watched |= {name for h in self._handles.values() if (name := _cgroup_name(h.pgid))}
         try:
             children = sorted(p for p in inner.root.iterdir() if p.is_dir())
         except OSError:
@@ -275,6 +278,18 @@ class Recovery(Suspension):
                 stderr_path=str(found.stderr_path),
             )
         return found
+
+
+def _cgroup_name(pid: int) -> str | None:
+    """The last part of ``pid``'s cgroup v2 path (``0::/fgpu/.../NAME``), or None."""
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::") and line[3:].strip("/"):
+            return line[3:].rstrip("/").rsplit("/", 1)[-1]
+    return None
 
 
 def _signal_all(group: Path, sig: int) -> None:

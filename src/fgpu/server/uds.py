@@ -155,6 +155,9 @@ class ApiServer:
         self.socket_path = socket_path
         self.limits = limits if limits is not None else ConnectionLimits()
         self.guard: ConnectionGuard | None = None
+        self.workload_fds: Callable[[], int] | None = None
+        """Descriptors the workloads hold (:attr:`ConnectionGuard.workload_fds`); set
+        before :meth:`run`."""
         """The connection counts, once :meth:`run` has started."""
         self.listen = listen
         self.log_level = log_level
@@ -216,7 +219,7 @@ class ApiServer:
         The app's lifespan startup runs before the first request is taken; when it fails,
         the server logs why and exits with status 3 (uvicorn's ``SystemExit``).
         """
-        guard = ConnectionGuard(self.limits)
+        guard = ConnectionGuard(self.limits, workload_fds=self.workload_fds)
         self.guard = guard
 
         class GuardedProtocol(PeerCredProtocol):

@@ -548,8 +548,11 @@ class Governor:
         fds = [self._wake_r]
         if self.listener is not None:
             fds.append(self.listener.fileno())
+        poller = select.poll()  # not select(): it refuses descriptors above 1023
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         with contextlib.suppress(InterruptedError, OSError, ValueError):
-            ready, _, _ = select.select(fds, [], [], timeout)
+            ready = {fd for fd, _ in poller.poll(timeout * 1000)}
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
