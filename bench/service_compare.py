@@ -42,13 +42,16 @@ def run_once(src: Path | None) -> dict[str, Any]:
         env["PYTHONPATH"] = str(src)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "out.json"
-        subprocess.run(
+        run = subprocess.run(
             [sys.executable, str(HERE / "service.py"), "--out", str(out)],
             env=env,
-            check=True,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
+        if run.returncode != 0:
+            side = src if src is not None else "this tree"
+            raise SystemExit(f"bench/service.py failed for {side}:\n{run.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(out.read_text())
         return result
 
