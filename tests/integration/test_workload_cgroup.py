@@ -30,6 +30,7 @@ from fgpu.agent.governor.freezer import cgroup2_mount
 from fgpu.agent.hostlimits import HostLimiter
 from fgpu.agent.launcher import Launcher, LaunchError, LaunchSpec, ProcessHandle, ProcessState
 from fgpu.agent.process import DEAD_STATES, proc_stat
+from fgpu.log_files import stream_text
 from fgpu.server.fdbudget import FDS_PER_WORKLOAD, FLOOR_FDS, LAUNCH_FDS
 from fgpu.server.service import Caller, Service
 from fgpu.wire import SubmitRequest
@@ -145,7 +146,7 @@ def test_a_child_that_calls_setsid_at_once_is_in_the_workloads_cgroup(
         )
         assert cgroup_of(child) == cgroup_of(handle.pgid)
         assert cgroup_of(child).endswith("/" + own), cgroup_of(child)
-        wait_for(lambda: "refused" in handle.stdout_path.read_text(), "alice's move refused")
+        wait_for(lambda: "refused" in stream_text(handle.stdout_path), "alice's move refused")
         assert cgroup_of(child).endswith("/" + own)
     finally:
         Launcher().terminate(handle, grace_s=5.0)
@@ -274,7 +275,7 @@ def test_a_launch_works_when_the_agent_has_descriptors_past_1023(tmp_path: Path)
         for fd in held:
             os.close(fd)
     assert (state.exit_code, state.reason) == (0, None)
-    assert handle.stdout_path.read_text() == "hi\n"
+    assert stream_text(handle.stdout_path) == "hi\n"
 
 
 def test_launches_wait_when_the_service_runs_short_of_descriptors() -> None:
