@@ -31,7 +31,7 @@ from fgpu.sched.decide import Decision, Scheduler, SchedulerConfig
 from fgpu.sched.frag import TargetWorkload
 from fgpu.sched.rounds import FALLBACK_TARGET
 from fgpu.sched.state import ClusterState
-from fgpu.sched.workload import QueueTree, Resources, Workload
+from fgpu.sched.workload import Hold, QueueTree, Resources, Workload
 from fgpu.server.enforcement import Enforcement, EnforcementConfig
 from fgpu.server.enforcing import EnforcementHooks
 from fgpu.server.eventwords import as_listed
@@ -185,6 +185,7 @@ class ServiceCore(EnforcementHooks):
         self._pidfds: dict[str, int] = {}
         self._reasons: dict[str, str] = {}
         self._last: Decision | None = None
+        self._saved_holds: dict[str, Hold] | None = None  # the holds as stored (loop.py)
         self._target_key: tuple[Request, ...] | None = None
         self._scheduler = self._make_scheduler(FALLBACK_TARGET)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -164,6 +164,7 @@ class JobRules(Recovery):
         self._gate_reasons: dict[str, str] = {}
         self._outcomes: dict[str, tuple[str, str]] = {}  # finished workloads: (phase, name)
         self._limit_timer: asyncio.TimerHandle | None = None
+        self._armed_for: float | None = None  # the earliest time limit the timer is set for
         self._dependency_memo: dict[str, tuple[str, str]] = {}
 
     # ------------------------------------------------------------- at submission
@@ -449,7 +450,13 @@ class JobRules(Recovery):
             and r.started_at is not None
             and r.cancelled_by is None
         ]
-        delay = None if not deadlines else max(0.0, min(deadlines) - self.clock()) + _TIMER_SLACK_S
+        earliest = min(deadlines) if deadlines else None
+        timer = self._limit_timer
+        pending = timer is not None and timer.when() > loop.time()
+        if earliest == self._armed_for and (earliest is None or pending):
+            return  # the timer already wakes the loop for it (most rounds change nothing)
+        self._armed_for = earliest
+        delay = None if earliest is None else max(0.0, earliest - self.clock()) + _TIMER_SLACK_S
 
         def arm() -> None:
             if self._limit_timer is not None:

@@ -211,7 +211,9 @@ class SchedulingLoop(JobRules):
             if self._last is None or decision.warnings != self._last.warnings:
                 for warning in decision.warnings:
                     log.warning("queues: %s", warning)
-            self.store.save_holds(decision.holds)
+            if decision.holds != self._saved_holds:  # most rounds keep the holds they found
+                self.store.save_holds(decision.holds)
+                self._saved_holds = dict(decision.holds)
             self._last = decision
             # what users read, in the words of fgpu ls (GPUs, workloads, priorities by name)
             listed = self._lister()
@@ -310,7 +312,9 @@ class SchedulingLoop(JobRules):
         )
         self._refresh_target(workloads)
         tree = self._queue_tree()
-        holds = self.store.load_holds()
+        if self._saved_holds is None:  # read once: this service is the store's only writer
+            self._saved_holds = self.store.load_holds()
+        holds = self._saved_holds
         return self._scheduler.decide(now, state, tree, workloads, holds, self._mig_use())
 
     def _mig_use(self) -> OutsideUse | None:
