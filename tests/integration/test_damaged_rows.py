@@ -170,3 +170,29 @@ def test_a_damaged_running_row_does_not_stop_the_start_and_its_process_is_stoppe
         assert ended.returncode == 0, ended.stderr
         assert json.loads(ended.stdout)["phase"] == "cancelled"
         assert s.phase(running) == "cancelled"
+
+
+def test_roots_cancel_of_a_row_damaged_while_it_runs_stops_its_process() -> None:
+    """The row of a running workload is damaged while the server runs (trial finding: the
+    admin's cancel ended the row, then failed with a 500 and left the process running)."""
+    with started_server("fgpu-damaged-live-", "1xA100-40GB") as s:
+        running = s.submit("--gpu", "1", command=["sleep", "600"])
+        s.wait_phase(running, "running")
+        wait_for((s.state_dir / "logs" / running / "handle.json").is_file, "its handle")
+        pid = int(s.handle(running)["pid"])
+        damage(s, "", [running])  # SQLite in WAL mode takes the write beside the server
+        ended = run(s, None, "cancel", running, "--json")
+        assert ended.returncode == 0, ended.stderr
+        assert json.loads(ended.stdout)["phase"] == "cancelled"
+
+        def gone() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            with open(f"/proc/{pid}/stat") as stat:  # a zombie until its parent reaps it
+                return stat.read().split(") ")[1].startswith("Z")
+
+        wait_for(gone, "the cancelled workload's process to end")
+        assert s.phase(running) == "cancelled"
+        assert "Traceback" not in s.server_log()

@@ -154,8 +154,10 @@ class ProcessControl(ServiceCore):
         service (a stop resumed by recovery waits only what is left of it).
         """
         record = self.store.get(workload_id)
-        if record.stop_requested_at is None:
+        if record.stop_requested_at is None and record.holds_allocation:
             record = self._freeing(lambda: self._tracked.mark_stopping(workload_id, reason))
+        # else already ended in the store (a damaged row an admin ended): only the process
+        # is left to stop, and its end finds the row ended
         handle = self._handles.get(workload_id)
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
