@@ -247,10 +247,21 @@ class JobRules(Recovery):
 
     def _array_refs(self, caller: Caller, ref: str) -> list[WorkloadRecord] | None:
         """The tasks of the array ``ref`` means, by its id (anyone's) or as the name of the
-        caller's own active array; None when it means no array."""
+        caller's own active array (for an admin, also the one active array of that name
+        among all users' when the caller has none); None when it means no array."""
         tasks = self.store.array_tasks(ref)
         if not tasks:
             array_id = self.store.active_array_names(caller.uid, [ref]).get(ref)
+            if array_id is None and self._is_admin(caller):
+                with self._mirror_lock:
+                    self._load_mirror()
+                    found = {
+                        array
+                        for (_, name), arrays in self._arrays.items()
+                        if name == ref
+                        for array in arrays
+                    }
+                array_id = found.pop() if len(found) == 1 else None
             if array_id is None:
                 return None
             tasks = self.store.array_tasks(array_id)
