@@ -4,7 +4,8 @@ looping ``GET /v1/workloads?all=true&limit=10000&brief=true`` made every other u
 
 A real server with ``--listings-at-once 2`` and heavy finished rows (so a page takes time);
 bob (a real local user) floods it with many concurrent listings from his own process, and
-while the flood goes on alice's ``fgpu ls`` and raw listings succeed every time, while bob's
+while the flood goes on alice's ``fgpu ls``, raw listings and ``fgpu cancel --all`` (which
+lists first) succeed every time, while bob's
 extra listings get 503 with ``Retry-After`` naming the per-user rule.
 """
 
@@ -162,6 +163,10 @@ def test_one_users_flood_of_listings_leaves_turns_to_others(server: ServerProces
             answer = json.loads(out)
             assert answer["status"] == 200, (answer, err)
             assert flood.poll() is None, "the flood went on"
+        cancel = server.cli("cancel", "--all", user=as_user(ALICE), check=False)  # lists first
+        assert cancel.returncode == 0, (
+            f"alice's fgpu cancel --all: {cancel.stdout}\n{cancel.stderr}"
+        )
         before = len(bob.snapshot())
         wait_for(lambda: len(bob.snapshot()) > before, "bob's flood to go on", DEADLINE_S)
     finally:
