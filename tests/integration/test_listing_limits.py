@@ -7,6 +7,9 @@ workloads with 256 KiB commands was ~256 MB per answer).
   page is still bounded by the bytes it reads from the store: memory, not only the answer).
 - At most ``--listings-at-once`` listings are made at once; beyond the queue a listing gets
   503 with ``Retry-After`` naming the limit (the app in-process, its gate held by the test).
+- One user has at most one listing made at once and two waiting (one more gets 503 naming
+  the per-user rule); a freed turn goes to the user served longest ago (the gate alone; the
+  real multi-user flood is in test_listing_fairness.py).
 - A bad ``--listing-max-bytes`` is refused at start, naming the flag.
 """
 
@@ -220,3 +223,84 @@ def test_bad_listing_flags_are_refused_at_start(
     assert result.returncode == 2, result.stderr
     assert flag in result.stderr, result.stderr
     assert words in result.stderr, result.stderr
+
+
+class Holder:
+    """A thread holding a turn of ``gate`` as ``user`` until :attr:`release` is set."""
+
+    def __init__(self, gate: ListingGate, user: int) -> None:
+        self.release = threading.Event()
+        self.inside = threading.Event()
+        self.error: Unavailable | None = None
+        self._gate = gate
+        self._user = user
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self._gate.turn(self._user):
+                self.inside.set()
+                self.release.wait(60)
+        except Unavailable as refused:
+            self.error = refused
+
+    def finish(self) -> None:
+        self.release.set()
+        self._thread.join(60)
+
+
+def test_the_gate_gives_one_user_one_turn_and_two_waiting() -> None:
+    gate = ListingGate(concurrent=2, queued=16, wait_s=60)
+    bob, alice = 1001, 1002
+    first = Holder(gate, bob)
+    assert first.inside.wait(60)
+    waiters = [Holder(gate, bob), Holder(gate, bob)]  # bob's other turn stays for others
+    wait_for(lambda: gate.waiting_of(bob) == 2, "bob's two listings to wait")
+    assert gate.running == 1
+    with pytest.raises(Unavailable) as refused, gate.turn(bob):
+        pass
+    assert refused.value.status == 503
+    assert refused.value.retry_after_s == 1
+    assert "uid 1001 already has 1 being made and 2 waiting" in refused.value.reason
+    assert "each user gets at most 1 made at once and 2 waiting" in refused.value.reason
+    with gate.turn(alice):  # the other turn is alice's at once, bob's queue or not
+        assert (gate.running_of(alice), gate.running_of(bob)) == (1, 1)
+    first.finish()
+    wait_for(lambda: sum(w.inside.is_set() for w in waiters) == 1, "one of bob's to go")
+    assert gate.running_of(bob) == 1  # never two of bob's at once
+    for waiter in waiters:
+        waiter.finish()
+    assert [w.error for w in waiters] == [None, None]
+    assert all(w.inside.is_set() for w in waiters)
+    assert (gate.running, gate.waiting) == (0, 0)
+
+
+def test_a_freed_turn_goes_to_the_user_served_longest_ago() -> None:
+    gate = ListingGate(concurrent=1, queued=16, wait_s=60, per_user_queued=2)
+    bob, alice = 1001, 1002
+    first = Holder(gate, bob)
+    assert first.inside.wait(60)
+    bob_next = Holder(gate, bob)  # waits first
+    wait_for(lambda: gate.waiting == 1, "bob's second listing to wait")
+    alice_next = Holder(gate, alice)  # waits after, but alice was not served yet
+    wait_for(lambda: gate.waiting == 2, "alice's listing to wait")
+    first.finish()
+    assert alice_next.inside.wait(60)
+    assert not bob_next.inside.is_set()
+    alice_next.finish()
+    assert bob_next.inside.wait(60)
+    bob_next.finish()
+    assert (gate.running, gate.waiting) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        pytest.param({"per_user": 0}, "per_user 0 must be >= 1", id="per-user"),
+        pytest.param({"per_user_queued": -1}, "per_user_queued -1 >= 0", id="queued"),
+    ],
+)
+def test_the_gate_refuses_bad_shares(options: dict[str, int], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        ListingGate(**options)

@@ -477,8 +477,8 @@ def create_app(
     busy: dict[int | str, dict[str, Any]] = {
         503: {
             "model": ErrorResponse,
-            "description": "too many listings at once (field listing; Retry-After says when "
-            "to try again)",
+            "description": "too many listings at once, or of the caller's uid at once (field "
+            "listing; Retry-After says when to try again)",
         }
     }
 
@@ -553,7 +553,8 @@ def create_app(
         longer than the server's byte budget (``fgpu serve --listing-max-bytes``, 8 MiB).
         Rows of the store that cannot be decoded are left out and named in the header
         ``X-Fgpu-Skipped-Rows`` (JSON: ``{"count": N, "ids": [...]}``). 503 with
-        ``Retry-After`` when too many listings are made at once."""
+        ``Retry-After`` when too many listings are made at once, or the caller already has
+        their share (one made and two waiting per uid)."""
         answer = service.workload_page(
             caller,
             include_done=include_done,

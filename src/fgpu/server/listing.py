@@ -5,8 +5,11 @@ ends at a workload, and the cursor of the next page names it as ``<submitted_at>
 A page is bounded twice: by ``limit`` workloads and by :data:`DEFAULT_MAX_BYTES` of JSON (a
 page stops before the workload that would cross it; its cursor goes on from there), so a user
 with huge commands makes more pages, not bigger ones. At most :data:`DEFAULT_CONCURRENT`
-pages are made at once (:class:`ListingGate`); up to :data:`DEFAULT_QUEUED` more wait their
-turn, and one beyond that gets 503 with ``Retry-After``. Peak memory of listings is so about
+pages are made at once (:class:`ListingGate`), at most :data:`DEFAULT_PER_USER` of them one
+user's; up to :data:`DEFAULT_QUEUED` more wait their turn (at most
+:data:`DEFAULT_PER_USER_QUEUED` of one user), and one beyond that gets 503 with
+``Retry-After`` naming the rule, so one user's flood of listings leaves the other turns to
+other users. Peak memory of listings is so about
 ``concurrent x 3 x max_bytes`` (the page's records, views and JSON) whatever the backlog.
 """
 
@@ -42,7 +45,13 @@ DEFAULT_CONCURRENT = 2
 """Listing answers made at once (reading, rendering and encoding a page)."""
 
 DEFAULT_QUEUED = 16
-"""Listing requests that may wait for a turn; one more gets 503."""
+"""Listing requests that may wait for a turn, all users together; one more gets 503."""
+
+DEFAULT_PER_USER = 1
+"""Listing answers one user (uid) has made at once; the other turns stay for other users."""
+
+DEFAULT_PER_USER_QUEUED = 2
+"""Listing requests one user may have waiting; one more of theirs gets 503."""
 
 SKIPPED_IDS_SHOWN = 100
 """Most ids of skipped damaged rows one answer names (its count is always whole)."""
@@ -77,15 +86,25 @@ class ListingAnswer:
 
 
 class ListingGate:
-    """At most ``concurrent`` listings at once; ``queued`` more wait (each at most
-    ``wait_s``); any other gets :class:`Unavailable` (503, ``Retry-After: 1``) naming the
-    limit. Thread-safe (the routes run in a thread pool).
+    """At most ``concurrent`` listings at once, and at most ``per_user`` of them for one
+    user; ``queued`` more wait in all (each at most ``wait_s``), at most ``per_user_queued``
+    of them one user's. A request beyond its user's share, or beyond the queue, gets
+    :class:`Unavailable` (503, ``Retry-After: 1``) naming the rule it broke. Thread-safe
+    (the routes run in a thread pool).
+
+    Fairness (issue 27, trial finding: one user's 64 looping listings made everyone else's
+    ``fgpu ls`` 503): since one user makes at most ``per_user`` pages at once and waits with
+    at most ``per_user_queued`` more, the other slots and the rest of the queue stay for
+    other users; a freed slot goes to the waiter whose user was served longest ago (round
+    robin over users; first come first served within one user).
 
     Args:
         concurrent: listings made at once (>= 1).
-        queued: listings that may wait (>= 0).
+        queued: listings that may wait, all users together (>= 0).
         wait_s: longest wait, seconds.
         clock: monotonic seconds (tests pass theirs).
+        per_user: listings one user makes at once (>= 1).
+        per_user_queued: listings one user may have waiting (>= 0).
     """
 
     def __init__(
@@ -94,16 +113,40 @@ class ListingGate:
         queued: int = DEFAULT_QUEUED,
         wait_s: float = WAIT_S,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        per_user: int = DEFAULT_PER_USER,
+        per_user_queued: int = DEFAULT_PER_USER_QUEUED,
     ) -> None:
         if concurrent < 1 or queued < 0:
             raise ValueError(f"concurrent {concurrent} must be >= 1 and queued {queued} >= 0")
+        if per_user < 1 or per_user_queued < 0:
+            raise ValueError(
+                f"per_user {per_user} must be >= 1 and per_user_queued {per_user_queued} >= 0"
+            )
         self.concurrent = concurrent
         self.queued = queued
         self.wait_s = wait_s
+        self.per_user = per_user
+        self.per_user_queued = per_user_queued
         self._clock = clock
         self._turn = threading.Condition()
         self.running = 0
         self.waiting = 0
+        self._running_of: dict[int | None, int] = {}
+        self._waiting_of: dict[int | None, int] = {}
+        self._queue: list[tuple[int, int | None]] = []  # (ticket, user), in arrival order
+        self._served: dict[int | None, int] = {}  # user -> ticket of their last turn
+        self._tickets = 0
+
+    def running_of(self, user: int | None) -> int:
+        """Listings ``user`` has being made now."""
+        with self._turn:
+            return self._running_of.get(user, 0)
+
+    def waiting_of(self, user: int | None) -> int:
+        """Listings ``user`` has waiting now."""
+        with self._turn:
+            return self._waiting_of.get(user, 0)
 
     def _busy(self, why: str) -> Unavailable:
         return Unavailable(
@@ -112,34 +155,79 @@ class ListingGate:
             "wait; try again in a second",
         )
 
+    def _over_share(self, user: int | None) -> Unavailable:
+        who = "this caller" if user is None else f"uid {user}"
+        return Unavailable(
+            "listing",
+            f"too many listings of one user at once: {who} already has "
+            f"{self._running_of.get(user, 0)} being made and {self._waiting_of.get(user, 0)} "
+            f"waiting; each user gets at most {self.per_user} made at once and "
+            f"{self.per_user_queued} waiting (the rest stay for other users); try again in a "
+            "second",
+        )
+
+    def _may_start(self, user: int | None) -> bool:
+        return self.running < self.concurrent and self._running_of.get(user, 0) < self.per_user
+
+    def _next(self) -> int | None:
+        """The ticket whose turn it is: among waiters that may start, the one whose user was
+        served longest ago (then the oldest); None when no waiter may start."""
+        best: tuple[int, int] | None = None
+        for ticket, user in self._queue:
+            if self._may_start(user):
+                key = (self._served.get(user, -1), ticket)
+                if best is None or key < best:
+                    best = key
+        return None if best is None else best[1]
+
+    def _count(self, table: dict[int | None, int], user: int | None, step: int) -> None:
+        value = table.get(user, 0) + step
+        if value:
+            table[user] = value
+        else:
+            del table[user]
+
     @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Hold a turn for the block.
+    def turn(self, user: int | None = None) -> Iterator[None]:
+        """Hold a turn for the block, as ``user`` (the caller's uid).
 
         Raises:
-            Unavailable: every turn is taken and the queue is full, or the wait ran out.
+            Unavailable: ``user`` already has their share being made and waiting, or every
+                turn is taken and the queue is full, or the wait ran out.
         """
         with self._turn:
-            if self.running >= self.concurrent:
+            self._tickets += 1
+            ticket = self._tickets
+            if not self._may_start(user) or self._next() is not None:  # else: go at once
+                if self._waiting_of.get(user, 0) >= self.per_user_queued:
+                    raise self._over_share(user)
                 if self.waiting >= self.queued:
                     raise self._busy("too many listings at once")
                 self.waiting += 1
+                self._count(self._waiting_of, user, 1)
+                self._queue.append((ticket, user))
                 try:
                     end = self._clock() + self.wait_s
-                    while self.running >= self.concurrent:
+                    while self._next() != ticket:
                         left = end - self._clock()
                         if left <= 0:
                             raise self._busy(f"no turn within {self.wait_s:g} s")
                         self._turn.wait(left)
                 finally:
                     self.waiting -= 1
+                    self._count(self._waiting_of, user, -1)
+                    self._queue.remove((ticket, user))
+                    self._turn.notify_all()  # the next waiter may go now
             self.running += 1
+            self._count(self._running_of, user, 1)
+            self._served[user] = ticket
         try:
             yield
         finally:
             with self._turn:
                 self.running -= 1
-                self._turn.notify()
+                self._count(self._running_of, user, -1)
+                self._turn.notify_all()
 
 
 def brief_command(argv: Iterable[str], limit: int = BRIEF_COMMAND_CHARS) -> list[str]:
@@ -250,6 +338,8 @@ __all__ = [
     "DEFAULT_CONCURRENT",
     "DEFAULT_MAX_BYTES",
     "DEFAULT_PAGE",
+    "DEFAULT_PER_USER",
+    "DEFAULT_PER_USER_QUEUED",
     "DEFAULT_QUEUED",
     "MAX_PAGE",
     "SKIPPED_IDS_SHOWN",

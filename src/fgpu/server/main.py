@@ -412,8 +412,8 @@ def serve(
     listings_at_once: Annotated[
         int,
         typer.Option(
-            help="Listing answers made at once; 16 more wait, beyond that HTTP 503 with "
-            "Retry-After.",
+            help="Listing answers made at once, at most 1 of them one user's; 16 more wait "
+            "(at most 2 of one user), beyond that HTTP 503 with Retry-After.",
             rich_help_panel="Limits",
         ),
     ] = 2,

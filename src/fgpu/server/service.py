@@ -451,7 +451,8 @@ class Service(SchedulingLoop):
 
         The page holds at most ``limit`` workloads and at most :attr:`listing_max_bytes`
         of JSON (it stops before the workload that would cross it; the cursor goes on from
-        there), and is made in a turn of :attr:`listing_gate` (at most so many at once).
+        there), and is made in a turn of :attr:`listing_gate` as the caller's uid (at most so
+        many at once, and at most one per user: one user's flood leaves turns to others).
 
         Args:
             caller: who asks.
@@ -465,14 +466,14 @@ class Service(SchedulingLoop):
 
         Raises:
             BadRequest: ``limit`` out of range, or a malformed ``cursor`` (echoed).
-            Unavailable: too many listings at once (503).
+            Unavailable: too many listings at once, or of this user at once (503).
         """
         if limit is not None and not 1 <= limit <= MAX_PAGE:
             raise BadRequest("limit", f"{limit} must be between 1 and {MAX_PAGE}")
         after = parse_cursor(cursor)
         owner = caller.uid if mine else None
         budget = self.listing_max_bytes
-        with self.listing_gate.turn():
+        with self.listing_gate.turn(caller.uid):
             reasons = self._reasons
             states = self._gpu_states()
             names = {r.id: r.name for r in self._active_records()}
