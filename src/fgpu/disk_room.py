@@ -8,10 +8,12 @@ Two guards, each a plain rule on the free space of the state folder's file syste
   :data:`DEFAULT_RESERVE_BYTES` and :data:`DEFAULT_RESERVE_PERCENT` % of the disk): the launch
   wrapper (:mod:`fgpu.agent.runner`) appends a workload's output only while the disk has more
   free than the reserve (never more than :data:`MAX_RESERVE_SHARE` of the disk's size, so a
-  small disk keeps most of its room for use). Below it the output is dropped, and the log says so where it was cut
-  (:class:`OutputGate`); it resumes once the disk has an eighth of the reserve more again,
-  and says how many bytes were dropped. So output alone never fills the disk: what stays free
-  is for the store, the exit records and the process handles.
+  small disk keeps most of its room for use). Below it the output is dropped, and the log
+  says so where it was cut (:class:`OutputGate`); it resumes once the disk has an eighth of
+  the reserve more again, and says how many bytes were dropped. A submission never takes the
+  disk below the same reserve either (:meth:`fgpu.server.storage.StorageCheck.room_problem`).
+  So output alone never fills the disk: what stays free is for the store, the exit records
+  and the process handles.
 - :class:`OutputGate` also honours a *stop file* (``output.stop`` in the workload's log
   folder) that the service writes when the workload's user has stored more output than their
   limit (:mod:`fgpu.server.output_limits`): from then on that workload's output is dropped, and

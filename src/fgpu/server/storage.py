@@ -242,9 +242,9 @@ class StorageCheck:
         :data:`SUBMISSION_DISK_FACTOR` times ``size`` plus :data:`SUBMISSION_DISK_EXTRA`, for
         the database's file and write-ahead log and the workload's log folder; with SQLite the
         write-ahead log's size too, which the database file may grow by when the log is
-        copied into it) would take a folder's free space below the reserve (:attr:`reserve`), which is kept for everyone's
-        cancels, workloads' ends and records (issue 27: one user's pending submissions
-        filled the state disk)."""
+        copied into it) would take a folder's free space below the reserve
+        (:attr:`reserve`), which is kept for everyone's cancels, workloads' ends and records
+        (issue 27: one user's pending submissions filled the state disk)."""
         if self.reserve is None:
             return None
         cost = SUBMISSION_DISK_FACTOR * size + SUBMISSION_DISK_EXTRA
@@ -293,7 +293,7 @@ class StorageCheck:
             with self._store.engine.connect() as connection:
                 row = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
                 page = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
-        except Exception as exc:  # noqa: BLE001 - any failure: count the whole log
+        except Exception as exc:  # any failure: count the whole log
             log.warning("cannot checkpoint the database's write-ahead log: %s", exc)
             try:
                 return self._wal.stat().st_size if self._wal is not None else 0
