@@ -7,10 +7,13 @@ Two guards, each a plain rule on the free space of the state folder's file syste
 - :class:`DiskReserve` (``fgpu serve --log-disk-reserve``, default the larger of
   :data:`DEFAULT_RESERVE_BYTES` and :data:`DEFAULT_RESERVE_PERCENT` % of the disk): the launch
   wrapper (:mod:`fgpu.agent.runner`) appends a workload's output only while the disk has more
-  free than the reserve. Below it the output is dropped, and the log says so where it was cut
-  (:class:`OutputGate`); it resumes once the disk has an eighth of the reserve more again,
-  and says how many bytes were dropped. So output alone never fills the disk: what stays free
-  is for the store, the exit records and the process handles.
+  free than the reserve (never more than :data:`MAX_RESERVE_SHARE` of the disk's size, so a
+  small disk keeps most of its room for use). Below it the output is dropped, and the log
+  says so where it was cut (:class:`OutputGate`); it resumes once the disk has an eighth of
+  the reserve more again, and says how many bytes were dropped. A submission never takes the
+  disk below the same reserve either (:meth:`fgpu.server.storage.StorageCheck.room_problem`).
+  So output alone never fills the disk: what stays free is for the store, the exit records
+  and the process handles.
 - :class:`OutputGate` also honours a *stop file* (``output.stop`` in the workload's log
   folder) that the service writes when the workload's user has stored more output than their
   limit (:mod:`fgpu.server.output_limits`): from then on that workload's output is dropped, and
@@ -36,6 +39,9 @@ DEFAULT_RESERVE_BYTES = 256 * 2**20
 """At least this much of the state disk is never taken by workloads' output."""
 DEFAULT_RESERVE_PERCENT = 5.0
 """...nor this share of the disk's size, when it is more."""
+MAX_RESERVE_SHARE = 0.25
+"""The reserve is never more than this share of the disk's size (a 256 MiB reserve on a
+64 MiB disk would drop all output and refuse every submission)."""
 STOP_FILE = "output.stop"
 """In a workload's log folder: its output is dropped from now on; the file holds why."""
 
@@ -61,8 +67,9 @@ def size_words(size: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class DiskReserve:
-    """Free space that workloads' output leaves on the state disk: the larger of ``size``
-    bytes and ``percent`` % of the disk's size.
+    """Free space that workloads' output (and submissions, :mod:`fgpu.server.storage`) leave
+    on the state disk: the larger of ``size`` bytes and ``percent`` % of the disk's size, but
+    at most :data:`MAX_RESERVE_SHARE` of the disk's size.
 
     Attributes:
         size: bytes (>= 0).
@@ -81,20 +88,24 @@ class DiskReserve:
 
     def needed(self, folder: Path | str) -> int:
         """The reserve in bytes for ``folder``'s file system (its size read with
-        ``statvfs``; only ``size`` when that fails)."""
+        ``statvfs``; only ``size`` when that fails): the larger of ``size`` and ``percent``
+        of the disk, capped at :data:`MAX_RESERVE_SHARE` of the disk."""
         try:
             st = os.statvfs(folder)
         except OSError:
             return self.size
-        return max(self.size, math.ceil(st.f_blocks * st.f_frsize * self.percent / 100))
+        total = st.f_blocks * st.f_frsize
+        wanted = max(self.size, math.ceil(total * self.percent / 100))
+        return min(wanted, int(total * MAX_RESERVE_SHARE))
 
     def words(self) -> str:
         """How it is set, for messages: ``the larger of 256 MiB and 5% of the disk``."""
+        cap = f", at most {MAX_RESERVE_SHARE:.0%} of the disk"
         if self.percent and self.size:
-            return f"the larger of {size_words(self.size)} and {self.percent:g}% of the disk"
+            return f"the larger of {size_words(self.size)} and {self.percent:g}% of the disk" + cap
         if self.percent:
             return f"{self.percent:g}% of the disk"
-        return size_words(self.size)
+        return size_words(self.size) + cap
 
     def argv(self) -> list[str]:
         """The wrapper's options that carry it (``--disk-reserve SIZE,PERCENT``)."""
@@ -248,6 +259,7 @@ def write_stop(folder: Path, reason: str) -> bool:
 __all__ = [
     "DEFAULT_RESERVE_BYTES",
     "DEFAULT_RESERVE_PERCENT",
+    "MAX_RESERVE_SHARE",
     "STOP_FILE",
     "DiskReserve",
     "OutputGate",

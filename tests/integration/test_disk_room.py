@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,6 +182,85 @@ def test_on_a_disk_filled_by_others_cancels_and_ends_use_the_ballast(
     again = server.submit("-g", "0.1", command=["true"])
     server.wait_phase(again, "succeeded", timeout_s=DEADLINE_S)
     assert os.path.exists(ballast)
+
+
+# bob, through the socket, submits ~240 KiB commands (under --max-submission-bytes) that wait
+# behind his own job until one is refused; prints what he got as JSON
+STUFFER = """
+import json, sys
+from fgpu.client.transport import unix_exchange
+socket, arg = sys.argv[1], "x" * 60000
+accepted = 0
+for _ in range(1000):
+    body = {"command": ["/bin/true", arg, arg, arg, arg], "gpu": "1"}
+    got = unix_exchange(socket, 60, "POST", "/v1/workloads", {}, body)
+    if got.status_code >= 300:
+        print(json.dumps({"accepted": accepted, "status": got.status_code, "body": got.json()}))
+        break
+    accepted += 1
+"""
+
+
+def test_one_users_stored_commands_stop_at_the_reserve_and_others_can_still_submit(
+    server: ServerProcess,
+) -> None:
+    holder = server.cli("submit", "-g", "1", "--json", "--", "sleep", "3600", user=as_user(BOB))
+    held = str(json.loads(holder.stdout)["id"])  # he holds the GPU: the rest waits
+    server.wait_phase(held, "running")
+    run = subprocess.run(
+        [*as_user(BOB), sys.executable, "-c", STUFFER, str(server.socket)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 5,
+        env=server.env,
+        cwd="/",
+    )
+    assert run.returncode == 0, run.stderr
+    got = json.loads(run.stdout)
+    assert got["accepted"] > 0, got
+    assert got["status"] == 507, got
+    reason = got["body"]["detail"]["reason"]
+    assert got["body"]["detail"]["field"] == "store", got
+    assert "bytes of command, env and cwd" in reason, reason
+    assert "kept free for everyone's cancels" in reason, reason
+    assert "--log-disk-reserve: 6 MiB" in reason, reason
+    free = free_bytes(server.state_dir)
+    assert free is not None
+    sizes = {p.name: p.stat().st_size for p in server.state_dir.iterdir() if p.is_file()}
+    assert free >= RESERVE, f"{free} bytes free; the reserve is {RESERVE}; {got} {sizes}"
+
+    # alice still submits (a small command) and cancels; bob cancels his own
+    theirs = submit(server, ALICE, ["/bin/sleep", "3600"])
+    assert server.describe(theirs)["phase"] == "pending"
+    server.cli("cancel", theirs, user=as_user(ALICE))
+    server.wait_phase(theirs, "cancelled", timeout_s=DEADLINE_S)
+    done = server.cli("cancel", "--all", user=as_user(BOB))
+    assert done.returncode == 0, done.stderr
+    server.wait_phase(held, "cancelled", timeout_s=DEADLINE_S)
+
+
+def test_cancel_all_goes_through_on_a_full_disk(server: ServerProcess) -> None:
+    bobs = [submit(server, BOB, ["/bin/sleep", "3600"]) for _ in range(2)]
+    alices = [submit(server, ALICE, ["/bin/sleep", "3600"]) for _ in range(2)]
+    for workload in bobs + alices:
+        server.wait_phase(workload, "running")
+    from tests.integration.test_disk_full import empty_wal
+
+    empty_wal(server.state_dir / "fgpu.db")
+    fill(server.state_dir)
+    health = unix_exchange(str(server.socket), 30, "GET", "/v1/healthz", {}, None)
+    assert health.status_code == 503, health.text  # what made cancel --all give up before
+
+    own = server.cli("cancel", "--all", user=as_user(BOB), check=False)
+    assert own.returncode == 0, own.stderr
+    for workload in bobs:
+        assert workload in own.stdout, own.stdout
+        server.wait_phase(workload, "cancelled", timeout_s=DEADLINE_S)
+    admin = server.cli("cancel", "--all", "--user", ALICE, check=False)
+    assert admin.returncode == 0, admin.stderr
+    for workload in alices:
+        assert workload in admin.stdout, admin.stdout
+        server.wait_phase(workload, "cancelled", timeout_s=DEADLINE_S)
 
 
 @pytest.mark.parametrize(

@@ -66,9 +66,19 @@ def test_the_reserve_is_the_larger_of_its_size_and_its_share(tmp_path: Path) -> 
     st = os.statvfs(tmp_path)
     disk = st.f_blocks * st.f_frsize
     assert DiskReserve(1, 10.0).needed(tmp_path) >= disk // 10
-    assert DiskReserve(disk, 1.0).needed(tmp_path) == disk
-    assert DiskReserve(1, 0.0).words() == "1 bytes"
-    assert DiskReserve(256 * 2**20, 5.0).words() == "the larger of 256 MiB and 5% of the disk"
+    assert DiskReserve(disk // 8, 1.0).needed(tmp_path) == disk // 8
+    assert DiskReserve(1, 0.0).words() == "1 bytes, at most 25% of the disk"
+    assert DiskReserve(256 * 2**20, 5.0).words() == (
+        "the larger of 256 MiB and 5% of the disk, at most 25% of the disk"
+    )
+
+
+def test_the_reserve_is_at_most_a_quarter_of_the_disk(tmp_path: Path) -> None:
+    st = os.statvfs(tmp_path)
+    disk = st.f_blocks * st.f_frsize
+    assert DiskReserve(disk, 1.0).needed(tmp_path) == disk // 4
+    assert DiskReserve(2 * disk, 50.0).needed(tmp_path) == disk // 4
+    assert DiskReserve(0, 50.0).needed(tmp_path) == disk // 4
 
 
 def test_the_gate_drops_below_the_reserve_and_says_so(tmp_path: Path) -> None:

@@ -454,9 +454,9 @@ def cancel(
     first_error: ClientError | None = None
     with connect(socket, url) as client:
         if every:
-            health = client.health()
-            owner = uid_of(user) if user is not None else health.caller_uid
-            if owner != health.caller_uid and health.caller_admin is False:
+            caller_uid, caller_admin = _caller(client, url)
+            owner = uid_of(user) if user is not None else caller_uid
+            if owner != caller_uid and caller_admin is False:
                 fail(
                     f"--user {user!r}: only admins may cancel another user's work",
                     EXIT_REFUSED,
@@ -469,6 +469,7 @@ def cancel(
                 return
         assert workload_ids is not None
         ended = 0  # with --all: listed active, finished before their cancel came
+        unrecorded: list[str] = []  # with --all: the disk had no room for their cancel
         for workload_id in workload_ids:
             try:
                 views.append(client.cancel_plain(workload_id))
@@ -478,6 +479,10 @@ def cancel(
                 if every and exc.status == 409:
                     ended += 1
                     continue
+                if every and exc.status == 507:
+                    unrecorded.append(workload_id)
+                    first_error = first_error or exc
+                    continue
                 message = _about(workload_id)(exc)
                 err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
                 first_error = first_error or exc
@@ -485,6 +490,13 @@ def cancel(
         err.print(
             f"{ended} of the {len(workload_ids)} workloads listed had finished before their "
             "cancel came (left as they are)"
+        )
+    if unrecorded and first_error is not None:
+        err.print(
+            f"[bold red]error:[/] {len(unrecorded)} of the {len(workload_ids)} cancels could "
+            f"not be recorded, the state disk is full ({escape(first_error.reason)}): "
+            f"{escape(' '.join(unrecorded))}",
+            markup=True,
         )
     if json_out:
         if len(workload_ids) > 1 or every:
@@ -505,6 +517,27 @@ def cancel(
             out.print(escape(render.safe(line)))
     if first_error is not None:
         raise typer.Exit(exit_code(first_error))
+
+
+def _caller(client: Client, url: str | None) -> tuple[int | None, bool | None]:
+    """Who the server sees calling, and whether an admin (None: not said): from
+    ``/v1/healthz``; when that refuses because the service cannot store (503/507: a full
+    state disk, where cancels still go through, issue 27), on a Unix socket the caller is
+    this process's user (the server reads the same from the socket) and the server checks
+    each cancel's rights itself.
+
+    Raises:
+        ClientError: health refused otherwise, or over ``url`` (the server says who).
+    """
+    from fgpu.client.client import ClientError
+
+    try:
+        health = client.health()
+    except ClientError as exc:
+        if exc.status not in (503, 507) or url is not None:
+            raise
+        return os.geteuid(), None
+    return health.caller_uid, health.caller_admin
 
 
 def top(

@@ -215,7 +215,12 @@ class ServiceCore(EnforcementHooks):
         # ends seen while the store could not write: id -> (exit code, why, when); written
         # by the retry task (ProcessControl._flush_exits) once the store can write
         self._unrecorded: dict[str, tuple[int | None, str | None, float]] = {}
-        self.storage = StorageCheck(store, [state_dir], ballast=Ballast(state_dir, disk_ballast))
+        self.storage = StorageCheck(
+            store,
+            [state_dir],
+            ballast=Ballast(state_dir, disk_ballast),
+            reserve=getattr(launcher, "disk_reserve", None),
+        )
         self.output = OutputLedger(self.log_dir, store.owner_workloads)
         """Output stored per user; its ``max_bytes`` is ``fgpu serve --max-output-bytes``."""
         self.metrics = ServiceMetrics(self)

@@ -379,9 +379,11 @@ def serve(
     log_disk_reserve: Annotated[
         str,
         typer.Option(
-            help="Free space of the state disk that workloads' output never takes: a size "
-            "(256MiB), a share of the disk (5%), or both (the larger); below it output is "
-            "dropped and `fgpu logs` says so where it was cut (0: no reserve).",
+            help="Free space of the state disk that workloads' output and new submissions "
+            "never take: a size (256MiB), a share of the disk (5%), or both (the larger), "
+            "at most a quarter of the disk's size; below it output is dropped and `fgpu "
+            "logs` says so where it was cut, and a submission that would go below it gets "
+            "507 (0: no reserve).",
             rich_help_panel="Limits",
         ),
     ] = "256MiB,5%",

@@ -162,7 +162,10 @@ class Service(SchedulingLoop):
             BadRequest: ``Idempotency-Key``: a malformed key, or one the caller used for
                 another body.
             InsufficientStorage: ``store``: the database cannot write or the state disk is
-                (nearly) full (:class:`fgpu.server.storage.StorageCheck`), with the cause.
+                (nearly) full (:class:`fgpu.server.storage.StorageCheck`), with the cause; or
+                storing this submission would take the state disk's free space below the
+                reserve kept for cancels, ends and logs (``--log-disk-reserve``), echoing
+                the sizes.
         """
         keyed: tuple[str, str] | None = None
         if idempotency_key is not None:
@@ -224,6 +227,9 @@ class Service(SchedulingLoop):
         )
         limits = self.submission_limits
         size = limits.check_size(sub.argv, body.env, body.cwd)
+        problem = self.storage.room_problem(size)
+        if problem is not None:
+            raise InsufficientStorage("store", problem)
         store = self.store
         with self._mirror_lock:  # the mirror, which keeps the usage ledger current, is loaded
             self._load_mirror()

@@ -34,13 +34,20 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fgpu.disk_room import free_bytes, size_words
+from fgpu.disk_room import DiskReserve, free_bytes, size_words
 from fgpu.store import Store
 from fgpu.store.engine import is_sqlite
 
 MIN_FREE_BYTES = 1 << 20
 """Least free space (bytes) the state folder's disk (and an SQLite file's) must have for a
 new submission: its logs, its exit record and its process handle go there."""
+
+SUBMISSION_DISK_FACTOR = 2
+"""A submission's command and environment are counted twice on disk: in the database's file
+and in its write-ahead log (:meth:`StorageCheck.room_problem`)."""
+SUBMISSION_DISK_EXTRA = 64 * 1024
+"""Bytes counted on disk for a submission besides its command and environment: its row's
+pages and indexes, its log folder and exit record."""
 
 PROBE_INTERVAL_S = 1.0
 """While a write failure is remembered, how often (at most) a check tries a write again."""
@@ -168,6 +175,8 @@ class StorageCheck:
             folder is added).
         clock: monotonic seconds (for the probe interval).
         ballast: the state folder's ballast (None: none).
+        reserve: free space of the state disk that a submission never takes (the same
+            reserve as workloads' output, ``fgpu serve --log-disk-reserve``; None: none).
     """
 
     def __init__(
@@ -176,14 +185,18 @@ class StorageCheck:
         folders: Sequence[Path],
         clock: Callable[[], float] = time.monotonic,
         ballast: Ballast | None = None,
+        reserve: DiskReserve | None = None,
     ) -> None:
         self._store = store
         self.ballast = ballast
+        self.reserve = reserve
         self._clock = clock
         paths = list(folders)
         url = store.engine.url
+        self._wal: Path | None = None
         if is_sqlite(url) and url.database and url.database != ":memory:":
             paths.append(Path(url.database).parent)
+            self._wal = Path(f"{url.database}-wal")
         self._folders = list(dict.fromkeys(p.resolve() for p in paths))
         self._probed = -PROBE_INTERVAL_S
         self._ballast_problem: str | None = None
@@ -223,12 +236,82 @@ class StorageCheck:
                 return problem
         return None
 
+    def room_problem(self, size: int) -> str | None:
+        """Why a submission that stores ``size`` bytes of command, environment and working
+        directory is refused for want of room, or None: storing it (counted as
+        :data:`SUBMISSION_DISK_FACTOR` times ``size`` plus :data:`SUBMISSION_DISK_EXTRA`, for
+        the database's file and write-ahead log and the workload's log folder; with SQLite the
+        write-ahead log's size too, which the database file may grow by when the log is
+        copied into it) would take a folder's free space below the reserve
+        (:attr:`reserve`), which is kept for everyone's cancels, workloads' ends and records
+        (issue 27: one user's pending submissions filled the state disk)."""
+        if self.reserve is None:
+            return None
+        cost = SUBMISSION_DISK_FACTOR * size + SUBMISSION_DISK_EXTRA
+        owed = 0  # pages of an SQLite write-ahead log grow the database file when copied there
+        if self._wal is not None:
+            with contextlib.suppress(OSError):
+                owed = self._wal.stat().st_size
+            if owed and self._short(cost + owed):
+                owed = self._checkpoint()
+        cost += owed
+        for folder, free, needed in self._room():
+            if free - cost >= needed:
+                continue
+            wal = f", with the {size_words(owed)} write-ahead log still to copy," if owed else ""
+            return (
+                f"this submission's {size} bytes of command, env and cwd (about "
+                f"{size_words(cost - owed)} on disk{wal}) would leave the disk of {folder} with "
+                f"{size_words(max(free - cost, 0))} of its {size_words(free)} free, less than the "
+                f"{size_words(needed)} kept free for everyone's cancels, workloads' ends and "
+                f"logs (fgpu serve --log-disk-reserve: {self.reserve.words()}); cancel or "
+                "prune stored workloads, or submit a smaller command and environment"
+            )
+        return None
+
+    def _room(self) -> list[tuple[Path, int, int]]:
+        """``(folder, free bytes, reserve bytes)`` of each folder whose free space and
+        reserve are known (and the reserve is not 0)."""
+        room = []
+        for folder in self._folders:
+            free = free_bytes(folder)
+            needed = self.reserve.needed(folder) if self.reserve is not None else 0
+            if free is not None and needed:
+                room.append((folder, free, needed))
+        return room
+
+    def _short(self, cost: int) -> bool:
+        """Whether ``cost`` bytes would take a folder below its reserve."""
+        return any(free - cost < needed for _, free, needed in self._room())
+
+    def _checkpoint(self) -> int:
+        """Copy the SQLite write-ahead log into the database as far as readers allow (a
+        passive checkpoint, which waits for nobody); the bytes still owed to the database
+        (the log's frames not copied times the page size). The log's file keeps its size,
+        so only this tells how much of it the database may still grow by."""
+        try:
+            with self._store.engine.connect() as connection:
+                row = connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+                page = connection.exec_driver_sql("PRAGMA page_size").scalar_one()
+        except Exception as exc:  # any failure: count the whole log
+            log.warning("cannot checkpoint the database's write-ahead log: %s", exc)
+            try:
+                return self._wal.stat().st_size if self._wal is not None else 0
+            except OSError:
+                return 0
+        _, frames, copied = row
+        if frames < 0:  # not in WAL mode
+            return 0
+        return max(int(frames) - int(copied), 0) * int(page)
+
 
 __all__ = [
     "BALLAST_NAME",
     "DEFAULT_BALLAST_BYTES",
     "MIN_FREE_BYTES",
     "PROBE_INTERVAL_S",
+    "SUBMISSION_DISK_EXTRA",
+    "SUBMISSION_DISK_FACTOR",
     "Ballast",
     "StorageCheck",
     "disk_problem",
