@@ -436,12 +436,21 @@ def cancel(
         str | None,
         typer.Option("--user", "-u", help="With --all: this user's (admins), a name or uid."),
     ] = None,
+    now: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="SIGKILL a running one at once, without its grace period (also one already "
+            "stopping: work that ignores SIGTERM).",
+        ),
+    ] = False,
     json_out: JsonOption = False,
     socket: SocketOption = None,
     url: UrlOption = None,
 ) -> None:
     """Cancel workloads (yours; admins any). A running one gets SIGTERM, then SIGKILL after
-    its grace period. Each id is tried; the exit code is that of the first refusal."""
+    its grace period (--now: at once). Each id is tried; the exit code is that of the first
+    refusal."""
     from fgpu.cli import render
     from fgpu.client.client import ClientError, ServerUnavailable
     from fgpu.wire_basics import TERMINAL_PHASES
@@ -472,7 +481,7 @@ def cancel(
         unrecorded: list[str] = []  # with --all: the disk had no room for their cancel
         for workload_id in workload_ids:
             try:
-                views.append(client.cancel_plain(workload_id))
+                views.append(client.cancel_plain(workload_id, now=now))
             except ServerUnavailable:
                 raise
             except ClientError as exc:

@@ -513,16 +513,21 @@ class Client:
         answer = self._request("GET", f"/workloads/{_segment(workload_id)}")
         return _parsed(answer, lambda data: plain_of(PlainWorkloadDetail, data))
 
-    def cancel_plain(self, workload_id: str) -> PlainWorkloadView:
+    def cancel_plain(self, workload_id: str, *, now: bool = False) -> PlainWorkloadView:
         """:meth:`cancel`, answered as a :class:`~fgpu.client.plain.PlainWorkloadView`."""
-        answer = self._request("POST", f"/workloads/{_segment(workload_id)}/cancel")
+        answer = self._request(
+            "POST",
+            f"/workloads/{_segment(workload_id)}/cancel",
+            params={"now": "true"} if now else None,
+        )
         return _parsed(answer, lambda data: plain_of(PlainWorkloadView, data))
 
-    def cancel(self, workload_id: str) -> WorkloadView:
-        """Cancel a workload."""
+    def cancel(self, workload_id: str, *, now: bool = False) -> WorkloadView:
+        """Cancel a workload (``now``: a running one gets SIGKILL at once)."""
         from fgpu.wire import WorkloadView
 
-        return self._json("POST", f"/workloads/{_segment(workload_id)}/cancel", WorkloadView)
+        path = f"/workloads/{_segment(workload_id)}/cancel" + ("?now=true" if now else "")
+        return self._json("POST", path, WorkloadView)
 
     def logs(self, workload_id: str, stream: str = "stdout", offset: int = 0) -> tuple[bytes, int]:
         """Log bytes from ``offset`` and the offset to ask for next."""

@@ -130,7 +130,7 @@ class ServiceApi(Protocol):
         brief: bool = False,
     ) -> ListingAnswer: ...
     def get_workload(self, workload_id: str, caller: Caller | None = None) -> WorkloadDetail: ...
-    def cancel(self, caller: Caller, workload_id: str) -> WorkloadView: ...
+    def cancel(self, caller: Caller, workload_id: str, *, now: bool = False) -> WorkloadView: ...
     def log_path(self, caller: Caller, workload_id: str, stream: str) -> FilePath: ...
     def list_queues(self) -> list[QueueView]: ...
     def create_queue(self, caller: Caller, body: QueueBody) -> QueueView: ...
@@ -603,9 +603,11 @@ def create_app(
         return service.get_workload(workload_id, caller)
 
     @api.post("/workloads/{workload_id}/cancel", tags=["workloads"])
-    def cancel(workload_id: WorkloadId, caller: CallerDep) -> WorkloadView:
-        """Cancel a workload (the caller's own, or any as an admin)."""
-        return service.cancel(caller, workload_id)
+    def cancel(workload_id: WorkloadId, caller: CallerDep, now: bool = False) -> WorkloadView:
+        """Cancel a workload (the caller's own, or any as an admin). ``now=true``: a running
+        one gets SIGKILL at once instead of SIGTERM and its grace period (also one already
+        stopping)."""
+        return service.cancel(caller, workload_id, now=now)
 
     @api.get(
         "/workloads/{workload_id}/logs",

@@ -267,8 +267,11 @@ class JobRules(Recovery):
             tasks = self.store.array_tasks(array_id)
         return tasks or None
 
-    def _cancel_tasks(self, caller: Caller, tasks: Sequence[WorkloadRecord]) -> list[str]:
-        """Cancel every active task of an array for ``caller``; their ids.
+    def _cancel_tasks(
+        self, caller: Caller, tasks: Sequence[WorkloadRecord], *, now: bool = False
+    ) -> list[str]:
+        """Cancel every active task of an array for ``caller`` (``now``: running ones get
+        SIGKILL at once); their ids.
 
         Raises:
             Forbidden: another user's array (and the caller is no admin).
@@ -288,7 +291,7 @@ class JobRules(Recovery):
                     continue  # finished already
                 done.append(record.id)
                 if record.phase in ("running", "paused"):
-                    self._stop(record.id, record.reason)
+                    self._stop(record.id, record.reason, now=now)
                 elif record.suspended_on is not None:
                     self._kill_suspended(record)
         if not done:

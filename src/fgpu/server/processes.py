@@ -147,8 +147,9 @@ class ProcessControl(ServiceCore):
         """How many workload processes the service watches now."""
         return len(self._handles)
 
-    def _stop(self, workload_id: str, reason: str) -> None:
-        """Record the stop, then signal the process (grace period, then SIGKILL).
+    def _stop(self, workload_id: str, reason: str, *, now: bool = False) -> None:
+        """Record the stop, then signal the process (grace period, then SIGKILL; with
+        ``now``, SIGKILL at once, also to a stop already under way).
 
         The grace period runs from the recorded stop request, also across a restart of the
         service (a stop resumed by recovery waits only what is left of it).
@@ -159,6 +160,10 @@ class ProcessControl(ServiceCore):
         # else already ended in the store (a damaged row an admin ended): only the process
         # is left to stop, and its end finds the row ended
         handle = self._handles.get(workload_id)
+        if now and handle is not None:  # the wrapper then empties the workload's cgroup
+            self.enforcement.before_signal(workload_id)  # a frozen group could not die
+            self.launcher.signal(handle, signal.SIGKILL)
+            return
         if handle is None or self._loop is None or workload_id in self._terminating:
             return  # a stop already under way keeps its own clock (no second SIGTERM)
         self._terminating.add(workload_id)

@@ -588,10 +588,12 @@ class Service(SchedulingLoop):
             detail.enforcement = self.enforcement.describe(record.id)
         return detail
 
-    def cancel(self, caller: Caller, workload_id: str) -> WorkloadView:
-        """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL). An
-        array's id, or the name of the caller's own array, cancels every active task of it
-        (the answer is its first task's view, with ``cancelled_tasks``).
+    def cancel(self, caller: Caller, workload_id: str, *, now: bool = False) -> WorkloadView:
+        """Cancel: pending ones at once, running ones are stopped (grace, then SIGKILL; with
+        ``now``, SIGKILL at once, also for one already stopping: work that ignores SIGTERM
+        under a long ``--grace``). An array's id, or the name of the caller's own array,
+        cancels every active task of it (the answer is its first task's view, with
+        ``cancelled_tasks``).
 
         Raises:
             NotFoundError, Forbidden, Conflict: unknown, another user's, already finished.
@@ -603,7 +605,7 @@ class Service(SchedulingLoop):
         except NotFound:  # not a workload's id: an array's id or name, else a name or prefix
             tasks = self._array_refs(caller, workload_id)
             if tasks is not None:
-                done = self._cancel_tasks(caller, tasks)
+                done = self._cancel_tasks(caller, tasks, now=now)
                 first = self.store.get(done[0])
                 return views.workload(first, None).model_copy(update={"cancelled_tasks": done})
             try:
@@ -623,7 +625,7 @@ class Service(SchedulingLoop):
             except StoreConflict as exc:
                 raise Conflict("id", str(exc)) from None
             if record.phase in ("running", "paused"):
-                self._stop(workload_id, record.reason)
+                self._stop(workload_id, record.reason, now=now)
             elif record.suspended_on is not None:  # suspended: its frozen processes go
                 self._kill_suspended(record)
         self.wake()
