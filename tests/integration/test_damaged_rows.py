@@ -67,6 +67,16 @@ def damage(server: ServerProcess, db: str, workload_ids: list[str]) -> None:
     engine.dispose()
 
 
+def gone(pid: int) -> bool:
+    """The process has ended (a zombie until its parent reaps it counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ")[1].startswith("Z")
+
+
 def run(server: ServerProcess, user: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     return server.cli(*args, user=as_user(user) if user else (), check=False)
 
@@ -154,15 +164,7 @@ def test_a_damaged_running_row_does_not_stop_the_start_and_its_process_is_stoppe
         damage(s, "", [running])
         s.start()  # the start reads every running row: this one skipped, not fatal
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            with open(f"/proc/{pid}/stat") as stat:  # a zombie until its parent reaps it
-                return stat.read().split(") ")[1].startswith("Z")
-
-        wait_for(gone, "the damaged row's process to be stopped")
+        wait_for(lambda: gone(pid), "the damaged row's process to be stopped")
         listed = run(s, None, "ls", "--all-users")
         assert listed.returncode == 0, listed.stderr
         assert running in listed.stderr, listed.stderr
@@ -185,14 +187,6 @@ def test_roots_cancel_of_a_row_damaged_while_it_runs_stops_its_process() -> None
         assert ended.returncode == 0, ended.stderr
         assert json.loads(ended.stdout)["phase"] == "cancelled"
 
-        def gone() -> bool:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return True
-            with open(f"/proc/{pid}/stat") as stat:  # a zombie until its parent reaps it
-                return stat.read().split(") ")[1].startswith("Z")
-
-        wait_for(gone, "the cancelled workload's process to end")
+        wait_for(lambda: gone(pid), "the cancelled workload's process to end")
         assert s.phase(running) == "cancelled"
         assert "Traceback" not in s.server_log()
