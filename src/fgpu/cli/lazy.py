@@ -50,7 +50,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": (
         "fgpu.cli.workloads",
         "Cancel workloads (yours; admins any). A running one gets SIGTERM, then SIGKILL after "
-        "its grace period. Each id is tried; the exit code is that of the first refusal.",
+        "its grace period (--now: at once). Each id is tried; the exit code is that of the "
+        "first refusal.",
     ),
     "delete": ("fgpu.cli.workloads", "Same as cancel."),
     "top": (
