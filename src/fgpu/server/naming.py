@@ -76,7 +76,7 @@ def unique_name(base: str, taken: Iterable[str], limit: int) -> str:
 
 def check_name_free(name: str, holder: tuple[str, str] | None) -> None:
     """Refuse a name when ``holder`` (``(id, phase)`` of the owner's active workload of that
-    name, from :meth:`fgpu.store.store.Store.active_holders`) exists.
+    name, from :meth:`fgpu.server.core.ServiceCore._active_holders`) exists.
 
     Raises:
         Conflict: field ``name``, naming the workload that has it.

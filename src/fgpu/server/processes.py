@@ -360,10 +360,8 @@ class ProcessControl(ServiceCore):
 
     def _queue_output_limit(self, record: WorkloadRecord) -> int | None:
         """The per-user output limit of ``record``'s queue (None: none, or no such queue)."""
-        try:
-            return self.store.get_queue(record.queue).config.max_output_bytes
-        except NotFound:
-            return None
+        queue = self._queue_records().get(record.queue)  # read once per queue change
+        return None if queue is None else queue.config.max_output_bytes
 
     def _handle_path(self, workload_id: str) -> Path:
         return self.log_dir / workload_id / "handle.json"

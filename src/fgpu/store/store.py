@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import cast
 
-from sqlalchemy import ColumnElement, Connection, bindparam, delete, func, insert, or_, select
+from sqlalchemy import ColumnElement, Connection, bindparam, delete, insert, or_, select
 from sqlalchemy.orm import Session
 
 from fgpu.model.types import Allocation, InvalidRequestError, Request
@@ -681,27 +681,6 @@ class Store(UsageStore, SuspensionStore, QueueStore, InventoryStore, Idempotency
             query = query.where(WorkloadRow.owner_uid == owner_uid)
         with self._read() as session:
             return self._read_rows(session, query)[0]
-
-    def active_holders(
-        self, owner_uid: int, names: Collection[str], *, count: bool = True
-    ) -> tuple[int, dict[str, tuple[str, str]]]:
-        """How many active workloads ``owner_uid`` has (0 without ``count``), and which of
-        ``names`` they have: name -> (id, phase) (the earliest submitted where several have
-        one). Both from the ``(owner_uid, phase, name)`` index in one read (point lookups for
-        the names; the count of the owner's index range), without reading any workload
-        row's data."""
-        owner = (WorkloadRow.owner_uid == owner_uid, WorkloadRow.phase.in_(ACTIVE_PHASES))
-        holders = (
-            select(WorkloadRow.name, WorkloadRow.id, WorkloadRow.phase)
-            .where(*owner)
-            .where(WorkloadRow.name.in_(builtins.list(names)))
-            .order_by(WorkloadRow.submitted_at.desc(), WorkloadRow.id.desc())
-        )
-        counting = select(func.count()).select_from(WorkloadRow).where(*owner)
-        with self._read() as session:
-            active = int(session.scalar(counting) or 0) if count else 0
-            found = {name: (wid, phase) for name, wid, phase in session.execute(holders)}
-        return active, found
 
     def active_names(self, owner_uid: int, prefix: str) -> set[str]:
         """Names of ``owner_uid``'s active workloads that start with ``prefix`` (names only,
