@@ -220,6 +220,49 @@ def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
     asyncio.run(scenario())
 
 
+def test_a_wrapper_killed_from_outside_names_only_what_left_its_process_group(
+    tmp_path: Path, strays: list[int]
+) -> None:
+    """The wrapper SIGKILLed from outside: its process group is killed, and the reason counts
+    apart only what had left the group (``setsid``) and was found in the cgroup: the group's
+    own dying members, still in the cgroup a moment after the signal, are not counted again
+    (a CI failure: "1 process(es) left in its cgroup" for the command itself)."""
+    need_cgroup_v2()
+
+    async def scenario() -> None:
+        svc = Service.create(
+            simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "fgpu.db")
+        )
+        await svc.start()
+        loop = asyncio.get_running_loop()
+        try:
+            pid_file = tmp_path / "child.pid"
+            view = svc.submit(
+                ME, SubmitRequest(command=[escaper(pid_file, "sleep 300")], shell=True, gpu="0.1")
+            )
+            end = loop.time() + TIMEOUT_S
+            while not pid_file.exists() or not pid_file.read_text().strip():
+                assert loop.time() < end, "the child did not start"
+                await asyncio.sleep(0.02)
+            child = int(pid_file.read_text())
+            strays.append(child)
+            handle = json.loads((tmp_path / "logs" / view.id / "handle.json").read_text())
+            os.kill(handle["pid"], signal.SIGKILL)
+            while svc.get_workload(view.id, ME).phase != "failed":
+                assert loop.time() < end, "the workload did not end"
+                await asyncio.sleep(0.02)
+            reason = svc.get_workload(view.id, ME).reason
+            assert reason.endswith(
+                "; its remaining processes were killed"
+                "; 1 process(es) outside its process group were killed"
+            ), reason
+            assert not alive(child), "the setsid child outlived the workload"
+        finally:
+            await svc.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_launch_that_fails_half_way_kills_what_it_started(
     tmp_path: Path, limiter: HostLimiter, strays: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:

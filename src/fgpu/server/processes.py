@@ -19,6 +19,7 @@ import signal
 import time
 from pathlib import Path
 
+from fgpu.agent.cgroupkill import group_pids
 from fgpu.agent.hostlimits import OUT_OF_HOST_MEMORY
 from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import LaunchError, LaunchSpec
@@ -221,15 +222,17 @@ class ProcessControl(ServiceCore):
             time.sleep(0.05)  # the wrapper is gone; its group's last members are exiting
             state = self.launcher.poll(handle)
         reason = state.reason
+        group: set[int] = set()
         if state.status is ProcessStatus.LOST and self.launcher.signal(handle, signal.SIGKILL):
             # the wrapper died (killed from outside); what it ran must not keep the GPU
             reason = f"{reason}; its remaining processes were killed"
+            group = set(group_pids(handle.pgid))  # killed, maybe not yet out of the cgroup
         # The wrapper empties and removes the workload's cgroups before it records the exit;
         # one killed from outside could not: nothing it started may outlive the share
         # (also what left its process group, setsid), so that is done here.
-        left = self._end_cgroups(workload_id)
-        if left and state.status is ProcessStatus.LOST:
-            reason = f"{reason}; {len(left)} process(es) left in its cgroup were killed"
+        escaped = [pid for pid in self._end_cgroups(workload_id) if pid not in group]
+        if escaped and state.status is ProcessStatus.LOST:
+            reason = f"{reason}; {len(escaped)} process(es) outside its process group were killed"
         with self._lock:
             self._handles.pop(workload_id, None)
             try:
