@@ -510,3 +510,41 @@ def test_the_cgroup_freezer_freezes_and_thaws_with_no_descriptor_left(
         assert not frozen_after_thaw
     finally:
         freezer.release(handle)
+
+
+class Segment:
+    """A stand-in for a workload's launch gate where only its presence is looked at (the
+    governor releases it when the workload goes)."""
+
+    def release(self) -> None:
+        return None
+
+
+def test_the_loop_reads_segments_every_5_ms_only_where_that_is_news(
+    launched: Callable[..., ProcessHandle],
+) -> None:
+    """The loop wakes every GATE_POLL_NS for a workload held at its gate, or using CUDA
+    where its device time counts (strict, or neighbours); not for one running alone with a
+    fair share, or one that has not used CUDA yet (device time is charged as wall time until
+    its first launch is seen, at the latest at the period's wake-up)."""
+    gov = Governor([GPU], freezer=SignalFreezer(hasten=True), clock=FakeClock())
+    try:
+        a, b = launched("a"), launched("b")
+        gov.update([governed("a", a, 1000)])
+        record = gov._records["a"]
+        assert not gov._gates_to_watch()  # no segment at all
+        record.gate = Segment()  # type: ignore[assignment]
+        assert not gov._gates_to_watch()  # running, no CUDA yet
+        record.cuda = True
+        assert not gov._gates_to_watch()  # alone on its GPU, fair
+        record.state = RunState.FROZEN_BY_SHARE
+        assert gov._gates_to_watch()  # held: its launches at the gate are the news
+        record.state = RunState.RUNNING
+        gov.update([governed("a", a, 1000, mode=ComputeMode.STRICT)])
+        gov._records["a"].gate, gov._records["a"].cuda = Segment(), True  # type: ignore[assignment]
+        assert gov._gates_to_watch()  # a strict budget counts its device time
+        gov.update([governed("a", a, 500), governed("b", b, 500)])
+        gov._records["a"].gate, gov._records["a"].cuda = Segment(), True  # type: ignore[assignment]
+        assert gov._gates_to_watch()  # a neighbour on its GPU
+    finally:
+        gov.close()

@@ -63,6 +63,14 @@ def server_url() -> URL:
 
 @pytest.fixture
 def pg_url() -> Iterator[URL]:
+    with pg_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def pg_database() -> Iterator[URL]:
+    """A new database on the server ``FGPU_TEST_POSTGRES_URL`` names (skips where unset),
+    dropped afterwards."""
     server = _server_url()
     name = f"fgpu_test_{secrets.token_hex(4)}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")

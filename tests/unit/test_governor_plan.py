@@ -431,6 +431,44 @@ def test_borrowed_work_is_still_paused_by_higher_in_quota_work() -> None:
     assert decided.blockers == {"lent": "paused: own (priority 100) is busy on g0"}
 
 
+def test_a_fair_holder_alone_on_its_gpu_wakes_the_loop_only_at_the_period_end() -> None:
+    """Its lease renewal changes nothing, so the loop sleeps to the period's end (a loop
+    that woke at every 10 ms lease end cost ~4 % of a core per node for one workload);
+    a strict holder alone still wakes at its budget's end, a fair one with a neighbour
+    at its lease's end."""
+    fair = {"g0": GpuPolicy(mode=ComputeMode.FAIR)}
+    alone = NodeState(config=CONFIG, gpus=fair, workloads=[wl("a", {"g0": 300})], period_start_ns=0)
+    decided = plan(0, alone)
+    assert decided.leases["g0"].workload_id == "a"
+    assert decided.leases["g0"].until_ns == 10 * MS  # it still holds a lease
+    assert decided.wake_ns == 100 * MS
+    # the lease ran out while the loop slept: the next plan gives it again, nothing frozen
+    later = NodeState(
+        config=CONFIG,
+        gpus=fair,
+        workloads=[wl("a", {"g0": 300}, used_ns=40 * MS)],
+        period_start_ns=0,
+        leases=dict(decided.leases),
+    )
+    again = plan(60 * MS, later)
+    assert again.actions == ()
+    assert again.leases["g0"].workload_id == "a"
+    assert again.wake_ns == 100 * MS
+
+    strict = {"g0": GpuPolicy(mode=ComputeMode.STRICT)}
+    held = NodeState(
+        config=CONFIG, gpus=strict, workloads=[wl("a", {"g0": 300})], period_start_ns=0
+    )
+    assert plan(0, held).wake_ns == 10 * MS
+    shared = NodeState(
+        config=CONFIG,
+        gpus=fair,
+        workloads=[wl("a", {"g0": 300}), wl("b", {"g0": 700}, busy=False)],
+        period_start_ns=0,
+    )
+    assert plan(0, shared).wake_ns == 10 * MS
+
+
 def test_among_borrowed_work_the_priority_rule_is_unchanged() -> None:
     gpus = {"g0": GpuPolicy()}
     workloads = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fgpu.store import Store, StoreConflict
-from fgpu.store.idempotency import KEY_TTL_S, KeyReused, fingerprint
+from fgpu.store.idempotency import KEY_TTL_S, SWEEP_EVERY_S, KeyReused, fingerprint
 from tests.unit.test_store_support import Counter, half_gpu, with_default_queue
 
 T0 = 1_700_000_000.0
@@ -30,11 +30,21 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> Iterator[Store]:
-    opened = Store.open(tmp_path / "fgpu.db", clock=clock, new_id=Counter())
-    with with_default_queue(opened) as ready:
-        yield ready
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[Store]:
+    """The store on SQLite, and on a real PostgreSQL where ``FGPU_TEST_POSTGRES_URL`` names
+    one (the key is claimed with each dialect's own upsert)."""
+    if request.param == "sqlite":
+        opened = Store.open(tmp_path / "fgpu.db", clock=clock, new_id=Counter())
+        with with_default_queue(opened) as ready:
+            yield ready
+        return
+    from tests.integration.test_store_postgres import pg_database
+
+    with pg_database() as url:
+        opened = Store.open(url, clock=clock, new_id=Counter())
+        with with_default_queue(opened) as ready:
+            yield ready
 
 
 def submit(store: Store, owner: int, key: str, fp: str) -> str:
@@ -82,6 +92,26 @@ def test_keys_expire_and_are_dropped(store: Store, clock: Clock) -> None:
     assert second != first
     assert store.keyed_workload(1000, "k", "f") == second
     assert store.key_count() == 1
+
+
+def test_an_expired_key_is_taken_over_between_sweeps_and_swept_later(
+    store: Store, clock: Clock
+) -> None:
+    first = submit(store, 1000, "a", "f")  # the first claim sweeps (nothing to drop)
+    clock.now = T0 + KEY_TTL_S - SWEEP_EVERY_S / 2
+    submit(store, 2000, "b", "f")  # a sweep: "a" is not expired yet
+    clock.now = T0 + KEY_TTL_S + 1  # "a" expired; no sweep due for another SWEEP_EVERY_S/2
+    again = submit(store, 1000, "a", "f")
+    assert again != first
+    assert store.keyed_workload(1000, "a", "f") == again
+    assert store.key_count() == 2  # "a" taken over in place, "b" kept
+    with pytest.raises(StoreConflict):  # the taken-over key is kept again
+        submit(store, 1000, "a", "f")
+    clock.now = T0 + 2 * KEY_TTL_S  # "b" expired, "a" not; a sweep is due
+    submit(store, 3000, "c", "f")
+    assert store.keyed_workload(2000, "b", "f") is None
+    assert store.key_count(2000) == 0  # swept by another user's submission
+    assert store.key_count() == 2
 
 
 def test_the_fingerprint_ignores_field_order() -> None:

@@ -261,8 +261,10 @@ def allowed_methods(request: Request) -> list[str]:
 _METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
-def current_caller(request: Request) -> Caller:
-    """Who calls: the peer uid on the Unix socket, else the bearer token's owner.
+async def current_caller(request: Request) -> Caller:
+    """Who calls: the peer uid on the Unix socket, else the bearer token's owner. ``async``
+    though it never waits: FastAPI runs a plain ``def`` dependency in a worker thread, a
+    thread hop per request for a few dictionary reads.
 
     Raises:
         HTTPException: 401 without peer credentials and without the right token.
@@ -706,7 +708,25 @@ def create_app(
         """Swagger UI over the document (a browser on TCP must send the token itself)."""
         return get_swagger_ui_html(openapi_url="/openapi.json", title="fgpu API")
 
+    _build_routes(app)
     return app
+
+
+def _build_routes(app: FastAPI) -> None:
+    """Have FastAPI build what it keeps per route (the body and parameter models) now, not on
+    the first request: an included router builds them for all its routes at its first match,
+    which made the first request after a start take 0.2-0.8 s (``bench/service.py``,
+    ``first_submission_ms``). A path no route has walks every router without running any."""
+    probe: dict[str, Any] = {
+        "type": "http",
+        "method": "GET",
+        "path": "/\x00",
+        "root_path": "",
+        "headers": [],
+        "query_string": b"",
+    }
+    for route in app.router.routes:
+        route.matches(dict(probe))
 
 
 def read_from(path: FilePath, offset: int, limit: int) -> tuple[bytes, int]:

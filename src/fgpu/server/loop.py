@@ -199,8 +199,9 @@ class SchedulingLoop(JobRules):
         return stopped
 
     def _output_limits(self) -> dict[str, int | None]:
-        """Each queue's per-user output limit (None: the machine's only)."""
-        return {q.config.name: q.config.max_output_bytes for q in self.store.list_queues()}
+        """Each queue's per-user output limit (None: the machine's only), from the queues
+        kept per queue change (a store read each second cost more than the check)."""
+        return {name: q.config.max_output_bytes for name, q in self._queue_records().items()}
 
     # --------------------------------------------------------------- scheduling
     def schedule_once(self) -> Decision:

@@ -18,7 +18,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select
+from sqlalchemy import bindparam, delete, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from fgpu.store.base import StoreBase
@@ -60,8 +62,42 @@ _KEY_ROW = select(
 )  # built once: every keyed submission (the CLI's all are) looks its key up
 
 
+SWEEP_EVERY_S = 60.0
+"""How often (seconds, at most) a keyed submission also deletes the expired keys of all."""
+
+
+def _upsert(dialect_insert: Any) -> Any:
+    """``INSERT ... ON CONFLICT (owner_uid, key) DO UPDATE ... WHERE`` the stored row expired
+    (SQLite 3.35+ and PostgreSQL 9.5+ have it, with ``RETURNING``; a kept row is left as it
+    is and no row comes back)."""
+    table = IdempotencyKeyRow.__table__
+    statement = dialect_insert(table).values(
+        owner_uid=bindparam("owner_uid"),
+        key=bindparam("key"),
+        fingerprint=bindparam("fingerprint"),
+        workload_id=bindparam("workload_id"),
+        created_at=bindparam("created_at"),
+    )
+    upsert = statement.on_conflict_do_update(
+        index_elements=[table.c.owner_uid, table.c.key],
+        set_={
+            "fingerprint": statement.excluded.fingerprint,
+            "workload_id": statement.excluded.workload_id,
+            "created_at": statement.excluded.created_at,
+        },
+        where=table.c.created_at < bindparam("cutoff"),
+    )
+    return upsert.returning(table.c.owner_uid)  # no row back: the key is kept
+
+
+_UPSERTS = {"sqlite": _upsert(sqlite_insert), "postgresql": _upsert(postgresql_insert)}
+
+
 class IdempotencyStore(StoreBase):
     """The store's idempotency keys (see the module docstring)."""
+
+    _keys_swept_at = float("-inf")
+    """When :meth:`_claim_key` last deleted the expired keys (store clock)."""
 
     def keyed_workload(self, owner_uid: int, key: str, body_fingerprint: str) -> str | None:
         """The id of the workload an earlier submission of ``owner_uid`` with ``key``
@@ -83,26 +119,32 @@ class IdempotencyStore(StoreBase):
     def _claim_key(
         self, session: Session, owner_uid: int, key: str, body_fingerprint: str, workload_id: str
     ) -> None:
-        """In the submission's transaction: drop expired keys (an index range on
-        ``created_at``), then record this one (a key still kept conflicts: the caller's
-        transaction fails with :class:`StoreConflict` and writes nothing)."""
+        """In the submission's transaction: record this key, one statement, an upsert that
+        takes over only an expired row of the same key; a key still kept conflicts (the
+        caller's transaction fails with :class:`StoreConflict` and writes nothing). Expired
+        keys of others are dropped at most every :data:`SWEEP_EVERY_S` (an index range on
+        ``created_at``), not on each submission."""
         now = self._clock()
         connection = session.connection()
-        connection.execute(
-            delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < now - KEY_TTL_S)
-        )
-        connection.execute(
-            insert(IdempotencyKeyRow),
-            [
-                {
-                    "owner_uid": owner_uid,
-                    "key": key,
-                    "fingerprint": body_fingerprint,
-                    "workload_id": workload_id,
-                    "created_at": now,
-                }
-            ],
-        )
+        if now - self._keys_swept_at >= SWEEP_EVERY_S or now < self._keys_swept_at:
+            connection.execute(
+                delete(IdempotencyKeyRow).where(IdempotencyKeyRow.created_at < now - KEY_TTL_S)
+            )
+            self._keys_swept_at = now
+        dialect = connection.dialect.name
+        upsert = _UPSERTS.get(dialect)
+        if upsert is None:
+            raise RuntimeError(f"idempotency keys: no upsert for the {dialect} dialect")
+        values = {
+            "owner_uid": owner_uid,
+            "key": key,
+            "fingerprint": body_fingerprint,
+            "workload_id": workload_id,
+            "created_at": now,
+            "cutoff": now - KEY_TTL_S,
+        }
+        if connection.execute(upsert, values).first() is None:
+            raise StoreConflict(f"the key {key!r} of uid {owner_uid} is kept already")
 
     def key_count(self, owner_uid: int | None = None) -> int:
         """Keys kept (of ``owner_uid``, or of everyone)."""
@@ -113,4 +155,4 @@ class IdempotencyStore(StoreBase):
             return len(session.scalars(query).all())
 
 
-__all__ = ["KEY_TTL_S", "IdempotencyStore", "KeyReused", "fingerprint"]
+__all__ = ["KEY_TTL_S", "SWEEP_EVERY_S", "IdempotencyStore", "KeyReused", "fingerprint"]

@@ -263,7 +263,8 @@ class Plan:
         period_start_ns: the period ``now`` is in (later than the input's when a period
             boundary passed: the caller starts counting ``used_ns`` afresh).
         wake_ns: plan again at this time at the latest (a lease ends, a period ends, or a
-            hysteresis delay runs out); earlier when activity changes.
+            hysteresis delay runs out); earlier when activity changes. The lease of a holder
+            alone on its GPUs with a fair share does not count: renewing it changes nothing.
         blockers: workload id -> why it is suppressed (for event messages).
     """
 
@@ -492,7 +493,10 @@ def plan(now: int, state: NodeState) -> Plan:
             freezes.append(Freeze(wid, after, message or "waiting for its share"))
 
     wake = period_end
-    for until in holders.values():
+    for wid, until in holders.items():
+        shares = by_id[wid].shares
+        if all(members[g] == [wid] and not slots[g][wid].strict for g in shares):
+            continue  # alone and fair on its GPUs: its renewal changes nothing before then
         wake = min(wake, until)
     for w in by_id.values():
         if not w.busy and w.idle_since_ns is not None:

@@ -231,8 +231,9 @@ def mount_dashboard(app: FastAPI, service: "ServiceApi") -> None:
     from fgpu.server.app import client_key, current_caller, read_from
     from fgpu.server.service import Caller
 
-    def bounded_url(request: Request) -> None:
-        """414 for a URL past :data:`MAX_URL_BYTES` (before anything else is read)."""
+    async def bounded_url(request: Request) -> None:
+        """414 for a URL past :data:`MAX_URL_BYTES` (before anything else is read; in the
+        event loop, as :func:`fgpu.server.app.current_caller`)."""
         size = len(request.scope.get("raw_path") or b"") + len(request.scope["query_string"])
         if size > MAX_URL_BYTES:
             reason = f"the URL is {size} bytes, more than the dashboard's {MAX_URL_BYTES}"
