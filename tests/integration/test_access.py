@@ -274,3 +274,25 @@ def test_an_admin_cancels_another_users_array_by_its_name(
     done = svc.cancel(Caller(0, admin=True), "sweep")
     assert len(done.cancelled_tasks or []) == 3
     assert {w.phase for w in svc.list_workloads(include_done=True)} == {"cancelled"}
+
+
+def test_a_group_change_counts_at_the_next_submission() -> None:
+    """What the user database says of a caller is kept between submissions only while
+    ``/etc/group`` and ``/etc/passwd`` are unchanged: a user added to a group is a member
+    of queues listing it at once."""
+    import secrets
+    import subprocess
+
+    from fgpu.server.access import identity_of
+
+    ensure_users()
+    alice = uid_of(ALICE)
+    group = f"fgpu-t-{secrets.token_hex(3)}"
+    assert group not in identity_of(alice).groups  # read, and kept while nothing changes
+    subprocess.run(["groupadd", group], check=True)
+    try:
+        subprocess.run(["usermod", "-a", "-G", group, ALICE], check=True)
+        assert group in identity_of(alice).groups
+    finally:
+        subprocess.run(["groupdel", group], check=True)
+    assert group not in identity_of(alice).groups

@@ -12,6 +12,7 @@ the first try created.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -211,29 +212,27 @@ def test_a_submission_without_a_key_is_stored_each_time(server: ServerProcess) -
     assert len(ids) == 2
 
 
-def test_the_same_key_twice_at_once_stores_one_workload(tmp_path: Path) -> None:
-    """Two submissions with one key, both past the first look before either is stored (a
-    barrier holds each there until the other arrives): the store refuses the second claim,
-    which is answered with the first's workload; one workload is stored."""
+@pytest.mark.parametrize("name", ["once", None])
+def test_the_same_key_twice_at_once_stores_one_workload(tmp_path: Path, name: str | None) -> None:
+    """Two submissions with one key, both under way before either is stored (a barrier
+    holds each at the start until the other arrives): the second is refused (its name taken
+    by the first's workload; or, with names of their own, the store refusing its claim of
+    the key, nothing written) and answered with the first's workload; one is stored."""
     from fgpu.server.service import Caller, Service
     from fgpu.wire import SubmitRequest
 
     svc = Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "f.db"))
     try:
         me = Caller(0, admin=True)
-        both_looked = threading.Barrier(2, timeout=60)
-        first_look = svc._replay
-        looked: set[int] = set()
+        both_started = threading.Barrier(2, timeout=60)
+        store_it = svc._submit_new
 
-        def replay_then_wait(caller: Caller, keyed: tuple[str, str]) -> Any:
-            answer = first_look(caller, keyed)
-            if threading.get_ident() not in looked:  # only each thread's first look waits
-                looked.add(threading.get_ident())
-                both_looked.wait()
-            return answer
+        def start_then_wait(*args: Any) -> Any:
+            both_started.wait()
+            return store_it(*args)
 
-        svc._replay = replay_then_wait  # type: ignore[method-assign]
-        body = SubmitRequest(command=SLEEP, gpu="0.5", name="once")
+        svc._submit_new = start_then_wait  # type: ignore[method-assign]
+        body = SubmitRequest(command=SLEEP, gpu="0.5", name=name)
         answers: list[str] = []
         errors: list[BaseException] = []
 
@@ -251,7 +250,36 @@ def test_the_same_key_twice_at_once_stores_one_workload(tmp_path: Path) -> None:
         assert errors == []
         assert len(answers) == 2, answers
         assert answers[0] == answers[1], answers
-        stored = [w for w in svc.list_workloads(include_done=True) if w.name == "once"]
+        stored = svc.list_workloads(include_done=True)
         assert [w.id for w in stored] == [answers[0]]
+    finally:
+        svc.store.close()
+
+
+def test_a_retry_is_answered_with_its_workload_where_a_new_submission_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The key is looked up only when a submission is refused: a retry whose first attempt
+    took the caller's last active slot (or its name) still gets that workload back, and
+    the same key with another body is refused for the key, not for the limit."""
+    from fgpu.rules.errors import BadRequest
+    from fgpu.server.quotas import LimitReached, SubmissionLimits
+    from fgpu.server.service import Caller, Service
+    from fgpu.wire import SubmitRequest
+
+    svc = Service.create(simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "f.db"))
+    try:
+        svc.submission_limits = SubmissionLimits(max_active=1)
+        me = Caller(os.getuid(), admin=False)
+        named = SubmitRequest(command=SLEEP, gpu="0.5", name="only")
+        first = svc.submit(me, named, idempotency_key="k-1").id
+        assert svc.submit(me, named, idempotency_key="k-1").id == first  # name and limit
+        with pytest.raises(LimitReached):
+            svc.submit(me, SubmitRequest(command=SLEEP, gpu="0.5"), idempotency_key="k-2")
+        with pytest.raises(BadRequest) as caught:
+            svc.submit(me, SubmitRequest(command=SLEEP, gpu="0.25"), idempotency_key="k-1")
+        assert caught.value.field == "Idempotency-Key"
+        assert first in caught.value.reason
+        assert [w.id for w in svc.list_workloads(include_done=True)] == [first]
     finally:
         svc.store.close()

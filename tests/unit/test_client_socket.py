@@ -61,8 +61,9 @@ def answer(status: str, body: bytes, headers: tuple[str, ...] = ()) -> Handler:
 
 @contextmanager
 def serving(path: Path, handle: Handler) -> Iterator[threading.Event]:
-    """A real Unix socket server at ``path`` calling ``handle`` on each connection until the
-    block ends; yields an event set when it ends (a handler may wait on it)."""
+    """A real Unix socket server at ``path`` calling ``handle`` on each connection (each in
+    a thread of its own) until the block ends; yields an event set when it ends (a handler
+    may wait on it)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(8)
@@ -74,8 +75,11 @@ def serving(path: Path, handle: Handler) -> Iterator[threading.Event]:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            with conn:
-                handle(conn)
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    def serve_one(conn: socket.socket) -> None:
+        with conn:
+            handle(conn)
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
@@ -277,3 +281,101 @@ def test_a_socket_another_user_may_not_use_says_no_permission() -> None:
         assert ours == ["ServerUnavailable", 0, f"no permission to use the fgpu socket {path}"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def keeping(status: str, body: bytes, seen: list[int], headers: tuple[str, ...] = ()) -> Handler:
+    """A handler that answers every request of its connection (keep-alive) until the client
+    closes it, adding to ``seen`` the number of requests each connection carried."""
+
+    def handle(conn: socket.socket) -> None:
+        seen.append(0)
+        while True:
+            head, _ = read_request(conn)
+            if not head:
+                return
+            seen[-1] += 1
+            lines = [f"HTTP/1.1 {status}", f"content-length: {len(body)}", *headers]
+            conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+    return handle
+
+
+def test_a_client_keeps_its_connection_between_requests(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    seen: list[int] = []
+    with serving(path, keeping("200 OK", b"[]", seen)), Client(path, timeout=30) as client:
+        for _ in range(3):
+            assert client.nodes() == []
+    assert seen == [3]  # one connection carried the three requests
+
+
+def test_a_kept_connection_the_server_closed_is_replaced_before_the_request(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "s.sock"
+    with serving(path, answer("200 OK", b"[]")), Client(path, timeout=30) as client:
+        # the server closes each connection after one answer (an idle keep-alive timeout):
+        # the next request finds it closed and goes on a new one, nothing is lost
+        assert [client.nodes() for _ in range(3)] == [[], [], []]
+
+
+def test_a_connection_the_server_says_it_closes_is_not_kept(tmp_path: Path) -> None:
+    path = tmp_path / "s.sock"
+    seen: list[int] = []
+    handler = keeping("200 OK", b"[]", seen, ("connection: close",))
+    with serving(path, handler), Client(path, timeout=30) as client:
+        assert [client.nodes() for _ in range(2)] == [[], []]
+    assert seen == [1, 1]
+
+
+def test_two_threads_on_one_client_each_get_their_answer(tmp_path: Path) -> None:
+    """A request made while another thread's is on the kept connection goes on its own."""
+    path = tmp_path / "s.sock"
+    seen: list[int] = []
+    answers: list[object] = []
+    with serving(path, keeping("200 OK", b"[]", seen)), Client(path, timeout=30) as client:
+
+        def many() -> None:
+            answers.extend(client.nodes() for _ in range(20))
+
+        threads = [threading.Thread(target=many) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert answers == [[]] * 40
+    assert sum(seen) == 40
+
+
+def test_a_read_lost_to_a_keep_alive_close_is_sent_again_once(tmp_path: Path) -> None:
+    """The server closing the kept connection as a request goes (its keep-alive timeout)
+    never read it: a read is sent again on a new connection; a cancel (a POST without an
+    Idempotency-Key) is not, and says its answer may be lost."""
+    path = tmp_path / "s.sock"
+    connections: list[int] = []
+    body = json.dumps(workload_view().model_dump(mode="json")).encode()
+
+    def first_answers_once(conn: socket.socket) -> None:
+        connections.append(len(connections))
+        head, _ = read_request(conn)
+        reply = b"[]" if head.startswith(b"GET") else body
+        lines = ["HTTP/1.1 200 OK", f"content-length: {len(reply)}"]
+        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + reply)
+        if len(connections) % 2 == 1:
+            read_request(conn)  # the next request on this connection: closed unanswered
+            return
+        while read_request(conn)[0]:  # a new connection answers what comes
+            conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + reply)
+
+    with serving(path, first_answers_once), Client(path, timeout=30) as client:
+        assert client.nodes() == []
+        assert client.nodes() == []  # lost on the kept connection, sent again on a new one
+    assert len(connections) == 2
+    connections.clear()
+    path.unlink()
+    with serving(path, first_answers_once), Client(path, timeout=30) as client:
+        client.cancel("w1")
+        with pytest.raises(ClientError) as lost:
+            client.cancel("w1")
+    assert lost.value.answer_lost
+    assert len(connections) == 1

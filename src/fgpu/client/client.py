@@ -8,7 +8,8 @@ The wire models (pydantic) are loaded by the first method that returns one; the 
 methods (``fgpu ls``, ``submit``, ``describe``, ``logs``, ``cancel``, ``top``) need none
 (:mod:`fgpu.client.plain`). On
 the Unix socket the requests go through the standard library (:mod:`http.client`, one
-connection per request), which a short command loads in a fraction of httpx's time; over
+connection kept between requests: :class:`fgpu.client.transport.UnixSession`), which a short
+command loads in a fraction of httpx's time; over
 TCP (and TLS) and with an injected transport they go through httpx. Both give the same
 answers and the same errors.
 """
@@ -34,7 +35,7 @@ from fgpu.client.plain import (
     plain_of,
     plain_workloads,
 )
-from fgpu.client.transport import Answer, ConnectFailed, unix_exchange
+from fgpu.client.transport import Answer, ConnectFailed, UnixSession
 from fgpu.wire_basics import (
     API_PREFIX,
     IDEMPOTENCY_HEADER,
@@ -188,6 +189,7 @@ class Client:
         """How many damaged rows the latest listing's pages said they left out."""
         self._http: httpx.Client | None = None
         self._socket: Path | None = None
+        self._session: UnixSession | None = None
         if base_url:
             _check_url(base_url)
             self.address = base_url.rstrip("/")
@@ -207,8 +209,9 @@ class Client:
                     self._start_hint += f" (skipped the default socket: {skipped})"
             if path.exists() and not os.access(path, os.W_OK):
                 self._start_hint = f"no permission to use the fgpu socket {path}"
-            if transport is None:
-                return  # the standard library's HTTP over the socket (_unix_request)
+            if transport is None:  # the standard library's HTTP over the socket
+                self._session = UnixSession(str(path), timeout)
+                return
         import httpx
 
         if transport is None and root.startswith("http://"):
@@ -220,10 +223,11 @@ class Client:
         )
 
     def close(self) -> None:
-        """Close the connection pool (over httpx; on the socket each request has its own
-        connection)."""
+        """Close the kept connection (on the socket) or the connection pool (httpx)."""
         if self._http is not None:
             self._http.close()
+        if self._session is not None:
+            self._session.close()
 
     def __enter__(self) -> Self:
         return self
@@ -316,12 +320,10 @@ class Client:
         httpx's are in :meth:`_httpx_request` (httpcore: an ``OSError`` while connecting is
         a connect error, a timeout anywhere is a timeout, any other failure a transport
         error)."""
-        assert self._socket is not None
+        assert self._session is not None
         target = API_PREFIX + path + (f"?{urlencode(params)}" if params else "")
         try:
-            return unix_exchange(
-                str(self._socket), self._timeout, method, target, {**self._headers, **headers}, body
-            )
+            return self._session.exchange(method, target, {**self._headers, **headers}, body)
         except ConnectFailed as exc:
             if isinstance(exc.__cause__, TimeoutError):
                 raise self._timed_out(answer_lost=False) from None

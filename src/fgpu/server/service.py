@@ -48,6 +48,7 @@ from fgpu.rules.errors import (
     Forbidden,
     InsufficientStorage,
     NotFoundError,
+    ServiceError,
 )
 from fgpu.rules.requests import Submission, parse_submission, queue_config
 from fgpu.rules.slurm import task_name
@@ -80,7 +81,7 @@ from fgpu.server.listing import (
 from fgpu.server.live import read_live
 from fgpu.server.loop import SchedulingLoop
 from fgpu.server.naming import NamePicker, base_name, check_name_free
-from fgpu.server.quotas import LimitReached, SubmissionLimits
+from fgpu.server.quotas import SubmissionLimits
 from fgpu.states import governor_word
 from fgpu.store.errors import NotFound, PermissionDenied, RowDamaged, StoreConflict
 from fgpu.store.idempotency import fingerprint
@@ -170,9 +171,23 @@ class Service(SchedulingLoop):
         keyed: tuple[str, str] | None = None
         if idempotency_key is not None:
             keyed = (check_key(idempotency_key), fingerprint(body.model_dump(mode="json")))
-            earlier = self._replay(caller, keyed)
-            if earlier is not None:
-                return earlier
+        try:
+            return self._submit_new(caller, body, keyed)
+        except (ServiceError, StoreConflict):
+            # A retry is found only when it is refused: its name taken by the workload its
+            # first attempt made, a limit that workload reached, or (passing every check)
+            # the store refusing to claim its key again, nothing written. Looking the key up
+            # first would cost every submission a read transaction for the rare retry.
+            earlier = self._replay(caller, keyed) if keyed is not None else None
+            if earlier is None:
+                raise
+            return earlier
+
+    def _submit_new(
+        self, caller: Caller, body: SubmitRequest, keyed: tuple[str, str] | None
+    ) -> WorkloadView:
+        """:meth:`submit` but the answer to a retry: stores the submission, claiming the
+        key of ``keyed`` (key, fingerprint) in the same transaction."""
         problem = self.storage.problem()
         if problem is not None:
             raise InsufficientStorage("store", problem)
@@ -247,52 +262,43 @@ class Service(SchedulingLoop):
                 checked = True
             return self._active_holders(caller.uid, names)
 
-        try:
-            with self._names_lock:  # names are unique among the owner's active workloads
-                if body.name:
-                    name = sub.name
-                    check_name_free(name, holders([name]).get(name))
-                else:
-                    if self._name_picker is None:
-                        self._name_picker = NamePicker(NAME_LENGTH)
-                    name = self._name_picker.pick(
-                        caller.uid,
-                        base_name(sub.argv, body.shell),
-                        holders,
-                        lambda prefix: store.active_names(caller.uid, prefix),
-                    )
-                if plan.array is not None:
-                    return self._submit_array(
-                        caller,
-                        body,
-                        sub,
-                        request,
-                        name,
-                        plan,
-                        holders,
-                        queue_name=queue_name,
-                        keyed=keyed,
-                        stored=size,
-                    )
-                (record,) = self._store_tasks(
+        with self._names_lock:  # names are unique among the owner's active workloads
+            if body.name:
+                name = sub.name
+                check_name_free(name, holders([name]).get(name))
+            else:
+                if self._name_picker is None:
+                    self._name_picker = NamePicker(NAME_LENGTH)
+                name = self._name_picker.pick(
+                    caller.uid,
+                    base_name(sub.argv, body.shell),
+                    holders,
+                    lambda prefix: store.active_names(caller.uid, prefix),
+                )
+            if plan.array is not None:
+                return self._submit_array(
                     caller,
                     body,
                     sub,
                     request,
+                    name,
                     plan,
-                    [(name, body.env, None)],
-                    queue_name,
-                    keyed,
-                    size,
+                    holders,
+                    queue_name=queue_name,
+                    keyed=keyed,
+                    stored=size,
                 )
-        except (StoreConflict, Conflict, LimitReached):
-            # the same retry twice at once, the key stored since the first look: the
-            # second finds its name taken, its limit reached or (the store refusing its
-            # claim of the key) nothing written; it is answered as the first
-            earlier = self._replay(caller, keyed) if keyed is not None else None
-            if earlier is None:
-                raise
-            return earlier
+            (record,) = self._store_tasks(
+                caller,
+                body,
+                sub,
+                request,
+                plan,
+                [(name, body.env, None)],
+                queue_name,
+                keyed,
+                size,
+            )
         self.wake()
         return views.workload(record, self._reasons.get(record.id))
 
