@@ -167,16 +167,32 @@ def test_what_a_workload_left_running_is_killed_when_it_exits(
     assert not [g for g in groups if Path(g).exists()]
 
 
+async def started_service(tmp_path: Path) -> Service:
+    """A started service on one simulated A100, its store and logs in ``tmp_path``."""
+    svc = Service.create(
+        simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "fgpu.db")
+    )
+    await svc.start()
+    return svc
+
+
+async def child_pid(pid_file: Path) -> int:
+    """The pid an :func:`escaper` child wrote to ``pid_file``, once it has."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + TIMEOUT_S
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert loop.time() < end, "the child did not start"
+        await asyncio.sleep(0.02)
+    return int(pid_file.read_text())
+
+
 def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
     tmp_path: Path, strays: list[int]
 ) -> None:
     need_cgroup_v2()
 
     async def scenario() -> None:
-        svc = Service.create(
-            simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "fgpu.db")
-        )
-        await svc.start()
+        svc = await started_service(tmp_path)
         loop = asyncio.get_running_loop()
         started: list[str] = []
         try:
@@ -194,10 +210,7 @@ def test_cancel_and_time_limit_kill_leftovers_before_the_share_is_given_back(
                 )
                 started.append(view.id)
                 end = loop.time() + TIMEOUT_S
-                while not pid_file.exists() or not pid_file.read_text().strip():
-                    assert loop.time() < end, "the child did not start"
-                    await asyncio.sleep(0.02)
-                child = int(pid_file.read_text())
+                child = await child_pid(pid_file)
                 strays.append(child)
                 if how == "cancel":
                     svc.cancel(ME, view.id)
@@ -230,10 +243,7 @@ def test_a_wrapper_killed_from_outside_names_only_what_left_its_process_group(
     need_cgroup_v2()
 
     async def scenario() -> None:
-        svc = Service.create(
-            simulate_gpus="1xA100-40GB", state_dir=tmp_path, db=str(tmp_path / "fgpu.db")
-        )
-        await svc.start()
+        svc = await started_service(tmp_path)
         loop = asyncio.get_running_loop()
         try:
             pid_file = tmp_path / "child.pid"
@@ -241,10 +251,7 @@ def test_a_wrapper_killed_from_outside_names_only_what_left_its_process_group(
                 ME, SubmitRequest(command=[escaper(pid_file, "sleep 300")], shell=True, gpu="0.1")
             )
             end = loop.time() + TIMEOUT_S
-            while not pid_file.exists() or not pid_file.read_text().strip():
-                assert loop.time() < end, "the child did not start"
-                await asyncio.sleep(0.02)
-            child = int(pid_file.read_text())
+            child = await child_pid(pid_file)
             strays.append(child)
             handle = json.loads((tmp_path / "logs" / view.id / "handle.json").read_text())
             os.kill(handle["pid"], signal.SIGKILL)
