@@ -228,3 +228,26 @@ def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
     assert seen["lines"]["slow"] >= 1, seen
     # and the server still answers
     assert server.cli("ls", user=as_user(BOB)).returncode == 0
+
+
+def test_every_answer_says_how_long_an_idle_connection_stays_open(
+    hurried: ServerProcess,
+) -> None:
+    """``Keep-Alive: timeout=N`` (``--idle-timeout``, 5 s here): the client reuses a kept
+    connection only within it, so the server's idle close never meets a request."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX) as conn:
+        conn.settimeout(LONG_S)
+        conn.connect(str(hurried.socket))
+        answers = []
+        for _ in range(2):  # the second answer on the same connection says it too
+            conn.sendall(b"GET /v1/healthz HTTP/1.1\r\nhost: fgpu\r\n\r\n")
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head = data.split(b"\r\n\r\n", 1)[0].decode().lower()
+            answers.append(head)
+    for head in answers:
+        assert head.startswith("http/1.1 200"), head
+        assert "\r\nkeep-alive: timeout=5" in head, head

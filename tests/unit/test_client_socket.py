@@ -379,3 +379,20 @@ def test_a_read_lost_to_a_keep_alive_close_is_sent_again_once(tmp_path: Path) ->
             client.cancel("w1")
     assert lost.value.answer_lost
     assert len(connections) == 1
+
+
+def test_a_connection_is_not_reused_past_the_servers_keep_alive_timeout(tmp_path: Path) -> None:
+    """An answer saying ``Keep-Alive: timeout=1`` leaves nothing to reuse (a request must
+    reach the server a margin before its idle close): each request opens a connection."""
+    path = tmp_path / "s.sock"
+    seen: list[int] = []
+    handler = keeping("200 OK", b"[]", seen, ("keep-alive: timeout=1",))
+    with serving(path, handler), Client(path, timeout=30) as client:
+        assert [client.nodes() for _ in range(3)] == [[], [], []]
+    assert seen == [1, 1, 1]
+    seen.clear()
+    path.unlink()
+    handler = keeping("200 OK", b"[]", seen, ("keep-alive: timeout=600",))
+    with serving(path, handler), Client(path, timeout=30) as client:
+        assert [client.nodes() for _ in range(3)] == [[], [], []]
+    assert seen == [3]

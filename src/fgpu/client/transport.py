@@ -11,6 +11,7 @@ import json
 import select
 import socket as sockets
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,31 @@ def _still_open(connection: UnixConnection) -> bool:
     return not poller.poll(0)
 
 
+KEEP_WITHOUT_HEADER_S = 2.0
+"""How long an idle connection is reused when the server's answer does not say how long it
+keeps one open (its ``Keep-Alive: timeout=N`` header); fgpu's server keeps one 5 s by
+default (``--idle-timeout``)."""
+
+KEEP_MARGIN_S = 1.0
+"""A connection is reused only this long before the server's timeout says it closes: the
+request must reach the server before its idle timer runs out."""
+
+
+def _reuse_window(keep_alive: str | None) -> float:
+    """Seconds an idle connection may be reused, from the answer's ``Keep-Alive`` header
+    (``timeout=N``: the server keeps an idle connection N seconds; MDN, "Keep-Alive")."""
+    if keep_alive is None:
+        return KEEP_WITHOUT_HEADER_S
+    for part in keep_alive.split(","):
+        name, _, value = part.strip().partition("=")
+        if name.strip().lower() == "timeout":
+            try:
+                return max(0.0, float(value) - KEEP_MARGIN_S)
+            except ValueError:
+                break
+    return KEEP_WITHOUT_HEADER_S
+
+
 _CLOSED_UNDER_US = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
@@ -113,14 +139,18 @@ class UnixSession:
     """Requests to the server on socket ``path`` over one kept connection (HTTP/1.1
     keep-alive): a connection per request cost the server an accept, its peer credentials
     and a close each time (``bench/service.py``: 5.5 against 3.4 ms of server CPU per
-    submission from 8 clients). A connection the server closed while it was kept is
-    replaced before the request is sent; a request made while another thread uses the kept
-    one gets a connection of its own. ``timeout`` seconds at most for each step."""
+    submission from 8 clients). A kept connection is used only within the time the server's
+    ``Keep-Alive: timeout=N`` allows, less :data:`KEEP_MARGIN_S` (a cancel sent just as
+    the server closed an idle connection failed as "no fgpu server"), and only while the
+    server has not closed it; a read or keyed submission that still meets a close is sent
+    again once. A request made while another thread uses the kept connection gets one of
+    its own. ``timeout`` seconds at most for each step."""
 
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
         self.timeout = timeout
         self._kept: UnixConnection | None = None
+        self._kept_until = 0.0  # time.monotonic() after which the kept one is not used
         self._turn = threading.Lock()
 
     def exchange(
@@ -136,7 +166,9 @@ class UnixSession:
         try:
             sent, content = _encoded(headers, body)
             connection, self._kept = self._kept, None
-            if connection is not None and not _still_open(connection):
+            if connection is not None and (
+                time.monotonic() >= self._kept_until or not _still_open(connection)
+            ):
                 connection.close()
                 connection = None
             reused = connection is not None
@@ -159,8 +191,10 @@ class UnixSession:
             except BaseException:
                 connection.close()
                 raise
-            if reusable:
+            reuse_s = _reuse_window(answer.headers.get("keep-alive"))
+            if reusable and reuse_s > 0:
                 self._kept = connection
+                self._kept_until = time.monotonic() + reuse_s
             else:
                 connection.close()
             return answer

@@ -17,7 +17,7 @@ import socket
 import struct
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fgpu.loopback_peer import OwnerLookup, is_local_peer
@@ -73,19 +73,41 @@ def local_owner(transport: asyncio.BaseTransport) -> int | None:
     return _owners.owner_uid((str(peer[0]), int(peer[1])), (str(local[0]), int(local[1])), scope_id)
 
 
-def with_peer_uid(app: ASGIApp, uid: int | None, client_key: str | None = None) -> ASGIApp:
+def with_peer_uid(
+    app: ASGIApp,
+    uid: int | None,
+    client_key: str | None = None,
+    keep_alive_s: float | None = None,
+) -> ASGIApp:
     """``app`` with, on every HTTP request of one connection, ``scope[PEER_UID] = uid``
     (the caller's identity; only a Unix socket's peer credentials) when ``uid`` is given,
     and ``scope[CLIENT_KEY] = client_key`` (what failed tokens are counted under:
-    ``uid 1001`` or ``address 192.0.2.7``) when that is given."""
+    ``uid 1001`` or ``address 192.0.2.7``) when that is given. With ``keep_alive_s``
+    (seconds an idle connection stays open), every answer says it in a ``Keep-Alive:
+    timeout=N`` header (whole seconds, rounded down), so that a client stops reusing the
+    connection before the server closes it under a request in flight."""
+    keep_alive = None
+    if keep_alive_s is not None:
+        keep_alive = (b"keep-alive", b"timeout=%d" % max(0, int(keep_alive_s)))
 
     async def tagged(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            if uid is not None:
-                scope[PEER_UID] = uid
-            if client_key is not None:
-                scope[CLIENT_KEY] = client_key
-        await app(scope, receive, send)
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        if uid is not None:
+            scope[PEER_UID] = uid
+        if client_key is not None:
+            scope[CLIENT_KEY] = client_key
+        if keep_alive is None:
+            await app(scope, receive, send)
+            return
+
+        async def said(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), keep_alive]
+            await send(message)
+
+        await app(scope, receive, said)
 
     return tagged
 
@@ -140,7 +162,7 @@ class PeerCredProtocol(_HttpBase):
         super().connection_made(transport)
         # the identity is the Unix socket's peer uid alone: a TCP caller is who its token
         # says, whoever owns its socket
-        self.app = with_peer_uid(self.app, uid, describe(peer))
+        self.app = with_peer_uid(self.app, uid, describe(peer), self.timeout_keep_alive)
         self._arm_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
