@@ -34,10 +34,13 @@ class Conn(http.client.HTTPConnection):
         s.connect(path)
         self.sock = s
 c = Conn("fgpu", timeout=60)
-headers = {"content-type": "application/json"}
-if key:
-    headers["Idempotency-Key"] = key
-c.request("POST", "/v1/workloads", body=body.encode(), headers=headers)
+data = body.encode()
+c.putrequest("POST", "/v1/workloads")
+c.putheader("content-type", "application/json")
+c.putheader("content-length", str(len(data)))
+for one in key.split("|") if key else []:  # "a|b": the header twice
+    c.putheader("Idempotency-Key", one)
+c.endheaders(data)
 if mode == "drop":  # the answer is lost: the connection closes before it is read
     c.sock.close()
     print(json.dumps({"status": 0}))
@@ -100,6 +103,12 @@ def test_the_same_key_with_another_body_is_refused_naming_the_header(
     assert other["body"]["detail"]["field"] == "Idempotency-Key"
     assert "key-x" in other["body"]["detail"]["reason"]
     assert len(named(server, "first")) == 1
+
+    twice = post(server, "key-a|key-b", {**body, "name": "twice"})
+    assert twice["status"] == 422  # which one would a retry send?
+    assert twice["body"]["detail"]["field"] == "Idempotency-Key"
+    assert "given 2 times ('key-a', 'key-b')" in twice["body"]["detail"]["reason"]
+    assert named(server, "twice") == []
 
     bad = post(server, "not a key", {**body, "name": "spaced"})
     assert bad["status"] == 422

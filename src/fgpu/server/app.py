@@ -582,6 +582,7 @@ def create_app(
 
     @api.post("/workloads", status_code=201, tags=["workloads"], responses=too_large)
     def submit(
+        request: Request,
         body: SubmitRequest,
         caller: CallerDep,
         idempotency_key: Annotated[
@@ -597,6 +598,10 @@ def create_app(
         ] = None,
     ) -> WorkloadView:
         """Submit a workload owned by the caller."""
+        keys = request.headers.getlist(IDEMPOTENCY_HEADER)
+        if len(keys) > 1:  # which one would a retry send? (the first alone used to count)
+            shown = ", ".join(repr(k if len(k) <= 64 else k[:64] + "...") for k in keys[:4])
+            raise BadRequest(IDEMPOTENCY_HEADER, f"given {len(keys)} times ({shown}): send one key")
         return service.submit(caller, body, idempotency_key)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])
