@@ -54,6 +54,10 @@ def test_time_forms(text: str, seconds: float | None) -> None:
         ("1.5", "is not a time limit"),
         ("1-2-3", "is not a time limit"),
         ("366-00:00:00", "above the longest"),
+        ("1:99:99", "99 minutes is not less than an hour"),  # a trial: it meant 2:40:39
+        ("5:60", "60 seconds is not less than a minute"),
+        ("2-24", "24 hours is not less than a day"),
+        ("1-23:60", "60 minutes is not less than an hour"),
     ],
 )
 def test_bad_times_are_refused_naming_the_field_and_echoing_the_value(

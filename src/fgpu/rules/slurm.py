@@ -54,6 +54,7 @@ _TIME_FORMS = (
     (re.compile(rf"^{_NUMBER}-{_NUMBER}:{_NUMBER}:{_NUMBER}$"), (86400, 3600, 60, 1)),
 )
 _UNLIMITED = frozenset({"0", "unlimited", "infinite"})
+_UNIT_WORDS = {3600: "hours", 60: "minutes", 1: "seconds"}
 TIME_FORMS_TEXT = (
     "minutes (90), minutes:seconds (5:30), hours:minutes:seconds (1:30:00), days-hours "
     "(2-12), days-hours:minutes (2-12:30), days-hours:minutes:seconds (2-00:00:00); 0 or "
@@ -90,7 +91,16 @@ def parse_time(text: str, field: str = "time") -> float | None:
         match = pattern.match(value)
         if match is None:
             continue
-        seconds = float(sum(int(n) * f for n, f in zip(match.groups(), factors, strict=True)))
+        numbers = [int(n) for n in match.groups()]
+        for number, factor, unit in zip(numbers[1:], factors[1:], factors[:-1], strict=True):
+            if number * factor >= unit:  # 1:99:99: 99 minutes in an hour's place
+                names = {86400: "a day", 3600: "an hour", 60: "a minute"}
+                raise BadRequest(
+                    field,
+                    f"{text!r}: {number} {_UNIT_WORDS[factor]} is not less than "
+                    f"{names[unit]}; the forms: {TIME_FORMS_TEXT}",
+                )
+        seconds = float(sum(n * f for n, f in zip(numbers, factors, strict=True)))
         if seconds <= 0:
             return None
         if seconds > MAX_TIME_S:
