@@ -69,10 +69,15 @@ def connect():
 # seconds between header lines: silent sends nothing, slow a line each half second (a
 # slowloris); late too, and then, when its answer has come, 10 lines more at once (a client
 # still sending when the server answers), before it reads on
-every = {"silent": None, "slow": 0.5, "late": 0.5}
+every = {"silent": None, "slow": 0.5, "late": 0.5, "body": None}
 conns = {name: connect() for name in every}
 for name in ("slow", "late"):
     conns[name].sendall(b"GET /v1/healthz HTTP/1.1\r\n")
+# body: a whole head, then 6 of the 100 bytes it announced, then nothing
+conns["body"].sendall(
+    b"POST /v1/workloads HTTP/1.1\r\nhost: fgpu\r\ncontent-type: application/json\r\n"
+    b"content-length: 100\r\n\r\n{\"comm"
+)
 answers = {name: b"" for name in every}
 ends = {}
 lines = {name: 0 for name in every}
@@ -216,7 +221,7 @@ def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout)
     assert seen["still_open"] == [], seen  # all closed by the server within the 40 s
-    for name in ("silent", "slow", "late"):
+    for name in ("silent", "slow", "late", "body"):  # body: a trial found it cut, unanswered
         assert seen["answers"][name].startswith("HTTP/1.1 408 "), seen
         assert "--request-timeout" in seen["answers"][name], seen
         # the whole answer, then the end of the connection: the server shut its side after
@@ -226,8 +231,9 @@ def test_a_silent_connection_and_a_slowloris_are_cut_off_with_408(
     assert seen["late_sent"] == ["sent"] * 10, seen
     # the slowloris kept sending (a line each half second) and was cut all the same
     assert seen["lines"]["slow"] >= 1, seen
-    # and the server still answers
+    # and the server still answers, and the submission cut short left no error behind
     assert server.cli("ls", user=as_user(BOB)).returncode == 0
+    assert "Traceback" not in server.server_log()
 
 
 def test_every_answer_says_how_long_an_idle_connection_stays_open(

@@ -210,19 +210,24 @@ class PeerCredProtocol(_HttpBase):
         if self.guard is not None and self._peer is not None:
             self.guard.note_timeout(self._peer)
         cycle = self.cycle
-        if cycle is None or cycle.response_complete:  # nothing answered on this request yet
-            seconds = self.guard.limits.request_timeout_s if self.guard else 0
-            transport.write(
-                closing_response(
-                    408,
-                    "request",
-                    f"no complete request within {seconds:g} s of its first byte "
-                    "(--request-timeout)",
-                )
-            )
-            self._close_lingering(transport)
+        if cycle is not None and not cycle.response_complete and not cycle.response_started:
+            # its head came, its body stalls: the application waiting for the body hears
+            # that the client went, and nothing it answers is written after the 408
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif cycle is not None and not cycle.response_complete:  # an answer under way
+            transport.close()
             return
-        transport.close()
+        seconds = self.guard.limits.request_timeout_s if self.guard else 0
+        transport.write(  # no answer on this request yet
+            closing_response(
+                408,
+                "request",
+                f"no complete request within {seconds:g} s of its first byte "
+                "(--request-timeout)",
+            )
+        )
+        self._close_lingering(transport)
 
     def _close_lingering(self, transport: asyncio.Transport) -> None:
         """Shut the write side once the answer is out, drop what arrives, close on the
