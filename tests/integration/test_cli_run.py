@@ -342,3 +342,27 @@ def test_run_of_a_job_cancelled_by_someone_else_or_not_found_says_so(
     assert "failed: exit code 127 (command not found: 'no-such-command-fgpu')" in (
         missing.err.decode()
     )
+
+
+def test_run_and_logs_follow_wait_out_a_restart_of_the_server(tmp_path: Path) -> None:
+    """A restart leaves running work running: ``run`` and ``logs -f`` say the server is
+    away, wait for it, and go on to the job's end and code (a trial: both exited 1 with
+    "no fgpu server" while the job went on)."""
+    with started_server("fgpu-outage-", "1xA100-40GB") as server:
+        gate = tmp_path / "gate"
+        job = [sys.executable, "-u", "-c", GATED_JOB, "before", str(gate), "after"]
+        run = Cli(server, "run", "-g", "0.5", "--", *job)
+        wait_for(lambda: run.has("before", "out"), "the job's first line through run")
+        workload_id = run.err.decode().split("submitted ")[1].split()[0]
+        follow = Cli(server, "logs", "-f", workload_id)
+        wait_for(lambda: follow.has("before", "out"), "the job's first line through logs -f")
+        server.stop()
+        for cli in (run, follow):  # each has looked and found no server
+            wait_for(lambda cli=cli: cli.has("waiting up to 120 s"), "the outage said")
+        server.start()
+        gate.touch()
+        assert run.wait() == 0, run.err.decode()
+        assert follow.wait() == 0, follow.err.decode()
+        for cli in (run, follow):
+            assert _job_lines(bytes(cli.out)) == ["before", "after"]
+            assert cli.has("the fgpu server answers again"), cli.err.decode()

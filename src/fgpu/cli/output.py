@@ -21,8 +21,9 @@ import threading
 import time
 import typing
 from collections import deque
+from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.markup import escape
@@ -138,6 +139,45 @@ def _say(message: str) -> None:
     err.print(escape(f"fgpu: {message}"))
 
 
+T = TypeVar("T")
+
+OUTAGE_S = 120.0
+"""How long ``logs -f`` and ``run`` wait for a server that stopped answering (a restart
+leaves running work running) before they give up."""
+
+_AWAY = object()
+
+
+class _Outage:
+    """A follow loop's calls through a restart of the server: while it does not answer, a
+    call gives :data:`_AWAY` (said once on stderr) and the loop looks again; after
+    :data:`OUTAGE_S` without an answer the error is raised."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def call(self, read: Callable[[], T]) -> T | object:
+        from fgpu.client.client import ServerUnavailable
+
+        try:
+            result = read()
+        except ServerUnavailable as exc:
+            now = time.monotonic()
+            if self.since is None:
+                self.since = now
+                _say(
+                    f"{exc.reason}; waiting up to {OUTAGE_S:g} s for it to answer again (the "
+                    "workload goes on meanwhile)"
+                )
+            elif now - self.since > OUTAGE_S:
+                raise
+            return _AWAY
+        if self.since is not None:
+            self.since = None
+            _say("the fgpu server answers again")
+        return result
+
+
 def logs(
     workload_id: Annotated[
         str, typer.Argument(metavar="ID", help="Workload id, unique id prefix, or name.")
@@ -203,12 +243,22 @@ def logs(
                 _say(said)
             if not follow:
                 return
+            outage = _Outage()
+            followed = detail.id
             while True:
-                new = shown(follower.read())
-                if new:
-                    write(new)
+                got = outage.call(lambda: shown(follower.read()))
+                if got is not _AWAY and got:
+                    write(cast(bytes, got))
                     continue
-                detail = client.get_workload_plain(detail.id)
+                looked = (
+                    _AWAY
+                    if got is _AWAY
+                    else outage.call(lambda: client.get_workload_plain(followed))
+                )
+                if looked is _AWAY:
+                    time.sleep(FOLLOW_INTERVAL_S)
+                    continue
+                detail = cast("PlainWorkloadDetail", looked)
                 if detail.phase in TERMINAL_PHASES:
                     write(shown(follower.read()))
                     raise typer.Exit(shell_status(detail.exit_code))
@@ -305,8 +355,14 @@ def _follow_run(
     said = ""
     cancelled = False
 
-    def copy() -> bool:
-        chunks = follower.read()
+    outage = _Outage()
+
+    def copy() -> bool | None:
+        """Write what came; whether anything did (None: the server does not answer)."""
+        got = outage.call(follower.read)
+        if got is _AWAY:
+            return None
+        chunks = cast("list[Chunk]", got)
         for chunk in chunks:
             sink = sinks[chunk.stream]
             try:
@@ -330,9 +386,17 @@ def _follow_run(
                     f"cancelling {workload_id} (SIGTERM, then SIGKILL after {grace_s:g} s); "
                     "Ctrl-C again to detach"
                 )
-        if copy():
+        copied = copy()
+        if copied:
             continue
-        detail = client.get_workload_plain(workload_id)
+        looked = (
+            _AWAY if copied is None else outage.call(lambda: client.get_workload_plain(workload_id))
+        )
+        if looked is _AWAY:
+            interrupts.wake.wait(FOLLOW_INTERVAL_S)
+            interrupts.wake.clear()
+            continue
+        detail = cast("PlainWorkloadDetail", looked)
         if detail.phase in TERMINAL_PHASES:
             copy()
             raise typer.Exit(_run_status(detail, cancelled))

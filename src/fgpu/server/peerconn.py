@@ -223,8 +223,7 @@ class PeerCredProtocol(_HttpBase):
             closing_response(
                 408,
                 "request",
-                f"no complete request within {seconds:g} s of its first byte "
-                "(--request-timeout)",
+                f"no complete request within {seconds:g} s of its first byte (--request-timeout)",
             )
         )
         self._close_lingering(transport)
