@@ -452,7 +452,7 @@ def test_a_killed_wrapper_is_lost_and_its_group_can_still_be_killed(
     state = wait_done(launcher, handle)
     assert state.status is ProcessStatus.LOST
     assert state.reason == (
-        f"the wrapper (pid {handle.pid}) ended without recording an exit code (wrapper status -9)"
+        f"the wrapper (pid {handle.pid}) ended without recording an exit code (killed by SIGKILL)"
     )
     # The command outlived its wrapper; the launcher still recognises and ends the group.
     assert launcher.signal(handle, signal.SIGKILL)

@@ -179,6 +179,18 @@ def _tail(path: Path, limit: int = 2000) -> str:
         return ""
 
 
+def _ended_how(returncode: int) -> str:
+    """A child's end as :attr:`subprocess.Popen.returncode` gives it, in words: ``killed by
+    SIGKILL`` (negative: the signal), or ``exit status 1``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exit status {returncode}"
+
+
 class Launcher:
     """Starts workloads under the wrapper and watches them (see the module docstring).
 
@@ -520,7 +532,7 @@ class Launcher:
         # our own wrapper is dead (not the same process any more): its status is a moment
         # away when the kernel has not made it a zombie yet
         reaped = reaped if reaped is not None else self._reap(handle.pid, wait_s=1.0)
-        how = f" (wrapper status {reaped})" if reaped is not None else ""
+        how = f" ({_ended_how(reaped)})" if reaped is not None else ""
         return ProcessState(
             ProcessStatus.LOST,
             reason=f"the wrapper (pid {handle.pid}) ended without recording an exit code{how}",

@@ -71,6 +71,11 @@ class LaunchGate:
         self._max_inflight: int | None = None
         self._swept_ns = 0
 
+    @property
+    def closed(self) -> bool:
+        """Whether the segment was closed (its workload ended)."""
+        return bool(self.segment.closed)
+
     def read(self) -> GateReading:
         """Look at the segment, renew the agent's heartbeat, reclaim the reservations of dead
         processes (every :data:`SWEEP_NS`), and say what changed.

@@ -806,7 +806,11 @@ class Governor:
             try:
                 reading = gate.read()
             except (SegmentError, ValueError) as exc:
-                log.warning("governor: %s: segment unreadable (%s)", record.spec.workload_id, exc)
+                # closed: its workload ended and the service let its segment go before this
+                # loop heard (a routine race, not worth a warning)
+                level = logging.DEBUG if gate.closed else logging.WARNING
+                wid = record.spec.workload_id
+                log.log(level, "governor: %s: segment unreadable (%s)", wid, exc)
                 record.gate = None
                 record.cuda = False
                 continue
