@@ -366,3 +366,26 @@ def test_run_and_logs_follow_wait_out_a_restart_of_the_server(tmp_path: Path) ->
         for cli in (run, follow):
             assert _job_lines(bytes(cli.out)) == ["before", "after"]
             assert cli.has("the fgpu server answers again"), cli.err.decode()
+
+
+def test_ctrl_c_while_the_server_is_away_says_the_job_goes_on_and_exits_130(
+    tmp_path: Path,
+) -> None:
+    """The cancel cannot reach a server that is away: ``run`` says so and how to cancel
+    later, and exits 130 (a re-trial: it exited 1 with "no fgpu server")."""
+    with started_server("fgpu-outage-int-", "1xA100-40GB") as server:
+        gate = tmp_path / "gate"
+        run = Cli(server, "run", "-g", "0.5", "--", sys.executable, "-u", "-c", GATED_JOB,
+                  "before", str(gate), "after")  # fmt: skip
+        wait_for(lambda: run.has("before", "out"), "the job's first line through run")
+        workload_id = run.err.decode().split("submitted ")[1].split()[0]
+        server.stop()
+        wait_for(lambda: run.has("waiting up to 120 s"), "the outage said")
+        run.proc.send_signal(signal.SIGINT)
+        assert run.wait() == 130, run.err.decode()
+        assert run.has(f"cannot cancel {workload_id}: "), run.err.decode()
+        assert run.has(f"`fgpu cancel {workload_id}` once the server answers")
+        server.start()  # it went on: still running under the restarted server
+        assert server.phase(workload_id) == "running"
+        gate.touch()
+        assert server.wait_phase(workload_id, "succeeded")["phase"] == "succeeded"

@@ -170,6 +170,7 @@ class _Outage:
                     "workload goes on meanwhile)"
                 )
             elif now - self.since > OUTAGE_S:
+                _say(f"no answer for {OUTAGE_S:g} s: stopped waiting (the workload goes on)")
                 raise
             return _AWAY
         if self.since is not None:
@@ -377,8 +378,12 @@ def _follow_run(
             cancelled = True
             try:
                 client.cancel_plain(workload_id)
-            except ServerUnavailable:
-                raise
+            except ServerUnavailable as exc:  # the server is away: it cannot be cancelled now
+                _say(
+                    f"cannot cancel {workload_id}: {exc.reason}; it goes on: `fgpu cancel "
+                    f"{workload_id}` once the server answers"
+                )
+                raise typer.Exit(EXIT_INTERRUPTED) from None
             except ClientError as exc:  # it ended meanwhile: the loop shows how
                 _say(f"cannot cancel {workload_id}: {exc}")
             else:
