@@ -116,9 +116,8 @@ def end_cgroups(directories: Iterable[str | Path]) -> list[int]:
     return killed
 
 
-def _pids_where(field: int, value: int, *, zombies: bool) -> list[int]:
-    """Processes whose ``/proc/PID/stat`` field ``field`` (counted after the state: 2 the
-    process group, 3 the session; proc(5)) is ``value``; zombies too where ``zombies``."""
+def session_pids(session: int) -> list[int]:
+    """Live processes whose session id is ``session`` (a scan of ``/proc``)."""
     out: list[int] = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -130,21 +129,9 @@ def _pids_where(field: int, value: int, *, zombies: bool) -> list[int]:
             continue
         fields = stat[stat.rfind(b")") + 2 :].split()
         with contextlib.suppress(IndexError, ValueError):
-            dead = fields[0] in (b"Z", b"X", b"x")
-            if (zombies or not dead) and int(fields[field]) == value:
+            if fields[0] not in (b"Z", b"X", b"x") and int(fields[3]) == session:
                 out.append(int(name))
     return out
-
-
-def session_pids(session: int) -> list[int]:
-    """Live processes whose session id is ``session`` (a scan of ``/proc``)."""
-    return _pids_where(3, session, zombies=False)
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Processes of process group ``pgid``, also those dying or not yet reaped (a scan of
-    ``/proc``): after a SIGKILL to the group, what is left of it."""
-    return _pids_where(2, pgid, zombies=True)
 
 
 def kill_session(session: int, spare: int | None = None) -> list[int]:
@@ -161,7 +148,6 @@ __all__ = [
     "KILL_TIMEOUT_S",
     "cgroup_pids",
     "end_cgroups",
-    "group_pids",
     "kill_cgroup",
     "kill_session",
     "remove_cgroup",

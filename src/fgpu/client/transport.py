@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fgpu.wire_basics import IDEMPOTENCY_HEADER
+
 
 class ConnectFailed(Exception):
     """The connection could not be made; the ``OSError`` is the ``__cause__`` (httpcore's
@@ -132,7 +134,8 @@ _CLOSED_UNDER_US = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionR
 def _may_repeat(method: str, headers: Mapping[str, str]) -> bool:
     """Whether sending a request twice does no harm: a read, or a submission with an
     ``Idempotency-Key`` (the server answers a repeat with the first's workload)."""
-    return method in ("GET", "HEAD") or any(k.lower() == "idempotency-key" for k in headers)
+    key = IDEMPOTENCY_HEADER.lower()
+    return method in ("GET", "HEAD") or any(k.lower() == key for k in headers)
 
 
 class UnixSession:

@@ -60,6 +60,7 @@ from fgpu.rules.errors import BadRequest, ServiceError, Unavailable
 from fgpu.rules.names import ECHO_LENGTH, shorten
 from fgpu.server.dashboard import SESSION_COOKIE, mount_dashboard, session_valid
 from fgpu.server.guesses import GuessThrottle
+from fgpu.server.idempotent import check_one_key
 from fgpu.server.listing import (
     BRIEF_COMMAND_CHARS,
     DEFAULT_PAGE,
@@ -598,10 +599,7 @@ def create_app(
         ] = None,
     ) -> WorkloadView:
         """Submit a workload owned by the caller."""
-        keys = request.headers.getlist(IDEMPOTENCY_HEADER)
-        if len(keys) > 1:  # which one would a retry send? (the first alone used to count)
-            shown = ", ".join(repr(k if len(k) <= 64 else k[:64] + "...") for k in keys[:4])
-            raise BadRequest(IDEMPOTENCY_HEADER, f"given {len(keys)} times ({shown}): send one key")
+        check_one_key(request.headers.getlist(IDEMPOTENCY_HEADER))
         return service.submit(caller, body, idempotency_key)
 
     @api.get("/workloads/{workload_id}", tags=["workloads"])

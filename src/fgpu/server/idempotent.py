@@ -26,13 +26,28 @@ def check_key(key: str) -> str:
         BadRequest: ``Idempotency-Key``, echoing the value (shortened) and why.
     """
     if not 1 <= len(key) <= IDEMPOTENCY_KEY_LENGTH or not all("!" <= ch <= "~" for ch in key):
-        shown = key if len(key) <= 64 else key[:64] + "..."
         raise BadRequest(
             IDEMPOTENCY_HEADER,
-            f"{shown!r} is not a key: use 1 to {IDEMPOTENCY_KEY_LENGTH} visible ASCII "
+            f"{_shown(key)!r} is not a key: use 1 to {IDEMPOTENCY_KEY_LENGTH} visible ASCII "
             "characters (a UUID, say)",
         )
     return key
+
+
+def check_one_key(keys: list[str]) -> None:
+    """The ``Idempotency-Key`` header given at most once (a retry could send either of two).
+
+    Raises:
+        BadRequest: ``Idempotency-Key`` given more than once, echoing the keys (shortened).
+    """
+    if len(keys) > 1:
+        shown = ", ".join(repr(_shown(k)) for k in keys[:4])
+        raise BadRequest(IDEMPOTENCY_HEADER, f"given {len(keys)} times ({shown}): send one key")
+
+
+def _shown(key: str) -> str:
+    """A key as refusals echo it: its first 64 characters."""
+    return key if len(key) <= 64 else key[:64] + "..."
 
 
 def replay(
@@ -59,4 +74,4 @@ def replay(
     return views.workload(record, reasons.get(record.id))
 
 
-__all__ = ["check_key", "replay"]
+__all__ = ["check_key", "check_one_key", "replay"]

@@ -19,11 +19,10 @@ import signal
 import time
 from pathlib import Path
 
-from fgpu.agent.cgroupkill import group_pids
 from fgpu.agent.hostlimits import OUT_OF_HOST_MEMORY
 from fgpu.agent.interposer.segment import SegmentError
 from fgpu.agent.launcher import LaunchError, LaunchSpec
-from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus
+from fgpu.agent.process import ProcessHandle, ProcessState, ProcessStatus, group_members
 from fgpu.model.types import Allocation
 from fgpu.rules.slurm import array_task_env
 from fgpu.server.core import ServiceCore
@@ -226,7 +225,8 @@ class ProcessControl(ServiceCore):
         if state.status is ProcessStatus.LOST and self.launcher.signal(handle, signal.SIGKILL):
             # the wrapper died (killed from outside); what it ran must not keep the GPU
             reason = f"{reason}; its remaining processes were killed"
-            group = set(group_pids(handle.pgid))  # killed, maybe not yet out of the cgroup
+            # killed, maybe not yet out of the cgroup (zombies included)
+            group = {member.pid for member in group_members(handle.pgid)}
         # The wrapper empties and removes the workload's cgroups before it records the exit;
         # one killed from outside could not: nothing it started may outlive the share
         # (also what left its process group, setsid), so that is done here.

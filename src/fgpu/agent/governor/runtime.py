@@ -537,24 +537,30 @@ class Governor:
         ``period_ns``) reads it soon enough: device time is charged as wall time until its
         first launch is seen, and an open gate needs no heartbeat. A loop that woke every
         5 ms for every running workload cost a core ~4 % per node doing nothing."""
-        sharers: dict[str, int] = {}
-        for record in self._records.values():
-            for uuid in record.spec.gpu_uuids:
-                sharers[uuid] = sharers.get(uuid, 0) + 1
+        sharers = self._sharers()
         for record in self._records.values():
             if record.gate is None:
                 continue
             if record.state is not RunState.RUNNING:
                 return True
-            if not record.cuda:
-                continue
-            spec = record.spec
-            alone = all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
-                (spec.mode or self._gpus[u].mode) is ComputeMode.FAIR for u in spec.gpu_uuids
-            )
-            if not alone:
+            if record.cuda and not self._alone_and_fair(record.spec, sharers):
                 return True
         return False
+
+    def _sharers(self) -> dict[str, int]:
+        """GPU uuid -> how many governed workloads hold a share of it."""
+        sharers: dict[str, int] = {}
+        for record in self._records.values():
+            for uuid in record.spec.gpu_uuids:
+                sharers[uuid] = sharers.get(uuid, 0) + 1
+        return sharers
+
+    def _alone_and_fair(self, spec: GovernedWorkload, sharers: Mapping[str, int]) -> bool:
+        """Whether ``spec`` is the only workload on each of its GPUs, each with a fair share
+        (nothing to slice: its launches need no bound and no fast look)."""
+        return all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
+            (spec.mode or self._gpus[u].mode) is ComputeMode.FAIR for u in spec.gpu_uuids
+        )
 
     def _setup_thread(self) -> None:
         cfg = self.config
@@ -795,10 +801,7 @@ class Governor:
     def _poll_gates(self, now: int) -> None:
         """Read the segments: who uses the interposer, who launches, device time; keep the
         agent's heartbeat and each workload's bound on launches in flight."""
-        sharers: dict[str, int] = {}
-        for record in self._records.values():
-            for uuid in record.spec.gpu_uuids:
-                sharers[uuid] = sharers.get(uuid, 0) + 1
+        sharers = self._sharers()
         for record in self._records.values():
             gate = record.gate
             if gate is None:
@@ -828,9 +831,7 @@ class Governor:
             record.reported_ns += reading.gpu_time_ns
             busy = reading.busy or record.hint_busy is True
             self._set_busy(record, busy, now, "interposer")
-            alone = all(sharers[u] == 1 for u in spec.gpu_uuids) and all(
-                (spec.mode or self._gpus[u].mode) is ComputeMode.FAIR for u in spec.gpu_uuids
-            )
+            alone = self._alone_and_fair(spec, sharers)
             with contextlib.suppress(SegmentError, ValueError):
                 gate.set_max_inflight(0 if alone else self.config.max_inflight)
 
